@@ -1,0 +1,1 @@
+"""Talon: tree speculative decoding you can see and tune."""

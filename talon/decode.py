@@ -1,0 +1,226 @@
+"""The step loop: draft -> verify -> accept -> commit, one ``StepTrace`` per step.
+
+One loop serves every mode: the autoregressive baseline is the same loop with a drafter that
+returns the bare root. The target's cache holds every committed token but the last (the root),
+which goes into the next verification as tree node 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+from talon.accept import Acceptance, accept_greedy
+from talon.config import ConfigError, RunConfig
+from talon.drafters.hybrid import HybridDrafter
+from talon.drafters.model import ModelDrafter
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.kv import keep_entries
+from talon.models import LoadedModel
+from talon.trace import RunSummary, StepTrace, summarize_steps
+from talon.verify import forward_hidden, verify_tree
+
+log = logging.getLogger(__name__)
+
+
+class PromptError(ValueError):
+    """The prompt cannot be run (empty, too long); the message says why, with the numbers."""
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool) -> list[int]:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise PromptError("the prompt is empty: type some text to continue")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
+    for value in (gen_eos, lm.tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(value)
+    return ids
+
+
+@dataclass
+class StopCheck:
+    """Where to cut the new tokens of a step: max_new_tokens, EOS, stop strings."""
+
+    tokenizer: PreTrainedTokenizerBase
+    eos: set[int]
+    stop_strings: tuple[str, ...]
+    max_new_tokens: int
+
+    def cut(self, generated: list[int], new_tokens: list[int]) -> tuple[list[int], str]:
+        """The prefix of ``new_tokens`` to keep and why generation stops ("" = it goes on)."""
+        window = max((len(s) for s in self.stop_strings), default=0) + 8
+        for i, token in enumerate(new_tokens):
+            kept = new_tokens[: i + 1]
+            if len(generated) + len(kept) >= self.max_new_tokens:
+                return kept, "max_new_tokens"
+            if token in self.eos:
+                return kept, "eos"
+            if self.stop_strings:
+                tail = self.tokenizer.decode((generated + kept)[-window:])
+                if any(s in tail for s in self.stop_strings):
+                    return kept, "stop_string"
+        return new_tokens, ""
+
+
+class Engine:
+    """Owns the loaded models; every ``run`` gets its own caches and drafter state."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+        self.target = target
+        self.draft = draft
+        self._token_text: dict[int, str] = {}
+        self._text_lock = threading.Lock()
+
+    def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
+        use_model = cfg.drafter in ("hybrid", "model")
+        use_retrieval = cfg.drafter in ("hybrid", "retrieval")
+        if use_model and self.draft is None:
+            raise ConfigError(
+                f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
+            )
+        model = ModelDrafter(self.draft.model, cfg.draft_vocab) if use_model else None
+        retrieval = RetrievalDrafter(cfg.retrieval) if use_retrieval else None
+        return HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)
+
+    def token_text(self, token: int) -> str:
+        with self._text_lock:
+            if token not in self._token_text:
+                self._token_text[token] = self.target.tokenizer.decode([token])
+            return self._token_text[token]
+
+    def run(self, prompt: str, cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
+        return Run(self, prompt, cfg, cancel)
+
+
+class Run:
+    """Iterate to get StepTraces as they happen; ``summary`` is set when the iteration ends."""
+
+    def __init__(self, engine: Engine, prompt: str, cfg: RunConfig, cancel: threading.Event | None) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.cancel = cancel or threading.Event()
+        tok = engine.target.tokenizer
+        self.prompt_ids = encode_prompt(tok, prompt, cfg.chat_template)
+        limit = getattr(engine.target.model.config, "max_position_embeddings", None)
+        if limit and len(self.prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
+            raise PromptError(
+                f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
+                f"+ budget ({cfg.tree.budget}) exceeds the model's context window ({limit} tokens)"
+            )
+        self.drafter = engine.make_drafter(cfg)
+        self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
+        self.generated: list[int] = []
+        self.steps: list[StepTrace] = []
+        self.summary: RunSummary | None = None
+
+    def __iter__(self) -> Iterator[StepTrace]:
+        t0 = time.perf_counter()
+        target = self.engine.target.model
+        cache = DynamicCache(config=target.config)
+        ids = self.prompt_ids
+        if len(ids) > 1:
+            forward_hidden(target, cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
+        self.drafter.reset(ids)
+        root, reason = ids[-1], ""
+        while not reason and not self.cancel.is_set():
+            step, reason = self._step(cache, root, t0)
+            self.steps.append(step)
+            root = step.new_tokens[-1]
+            yield step
+        self.summary = self._summarize(time.perf_counter() - t0, reason or "cancelled")
+
+    def _step(self, cache: DynamicCache, root: int, t0: float) -> tuple[StepTrace, str]:
+        target = self.engine.target.model
+        prefix_len = cache.get_seq_length()
+        t_start = time.perf_counter()
+        draft = self.drafter.draft(root)
+        tree = draft.tree
+        t_draft = time.perf_counter()
+        logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), tree.positions(prefix_len))
+        t_verify = time.perf_counter()
+        top1 = logits.argmax(dim=-1).tolist()  # (T,)
+        acc: Acceptance = accept_greedy(tree, top1)
+        new_tokens, reason = self.stop.cut(
+            self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
+        )
+        keep_entries(cache, prefix_len, [prefix_len + n for n in acc.accepted])
+        self.drafter.commit(tree, acc.accepted, new_tokens)
+        self.generated.extend(new_tokens)
+        step = self._trace(draft, top1, acc, new_tokens)
+        step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_draft
+        step.drafter_busy = [(t_start - t0, t_draft - t0)]
+        step.verifier_busy = [(t_draft - t0, t_verify - t0)]
+        step.other_s = time.perf_counter() - t_verify
+        return step, reason
+
+    def _trace(self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int]) -> StepTrace:
+        tree = draft.tree
+        text = self.engine.token_text
+        gates = tree.gates
+        return StepTrace(
+            step=len(self.steps),
+            tokens=list(tree.tokens),
+            texts=[text(t) for t in tree.tokens],
+            parents=list(tree.parents),
+            depths=list(tree.depths),
+            q_draft=list(tree.q_draft),
+            path_conf=list(tree.path_conf),
+            sources=list(tree.sources),
+            gate_layer_max=[g.layer_max if g else None for g in gates],
+            gate_threshold=[g.threshold if g else None for g in gates],
+            gate_passed=[g.passed if g else None for g in gates],
+            target_top1=top1,
+            accepted=acc.accepted,
+            bonus_token=acc.bonus_token,
+            bonus_text=text(acc.bonus_token),
+            new_tokens=new_tokens,
+            p_target=acc.p_target,
+            p_accept=acc.p_accept,
+            match_len=draft.match_len,
+        )
+
+    def _summarize(self, seconds: float, reason: str) -> RunSummary:
+        eng = self.engine
+        agg = summarize_steps(self.steps)
+        return RunSummary(
+            text=eng.target.tokenizer.decode(self.generated, skip_special_tokens=True),
+            token_ids=list(self.generated),
+            prompt_token_ids=list(self.prompt_ids),
+            steps=len(self.steps),
+            tokens_per_second=len(self.generated) / seconds if seconds > 0 else 0.0,
+            seconds=seconds,
+            target=eng.target.name,
+            draft=eng.draft.name if eng.draft is not None else "none",
+            dtype=str(eng.target.dtype).removeprefix("torch."),
+            device=str(eng.target.device),
+            config=self.cfg.to_dict(),
+            stop_reason=reason,
+            **agg,
+        )
+
+
+def generate(engine: Engine, prompt: str, cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:
+    """Run to the end; returns the summary (text, MAT, tokens/s, ...) and every step."""
+    run = engine.run(prompt, cfg)
+    for _ in run:
+        pass
+    assert run.summary is not None
+    return run.summary, run.steps

@@ -1,0 +1,97 @@
+"""The model drafter: a small causal LM that expands a whole tree frontier per forward.
+
+It owns its KV cache. The cache holds the committed context the draft model has seen, then,
+during a step, one entry per tree node it has expanded (a node is fed when it is expanded, so
+leaves cost nothing). A frontier node attends to the committed context, its ancestors' entries
+and itself, through the same 4D mask the target uses. After acceptance, ``commit`` keeps the
+entries of the accepted path and queues the rest of the new tokens for the next forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from talon.kv import keep_entries
+from talon.tree import DraftTree
+from talon.verify import forward_hidden, lm_logits
+
+PathKey = tuple[int, ...]
+
+
+def path_key(tree: DraftTree, node: int) -> PathKey:
+    """The drafted tokens from the root (excluded) to ``node``: a node's identity across prunes."""
+    return tuple(tree.tokens[n] for n in tree.path(node)[1:])
+
+
+class ModelDrafter:
+    def __init__(self, model: PreTrainedModel, vocab_size: int = 0) -> None:
+        self.model = model
+        full = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = vocab_size if 0 < vocab_size < full else 0
+        self.context: list[int] = []  # committed tokens, root (last) included
+        self.cache = DynamicCache(config=model.config)
+        self.fed = 0  # committed tokens whose KV is in the cache
+        self.slots: dict[PathKey, int] = {}  # tree node -> cache index, this step only
+        self.forwards = 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.context = list(prompt_ids)
+        self.cache = DynamicCache(config=self.model.config)
+        self.fed = 0
+        self.slots = {}
+        if len(prompt_ids) > 1:  # prefill all but the root; the root goes with the first expansion
+            ids = torch.tensor(prompt_ids[:-1])
+            forward_hidden(self.model, self.cache, ids, torch.arange(len(ids)), None)
+            self.fed = len(ids)
+
+    def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
+        """Top-k children (token, q) of each node in ``nodes``, with one draft forward."""
+        if nodes == [0]:
+            hidden = self._feed_context()[-1:]  # (1, H): the root's state
+        else:
+            hidden = self._feed_nodes(tree, nodes)  # (len(nodes), H)
+        self.forwards += 1
+        probs = torch.softmax(lm_logits(self.model, hidden, self.vocab_size), dim=-1)  # (T, V)
+        q, tokens = probs.topk(k, dim=-1)  # (T, k)
+        return [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
+
+    def _feed_context(self) -> torch.Tensor:
+        """Feed the committed tokens not yet in the cache (they end with the root)."""
+        if self.fed == len(self.context):  # root already fed (static trees expand it once)
+            raise RuntimeError("the root was already expanded this step")
+        pending = torch.tensor(self.context[self.fed :])
+        positions = torch.arange(self.fed, len(self.context))
+        hidden = forward_hidden(self.model, self.cache, pending, positions, None)
+        self.fed = len(self.context)
+        self.slots = {(): self.fed - 1}
+        return hidden
+
+    def _feed_nodes(self, tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+        old = self.cache.get_seq_length()
+        n_new = len(nodes)
+        visible = torch.zeros(n_new, old + n_new, dtype=torch.bool)  # (T, S + T)
+        visible[:, : self.fed] = True
+        for row, node in enumerate(nodes):
+            for anc in tree.path(node)[1:-1]:
+                visible[row, self.slots[path_key(tree, anc)]] = True
+            visible[row, old + row] = True
+            self.slots[path_key(tree, node)] = old + row
+        root_pos = len(self.context) - 1
+        positions = torch.tensor([root_pos + tree.depths[n] for n in nodes])
+        ids = torch.tensor([tree.tokens[n] for n in nodes])
+        return forward_hidden(self.model, self.cache, ids, positions, visible)
+
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
+        """Keep the cache entries of the accepted nodes the model fed; queue the other new tokens."""
+        if self.slots:
+            kept = []
+            for node in accepted[1:]:
+                slot = self.slots.get(path_key(tree, node))
+                if slot is None:
+                    break
+                kept.append(slot)
+            keep_entries(self.cache, self.fed, kept)
+            self.fed += len(kept)
+        self.slots = {}
+        self.context.extend(new_tokens)

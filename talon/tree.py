@@ -1,0 +1,112 @@
+"""The draft tree: parent pointers are the single source of truth.
+
+Node 0 is the root: the last committed token, whose KV is not yet in the target's cache. Every
+other node holds a drafted token, its parent (always an earlier node, so node order is a
+topological order), the drafter's probability ``q`` of the token given its parent path, the
+path confidence ``path_conf = prod(q along the path)``, its source and what the confidence gate
+saw when the builder considered expanding it. Depths, the ancestor mask, positions and paths are
+derived from the parents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
+
+
+@dataclass
+class Gate:
+    """What the confidence gate saw for one node: expand iff path_conf >= threshold."""
+
+    layer_max: float
+    threshold: float
+    passed: bool
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    q_draft: list[float] = field(default_factory=lambda: [1.0])
+    path_conf: list[float] = field(default_factory=lambda: [1.0])
+    sources: list[str] = field(default_factory=lambda: ["root"])
+    gates: list[Gate | None] = field(default_factory=lambda: [None])
+    depths: list[int] = field(default_factory=lambda: [0])
+
+    @staticmethod
+    def with_root(root_token: int) -> "DraftTree":
+        return DraftTree(tokens=[int(root_token)])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_draft(self) -> int:
+        """Draft nodes, root excluded: what the budget counts."""
+        return len(self.tokens) - 1
+
+    def add(self, parent: int, token: int, q_draft: float, source: str) -> int:
+        """Append a child of ``parent``; returns the new node id."""
+        assert 0 <= parent < len(self.tokens), "parent must precede its child"
+        assert source in SOURCES
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.q_draft.append(float(q_draft))
+        self.path_conf.append(self.path_conf[parent] * float(q_draft))
+        self.sources.append(source)
+        self.gates.append(None)
+        self.depths.append(self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def child_with_token(self, parent: int, token: int) -> int | None:
+        for node in self.children(parent):
+            if self.tokens[node] == token:
+                return node
+        return None
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root to ``node``, both included."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def leaves(self) -> list[int]:
+        has_child = set(self.parents[1:])
+        return [i for i in range(len(self.tokens)) if i not in has_child]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path as node ids."""
+        return [self.path(leaf) for leaf in self.leaves()]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """(T, T) bool: mask[i, j] is True iff j is i or an ancestor of i."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            p = self.parents[i]
+            if p >= 0:
+                mask[i] = mask[p]
+            mask[i, i] = True
+        return mask
+
+    def positions(self, prefix_len: int) -> torch.Tensor:
+        """(T,) long: absolute position of every node, the root sits at ``prefix_len``."""
+        return prefix_len + torch.tensor(self.depths, dtype=torch.long)
+
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def width(self) -> int:
+        """Largest number of nodes on one layer (root layer excluded)."""
+        counts: dict[int, int] = {}
+        for d in self.depths[1:]:
+            counts[d] = counts.get(d, 0) + 1
+        return max(counts.values(), default=0)

@@ -1,0 +1,81 @@
+"""One forward of a causal LM over a block of tree nodes, on top of a KV cache.
+
+The tree goes through the public interface only: a 4D additive float mask (0 = attend,
+``finfo(dtype).min`` = masked) and explicit ``position_ids``. The same function serves the
+target's verification (the whole tree in one forward) and the draft model's expansion of one
+frontier layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache, PreTrainedModel
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(T, S) bool -> (1, 1, T, S) float: 0 where visible, the dtype's min elsewhere."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]  # (1, 1, T, S)
+
+
+def tree_visibility(ancestor_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """(T, T) ancestor mask -> (T, prefix_len + T) bool: every node sees the prefix and its ancestors."""
+    t = ancestor_mask.shape[0]
+    prefix = torch.ones(t, prefix_len, dtype=torch.bool)
+    return torch.cat([prefix, ancestor_mask], dim=1)  # (T, P + T)
+
+
+@torch.inference_mode()
+def forward_hidden(
+    model: PreTrainedModel,
+    cache: Cache,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor | None,
+) -> torch.Tensor:
+    """Run the decoder body over ``input_ids`` and append their KV to ``cache``.
+
+    input_ids: (T,) long. positions: (T,) long absolute positions.
+    visible: (T, S) bool over the cache's S - T old entries plus the T new ones; None = causal.
+    Returns the last hidden states, (T, H).
+    """
+    device = model.device
+    kwargs = {}
+    if visible is not None:
+        kwargs["attention_mask"] = additive_mask(visible.to(device), model.dtype)
+    out = model.get_decoder()(
+        input_ids=input_ids[None].to(device),  # (1, T)
+        position_ids=positions[None].to(device),  # (1, T)
+        past_key_values=cache,
+        use_cache=True,
+        **kwargs,
+    )
+    return out.last_hidden_state[0]  # (T, H)
+
+
+def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
+    """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads)."""
+    weight = model.get_output_embeddings().weight  # (V_full, H)
+    bias = model.get_output_embeddings().bias
+    if vocab_size:
+        weight = weight[:vocab_size]
+        bias = None if bias is None else bias[:vocab_size]
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logits.float()
+
+
+@torch.inference_mode()
+def verify_tree(
+    model: PreTrainedModel,
+    cache: Cache,
+    tokens: list[int],
+    ancestor_mask: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """One target forward over every tree node. Returns (T, V) float32 logits: row i is the
+    target's next-token distribution after the path to node i."""
+    prefix_len = cache.get_seq_length()
+    visible = tree_visibility(ancestor_mask, prefix_len)  # (T, P + T)
+    hidden = forward_hidden(model, cache, torch.tensor(tokens), positions, visible)
+    return lm_logits(model, hidden)

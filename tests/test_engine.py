@@ -1,0 +1,188 @@
+"""Engine invariants on tiny random models (float32): tree logits equal sequential logits, the
+cache after commit equals a plain forward, and greedy speculative output equals generate()."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from talon.config import RunConfig, TreeConfig
+from talon.decode import Engine, generate
+from talon.drafters.hybrid import Draft
+from talon.kv import keep_entries
+from talon.tree import DraftTree
+from talon.verify import forward_hidden, lm_logits, verify_tree
+from tests.tiny import VOCAB, tiny_loaded, tiny_model
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
+
+
+def random_tree(rng: random.Random, n: int, vocab: int = VOCAB - 2) -> DraftTree:
+    tree = DraftTree.with_root(rng.randrange(vocab))
+    for _ in range(n):
+        parent = rng.randrange(len(tree))
+        token = rng.randrange(vocab)
+        if tree.child_with_token(parent, token) is None:
+            tree.add(parent, token, rng.random(), "model")
+    return tree
+
+
+def prefill(model, ids: list[int]) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    forward_hidden(model, cache, torch.tensor(ids), torch.arange(len(ids)), None)
+    return cache
+
+
+def sequential_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tree_logits_equal_sequential_logits(kind: str, seed: int) -> None:
+    rng = random.Random(seed)
+    model = tiny_model(kind, seed)
+    prefix = [rng.randrange(VOCAB - 2) for _ in range(9)]
+    tree = random_tree(rng, 14)
+    cache = prefill(model, prefix)
+    logits = verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(prefix)))
+    assert logits.shape == (len(tree), VOCAB)
+    for node in range(len(tree)):
+        path_tokens = [tree.tokens[n] for n in tree.path(node)]
+        expected = sequential_logits(model, prefix + path_tokens)
+        torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_cache_after_commit_equals_plain_forward(kind: str) -> None:
+    rng = random.Random(7)
+    model = tiny_model(kind, 3)
+    prefix = [rng.randrange(VOCAB - 2) for _ in range(6)]
+    tree = random_tree(rng, 12)
+    leaf = max(range(len(tree)), key=lambda n: tree.depths[n])
+    accepted = tree.path(leaf)
+    cache = prefill(model, prefix)
+    verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(prefix)))
+    keep_entries(cache, len(prefix), [len(prefix) + n for n in accepted])
+    plain = prefill(model, prefix + [tree.tokens[n] for n in accepted])
+    for got, want in zip(cache.layers, plain.layers):
+        torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=1e-5)
+
+
+def reference(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
+    model = engine.target.model
+    out = model.generate(
+        torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, eos_token_id=256, pad_token_id=257
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def noisy_copy(target, seed: int, scale: float):
+    """A draft that agrees with the target often but not always."""
+    draft = tiny_loaded("llama", seed)
+    draft.model.load_state_dict(target.model.state_dict())
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.model.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std())
+    return draft
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_loaded("llama", 11)
+    return target, noisy_copy(target, 12, 0.3)
+
+
+@pytest.mark.parametrize("mode", ["chain", "static", "adaptive"])
+@pytest.mark.parametrize("budget", [1, 4, 12])
+def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int) -> None:
+    target, draft = pair
+    engine = Engine(target, draft)
+    tree = TreeConfig(mode=mode, budget=budget, root_k=3, top_k=2, mu=0.05, max_depth=6)
+    cfg = RunConfig(drafter="model", tree=tree, max_new_tokens=40)
+    mats = []
+    for prompt in PROMPTS:
+        summary, steps = generate(engine, prompt, cfg)
+        assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, mode)
+        assert all(s.accepted[0] == 0 for s in steps)
+        assert all(s.accept_len + 1 == len(s.new_tokens) or s is steps[-1] for s in steps)
+        assert all(len(s.tokens) - 1 <= budget for s in steps)
+        mats.append(summary.mean_accepted_tokens)
+    if budget > 1:
+        assert max(mats) > 1.2, "a close draft model must get drafts accepted"
+
+
+def test_autoregressive_baseline_is_lossless(pair) -> None:
+    target, _ = pair
+    engine = Engine(target, None)
+    cfg = RunConfig(drafter="none", max_new_tokens=30)
+    for prompt in PROMPTS:
+        summary, steps = generate(engine, prompt, cfg)
+        assert summary.token_ids == reference(engine, summary.prompt_token_ids, 30)
+        assert summary.mean_accepted_tokens == 1.0 and all(len(s.tokens) == 1 for s in steps)
+
+
+class OracleTreeDrafter:
+    """Random trees that contain the reference continuation with some probability: exercises
+    acceptance at every depth and branch position, through the real verifier and commit."""
+
+    def __init__(self, continuation: list[int], seed: int, size: int) -> None:
+        self.continuation = continuation
+        self.rng = random.Random(seed)
+        self.size = size
+        self.pos = 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.pos = 0
+
+    def draft(self, root_token: int) -> Draft:
+        tree = random_tree(self.rng, self.size)
+        tree.tokens[0] = root_token
+        node = 0
+        for token in self.continuation[self.pos : self.pos + self.rng.randrange(0, 6)]:
+            if self.rng.random() < 0.15:
+                token = (token + 1) % (VOCAB - 2)  # a wrong draft: acceptance must stop here
+            child = tree.child_with_token(node, token)
+            node = child if child is not None else tree.add(node, token, 0.9, "retrieval")
+        return Draft(tree=tree)
+
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
+        self.pos += len(new_tokens)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None:
+    target, _ = pair
+    engine = Engine(target, None)
+    prompt = PROMPTS[seed % len(PROMPTS)]
+    cfg = RunConfig(drafter="none", max_new_tokens=48)
+    ids = engine.run(prompt, cfg).prompt_ids
+    want = reference(engine, ids, 48)
+    run = engine.run(prompt, cfg)
+    run.drafter = OracleTreeDrafter(want, seed, size=10 + seed)
+    for _ in run:
+        pass
+    assert run.summary.token_ids == want
+    assert run.summary.mean_accepted_tokens > 1.0
+
+
+def test_bad_input_is_refused_clearly(pair) -> None:
+    from talon.config import ConfigError
+    from talon.decode import PromptError
+
+    target, draft = pair
+    engine = Engine(target, draft)
+    with pytest.raises(PromptError, match="empty"):
+        engine.run("   ", RunConfig())
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        RunConfig(max_new_tokens=0)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        Engine(target, None).run("hi", RunConfig(drafter="model"))
+    with pytest.raises(PromptError, match="context window"):
+        engine.run("x" * 600, RunConfig(max_new_tokens=8))

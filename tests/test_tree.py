@@ -1,0 +1,56 @@
+"""DraftTree: masks, positions and paths derived from parent pointers."""
+
+import torch
+
+from talon.tree import DraftTree
+
+
+def hand_tree() -> DraftTree:
+    #        0
+    #      /   \
+    #     1     2
+    #    / \     \
+    #   3   4     5
+    #   |
+    #   6
+    t = DraftTree.with_root(100)
+    a = t.add(0, 11, 0.6, "model")
+    b = t.add(0, 12, 0.3, "retrieval")
+    c = t.add(a, 13, 0.5, "model")
+    t.add(a, 14, 0.4, "both")
+    t.add(b, 15, 1.0, "retrieval")
+    t.add(c, 16, 0.9, "model")
+    return t
+
+
+def test_depths_positions_paths():
+    t = hand_tree()
+    assert t.depths == [0, 1, 1, 2, 2, 2, 3]
+    assert t.positions(10).tolist() == [10, 11, 11, 12, 12, 12, 13]
+    assert t.path(6) == [0, 1, 3, 6]
+    assert sorted(t.paths()) == [[0, 1, 3, 6], [0, 1, 4], [0, 2, 5]]
+    assert t.leaves() == [4, 5, 6]
+    assert t.num_draft == 6 and t.max_depth() == 3 and t.width() == 3
+
+
+def test_ancestor_mask():
+    m = hand_tree().ancestor_mask()
+    expected = torch.zeros(7, 7, dtype=torch.bool)
+    for node, ancestors in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 4], 5: [0, 2, 5], 6: [0, 1, 3, 6]}.items():
+        expected[node, ancestors] = True
+    assert torch.equal(m, expected)
+
+
+def test_path_conf_is_product_of_q():
+    t = hand_tree()
+    assert abs(t.path_conf[6] - 0.6 * 0.5 * 0.9) < 1e-12
+    assert t.child_with_token(1, 14) == 4 and t.child_with_token(1, 99) is None
+
+
+def test_parent_must_precede_child():
+    t = DraftTree.with_root(1)
+    try:
+        t.add(3, 5, 0.5, "model")
+    except AssertionError:
+        return
+    raise AssertionError("adding a child of a missing node must fail")

@@ -1,0 +1,68 @@
+"""Tiny random causal LMs (built from a config) and a byte-level tokenizer, for fast math tests."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from talon.models import LoadedModel
+
+SPECIALS = ["<eos>", "<pad>"]
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """256 byte tokens (GPT-2 byte-to-unicode alphabet) + <eos> + <pad>, no merges."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for s in SPECIALS:
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    return fast
+
+
+VOCAB = 258
+
+
+def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 64) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=256,
+        pad_token_id=257,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    # Sharpen the random logits so greedy paths are decisive and drafts get accepted.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.generation_config.eos_token_id = 256
+    model.generation_config.pad_token_id = 257
+    return model.eval()
+
+
+def tiny_loaded(kind: str = "llama", seed: int = 0, **kw: int) -> LoadedModel:
+    return LoadedModel(
+        model=tiny_model(kind, seed, **kw),
+        tokenizer=byte_tokenizer(),
+        name=f"tiny-{kind}-{seed}",
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
