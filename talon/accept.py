@@ -28,3 +28,54 @@ def accept_greedy(tree: DraftTree, target_top1: list[int]) -> Acceptance:
             return Acceptance(accepted=accepted, bonus_token=target_top1[node])
         accepted.append(child)
         node = child
+
+
+def warp_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """(T, V) logits -> (T, V) float64 probabilities of the target's sampling distribution:
+    temperature, then top-k, then top-p (nucleus), in transformers' order."""
+    scores = logits.double() / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]  # (T, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=False)  # ascending
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - top_p)
+        drop_sorted[..., -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def accept_sampling(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator) -> Acceptance:
+    """Lossless multi-candidate acceptance (SpecInfer-style) on a tree of deterministic drafts.
+
+    p_target: (T, V) the target's (warped) distribution after each node.
+    Walk down from the root. At each accepted node try its children in order: draft x is
+    accepted with probability p(x); on rejection x is zeroed in p and p is renormalised. When
+    every child is rejected, the bonus token is sampled from what is left of p. This is
+    sampling from p by sequential elimination, so each emitted token is distributed exactly as
+    the target's. Talon's drafts are all deterministic (top-k of the draft model, retrieval
+    continuations), so the min(1, p/q) rule for sampled drafts is not needed.
+    """
+    n = len(tree)
+    tried_p: list[float | None] = [None] * n
+    tried_accept: list[float | None] = [None] * n
+    node, accepted = 0, [0]
+    while True:
+        residual = p_target[node].clone()  # (V,)
+        chosen = None
+        for child in tree.children(node):
+            x = tree.tokens[child]
+            px = float(residual[x])
+            tried_p[child], tried_accept[child] = float(p_target[node, x]), px
+            if torch.rand((), generator=generator, dtype=torch.float64).item() < px:
+                chosen = child
+                break
+            residual[x] = 0.0
+            residual = residual / residual.sum()
+        if chosen is None:
+            bonus = int(torch.multinomial(residual, 1, generator=generator))
+            return Acceptance(accepted, bonus, tried_p, tried_accept)
+        accepted.append(chosen)
+        node = chosen

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from talon.accept import Acceptance, accept_greedy
+from talon.accept import Acceptance, accept_greedy, accept_sampling, warp_probs
 from talon.config import ConfigError, RunConfig
 from talon.drafters.hybrid import HybridDrafter
 from talon.drafters.model import ModelDrafter
@@ -33,7 +33,14 @@ class PromptError(ValueError):
     """The prompt cannot be run (empty, too long); the message says why, with the numbers."""
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool) -> list[int]:
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: str | list[int], chat_template: bool, vocab_size: int
+) -> list[int]:
+    """Token ids of the prompt; a list of ids is taken as it is (no chat template)."""
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt):
+            raise PromptError(f"prompt ids must be a non-empty list of ints in [0, {vocab_size})")
+        return list(prompt)
     if not isinstance(prompt, str) or not prompt.strip():
         raise PromptError("the prompt is empty: type some text to continue")
     if chat_template and getattr(tokenizer, "chat_template", None):
@@ -106,19 +113,20 @@ class Engine:
                 self._token_text[token] = self.target.tokenizer.decode([token])
             return self._token_text[token]
 
-    def run(self, prompt: str, cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
+    def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
         return Run(self, prompt, cfg, cancel)
 
 
 class Run:
     """Iterate to get StepTraces as they happen; ``summary`` is set when the iteration ends."""
 
-    def __init__(self, engine: Engine, prompt: str, cfg: RunConfig, cancel: threading.Event | None) -> None:
+    def __init__(self, engine: Engine, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.cancel = cancel or threading.Event()
         tok = engine.target.tokenizer
-        self.prompt_ids = encode_prompt(tok, prompt, cfg.chat_template)
+        vocab = engine.target.model.get_output_embeddings().weight.shape[0]
+        self.prompt_ids = encode_prompt(tok, prompt, cfg.chat_template, vocab)
         limit = getattr(engine.target.model.config, "max_position_embeddings", None)
         if limit and len(self.prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
             raise PromptError(
@@ -127,6 +135,7 @@ class Run:
             )
         self.drafter = engine.make_drafter(cfg)
         self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
+        self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
@@ -157,7 +166,7 @@ class Run:
         logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), tree.positions(prefix_len))
         t_verify = time.perf_counter()
         top1 = logits.argmax(dim=-1).tolist()  # (T,)
-        acc: Acceptance = accept_greedy(tree, top1)
+        acc = self._accept(tree, logits, top1)
         new_tokens, reason = self.stop.cut(
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
@@ -170,6 +179,13 @@ class Run:
         step.verifier_busy = [(t_draft - t0, t_verify - t0)]
         step.other_s = time.perf_counter() - t_verify
         return step, reason
+
+    def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> Acceptance:
+        s = self.cfg.sampling
+        if s.greedy:
+            return accept_greedy(tree, top1)
+        p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
+        return accept_sampling(tree, p_target, self.generator)
 
     def _trace(self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int]) -> StepTrace:
         tree = draft.tree
@@ -217,7 +233,7 @@ class Run:
         )
 
 
-def generate(engine: Engine, prompt: str, cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:
+def generate(engine: Engine, prompt: str | list[int], cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:
     """Run to the end; returns the summary (text, MAT, tokens/s, ...) and every step."""
     run = engine.run(prompt, cfg)
     for _ in run:

@@ -54,6 +54,7 @@ def forward_hidden(
     return out.last_hidden_state[0]  # (T, H)
 
 
+@torch.inference_mode()
 def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
     """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads)."""
     weight = model.get_output_embeddings().weight  # (V_full, H)

@@ -32,18 +32,20 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 VOCAB = 258
 
 
-def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 64) -> torch.nn.Module:
+def tiny_model(
+    kind: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = VOCAB
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        eos_token_id=256,
-        pad_token_id=257,
+        eos_token_id=256 if vocab == VOCAB else None,
+        pad_token_id=257 if vocab == VOCAB else None,
         bos_token_id=None,
         tie_word_embeddings=False,
     )
@@ -53,8 +55,8 @@ def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 2, hidden: int 
     # Sharpen the random logits so greedy paths are decisive and drafts get accepted.
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
-    model.generation_config.eos_token_id = 256
-    model.generation_config.pad_token_id = 257
+    model.generation_config.eos_token_id = 256 if vocab == VOCAB else None
+    model.generation_config.pad_token_id = 257 if vocab == VOCAB else None
     return model.eval()
 
 

@@ -75,7 +75,7 @@ class HybridDrafter:
         if self.retrieval is not None:
             match_len = self._graft(tree, budget)
         if self.model is not None:
-            build_tree(tree, self.model.expand, self.tree_cfg, budget)
+            tree = build_tree(tree, self.model.expand, self.tree_cfg, budget)
         return Draft(tree=tree, match_len=match_len)
 
     def _graft(self, tree: DraftTree, budget: int) -> int:

@@ -1,0 +1,131 @@
+"""Process-wide settings: the one place that reads environment variables.
+
+``ENV_VARS`` is the single list of the variables the app understands; the README and the
+Spacefile are checked against it. Everything else in the package receives a ``Settings``
+record (or plain arguments) and never looks at ``os.environ`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from talon.config import ConfigError
+
+EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
+EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
+
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+
+# name -> (default, description). The defaults are the strings the variables would hold.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "TALON_CACHE": (
+        "~/.cache/talon",
+        "Directory for the converted embedded models and other caches.",
+    ),
+    "TALON_TARGET": (
+        EMBEDDED_TARGET,
+        "Target model: an embedded: name, a local checkpoint directory, a .gguf file or a Hub id.",
+    ),
+    "TALON_DRAFT": (
+        EMBEDDED_DRAFT,
+        "Draft model (same forms as TALON_TARGET), or 'none' for retrieval-only drafting.",
+    ),
+    "TALON_DEVICE": ("auto", "Device: auto (CUDA if available, else CPU), cpu, cuda or cuda:N."),
+    "TALON_DTYPE": (
+        "auto",
+        "Weights dtype: auto (bfloat16 on CUDA; on CPU bfloat16 only if measured faster), "
+        "float32, bfloat16 or float16.",
+    ),
+    "TALON_ALLOW_REMOTE_CODE": (
+        "0",
+        "1 to let Hub models run their own modelling code (trust_remote_code).",
+    ),
+    "TALON_MAX_NEW_TOKENS_LIMIT": ("1024", "Upper bound on max_new_tokens a user may request."),
+    "TALON_MAX_PROMPT_TOKENS": ("4096", "Prompts longer than this (in tokens) are refused."),
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _get(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, ENV_VARS[name][0]).strip()
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value not in _TRUE + _FALSE:
+        raise ConfigError(f"{name} must be 0 or 1 (or true/false), got {raw!r}")
+    return value in _TRUE
+
+
+def _parse_int(name: str, raw: str, lo: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {raw!r}") from None
+    if value < lo:
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Deployment settings; see ``ENV_VARS`` for what each field means."""
+
+    cache_dir: Path = Path(ENV_VARS["TALON_CACHE"][0]).expanduser()
+    target: str = EMBEDDED_TARGET
+    draft: str = EMBEDDED_DRAFT
+    device: str = "auto"
+    dtype: str = "auto"
+    allow_remote_code: bool = False
+    max_new_tokens_limit: int = 1024
+    max_prompt_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"TALON_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
+        if not self.target:
+            raise ConfigError("TALON_TARGET must name a model, got an empty string")
+        if not self.device:
+            raise ConfigError("TALON_DEVICE must be auto, cpu, cuda or cuda:N, got an empty string")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the ``TALON_*`` variables (from ``os.environ`` unless ``env`` is given)."""
+        env = os.environ if env is None else env
+        return cls(
+            cache_dir=Path(_get(env, "TALON_CACHE")).expanduser(),
+            target=_get(env, "TALON_TARGET"),
+            draft=_get(env, "TALON_DRAFT"),
+            device=_get(env, "TALON_DEVICE").lower(),
+            dtype=_get(env, "TALON_DTYPE").lower(),
+            allow_remote_code=_parse_bool(
+                "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
+            ),
+            max_new_tokens_limit=_parse_int(
+                "TALON_MAX_NEW_TOKENS_LIMIT", _get(env, "TALON_MAX_NEW_TOKENS_LIMIT"), 1
+            ),
+            max_prompt_tokens=_parse_int(
+                "TALON_MAX_PROMPT_TOKENS", _get(env, "TALON_MAX_PROMPT_TOKENS"), 1
+            ),
+        )
+
+
+def hub_offline(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Hugging Face offline switches (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) are on now.
+
+    huggingface_hub reads these once at import; reading them at call time lets a process (or a
+    test) switch offline later and still fail fast instead of retrying the network.
+    """
+    env = os.environ if env is None else env
+    return any(env.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_endpoint(env: Mapping[str, str] | None = None) -> str:
+    """The Hugging Face Hub endpoint (HF_ENDPOINT, default https://huggingface.co)."""
+    env = os.environ if env is None else env
+    return env.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"

@@ -1,0 +1,114 @@
+"""Sampling on draft trees preserves the target's distribution exactly."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from talon.accept import accept_sampling, warp_probs
+from talon.config import RunConfig, SamplingConfig, TreeConfig
+from talon.decode import Engine
+from talon.tree import DraftTree
+from tests.tiny import byte_tokenizer, tiny_model
+from talon.models import LoadedModel
+
+
+def tv(a: dict, b: dict) -> float:
+    keys = set(a) | set(b)
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
+
+
+def test_warp_matches_definition() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    p = warp_probs(logits, 0.5, 0, 1.0)
+    torch.testing.assert_close(p, torch.softmax(logits.double() / 0.5, -1))
+    p = warp_probs(logits, 1.0, 2, 1.0)
+    assert p[0, 2:].sum() == 0 and abs(float(p[0, 0] / p[0, 1]) - float(torch.e)) < 1e-9
+    p = warp_probs(logits, 1.0, 0, 0.6)  # top token has ~0.55: the nucleus needs the top two
+    assert (p[0] > 0).tolist() == [True, True, False, False, False]
+
+
+def sample_first_two(p_root: torch.Tensor, p_child: dict[int, torch.Tensor], tree: DraftTree, n: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    counts: dict[tuple[int, int], float] = {}
+    for _ in range(n):
+        rows = [p_root] + [p_child[tree.tokens[i]] for i in range(1, len(tree))]
+        acc = accept_sampling(tree, torch.stack(rows), g)
+        toks = [tree.tokens[i] for i in acc.accepted[1:]] + [acc.bonus_token]
+        if len(toks) == 1:  # nothing accepted: the second token comes from the bonus's distribution
+            toks.append(int(torch.multinomial(p_child[toks[0]], 1, generator=g)))
+        key = (toks[0], toks[1])
+        counts[key] = counts.get(key, 0.0) + 1.0 / n
+    return counts
+
+
+def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> None:
+    torch.manual_seed(0)
+    vocab = 5
+    p_root = torch.softmax(torch.randn(vocab, dtype=torch.float64) * 1.5, -1)
+    p_child = {t: torch.softmax(torch.randn(vocab, dtype=torch.float64) * 1.5, -1) for t in range(vocab)}
+    tree = DraftTree.with_root(0)
+    a = tree.add(0, 2, 0.5, "model")
+    tree.add(0, 0, 0.3, "model")
+    tree.add(0, 4, 0.1, "retrieval")
+    tree.add(a, 1, 0.6, "model")
+    tree.add(a, 3, 0.2, "model")
+    exact = {(x, y): float(p_root[x] * p_child[x][y]) for x, y in itertools.product(range(vocab), repeat=2)}
+    got = sample_first_two(p_root, p_child, tree, 20000)
+    assert tv(got, exact) < 0.02
+    # The rule is what makes this hold: always taking the first draft is visibly biased.
+    biased = {k: (1.0 if k[0] == 2 else 0.0) * float(p_child[2][k[1]]) for k in exact}
+    assert tv(biased, exact) > 0.1 and tv(got, biased) > 0.1
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(temperature=1.0, seed=0), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0)],
+)
+def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig) -> None:
+    vocab = 6
+    target = LoadedModel(tiny_model("llama", 21, vocab=vocab), byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
+    draft = LoadedModel(tiny_model("llama", 22, vocab=vocab), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
+    with torch.no_grad():  # flatten the target a little so many outcomes are likely
+        target.model.get_output_embeddings().weight.mul_(0.15)
+    prompt = [1, 4, 2, 0, 3]
+    with torch.inference_mode():
+        l1 = target.model(torch.tensor([prompt])).logits[0, -1]
+        p1 = warp_probs(l1[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+        exact = {}
+        for x in range(vocab):
+            l2 = target.model(torch.tensor([prompt + [x]])).logits[0, -1]
+            p2 = warp_probs(l2[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+            for y in range(vocab):
+                exact[(x, y)] = float(p1[x] * p2[y])
+    engine = Engine(target, draft)
+    tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3)
+    n = 2000
+    counts: dict = {}
+    accepted_drafts = 0
+    for seed in range(n):
+        cfg = RunConfig(drafter="model", tree=tree, max_new_tokens=2,
+                        sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
+        run = engine.run(prompt, cfg)
+        for step in run:
+            accepted_drafts += step.accept_len
+        key = tuple(run.summary.token_ids[:2])
+        counts[key] = counts.get(key, 0.0) + 1.0 / n
+    assert accepted_drafts > n // 4, "the test must exercise accepted drafts, not only bonus tokens"
+    assert tv(counts, exact) < 0.06
+
+
+def test_same_seed_same_output() -> None:
+    target = LoadedModel(tiny_model("qwen2", 5), byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
+    draft = LoadedModel(tiny_model("qwen2", 6), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
+    engine = Engine(target, draft)
+    outs = []
+    for seed in (3, 3, 4):
+        cfg = RunConfig(drafter="hybrid", max_new_tokens=30, sampling=SamplingConfig(temperature=1.0, seed=seed))
+        run = engine.run("abcabcabc", cfg)
+        for _ in run:
+            pass
+        outs.append(run.summary.token_ids)
+    assert outs[0] == outs[1] and outs[0] != outs[2]
