@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install everything the tests need into ./.venv (and Debian's chromium for the browser test),
+# then run the whole suite. "No tests ran" (pytest exit 5) is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit "$rc"

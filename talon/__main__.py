@@ -1,0 +1,5 @@
+import sys
+
+from talon.cli import main
+
+sys.exit(main())

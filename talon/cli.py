@@ -1,0 +1,113 @@
+"""`python -m talon generate ...`: run one prompt from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from talon.config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.decode import Engine, PromptError, generate
+from talon.models import ModelLoadError, load_pair
+from talon.settings import Settings
+from talon.trace import dump_trace
+
+log = logging.getLogger("talon")
+
+
+def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
+    p.add_argument("--target", default=settings.target, help="hub id, local dir, .gguf, or embedded:... (default: %(default)s)")
+    p.add_argument("--draft", default=settings.draft, help="like --target, or 'none' (default: %(default)s)")
+    p.add_argument("--dtype", default=settings.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=settings.device, help="auto, cpu, cuda or cuda:N")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Every RunConfig knob; defaults come from the dataclasses so there is one source."""
+    t, r, s, run = TreeConfig(), RetrievalConfig(), SamplingConfig(), RunConfig()
+    p.add_argument("--drafter", default=run.drafter, choices=["hybrid", "model", "retrieval", "none"])
+    p.add_argument("--tree", default=t.mode, choices=["adaptive", "static", "chain"])
+    p.add_argument("--budget", type=int, default=t.budget, help="N: draft nodes per verification")
+    p.add_argument("--root-k", type=int, default=t.root_k, help="K: children of the root (never gated)")
+    p.add_argument("--top-k", type=int, default=t.top_k, help="k: children per expanded tree node")
+    p.add_argument("--mu", type=float, default=t.mu, help="gate: expand iff path_conf >= mu * layer max")
+    p.add_argument("--max-depth", type=int, default=t.max_depth)
+    p.add_argument("--retrieval-min-match", type=int, default=r.min_match)
+    p.add_argument("--retrieval-max-continuation", type=int, default=r.max_continuation)
+    p.add_argument("--graft-threshold", type=int, default=r.graft_threshold,
+                   help="hybrid: graft retrieval when its match is at least this long")
+    p.add_argument("--retrieval-branches", type=int, default=r.max_branches)
+    p.add_argument("--corpus", default=None, help="jsonl/text file for a static retrieval datastore")
+    p.add_argument("--temperature", type=float, default=s.temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=s.top_p)
+    p.add_argument("--sample-top-k", type=int, default=s.top_k, help="sampling top-k (0 = off)")
+    p.add_argument("--seed", type=int, default=s.seed)
+    p.add_argument("--max-new-tokens", type=int, default=run.max_new_tokens)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--async", dest="async_draft", action="store_true",
+                   help="pre-draft the next tree while the target verifies")
+    p.add_argument("--draft-vocab", type=int, default=run.draft_vocab,
+                   help="draft logits over the first V token ids only (0 = full vocabulary)")
+
+
+def run_config(a: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        drafter=a.drafter,
+        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth),
+        retrieval=RetrievalConfig(
+            a.retrieval_min_match, a.retrieval_max_continuation, a.graft_threshold,
+            a.retrieval_branches, a.corpus,
+        ),
+        sampling=SamplingConfig(a.temperature, a.top_p, a.sample_top_k, a.seed),
+        max_new_tokens=a.max_new_tokens,
+        stop_strings=tuple(a.stop),
+        chat_template=not a.no_chat_template,
+        async_draft=a.async_draft,
+        draft_vocab=a.draft_vocab,
+    )
+
+
+def parser(settings: Settings) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m talon", description="Talon tree speculative decoding")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate from one prompt")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    add_model_args(g, settings)
+    add_run_args(g)
+    g.add_argument("--trace-out", help="write every step's trace (JSON) here")
+    g.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    args = parser(settings).parse_args(argv)
+    try:
+        cfg = run_config(args)
+        prompt = args.prompt
+        if args.prompt_file:
+            with open(args.prompt_file, encoding="utf-8") as fh:
+                prompt = fh.read()
+        draft = None if args.drafter in ("none", "retrieval") else args.draft
+        target, draft_lm = load_pair(args.target, draft, args.dtype, args.device, settings.allow_remote_code)
+        summary, steps = generate(Engine(target, draft_lm), prompt, cfg)
+    except (ConfigError, PromptError, ModelLoadError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    if args.trace_out:
+        dump_trace(args.trace_out, summary, steps)
+    if args.json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print(summary.text)
+        log.info(
+            "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s",
+            len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
+            summary.tokens_per_second, summary.seconds,
+        )
+    return 0
