@@ -98,7 +98,7 @@ def _build_static(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int)
         for n in layer:
             tree.gates[n] = Gate(layer_max=layer_max, threshold=cutoff, passed=n in best)
         layer = _admit(tree, _proposals(tree, expand, best, cfg.top_k), 10**9)
-    return _keep_best(tree, budget)
+    return keep_best(tree, budget)
 
 
 def _build_chain(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int) -> DraftTree:
@@ -112,7 +112,7 @@ def _build_chain(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int) 
     return tree
 
 
-def _keep_best(tree: DraftTree, budget: int) -> DraftTree:
+def keep_best(tree: DraftTree, budget: int) -> DraftTree:
     """Keep grafted (non-model) nodes plus the best model nodes by path confidence, N in all.
 
     path_conf never grows along a path (q <= 1), and ties break by node id, so the kept set

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from talon.accept import Acceptance, accept_greedy, accept_sampling, warp_probs
 from talon.config import ConfigError, RunConfig
-from talon.drafters.hybrid import HybridDrafter
+from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.kv import keep_entries
@@ -148,21 +149,42 @@ class Run:
         if len(ids) > 1:
             forward_hidden(target, cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
         self.drafter.reset(ids)
-        root, reason = ids[-1], ""
-        while not reason and not self.cancel.is_set():
-            step, reason = self._step(cache, root, t0)
-            self.steps.append(step)
-            root = step.new_tokens[-1]
-            yield step
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if self.cfg.async_draft else None
+        root, reason, ahead = ids[-1], "", None
+        try:
+            while not reason and not self.cancel.is_set():
+                step, reason, ahead = self._step(cache, root, t0, pool, ahead)
+                self.steps.append(step)
+                root = step.new_tokens[-1]
+                yield step
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         self.summary = self._summarize(time.perf_counter() - t0, reason or "cancelled")
 
-    def _step(self, cache: DynamicCache, root: int, t0: float) -> tuple[StepTrace, str]:
+    def _next_draft(self, root: int, ahead: Future | None) -> tuple[Draft, bool | None, list]:
+        """This step's tree: the pre-draft when it bet right, else a fresh draft."""
+        if ahead is None:
+            return self.drafter.draft(root), None, []
+        pre: PreDraft = ahead.result()  # re-raises a drafter-thread error here
+        draft = self.drafter.adopt(pre, self.steps[-1].new_tokens)
+        if draft is None:
+            return self.drafter.draft(root), False, [pre.busy]
+        return draft, True, [pre.busy]
+
+    def _step(
+        self, cache: DynamicCache, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future | None
+    ) -> tuple[StepTrace, str, Future | None]:
         target = self.engine.target.model
         prefix_len = cache.get_seq_length()
         t_start = time.perf_counter()
-        draft = self.drafter.draft(root)
+        draft, reused, pre_busy = self._next_draft(root, ahead)
         tree = draft.tree
         t_draft = time.perf_counter()
+        ahead = None
+        if pool is not None and (pre := self.drafter.begin_predraft(tree)) is not None:
+            ahead = pool.submit(self.drafter.grow, pre, t0)
+        t_verify_start = time.perf_counter()
         logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), tree.positions(prefix_len))
         t_verify = time.perf_counter()
         top1 = logits.argmax(dim=-1).tolist()  # (T,)
@@ -174,11 +196,14 @@ class Run:
         self.drafter.commit(tree, acc.accepted, new_tokens)
         self.generated.extend(new_tokens)
         step = self._trace(draft, top1, acc, new_tokens)
-        step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_draft
-        step.drafter_busy = [(t_start - t0, t_draft - t0)]
-        step.verifier_busy = [(t_draft - t0, t_verify - t0)]
-        step.other_s = time.perf_counter() - t_verify
-        return step, reason
+        step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
+        step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
+        step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
+        step.predraft_reused = reused
+        step.other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
+        if reason and ahead is not None:
+            ahead.cancel()
+        return step, reason, ahead
 
     def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> Acceptance:
         s = self.cfg.sampling

@@ -110,3 +110,27 @@ class DraftTree:
         for d in self.depths[1:]:
             counts[d] = counts.get(d, 0) + 1
         return max(counts.values(), default=0)
+
+    def descendants(self, node: int) -> list[int]:
+        """Every node below ``node``, in node (topological) order."""
+        below = {node}
+        out = []
+        for i in range(node + 1, len(self.tokens)):
+            if self.parents[i] in below:
+                below.add(i)
+                out.append(i)
+        return out
+
+    def subtree(self, node: int) -> "DraftTree":
+        """The subtree under ``node`` as a tree of its own, ``node`` becoming the root."""
+        out = DraftTree.with_root(self.tokens[node])
+        new_id = {node: 0}
+        for i in self.descendants(node):
+            j = out.add(new_id[self.parents[i]], self.tokens[i], self.q_draft[i], self.sources[i])
+            out.gates[j] = self.gates[i]
+            new_id[i] = j
+        return out
+
+    def best_leaf(self) -> int:
+        """The end of the most confident path: the leaf with the highest path confidence."""
+        return max(self.leaves(), key=lambda n: (self.path_conf[n], self.depths[n]))

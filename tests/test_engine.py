@@ -3,6 +3,8 @@ cache after commit equals a plain forward, and greedy speculative output equals 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import random
 
 import pytest
@@ -84,8 +86,7 @@ def reference(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
 
 def noisy_copy(target, seed: int, scale: float):
     """A draft that agrees with the target often but not always."""
-    draft = tiny_loaded("llama", seed)
-    draft.model.load_state_dict(target.model.state_dict())
+    draft = dataclasses.replace(copy.deepcopy(target), name=f"{target.name}-noisy-{seed}")
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in draft.model.parameters():

@@ -7,9 +7,10 @@ loop only sees ``reset`` / ``draft`` / ``commit``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from talon.builder import build_tree
+from talon.builder import keep_best, build_tree
 from talon.config import RetrievalConfig, TreeConfig
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
@@ -20,6 +21,18 @@ from talon.tree import DraftTree
 class Draft:
     tree: DraftTree
     match_len: int = 0
+
+
+@dataclass
+class PreDraft:
+    """A tree drafted ahead, assuming the path ``assumed`` of the current tree is accepted.
+
+    Its root is the last assumed token; its root's children are the bonus tokens it bets on."""
+
+    drafter: ModelDrafter
+    assumed: list[int]
+    tree: DraftTree | None = None
+    busy: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -79,17 +92,61 @@ class HybridDrafter:
         return Draft(tree=tree, match_len=match_len)
 
     def _graft(self, tree: DraftTree, budget: int) -> int:
-        """Graft the retrieval trie under the root when its match is long enough."""
+        """Graft the retrieval trie under the root when its match is long enough; a node the
+        tree already holds is marked ``both``. Returns the match length."""
         alone = self.model is None
         cap = budget if alone else max(1, round(budget * self.stats.retrieval_share()))
         proposal: RetrievalProposal = self.retrieval.propose(cap)
         threshold = self.retrieval_cfg.min_match if alone else self.retrieval_cfg.graft_threshold
         if proposal.match_len < threshold:
             return proposal.match_len
-        ids = []
+        ids: list[int] = []
         for token, parent, q in zip(proposal.tokens, proposal.parents, proposal.q):
-            ids.append(tree.add(0 if parent < 0 else ids[parent], token, q, "retrieval"))
+            at = 0 if parent < 0 else ids[parent]
+            node = tree.child_with_token(at, token)
+            if node is None:
+                node = tree.add(at, token, q, "retrieval")
+            elif tree.sources[node] == "model":
+                tree.sources[node] = "both"
+            ids.append(node)
         return proposal.match_len
+
+    # --- asynchronous pre-drafting -------------------------------------------------------
+
+    def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
+        """Fork the model drafter as if the most confident path of ``tree`` were accepted.
+        Cheap (a cache copy); call before ``commit``. ``PreDraft.tree`` is grown by ``grow``."""
+        if self.model is None:
+            return None
+        path = tree.path(tree.best_leaf())
+        assumed = [tree.tokens[n] for n in path[1:]]
+        fork = self.model.fork()
+        fork.commit(tree, path, assumed)
+        return PreDraft(drafter=fork, assumed=assumed)
+
+    def grow(self, pre: PreDraft, clock: float) -> PreDraft:
+        """Draft the next tree from the end of the assumed path (run on the drafter thread)."""
+        start = time.perf_counter()
+        cfg = self.tree_cfg
+        pre.tree = build_tree(
+            DraftTree.with_root(pre.drafter.context[-1]), pre.drafter.expand, cfg, cfg.budget + cfg.root_k
+        )
+        pre.busy = (start - clock, time.perf_counter() - clock)
+        return pre
+
+    def adopt(self, pre: PreDraft, new_tokens: list[int]) -> Draft | None:
+        """Reuse the pre-drafted tree if the target accepted exactly the assumed path and its
+        bonus token is one the pre-draft expanded; prune it to that branch. None: draft anew."""
+        if pre.tree is None or new_tokens[:-1] != pre.assumed:
+            return None
+        node = pre.tree.child_with_token(0, new_tokens[-1])
+        if node is None or not pre.tree.children(node):
+            return None
+        pre.drafter.adopt_subtree(pre.tree, node, pre.tree.descendants(node))
+        self.model = pre.drafter
+        tree = pre.tree.subtree(node)
+        match_len = self._graft(tree, self.tree_cfg.budget) if self.retrieval is not None else 0
+        return Draft(tree=keep_best(tree, self.tree_cfg.budget), match_len=match_len)
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
         self.stats.record(tree, accepted)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.kv import keep_entries
+from talon.kv import clone_cache, gather_entries, keep_entries
 from talon.tree import DraftTree
 from talon.verify import forward_hidden, lm_logits
 
@@ -58,8 +58,9 @@ class ModelDrafter:
 
     def _feed_context(self) -> torch.Tensor:
         """Feed the committed tokens not yet in the cache (they end with the root)."""
-        if self.fed == len(self.context):  # root already fed (static trees expand it once)
-            raise RuntimeError("the root was already expanded this step")
+        if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
+            self.fed -= 1
+            gather_entries(self.cache, list(range(self.fed)))
         pending = torch.tensor(self.context[self.fed :])
         positions = torch.arange(self.fed, len(self.context))
         hidden = forward_hidden(self.model, self.cache, pending, positions, None)
@@ -95,3 +96,23 @@ class ModelDrafter:
             self.fed += len(kept)
         self.slots = {}
         self.context.extend(new_tokens)
+
+    def fork(self) -> "ModelDrafter":
+        """An independent drafter in the same state (own cache copy): the async pre-drafter."""
+        twin = ModelDrafter.__new__(ModelDrafter)
+        twin.model, twin.vocab_size, twin.forwards = self.model, self.vocab_size, 0
+        twin.context, twin.fed, twin.slots = list(self.context), self.fed, dict(self.slots)
+        twin.cache = clone_cache(self.cache)
+        return twin
+
+    def adopt_subtree(self, tree: DraftTree, node: int, subtree_nodes: list[int]) -> None:
+        """Make ``node`` (a child of the root, already fed) committed context and keep the cache
+        entries of ``subtree_nodes`` (its descendants, topological order) as the next tree's."""
+        fed_sub = [n for n in subtree_nodes if path_key(tree, n) in self.slots]
+        idx = list(range(self.fed)) + [self.slots[path_key(tree, n)] for n in [node] + fed_sub]
+        gather_entries(self.cache, idx)
+        self.context.append(tree.tokens[node])
+        self.fed += 1
+        self.slots = {(): self.fed - 1}
+        for j, n in enumerate(fed_sub):
+            self.slots[path_key(tree, n)[1:]] = self.fed + j

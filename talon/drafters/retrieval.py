@@ -14,9 +14,10 @@ match (ties: the context wins).
 
 Complexity, n = context length, K = ``max_occurrences``, D = ``cfg.max_continuation``:
 
-* ``extend``: amortised O(1) per token (the suffix-automaton construction walks; transitions
-  are dicts, so the constant is a hash lookup) plus O(K) to record the new end position on the
-  match state. :attr:`SuffixIndex.work` counts the elementary steps; it stays below ~3n.
+* ``extend``: amortised O(1) per token: the suffix-automaton construction walks (transitions
+  are dicts, so the constant is a hash lookup) plus O(B) to record the new end position on the
+  match state and B = ``propagate_depth`` of its suffix-link ancestors. :attr:`SuffixIndex.work`
+  counts the elementary steps: below (6 + B + 1) * n, about 2n-5n in practice.
 * ``propose``: O(K * D + max_nodes * log max_nodes), independent of n. Nothing ever rescans
   the context.
 """
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 SEPARATOR = -1  # ends every corpus document; never a real token id, so never matched
 DEFAULT_MAX_OCCURRENCES = 8
+DEFAULT_PROPAGATE_DEPTH = 4
 DEFAULT_CORPUS_MAX_TOKENS = 200_000
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSONL_FIELDS = ("turns", "text", "prompt")
@@ -85,7 +87,7 @@ class RetrievalProposal:
 @dataclass(frozen=True)
 class SuffixMatch:
     """The longest matching suffix: its length and the end positions (index of the last token)
-    of occurrences that have a continuation, most recent first."""
+    of its earlier occurrences, most recent first (at most K; possibly not all of them)."""
 
     length: int
     ends: tuple[int, ...]
@@ -98,22 +100,33 @@ class SuffixIndex:
     """Online suffix automaton over a growing token stream.
 
     State 0 is the root (the empty string). Per state: ``len`` (longest string), ``link``
-    (suffix link), ``next`` (dict transitions) and ``ends``, up to K + 1 end positions, oldest
-    first. ``ends`` always holds real end positions of the state. They are recorded where they
-    are known for free: a new state gets its own position, a clone copies its original's, and
-    the state that becomes the match (``link[last]``) gets the new position. Ancestors on the
-    suffix-link chain beyond the match are not updated (that walk is not amortisable), so for a
-    state that was sometimes only an ancestor of the match the list may miss occurrences. A
-    frozen (static) index recomputes exact lists: the K + 1 latest end positions per state.
+    (suffix link), ``next`` (dict transitions) and ``ends``, the latest known end positions
+    (at most K + 1, oldest first). ``ends`` only ever holds real end positions of the state: a
+    new state gets its own position, a clone copies its original's, and a new position p is
+    recorded on the match state ``link[last]`` and on up to ``propagate_depth`` of its
+    suffix-link ancestors (every state on that chain has p in its end set). Recording on the
+    whole chain would make the lists exact but costs O(chain length), which is not amortisable
+    (think "aaaa..."), so a short state whose occurrences were mostly inside longer matches may
+    miss some; on random streams depth 4 already finds the latest occurrence > 99% of the time.
+    A frozen (static) index recomputes exact lists: the K + 1 latest end positions per state.
 
-    ``extend`` is amortised O(1) per token (standard SAM analysis: suffix-link walks plus
-    redirected and copied transitions total < 3n); ``work`` counts those steps.
+    ``extend`` costs amortised O(1) per token: the SAM walks (suffix links, redirected and
+    copied transitions; < ~6n in total, the standard analysis) plus O(propagate_depth) for the
+    end positions. ``work`` counts all of those steps.
     """
 
-    def __init__(self, max_occurrences: int = DEFAULT_MAX_OCCURRENCES) -> None:
-        if max_occurrences < 1:
-            raise ValueError(f"max_occurrences must be >= 1, got {max_occurrences}")
+    def __init__(
+        self,
+        max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
+        propagate_depth: int = DEFAULT_PROPAGATE_DEPTH,
+    ) -> None:
+        if max_occurrences < 1 or propagate_depth < 0:
+            raise ValueError(
+                f"need max_occurrences >= 1 and propagate_depth >= 0, "
+                f"got {max_occurrences} and {propagate_depth}"
+            )
         self.max_occurrences = max_occurrences
+        self.propagate_depth = propagate_depth
         self.tokens: list[int] = []
         self.work = 0
         self._len: list[int] = [0]
@@ -180,10 +193,16 @@ class SuffixIndex:
         return len(self._len) - 1
 
     def _record_end(self, state: int, pos: int) -> None:
-        ends = self._ends[state]
-        ends.append(pos)
-        if len(ends) > self.max_occurrences + 1:
-            del ends[0]
+        """Record ``pos`` on the match state and up to ``propagate_depth`` of its ancestors."""
+        for _ in range(self.propagate_depth + 1):
+            if state <= 0:
+                return
+            ends = self._ends[state]
+            ends.append(pos)
+            if len(ends) > self.max_occurrences + 1:
+                del ends[0]  # O(K), K small: cheaper in memory than a deque per state
+            state = self._link[state]
+            self.work += 1
 
     def longest_match(self) -> SuffixMatch:
         """The longest suffix that also ends earlier, with those earlier end positions. O(K)."""
@@ -267,33 +286,24 @@ def build_trie(
     tokens: list[int] = []
     parents: list[int] = []
     q: list[float] = []
-    heap: list[tuple[float, int, int, int, float, list[int]]] = []
-    seq = 0
-    for token, q_child, members in _branch(list(range(len(continuations))), 0, continuations, max_branches):
-        heap.append((-q_child, seq, -1, token, q_child, members))
-        seq += 1
+    roots = _branch(list(range(len(continuations))), 0, continuations, max_branches)
+    # (-path_conf, tie-break, parent, token, q, depth, members)
+    heap = [(-qc, i, -1, tok, qc, 1, members) for i, (tok, qc, members) in enumerate(roots)]
     heapq.heapify(heap)
+    seq = len(heap)
     while heap and len(tokens) < max_nodes:
-        neg_conf, _, parent, token, q_node, members = heapq.heappop(heap)
+        neg_conf, _, parent, token, q_node, depth, members = heapq.heappop(heap)
         node = len(tokens)
         tokens.append(token)
         parents.append(parent)
         q.append(q_node)
-        depth = 1 if parent < 0 else _depth_of(parents, node)
         if depth >= max_depth:
             continue
         for child, q_child, child_members in _branch(members, depth, continuations, max_branches):
-            heapq.heappush(heap, (neg_conf * q_child, seq, node, child, q_child, child_members))
+            entry = (neg_conf * q_child, seq, node, child, q_child, depth + 1, child_members)
+            heapq.heappush(heap, entry)
             seq += 1
     return tokens, parents, q
-
-
-def _depth_of(parents: list[int], node: int) -> int:
-    depth = 0
-    while node >= 0:
-        depth += 1
-        node = parents[node]
-    return depth
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -380,7 +390,8 @@ def _parse_jsonl(raw: str, path: Path) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"corpus {str(path)!r} line {lineno}: invalid JSON ({err.msg})") from err
+            where = f"corpus {str(path)!r} line {lineno}"
+            raise ValueError(f"{where}: invalid JSON ({err.msg})") from err
         texts.extend(_record_texts(record, path, lineno))
     return texts
 

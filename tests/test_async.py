@@ -1,0 +1,108 @@
+"""Asynchronous pre-drafting: lossless, reuses bets that come true, never leaks a thread."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from talon.config import RunConfig, SamplingConfig, TreeConfig
+from talon.decode import Engine, generate
+from tests.test_engine import PROMPTS, noisy_copy, reference
+from tests.tiny import tiny_loaded
+
+
+def drafter_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("talon-drafter")]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    target = tiny_loaded("qwen2", 31)
+    return Engine(target, noisy_copy(target, 32, 0.15))
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "static", "chain"])
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_async_greedy_equals_sync_and_target(engine: Engine, mode: str, drafter: str) -> None:
+    tree = TreeConfig(mode=mode, budget=8, root_k=3, top_k=2, mu=0.05, max_depth=5)
+    reused = 0
+    for prompt in PROMPTS:
+        cfg = RunConfig(drafter=drafter, tree=tree, max_new_tokens=40)
+        sync, _ = generate(engine, prompt, cfg)
+        run = engine.run(prompt, cfg.replace(async_draft=True))
+        steps = list(run)
+        assert run.summary.token_ids == sync.token_ids == reference(engine, sync.prompt_token_ids, 40)
+        reused += sum(1 for s in steps if s.predraft_reused)
+        assert all(s.predraft_reused is not None for s in steps[1:])
+        assert all(len(s.tokens) - 1 <= tree.budget for s in steps)
+    assert reused > 0, "a close draft model must see some pre-drafts reused"
+    assert not drafter_threads()
+
+
+def test_async_sampling_is_reproducible(engine: Engine) -> None:
+    cfg = RunConfig(drafter="model", max_new_tokens=30, async_draft=True,
+                    sampling=SamplingConfig(temperature=0.8, seed=5))
+    a, _ = generate(engine, PROMPTS[0], cfg)
+    b, _ = generate(engine, PROMPTS[0], cfg)
+    assert a.token_ids == b.token_ids
+
+
+@pytest.mark.parametrize("stop", ["eos", "stop_string", "max_new_tokens", "cancel", "abandon"])
+def test_no_thread_left_behind(engine: Engine, stop: str) -> None:
+    cfg = RunConfig(drafter="model", max_new_tokens=25, async_draft=True)
+    cancel = threading.Event()
+    if stop == "stop_string":
+        text = generate(engine, PROMPTS[1], cfg.replace(async_draft=False))[0].text
+        cfg = cfg.replace(stop_strings=(text[5:8],))
+    if stop == "eos":
+        engine.target.model.generation_config.eos_token_id = reference(engine, engine.run(PROMPTS[1], cfg).prompt_ids, 25)[6]
+    try:
+        run = engine.run(PROMPTS[1], cfg, cancel)
+        for i, _ in enumerate(run):
+            if stop == "cancel" and i == 2:
+                cancel.set()
+            if stop == "abandon" and i == 2:
+                break
+        if stop == "abandon":
+            del run  # the generator is closed: its finally shuts the drafter thread down
+            import gc
+
+            gc.collect()
+        else:
+            expected = {"eos": "eos", "stop_string": "stop_string", "max_new_tokens": "max_new_tokens", "cancel": "cancelled"}
+            assert run.summary.stop_reason == expected[stop]
+    finally:
+        engine.target.model.generation_config.eos_token_id = 256
+    assert not drafter_threads()
+
+
+def test_drafter_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> None:
+    from talon.drafters import hybrid
+
+    def boom(self, pre, clock):
+        raise RuntimeError("draft model exploded")
+
+    monkeypatch.setattr(hybrid.HybridDrafter, "grow", boom)
+    with pytest.raises(RuntimeError, match="exploded"):
+        generate(engine, PROMPTS[0], RunConfig(drafter="model", max_new_tokens=20, async_draft=True))
+    assert not drafter_threads()
+
+
+def test_verifier_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> None:
+    from talon import decode
+
+    calls = {"n": 0}
+    real = decode.verify_tree
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.cuda.OutOfMemoryError("simulated out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "verify_tree", flaky)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        generate(engine, PROMPTS[0], RunConfig(drafter="model", max_new_tokens=30, async_draft=True))
+    assert not drafter_threads()
