@@ -7,8 +7,8 @@ import json
 import logging
 import sys
 
-from talon.config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
-from talon.decode import Engine, PromptError, generate
+from talon.config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
 from talon.settings import Settings
 from talon.trace import dump_trace
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = None if args.drafter in ("none", "retrieval") else args.draft
         target, draft_lm = load_pair(args.target, draft, args.dtype, args.device, settings.allow_remote_code)
         summary, steps = generate(Engine(target, draft_lm), prompt, cfg)
-    except (ConfigError, PromptError, ModelLoadError, OSError) as err:
+    except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         log.error("%s", err)
         return 2
     if args.trace_out:

@@ -21,7 +21,7 @@ from talon.accept import Acceptance, accept_greedy, accept_sampling, warp_probs
 from talon.config import ConfigError, RunConfig
 from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
 from talon.drafters.model import ModelDrafter
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.trace import RunSummary, StepTrace, summarize_steps
@@ -96,6 +96,17 @@ class Engine:
         self.draft = draft
         self._token_text: dict[int, str] = {}
         self._text_lock = threading.Lock()
+        self._corpora: dict[str, CorpusIndex] = {}
+
+    def corpus(self, path: str) -> CorpusIndex:
+        """The static retrieval datastore for ``path``, built once per engine (ValueError if bad)."""
+        with self._text_lock:
+            if path not in self._corpora:
+                tok = self.target.tokenizer
+                self._corpora[path] = CorpusIndex.from_file(
+                    path, lambda text: tok(text, add_special_tokens=False)["input_ids"]
+                )
+            return self._corpora[path]
 
     def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
         use_model = cfg.drafter in ("hybrid", "model")
@@ -105,7 +116,8 @@ class Engine:
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
         model = ModelDrafter(self.draft.model, cfg.draft_vocab) if use_model else None
-        retrieval = RetrievalDrafter(cfg.retrieval) if use_retrieval else None
+        corpus = self.corpus(cfg.retrieval.corpus) if use_retrieval and cfg.retrieval.corpus else None
+        retrieval = RetrievalDrafter(cfg.retrieval, corpus) if use_retrieval else None
         return HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)
 
     def token_text(self, token: int) -> str:

@@ -171,22 +171,24 @@ def _axis(title: str = "", **extra: Any) -> dict[str, Any]:
 
 def _base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = dict(
-        title=dict(text=html.escape(title), x=0.01, xanchor="left", font=dict(size=15)),
+        title=dict(text=html.escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)),
         font=FONT,
         height=height,
         paper_bgcolor="white",
         plot_bgcolor="white",
-        margin=dict(l=50, r=20, t=50, b=40),
+        margin=dict(l=50, r=20, t=80, b=40),
         hoverlabel=dict(font=dict(family=FONT["family"], size=13), align="left", bgcolor="white"),
         autosize=True,
+        template=dict(layout=dict(colorway=list(SOURCE_COLORS.values()))),
         xaxis=_axis(),
         yaxis=_axis(),
     )
     return {**layout, **extra}
 
 
-def _legend_below(y: float = -0.25) -> dict[str, Any]:
-    return dict(orientation="h", y=y, x=0, yanchor="top")
+def _legend_top() -> dict[str, Any]:
+    """A horizontal legend between the title and the plot (never over an axis title)."""
+    return dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom", font=dict(size=12))
 
 
 def empty_figure(message: str, height: int = 260) -> go.Figure:
@@ -265,8 +267,8 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         max(340, min(1400, 30 * leaves + 150)),
         xaxis=_axis("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
         yaxis=dict(visible=False),
-        legend=_legend_below(-0.08),
-        margin=dict(l=20, r=20, t=50, b=20),
+        legend=_legend_top(),
+        margin=dict(l=20, r=20, t=110, b=20),
     )
     return _figure(traces, layout)
 
@@ -423,7 +425,7 @@ def gate_figure(step: StepTrace) -> go.Figure:
         340,
         xaxis=_axis("layer (depth)", dtick=1),
         yaxis=_axis("path confidence c (log)", type="log", exponentformat="power"),
-        legend=_legend_below(-0.22),
+        legend=_legend_top(),
     )
     return _figure(traces, layout)
 
@@ -541,9 +543,10 @@ def timeline_figure(steps: Sequence[StepTrace], selected: int | None = None, win
         f"Drafter / verifier timeline, steps {shown[0].step}–{shown[-1].step}",
         250,
         barmode="overlay",
+        showlegend=False,
+        margin=dict(l=70, r=20, t=50, b=40),
         xaxis=_axis("ms since the run started"),
         yaxis=_axis(categoryorder="array", categoryarray=["verifier", "drafter"]),
-        legend=_legend_below(-0.3),
     )
     return _figure(traces, layout)
 
@@ -613,7 +616,7 @@ def accepted_per_step_figure(steps: Sequence[StepTrace], selected: int | None = 
         barmode="stack",
         xaxis=_axis("step"),
         yaxis=_axis("tokens", rangemode="tozero"),
-        legend=_legend_below(-0.3),
+        legend=_legend_top(),
         shapes=shapes,
     )
     return _figure(traces, layout)
@@ -706,7 +709,7 @@ def throughput_figure(steps: Sequence[StepTrace]) -> go.Figure:
         300,
         xaxis=_axis("step"),
         yaxis=_axis("tokens / s", rangemode="tozero"),
-        legend=_legend_below(-0.3),
+        legend=_legend_top(),
     )
     return _figure(traces, layout)
 
@@ -729,7 +732,7 @@ def compare_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]]) -> go.Figure
         yaxis=_axis("tokens per step", rangemode="tozero"),
         xaxis2=_axis("seconds", domain=[0.55, 1], anchor="y2"),
         yaxis2=_axis("committed tokens", rangemode="tozero", anchor="x2"),
-        legend=_legend_below(-0.25),
+        legend=_legend_top(),
     )
     return _figure(traces, layout)
 

@@ -272,6 +272,6 @@ def test_embedded_pair(embedded_pair: tuple[LoadedModel, LoadedModel]) -> None:
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     with torch.inference_mode():
-        out = target.model.generate(**inputs, max_new_tokens=40, do_sample=False)
+        out = target.model.generate(**inputs, max_new_tokens=20, do_sample=False)
     text = target.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "def add(a, b)" in text, text

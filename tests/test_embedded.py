@@ -1,0 +1,80 @@
+"""The real embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft), float32: speculative greedy
+output is token-for-token the target's own greedy generation, from the API and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from talon.config import RunConfig, TreeConfig
+from talon.decode import Engine, generate
+
+pytestmark = pytest.mark.embedded
+
+SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench"
+FALLBACK = {
+    "humaneval": "Complete the code.\ndef is_palindrome(s: str) -> bool:\n",
+    "sum": "Summarize: The city council met on Monday. The council voted to repair the bridge. "
+    "The bridge repair will cost two million dollars and start in May.",
+    "mt_bench": "Give me three tips for writing clear emails.",
+}
+
+
+def first_prompt(suite: str, index: int = 0) -> str:
+    path = SPECBENCH / f"{suite}.jsonl"
+    if not path.exists():
+        return FALLBACK[suite]
+    line = path.read_text(encoding="utf-8").splitlines()[index]
+    return json.loads(line)["turns"][0][:1500]
+
+
+def target_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def engine(embedded_pair) -> Engine:
+    return Engine(*embedded_pair)
+
+
+@pytest.mark.parametrize(
+    "suite,drafter,mode",
+    [
+        ("humaneval", "hybrid", "adaptive"),
+        ("sum", "hybrid", "adaptive"),
+        ("mt_bench", "model", "static"),
+        ("humaneval", "model", "chain"),
+        ("sum", "retrieval", "adaptive"),
+    ],
+)
+def test_greedy_equals_target_generate(engine: Engine, suite: str, drafter: str, mode: str) -> None:
+    cfg = RunConfig(drafter=drafter, tree=TreeConfig(mode=mode), max_new_tokens=24)
+    summary, steps = generate(engine, first_prompt(suite, 1), cfg)
+    want = target_greedy(engine.target.model, summary.prompt_token_ids, 24)
+    assert summary.token_ids == want
+    assert summary.steps == len(steps) < 24  # speculation paid: fewer target forwards than tokens
+
+
+def test_cli_json_reproduces_target_greedy(tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(first_prompt("humaneval", 5), encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "talon", "generate", "--prompt-file", str(prompt), "--dtype", "float32",
+         "--max-new-tokens", "20", "--json"],
+        capture_output=True, text=True, timeout=900, check=True,
+    )
+    result = json.loads(out.stdout)  # exactly one JSON object on stdout
+    assert result["dtype"] == "float32" and result["draft"]
+    model = AutoModelForCausalLM.from_pretrained(result["target"], dtype=torch.float32)
+    assert result["token_ids"] == target_greedy(model, result["prompt_token_ids"], 20)
+    assert result["steps"] <= len(result["token_ids"])
+    for key in ("text", "mean_accepted_tokens", "tokens_per_second", "seconds", "accepted_by_source"):
+        assert key in result
