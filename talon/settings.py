@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from talon.config import ConfigError
@@ -76,7 +76,7 @@ def _parse_int(name: str, raw: str, lo: int) -> int:
 class Settings:
     """Deployment settings; see ``ENV_VARS`` for what each field means."""
 
-    cache_dir: Path = Path(ENV_VARS["TALON_CACHE"][0]).expanduser()
+    cache_dir: Path = field(default_factory=lambda: Path(ENV_VARS["TALON_CACHE"][0]).expanduser())
     target: str = EMBEDDED_TARGET
     draft: str = EMBEDDED_DRAFT
     device: str = "auto"
@@ -122,7 +122,9 @@ def hub_offline(env: Mapping[str, str] | None = None) -> bool:
     test) switch offline later and still fail fast instead of retrying the network.
     """
     env = os.environ if env is None else env
-    return any(env.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        env.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def hub_endpoint(env: Mapping[str, str] | None = None) -> str:

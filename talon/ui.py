@@ -809,8 +809,8 @@ def theme() -> gr.themes.Base:
     return gr.themes.Soft(
         primary_hue="blue",
         neutral_hue="slate",
-        font=["Inter", "Segoe UI", "system-ui", "sans-serif"],
-        font_mono=["JetBrains Mono", "ui-monospace", "Menlo", "Consolas", "monospace"],
+        font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
+        font_mono=[gr.themes.Font(name) for name in ("JetBrains Mono", "ui-monospace", "Menlo", "Consolas", "monospace")],
     )
 
 
@@ -872,15 +872,15 @@ def _figure_row(key: str, label: str) -> gr.Plot:
 
 
 def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
-    summary = gr.HTML(F.summary_html(None, []), elem_id="talon-summary")
+    summary = gr.HTML(F.summary_html(None, []), label="summary", elem_id="talon-summary")
     gr.HTML(TEXT_LEGEND)
-    text = gr.HTML(F.text_html([]), elem_id="talon-text", autoscroll=True, max_height=420)
+    text = gr.HTML(F.text_html([]), label="text", elem_id="talon-text", autoscroll=True, max_height=420)
     with gr.Row(elem_id="talon-stepper"):
         prev = gr.Button("◀ Prev", size="sm", min_width=70, scale=0, elem_id="talon-prev")
         slider = gr.Slider(0, 1, value=0, step=1, label="Step", scale=6, elem_id="talon-slider")
         nxt = gr.Button("Next ▶", size="sm", min_width=70, scale=0, elem_id="talon-next")
-        latest = gr.Button("Latest ⏭", size="sm", min_width=80, scale=0, elem_id="talon-latest")
-    caption = gr.HTML(F.step_caption_html([], 0), elem_id="talon-caption")
+        latest = gr.Button("Latest »", size="sm", min_width=80, scale=0, elem_id="talon-latest")
+    caption = gr.HTML(F.step_caption_html([], 0), label="step caption", elem_id="talon-caption")
     tree = _figure_row("tree", "Draft tree")
     gates = _figure_row("gates", "Confidence gates")
     mask = _figure_row("mask", "Attention mask")
@@ -888,20 +888,20 @@ def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
     gr.Markdown("### The whole run")
     with gr.Row():
         with gr.Column(min_width=320):
-            per_step = gr.Plot(show_label=False, elem_id="talon-per-step")
+            per_step = gr.Plot(label="tokens per step", show_label=False, elem_id="talon-per-step")
             gr.Markdown(EXPLAIN["per_step"], elem_classes=["talon-explain"])
         with gr.Column(min_width=320):
-            by_depth = gr.Plot(show_label=False, elem_id="talon-by-depth")
+            by_depth = gr.Plot(label="acceptance by depth", show_label=False, elem_id="talon-by-depth")
             gr.Markdown(EXPLAIN["by_depth"], elem_classes=["talon-explain"])
     with gr.Row():
         with gr.Column(min_width=320):
-            sources = gr.Plot(show_label=False, elem_id="talon-sources")
+            sources = gr.Plot(label="sources", show_label=False, elem_id="talon-sources")
             gr.Markdown(EXPLAIN["sources"], elem_classes=["talon-explain"])
         with gr.Column(min_width=320):
-            speed = gr.Plot(show_label=False, elem_id="talon-speed")
+            speed = gr.Plot(label="tokens per second", show_label=False, elem_id="talon-speed")
             gr.Markdown(EXPLAIN["speed"], elem_classes=["talon-explain"])
     with gr.Row():
-        download = gr.File(label="Download this run's trace (JSON)", interactive=False, elem_id="talon-download")
+        download = gr.File(label="Download the trace (JSON)", interactive=False, elem_id="talon-download")
         upload = gr.File(label="Replay a trace (no model needed)", file_types=[".json"], elem_id="talon-upload")
     view = DecodeView(
         summary, text, slider, caption, tree, gates, mask, timeline, per_step, by_depth, sources, speed, download, gr.State(Session())

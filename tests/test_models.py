@@ -7,10 +7,12 @@ import hashlib
 import time
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import talon.models as tm
 from talon.config import ConfigError
@@ -25,7 +27,7 @@ from talon.models import (
     check_tokenizers_match,
     embedded_parts,
     load_model,
-    load_pair,
+    prepare_embedded,
     resolve_device,
     resolve_dtype,
 )
@@ -136,13 +138,15 @@ def test_matching_tokenizers_pass() -> None:
 
 
 def test_gguf_padding_rows_are_ignored() -> None:
-    check_tokenizers_match(word_tokenizer(WORDS + ["<eos>", "[PAD7]"]), word_tokenizer(WORDS), "t", "d")
+    check_tokenizers_match(word_tokenizer([*WORDS, "<eos>", "[PAD7]"]), word_tokenizer(WORDS), "t", "d")
 
 
 def test_vocab_mismatch_names_models_and_token() -> None:
     swapped = ["<unk>", "return", "def", "(", ")", ":"]
     with pytest.raises(ModelLoadError) as info:
-        check_tokenizers_match(word_tokenizer(WORDS), word_tokenizer(swapped), "big-model", "small-model")
+        check_tokenizers_match(
+            word_tokenizer(WORDS), word_tokenizer(swapped), "big-model", "small-model"
+        )
     message = str(info.value)
     assert "big-model" in message and "small-model" in message
     assert "'def' is id 1 in the target but id 2 in the draft" in message
@@ -154,7 +158,7 @@ def test_missing_token_is_a_mismatch() -> None:
 
 
 def test_eos_mismatch() -> None:
-    words = WORDS + ["<eos>", "<end>"]
+    words = [*WORDS, "<eos>", "<end>"]
     target, draft = word_tokenizer(words, eos="<eos>"), word_tokenizer(words, eos="<end>")
     with pytest.raises(ModelLoadError, match="eos token"):
         check_tokenizers_match(target, draft, "t", "d")
@@ -164,6 +168,7 @@ def test_eos_mismatch() -> None:
 
 
 def fake_parts(tmp_path: Path, chunks: list[bytes]) -> list[GgufPart]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     parts = []
     for i, chunk in enumerate(chunks, start=1):
         path = tmp_path / f"part{i:02d}.bin"
@@ -178,7 +183,9 @@ JOINED_SHA = hashlib.sha256(JOINED).hexdigest()
 
 
 def test_assemble_joins_in_order(tmp_path: Path) -> None:
-    dest = assemble_gguf(fake_parts(tmp_path, CHUNKS), tmp_path / "out" / "m.gguf", len(JOINED), JOINED_SHA)
+    dest = assemble_gguf(
+        fake_parts(tmp_path, CHUNKS), tmp_path / "out" / "m.gguf", len(JOINED), JOINED_SHA
+    )
     assert dest.read_bytes() == JOINED
     assert not list(dest.parent.glob("*.partial"))
 
@@ -227,6 +234,129 @@ def test_embedded_parts_add_up() -> None:
         parts = embedded_parts(embedded)
         assert [p.package for p in parts] == list(embedded.packages)
         assert sum(p.path.stat().st_size for p in parts) == embedded.size
+
+
+# --- GGUF conversion, on a tiny random qwen2 GGUF ---------------------------------------------------
+
+TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+
+
+def _tiny_tokenizer_metadata(writer: gguf.GGUFWriter) -> int:
+    """Byte-level BPE vocabulary (256 bytes, one merge, 3 specials) in GGUF form; returns its size."""
+    tokens = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "de", *TINY_SPECIALS]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
+    writer.add_token_merges(["d e"])
+    writer.add_bos_token_id(len(tokens) - 3)
+    writer.add_pad_token_id(len(tokens) - 3)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TINY_TEMPLATE)
+    return len(tokens)
+
+
+def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64) -> None:
+    """A random float32 qwen2 GGUF (4 heads, 2 KV heads) with a tokenizer and chat template."""
+    rng = np.random.default_rng(0)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    for add, value in [
+        ("block_count", layers),
+        ("context_length", 128),
+        ("embedding_length", hidden),
+        ("feed_forward_length", ffn),
+        ("head_count", 4),
+        ("head_count_kv", 2),
+        ("rope_freq_base", 10000.0),
+        ("layer_norm_rms_eps", 1e-6),
+        ("file_type", 0),
+    ]:
+        getattr(writer, f"add_{add}")(value)
+    vocab, kv_dim = _tiny_tokenizer_metadata(writer), hidden // 2
+    shapes = {
+        "token_embd.weight": (vocab, hidden),
+        "output.weight": (vocab, hidden),
+        "output_norm.weight": (hidden,),
+    }
+    for i in range(layers):
+        shapes |= {
+            f"blk.{i}.{name}": shape
+            for name, shape in [
+                ("attn_norm.weight", (hidden,)),
+                ("ffn_norm.weight", (hidden,)),
+                ("attn_q.weight", (hidden, hidden)),
+                ("attn_q.bias", (hidden,)),
+                ("attn_k.weight", (kv_dim, hidden)),
+                ("attn_k.bias", (kv_dim,)),
+                ("attn_v.weight", (kv_dim, hidden)),
+                ("attn_v.bias", (kv_dim,)),
+                ("attn_output.weight", (hidden, hidden)),
+                ("ffn_gate.weight", (ffn, hidden)),
+                ("ffn_up.weight", (ffn, hidden)),
+                ("ffn_down.weight", (hidden, ffn)),
+            ]
+        }
+    for name, shape in shapes.items():
+        writer.add_tensor(name, weight(*shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def test_gguf_file_converts_exactly_and_once(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lm = load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
+    assert (Path(lm.name) / tm.MARKER_FILE).is_file()
+    assert lm.tokenizer.chat_template == TINY_TEMPLATE and lm.tokenizer.eos_token == "<|im_end|>"
+    assert lm.tokenizer("de").input_ids == [256]  # the merge survived
+    source = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(tiny_gguf)).tensors}
+    k_proj = lm.model.model.layers[1].self_attn.k_proj.weight.detach().numpy()
+    np.testing.assert_array_equal(k_proj, source["blk.1.attn_k.weight"])
+    reloaded = AutoModelForCausalLM.from_pretrained(lm.name)  # the name loads the same weights
+    assert torch.equal(reloaded.lm_head.weight, lm.model.lm_head.weight)
+
+    monkeypatch.setattr(tm, "convert_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
+    assert load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path).name == lm.name
+
+
+def test_prepare_embedded_assembles_converts_and_cleans_up(tiny_gguf: Path, tmp_path: Path) -> None:
+    data = tiny_gguf.read_bytes()
+    cut = len(data) // 3
+    parts = fake_parts(tmp_path / "parts", [data[:cut], data[cut : 2 * cut], data[2 * cut :]])
+    embedded = EmbeddedModel(
+        "tiny",
+        "talon-fake-part",
+        3,
+        "1.0",
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        extra_eos_tokens=("<|endoftext|>",),
+    )
+    cache = tmp_path / "cache"
+    out_dir = prepare_embedded(embedded, cache, parts)
+    assert out_dir == cache / "tiny" and (out_dir / tm.MARKER_FILE).is_file()
+    assert not list(cache.glob("*.gguf*")) and not list(cache.glob(".tiny.tmp-*"))
+    model = AutoModelForCausalLM.from_pretrained(out_dir)
+    end_of_text, im_end = (model.config.vocab_size - 3, model.config.vocab_size - 1)
+    assert list(model.generation_config.eos_token_id) == [im_end, end_of_text]
+    assert prepare_embedded(embedded, cache, parts=[]) == out_dir  # converted: parts are not read again
 
 
 # --- settings -------------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ match (ties: the context wins).
 Complexity, n = context length, K = ``max_occurrences``, D = ``cfg.max_continuation``:
 
 * ``extend``: amortised O(1) per token: the suffix-automaton construction walks (transitions
-  are dicts, so the constant is a hash lookup) plus O(B) to record the new end position on the
-  match state and B = ``propagate_depth`` of its suffix-link ancestors. :attr:`SuffixIndex.work`
-  counts the elementary steps: below (6 + B + 1) * n, about 2n-5n in practice.
+  are dicts, so the constant is a hash lookup) plus B + 1 bounded-list appends to record the new
+  end position on the match state and B = ``propagate_depth`` of its suffix-link ancestors.
+  :attr:`SuffixIndex.work` counts the elementary steps: below (6 + B + 1) * n; measured 2n-10n.
 * ``propose``: O(K * D + max_nodes * log max_nodes), independent of n. Nothing ever rescans
   the context.
 """

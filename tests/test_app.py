@@ -1,0 +1,308 @@
+"""The app end to end: ``python app.py`` on tiny saved models, driven with gradio_client; plus
+the server-side validation (controls, prompts, trace and results uploads) as plain functions."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gradio_client import Client, handle_file
+
+from talon import ui
+from talon.config import ConfigError, RunConfig
+from talon.decode import PromptError
+from talon.examples import BUILTIN_EXAMPLES, load_examples
+from talon.settings import Settings
+from talon.trace import RunSummary, dump_trace
+from tests.test_figures import make_step
+from tests.tiny import tiny_loaded
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 150
+RUN_TIMEOUT_S = 90
+# Output order of /generate and /replay (DecodeView.outputs() without the State).
+SUMMARY, TEXT, SLIDER, CAPTION, TREE, GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED, DOWNLOAD = range(13)
+
+
+# ---------------------------------------------------------------------------------------------
+# A launched app on tiny models (also used by test_browser.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def save_tiny_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny random target and draft (model + tokenizer) saved as local checkpoints."""
+    dirs = []
+    for name, seed in (("target", 0), ("draft", 1)):
+        lm = tiny_loaded("llama", seed)
+        lm.model.save_pretrained(root / name)
+        lm.tokenizer.save_pretrained(root / name)
+        dirs.append(root / name)
+    return dirs[0], dirs[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"app did not open port {port} in {timeout:.0f} s:\n{log.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def launch_app(root: Path) -> Iterator[str]:
+    """Run ``python app.py`` on tiny models in ``root``; yields its URL; always stops it."""
+    target, draft = save_tiny_pair(root)
+    port = free_port()
+    env = {
+        **os.environ,
+        "TALON_TARGET": str(target),
+        "TALON_DRAFT": str(draft),
+        "TALON_CACHE": str(root / "cache"),
+        "TALON_DEVICE": "cpu",
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "GRADIO_SERVER_PORT": str(port),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = root / "app.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(proc, port, log, START_TIMEOUT_S)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with launch_app(tmp_path_factory.mktemp("app")) as url:
+        yield url
+
+
+@pytest.fixture()
+def client(app_url: str, tmp_path: Path) -> Client:
+    return Client(app_url, verbose=False, download_files=str(tmp_path))
+
+
+def finish(job, timeout: float = RUN_TIMEOUT_S) -> tuple[list, tuple]:
+    """All streamed outputs and the final one, failing (not hanging) past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not job.done():
+        if time.monotonic() > deadline:
+            job.cancel()
+            pytest.fail(f"the job did not finish in {timeout} s")
+        time.sleep(0.05)
+    return job.outputs(), job.result()
+
+
+def plot_json(value: dict) -> dict:
+    assert value["type"] == "plotly"
+    return json.loads(value["plot"])
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+def test_generate_streams_text_and_figures_and_the_trace_replays(client: Client) -> None:
+    outputs, final = finish(client.submit("hello hello hello world, hello hello", api_name="/generate"))
+    assert len(outputs) >= 2, "the run should stream intermediate updates"
+    assert any('class="tk ' in str(out[TEXT]) for out in outputs[:-1]), "text should stream before the end"
+    assert final[TEXT].count('class="tk ') >= 64
+    tree = plot_json(final[TREE])
+    nodes = [i for trace in tree["data"] if "customdata" in trace for i in trace["customdata"]]
+    assert len(nodes) >= 2 and nodes.count(0) == 1
+    for key in (GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED):
+        assert plot_json(final[key])["layout"]["height"] > 0
+    assert "MAT" in final[SUMMARY]
+
+    trace = json.loads(Path(final[DOWNLOAD]).read_text())
+    assert trace["format"] == "talon-trace/1"
+    assert len(trace["steps"]) == trace["summary"]["steps"] >= 1
+    replayed = client.predict(handle_file(final[DOWNLOAD]), api_name="/replay")
+    assert replayed[TEXT] == final[TEXT]
+    assert plot_json(replayed[TREE])["data"] == tree["data"]
+    assert "replayed trace" in replayed[SUMMARY]
+
+
+def test_empty_prompt_is_a_clear_error_and_the_app_keeps_serving(client: Client) -> None:
+    with pytest.raises(Exception, match="prompt is empty"):
+        client.predict("   ", api_name="/generate")
+    with pytest.raises(Exception, match=r"budget must be an integer in \[1, 256\]"):
+        client.predict("abc", budget=0, api_name="/generate")
+    final = client.predict("abc abc abc", max_new_tokens=8, budget=6, api_name="/generate")
+    assert final[TEXT].count('class="tk ') == 8
+
+
+def test_malformed_trace_upload_is_refused_with_a_reason(client: Client, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(Exception, match="not valid JSON"):
+        client.predict(handle_file(str(bad)), api_name="/replay")
+    bad.write_text(json.dumps({"format": "something-else", "steps": []}))
+    with pytest.raises(Exception, match="not a Talon trace"):
+        client.predict(handle_file(str(bad)), api_name="/replay")
+
+
+def test_compare_and_sweep_endpoints(client: Client) -> None:
+    summary, *_ = client.predict("abc abc abc abc", max_new_tokens=12, api_name="/compare")
+    assert "A: hybrid · adaptive" in summary and "B: hybrid · static" in summary
+    progress, mat, speed, *_ = client.predict("abc abc abc", mus="0.1", budgets="4, 8", sweep_tokens=6, api_name="/sweep")
+    assert "sweep done: 2 runs" in progress
+    z = plot_json(mat)["data"][0]["z"]
+    assert len(z) == 1 and len(z[0]) == 2 and all(v >= 1 for v in z[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Server-side validation, no server
+# ---------------------------------------------------------------------------------------------
+
+
+def test_default_controls_are_the_run_config_defaults() -> None:
+    assert ui.Controls().run_config(1024) == RunConfig()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"budget": 2.5}, "budget must be an integer"),
+        ({"budget": True}, "budget must be an integer"),
+        ({"mu": float("nan")}, "mu must be a number"),
+        ({"mu": 1.5}, r"mu must be a number in \[0.0, 1.0\]"),
+        ({"drafter": "none"}, "drafter must be one of"),
+        ({"tree_mode": "bushy"}, "tree mode must be one of"),
+        ({"max_new_tokens": 2000}, "at most 1024"),
+    ],
+)
+def test_controls_refuse_bad_values(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ui.Controls(**change).run_config(1024)
+
+
+def test_controls_accept_integral_floats_from_sliders() -> None:
+    cfg = ui.Controls(budget=12.0, seed=3.0, max_new_tokens=16.0).run_config(1024)
+    assert (cfg.tree.budget, cfg.sampling.seed, cfg.max_new_tokens) == (12, 3, 16)
+
+
+def test_check_prompt() -> None:
+    settings = Settings(max_prompt_tokens=4)
+    assert ui.check_prompt("hi", settings) == "hi"
+    for bad in ("", "  \n", None):
+        with pytest.raises(PromptError, match="empty"):
+            ui.check_prompt(bad, settings)
+    with pytest.raises(PromptError, match="at most 64"):
+        ui.check_prompt("x" * 65, settings)
+
+
+def summary_of(steps) -> RunSummary:
+    return RunSummary("t", [1], [1], len(steps), 3.0, 10.0, 0.3, target="tiny", draft="tiny")
+
+
+def test_trace_round_trip(tmp_path: Path) -> None:
+    steps = [make_step(i) for i in range(3)]
+    path = tmp_path / "trace.json"
+    dump_trace(str(path), summary_of(steps), steps)
+    summary, loaded = ui.parse_trace(ui.read_json_upload(path))
+    assert loaded == steps
+    assert summary.seconds == 0.3 and summary.target == "tiny"
+
+
+def good_trace() -> dict:
+    steps = [make_step(i) for i in range(2)]
+    return {"format": "talon-trace/1", "summary": summary_of(steps).to_dict(), "steps": [s.to_dict() for s in steps]}
+
+
+def corrupt(path: str, value: object) -> dict:
+    """good_trace() with steps[0][path] replaced by value (or deleted when value is ...)."""
+    data = good_trace()
+    if value is ...:
+        del data["steps"][0][path]
+    else:
+        data["steps"][0][path] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "not a Talon trace"),
+        ({"format": "talon-trace/0", "steps": []}, "not a Talon trace"),
+        ({"format": "talon-trace/1", "steps": []}, "'steps' must be a list of 1"),
+        (corrupt("tokens", ...), "step 0: missing field 'tokens'"),
+        (corrupt("texts", [1] * 8), "field 'texts'"),
+        (corrupt("q_draft", [math.nan] * 8), "field 'q_draft'"),
+        (corrupt("sources", ["root"] + ["evil"] * 7), "field 'sources'"),
+        (corrupt("parents", [-1, 0, 1, 2, 0, 0, 7, 4]), "do not describe a tree"),
+        (corrupt("parents", [-1, 0]), "per-node lists"),
+        (corrupt("accepted", [0, 4, 2]), "'accepted' must be a root-to-node path"),
+        (corrupt("new_tokens", []), "'new_tokens' must hold"),
+        (corrupt("step", "3"), "field 'step'"),
+        (corrupt("drafter_busy", [[0.1]]), "field 'drafter_busy'"),
+    ],
+)
+def test_malformed_traces_are_refused_with_a_reason(data: object, message: str) -> None:
+    with pytest.raises(ui.TraceFileError, match=message):
+        ui.parse_trace(data)
+
+
+def test_uploads_have_a_size_limit_and_must_be_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "x.json"
+    path.write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(ui.TraceFileError, match="not UTF-8"):
+        ui.read_json_upload(path)
+    path.write_text("[1, 2,")
+    with pytest.raises(ui.TraceFileError, match="not valid JSON"):
+        ui.read_json_upload(path)
+    monkeypatch.setattr(ui, "MAX_UPLOAD_BYTES", 4)
+    with pytest.raises(ui.TraceFileError, match="limit"):
+        ui.read_json_upload(path)
+
+
+def test_sweep_results_parse() -> None:
+    results = {
+        "env": {"device": "cpu"},
+        "results": [
+            {"suite": "qa", "method": "talon", "mu": 0.1, "budget": 16, "mat": 2.5, "tokens_per_second": 9.0, "speedup_vs_ar": 1.8},
+            {"suite": "qa", "method": "talon", "mu": 0.3, "budget": 16, "mat": 2.1, "tokens_per_second": None},
+        ],
+    }
+    rows = ui.parse_sweep(results)
+    assert rows[0].speedup_vs_ar == 1.8 and rows[1].tokens_per_second is None
+    with pytest.raises(ui.TraceFileError, match="numeric 'mu' and 'budget'"):
+        ui.parse_sweep({"results": [{"mu": "x", "budget": 8}]})
+    with pytest.raises(ui.TraceFileError, match='"results" list'):
+        ui.parse_sweep({"rows": []})
+
+
+def test_examples_come_from_specbench_or_the_builtins(tmp_path: Path) -> None:
+    assert load_examples(tmp_path) == list(BUILTIN_EXAMPLES)
+    lines = ['{"question_id": 1, "turns": ["first q", "second turn"]}', "not json", '{"turns": ["second q"]}']
+    (tmp_path / "qa.jsonl").write_text("\n".join(lines))
+    examples = load_examples(tmp_path, per_suite=5)
+    assert [(e.suite, e.prompt) for e in examples] == [("Natural Questions", "first q"), ("Natural Questions", "second q")]
