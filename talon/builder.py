@@ -77,7 +77,7 @@ def _build_adaptive(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: in
     depth = 1
     while layer and depth < cfg.max_depth:
         passing = _gate_layer(tree, layer, cfg.mu)
-        if tree.num_draft >= budget:
+        if tree.num_draft >= budget or max(tree.path_conf[n] for n in layer) < cfg.min_conf:
             break
         layer = _admit(tree, _proposals(tree, expand, passing, cfg.top_k), budget)
         depth += 1
@@ -109,6 +109,8 @@ def _build_chain(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int) 
         if not admitted:
             break
         node = admitted[0]
+        if tree.path_conf[node] < cfg.min_conf:
+            break
     return tree
 
 

@@ -33,6 +33,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=t.top_k, help="k: children per expanded tree node")
     p.add_argument("--mu", type=float, default=t.mu, help="gate: expand iff path_conf >= mu * layer max")
     p.add_argument("--max-depth", type=int, default=t.max_depth)
+    p.add_argument("--min-conf", type=float, default=t.min_conf,
+                   help="expand a layer only while its best path confidence is >= this (0 = off)")
     p.add_argument("--retrieval-min-match", type=int, default=r.min_match)
     p.add_argument("--retrieval-max-continuation", type=int, default=r.max_continuation)
     p.add_argument("--graft-threshold", type=int, default=r.graft_threshold,
@@ -55,7 +57,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def run_config(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
         drafter=a.drafter,
-        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth),
+        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth, a.min_conf),
         retrieval=RetrievalConfig(
             a.retrieval_min_match, a.retrieval_max_continuation, a.graft_threshold,
             a.retrieval_branches, a.corpus,
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     args = parser(settings).parse_args(argv)
+    if args.draft.lower() == "none" and args.drafter == "hybrid":
+        log.info("--draft none: drafting from retrieval only")
+        args.drafter = "retrieval"
     try:
         cfg = run_config(args)
         prompt = args.prompt

@@ -50,6 +50,9 @@ class TreeConfig:
     top_k: k, children proposed per expanded node at depth >= 1.
     mu: gate; a frontier node expands only if path_conf >= mu * (best path_conf in its layer).
     max_depth: deepest layer the builder may reach.
+    min_conf: cost stop (adaptive and chain): a layer is expanded only while the best path
+        confidence in it is >= min_conf; each layer costs one draft forward, so on a slow
+        drafter deep guesses that will probably be rejected are not worth drafting. 0 = off.
     """
 
     mode: TreeMode = "adaptive"
@@ -58,6 +61,7 @@ class TreeConfig:
     top_k: int = 3
     mu: float = 0.1
     max_depth: int = 8
+    min_conf: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
@@ -66,6 +70,7 @@ class TreeConfig:
         _int_in("top_k", self.top_k, 1, 16)
         _float_in("mu", self.mu, 0.0, 1.0)
         _int_in("max_depth", self.max_depth, 1, 64)
+        _float_in("min_conf", self.min_conf, 0.0, 1.0)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,13 @@ def test_grafted_nodes_are_merged_and_cost_no_budget() -> None:
     assert tree.sources[r1] == "both"
     assert tree.num_draft == 8
     assert tree.sources.count("retrieval") == 1
+
+
+def test_min_conf_stops_drafting_when_the_best_guess_is_unlikely() -> None:
+    cfg = TreeConfig(mode="adaptive", budget=40, root_k=4, top_k=2, mu=0.1, max_depth=10, min_conf=0.5)
+    expand = synthetic(0.8)
+    tree = build_tree(DraftTree.with_root(3), expand, cfg, 40)
+    # best path conf per layer: 0.8, 0.64, 0.512, 0.41 -> layers 1..3 are expanded, layer 4 is not
+    assert len(expand.calls) == 4 and tree.max_depth() == 4
+    chain = TreeConfig(mode="chain", budget=10, max_depth=10, min_conf=0.5)
+    assert build_tree(DraftTree.with_root(3), synthetic(0.8), chain, 10).num_draft == 4

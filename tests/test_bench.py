@@ -1,0 +1,188 @@
+"""The benchmark harness on tiny random models (float32): every method runs interleaved, the
+report matches its schema, Talon methods are lossless, corrupted outputs are caught."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from talon.bench import (
+    METHODS,
+    BenchConfig,
+    BenchError,
+    SweepConfig,
+    TieJudge,
+    first_divergence,
+    load_prompts,
+    main,
+    run_bench,
+)
+from talon.config import ConfigError, RunConfig
+from talon.decode import Engine, generate
+from tests.test_engine import noisy_copy
+from tests.tiny import tiny_loaded
+
+SUITE_TEXTS = {
+    "humaneval": ["def add(a, b):", "def fib(n):\n    ", "def is_even(n):"],
+    "sum": ["Summarize: the cat sat on the mat. the cat sat.", "Summarize: one two one two one", "x y z"],
+    "qa": ["who wrote hamlet?"],
+}
+ROW_KEYS = {
+    "suite", "method", "prompts", "new_tokens", "mat", "tokens_per_second", "speedup_vs_ar", "lossless",
+    "near_ties", "mismatches", "draft_s", "verify_s", "other_s", "settings",
+}
+FAST = dict(max_new_tokens=12, hf_assistant_tokens=("4", "default"), warmup_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_loaded("llama", 11)
+    return target, noisy_copy(target, 12, 0.3)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("specbench")
+    for suite, texts in SUITE_TEXTS.items():
+        lines = [json.dumps({"question_id": i, "turns": [t, "a second turn"]}) for i, t in enumerate(texts)]
+        (root / f"{suite}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def full_run(pair, data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    target, draft = pair
+    prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
+    out = tmp_path_factory.mktemp("bench-out")
+    report = run_bench(target, draft, prompts, BenchConfig(**FAST), out=out, command="pytest")
+    return report, out
+
+
+def test_every_method_runs_and_the_report_matches_the_schema(full_run) -> None:
+    report, out = full_run
+    data = json.loads((out / "results.json").read_text())
+    env_keys = {"cpu", "cores", "torch_threads", "dtype", "device", "torch", "transformers", "date", "command"}
+    assert env_keys <= set(data["env"])
+    rows = data["results"]
+    assert all(ROW_KEYS <= set(r) for r in rows)
+    assert all("mu" not in r for r in rows)
+    assert {(r["suite"], r["method"]) for r in rows} == {
+        (s, m) for s in ("humaneval", "sum", "all") for m in METHODS
+    }
+    assert all(r["prompts"] == (4 if r["suite"] == "all" else 2) for r in rows)
+    md = (out / "results.md").read_text()
+    assert "| **all** |" in md and "Biggest remaining cost" in md
+    assert (out / "speedup.html").is_file() and (out / "time_split.html").is_file()
+
+
+def test_ar_is_the_unit_and_talon_methods_are_lossless(full_run) -> None:
+    report, _ = full_run
+    for row in report.rows:
+        if row.method == "ar":
+            assert row.speedup_vs_ar == 1.0 and row.mat == 1.0
+        assert row.new_tokens > 0 and row.tokens_per_second > 0
+    talon_rows = [r for r in report.rows if r.method not in ("hf-assisted", "hf-pld")]
+    assert all(r.lossless and r.mismatches == 0 for r in talon_rows)
+    assert not report.fatal
+    assert any(r.mat and r.mat > 1.0 for r in talon_rows), "a close draft model must get drafts accepted"
+    split = next(r for r in report.rows if r.method == "talon" and r.suite == "all")
+    parts = split.draft_s + split.verify_s + split.other_s + split.setup_s
+    assert parts == pytest.approx(split.seconds)
+
+
+def test_hf_methods_count_forwards_and_name_the_best_variant(full_run) -> None:
+    report, _ = full_run
+    for row in report.rows:
+        if row.method == "hf-assisted":
+            assert row.settings["variant"] in ("4", "default")
+            assert set(row.settings["variants"]) == {"4", "default"}
+        if row.method.startswith("hf-"):
+            assert row.mat is not None and row.mat >= 1.0
+            assert row.draft_s is None
+
+
+def test_a_corrupted_output_is_a_mismatch(pair) -> None:
+    target, _ = pair
+    cfg = RunConfig(drafter="none", max_new_tokens=10)
+    summary, _ = generate(Engine(target, None), "def add(a, b):", cfg)
+    prompt, ar = summary.prompt_token_ids, summary.token_ids
+    judge = TieJudge(target, tol=1e-3)
+    logits = judge.next_logits(prompt + ar[:4])
+    worst = int(logits.argmin())
+    corrupted = ar[:4] + [worst] + ar[5:]
+    assert first_divergence(ar, corrupted) == 4
+    assert judge.judge(prompt, ar, list(ar)) is None
+    verdict = judge.judge(prompt, ar, corrupted)
+    assert verdict is not None and verdict.kind == "mismatch" and verdict.position == 4
+    assert verdict.ar_token == ar[4] and verdict.method_token == worst and verdict.logit_gap > 1.0
+    loose = TieJudge(target, tol=1e9).judge(prompt, ar, corrupted)
+    assert loose is not None and loose.kind == "near_tie"
+    assert judge.judge(prompt, ar, ar[:6]).kind == "mismatch"  # stopped early
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2
+    assert first_divergence([], [7]) == 0
+
+
+def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
+    target, draft = pair
+    prompts = load_prompts(data_dir, ["sum"], limit=1)
+    sweep = SweepConfig(method="hybrid", mus=(0.05, 0.3), budgets=(4, 8, 12), root_ks=(3,))
+    cfg = BenchConfig(methods=("ar",), max_new_tokens=8, sweep=sweep, warmup_tokens=0)
+    report = run_bench(target, draft, prompts, cfg, out=tmp_path)
+    cells = [r for r in report.rows if r.is_sweep and r.suite == "all"]
+    assert sorted((r.mu, r.budget) for r in cells) == [(mu, n) for mu in (0.05, 0.3) for n in (4, 8, 12)]
+    assert all(r.root_k == 3 and r.lossless for r in cells)
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert sum("mu" in r and "budget" in r for r in rows) == 2 * 6  # suite "sum" and "all"
+    assert (tmp_path / "sweep.html").is_file()
+    assert "## Sweep: hybrid" in (tmp_path / "results.md").read_text()
+
+
+def test_limit_and_suites_are_respected(data_dir: Path) -> None:
+    prompts = load_prompts(data_dir, ["sum", "qa"], limit=2)
+    assert [(p.suite, p.index) for p in prompts] == [("sum", 0), ("sum", 1), ("qa", 0)]
+    assert prompts[0].text == SUITE_TEXTS["sum"][0]  # the first turn
+    assert len(load_prompts(data_dir, ["humaneval"])) == 3
+
+
+def test_bad_requests_get_clear_errors(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(BenchError, match="unknown suite.*nope.*choose from"):
+        load_prompts(data_dir, ["sum", "nope"])
+    with pytest.raises(BenchError, match="gsm8k.jsonl"):
+        load_prompts(data_dir, ["gsm8k"])
+    with pytest.raises(BenchError, match="--data"):
+        load_prompts(None, ["sum"])
+    with pytest.raises(ConfigError, match="unknown method.*speedy.*choose from"):
+        BenchConfig(methods=("ar", "speedy"))
+    with pytest.raises(ConfigError, match="hf assistant tokens"):
+        BenchConfig(hf_assistant_tokens=("0",))
+    with pytest.raises(ConfigError, match="sweep method"):
+        SweepConfig(method="chain")
+    with pytest.raises(ConfigError, match="budget"):
+        SweepConfig(budgets=(0,))
+    args = ["--data", str(data_dir), "--out", str(tmp_path)]
+    assert main(args + ["--methods", "ar,speedy"]) == 2
+    assert main(args + ["--suites", "nope"]) == 2
+
+
+def test_missing_pypi_suite_is_skipped(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    prompts = load_prompts(data_dir, ["qa", "humaneval-pypi"])
+    assert {p.suite for p in prompts} == {"qa"}
+    with pytest.raises(BenchError, match="no prompts"):
+        load_prompts(data_dir, ["mt_bench-pypi"])
+
+
+def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: Path) -> None:
+    target, _ = pair
+    prompts = load_prompts(data_dir, ["qa"])
+    with pytest.raises(ConfigError, match="need.*draft model"):
+        run_bench(target, None, prompts, BenchConfig(methods=("ar", "chain")))
+    report = run_bench(target, None, prompts, BenchConfig(methods=("ar", "hf-pld"), max_new_tokens=6))
+    assert {r.method for r in report.rows} == {"ar", "hf-pld"}
