@@ -30,7 +30,7 @@ SOURCE_COLORS: dict[str, str] = {
     "bonus": "#009E73",
 }
 SOURCE_NAMES: dict[str, str] = {
-    "root": "root (last committed token)",
+    "root": "root (last committed)",
     "model": "draft model",
     "retrieval": "retrieval",
     "both": "model + retrieval",
@@ -43,9 +43,11 @@ MAX_NODE_LABELS = 64  # beyond this the tree draws no token labels (hover still 
 MAX_MASK_HOVER = 64  # beyond this the mask heatmap hovers show ids only
 WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional overrides and zero-width characters can disguise text: always show them as codes.
-INVISIBLE = {"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"} | {chr(c) for c in range(0x202A, 0x202F)} | {
-    chr(c) for c in range(0x2066, 0x206A)
-}
+INVISIBLE = (
+    {"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"}
+    | {chr(c) for c in range(0x202A, 0x202F)}
+    | {chr(c) for c in range(0x2066, 0x206A)}
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +173,9 @@ def _axis(title: str = "", **extra: Any) -> dict[str, Any]:
 
 def _base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = dict(
-        title=dict(text=html.escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)),
+        title=dict(
+            text=html.escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)
+        ),
         font=FONT,
         height=height,
         paper_bgcolor="white",
@@ -193,7 +197,9 @@ def _legend_top() -> dict[str, Any]:
 
 def empty_figure(message: str, height: int = 260) -> go.Figure:
     """A blank figure that says why it is blank."""
-    note = dict(text=esc(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14, color="#666"))
+    note = dict(
+        text=esc(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14, color="#666")
+    )
     layout = _base_layout("", height, xaxis=dict(visible=False), yaxis=dict(visible=False), annotations=[note])
     return _figure([], layout)
 
@@ -259,7 +265,6 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         if nodes:
             traces.append(_node_trace(step, nodes, source, status, pos, vocab, labels))
     traces.append(_bonus_trace(step, pos[bonus]))
-    traces += _marker_legend()
     leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
     title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
     layout = _base_layout(
@@ -360,18 +365,6 @@ def _bonus_trace(step: StepTrace, xy: tuple[float, float]) -> Trace:
     )
 
 
-def _marker_legend() -> list[Trace]:
-    """Legend-only entries saying what the marker styles mean."""
-    return [
-        dict(type="scatter", x=[None], y=[None], mode="markers", name=name, marker=marker, hoverinfo="skip")
-        for name, marker in (
-            ("accepted (bold ring)", dict(symbol="circle", size=14, color="white", line=dict(color=PATH_COLOR, width=3))),
-            ("rejected / unreached (faded)", dict(symbol="circle", size=12, color="#999", opacity=0.4)),
-            ("gated out: not expanded (⊗)", dict(symbol="circle-x", size=12, color="#999")),
-        )
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
 # (2) Confidence gates
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +385,9 @@ def gate_figure(step: StepTrace) -> go.Figure:
     (mu x the layer's best confidence, for the adaptive tree): above it expands, below it not."""
     gated = [i for i, p in enumerate(step.gate_passed) if p is not None]
     if not gated:
-        return empty_figure(f"Step {step.step}: no confidence gate in this tree (chain, retrieval only, or root layer only).")
+        return empty_figure(
+            f"Step {step.step}: no confidence gate in this tree (chain, retrieval only, or root layer only)."
+        )
     traces: list[Trace] = []
     xs: dict[int, float] = {}
     for depth in sorted({step.depths[i] for i in gated}):
@@ -488,13 +483,22 @@ def mask_figure(step: StepTrace) -> go.Figure:
         y=list(range(n)),
         zmin=0,
         zmax=2,
-        colorscale=[[0, "#f2f2f2"], [0.33, "#f2f2f2"], [0.34, "#8ab6d6"], [0.66, "#8ab6d6"], [0.67, "#1b4f72"], [1, "#1b4f72"]],
+        colorscale=[
+            [0, "#f2f2f2"],
+            [0.33, "#f2f2f2"],
+            [0.34, "#8ab6d6"],
+            [0.66, "#8ab6d6"],
+            [0.67, "#1b4f72"],
+            [1, "#1b4f72"],
+        ],
         showscale=False,
         xgap=1,
         ygap=1,
     )
     if n <= MAX_MASK_HOVER:
-        heat.update(hovertext=[[_mask_hover(step, i, j, mask[i][j]) for j in range(n)] for i in range(n)], hoverinfo="text")
+        heat.update(
+            hovertext=[[_mask_hover(step, i, j, mask[i][j]) for j in range(n)] for i in range(n)], hoverinfo="text"
+        )
     else:
         heat.update(hovertemplate="query node %{y} → key node %{x}<extra></extra>")
     ticks = dict(
@@ -574,7 +578,9 @@ def _lane_trace(lane: str, bars: list[tuple[StepTrace, float, float]], color: st
 
 def _interval_hover(lane: str, st: StepTrace, start: float, end: float) -> str:
     reuse = {True: "<br>pre-drafted tree reused", False: "<br>pre-drafted tree discarded", None: ""}[st.predraft_reused]
-    return f"step {st.step} · {lane} busy<br>{start * 1e3:.1f} → {end * 1e3:.1f} ms ({(end - start) * 1e3:.1f} ms){reuse}"
+    return (
+        f"step {st.step} · {lane} busy<br>{start * 1e3:.1f} → {end * 1e3:.1f} ms ({(end - start) * 1e3:.1f} ms){reuse}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,11 +610,22 @@ def accepted_per_step_figure(steps: Sequence[StepTrace], selected: int | None = 
     ]
     totals = [sum(c.values()) for c in per_step]
     running = [sum(totals[: i + 1]) / (i + 1) for i in range(len(totals))]
-    traces.append(dict(type="scatter", x=x, y=running, mode="lines", name="running MAT", line=dict(color=PATH_COLOR, width=2)))
+    traces.append(
+        dict(type="scatter", x=x, y=running, mode="lines", name="running MAT", line=dict(color=PATH_COLOR, width=2))
+    )
     shapes = []
     if selected is not None and 0 <= selected < len(steps):
         shapes.append(
-            dict(type="line", xref="x", yref="paper", x0=x[selected], x1=x[selected], y0=0, y1=1, line=dict(color=GATED_COLOR, width=2, dash="dot"))
+            dict(
+                type="line",
+                xref="x",
+                yref="paper",
+                x0=x[selected],
+                x1=x[selected],
+                y0=0,
+                y1=1,
+                line=dict(color=GATED_COLOR, width=2, dash="dot"),
+            )
         )
     layout = _base_layout(
         f"Tokens committed per step (MAT {running[-1]:.2f})",
@@ -721,9 +738,30 @@ def compare_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]]) -> go.Figure
         counts = [len(st.new_tokens) for st in steps]
         cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
         name = esc(label)
-        traces.append(dict(type="scatter", x=[st.step for st in steps], y=counts, mode="lines+markers", name=name, legendgroup=name, line=dict(color=color)))
         traces.append(
-            dict(type="scatter", x=step_end_times(steps), y=cumulative, mode="lines", name=name, legendgroup=name, showlegend=False, line=dict(color=color, width=3), xaxis="x2", yaxis="y2")
+            dict(
+                type="scatter",
+                x=[st.step for st in steps],
+                y=counts,
+                mode="lines+markers",
+                name=name,
+                legendgroup=name,
+                line=dict(color=color),
+            )
+        )
+        traces.append(
+            dict(
+                type="scatter",
+                x=step_end_times(steps),
+                y=cumulative,
+                mode="lines",
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                line=dict(color=color, width=3),
+                xaxis="x2",
+                yaxis="y2",
+            )
         )
     layout = _base_layout(
         "Compare: tokens per step (left) and committed tokens over time (right)",
@@ -755,10 +793,10 @@ class SweepRow:
     speedup_vs_ar: float | None = None
 
 
-SWEEP_METRICS: dict[str, str] = {
-    "mat": "MAT (tokens per target forward)",
-    "tokens_per_second": "tokens / s",
-    "speedup_vs_ar": "speedup vs autoregressive",
+SWEEP_METRICS: dict[str, tuple[str, str]] = {  # metric -> (title, colour-bar label)
+    "mat": ("MAT (tokens per target forward)", "MAT"),
+    "tokens_per_second": ("tokens per second", "tok/s"),
+    "speedup_vs_ar": ("speedup vs autoregressive", "×AR"),
 }
 
 
@@ -784,7 +822,7 @@ def sweep_heatmap(rows: Sequence[SweepRow], metric: str, title: str = "") -> go.
     if not rows:
         return empty_figure("No sweep results yet: run a sweep or load a results.json.")
     mus, budgets, z = sweep_grid(rows, metric)
-    label = SWEEP_METRICS.get(metric, metric)
+    label, short = SWEEP_METRICS.get(metric, (metric, metric))
     heat: Trace = dict(
         type="heatmap",
         z=z,
@@ -793,7 +831,7 @@ def sweep_heatmap(rows: Sequence[SweepRow], metric: str, title: str = "") -> go.
         text=[["" if v is None else f"{v:.2f}" for v in row] for row in z],
         texttemplate="%{text}",
         colorscale="Viridis",
-        colorbar=dict(title=dict(text=esc(label))),
+        colorbar=dict(title=dict(text=esc(short)), thickness=14),
         hovertemplate="μ = %{y}, N = %{x}<br>" + esc(label) + " = %{z:.3f}<extra></extra>",
     )
     layout = _base_layout(
@@ -834,7 +872,9 @@ def _step_html(st: StepTrace, selected: bool) -> str:
     return f'<span class="{cls} {parity}" data-step="{st.step}">{"".join(spans)}</span>'
 
 
-def text_html(steps: Sequence[StepTrace], upto: int | None = None, highlight: int | None = None, status: str = "") -> str:
+def text_html(
+    steps: Sequence[StepTrace], upto: int | None = None, highlight: int | None = None, status: str = ""
+) -> str:
     """The generated text, one span per token coloured by provenance, steps delimited.
 
     upto: show steps[0..upto] only (step-through); highlight: index of the step to emphasise."""
@@ -851,9 +891,7 @@ def step_caption_html(steps: Sequence[StepTrace], index: int) -> str:
         return '<div class="talon-caption">No step to show yet.</div>'
     st = steps[index]
     tokens = committed_tokens(st)
-    committed = "".join(
-        f'<span class="tk src-{esc(t.source)}">{esc(t.text)}</span>' for t in tokens
-    )
+    committed = "".join(f'<span class="tk src-{esc(t.source)}">{esc(t.text)}</span>' for t in tokens)
     retrieval = f", retrieval match {st.match_len} tokens" if st.match_len else ""
     return (
         f'<div class="talon-caption"><b>Step {st.step}</b> ({index + 1} of {len(steps)}): drafted '
@@ -864,7 +902,9 @@ def step_caption_html(steps: Sequence[StepTrace], index: int) -> str:
     )
 
 
-def summary_html(summary: RunSummary | None, steps: Sequence[StepTrace], ar: RunSummary | None = None, status: str = "") -> str:
+def summary_html(
+    summary: RunSummary | None, steps: Sequence[StepTrace], ar: RunSummary | None = None, status: str = ""
+) -> str:
     """Run summary: MAT, tokens/s, time split, and the speedup over autoregressive if measured."""
     if summary is None and not steps:
         return f'<div class="talon-summary">{esc(status) or "Press Run to start."}</div>'
@@ -872,11 +912,19 @@ def summary_html(summary: RunSummary | None, steps: Sequence[StepTrace], ar: Run
     mat = tokens / len(steps) if steps else 0.0
     seconds = summary.seconds if summary else (step_end_times(steps)[-1] if steps else 0.0)
     tps = tokens / seconds if seconds > 0 else 0.0
-    cells = [("MAT", f"{mat:.2f}"), ("tokens/s", f"{tps:.1f}"), ("tokens", str(tokens)), ("steps", str(len(steps))), ("seconds", f"{seconds:.2f}")]
+    cells = [
+        ("MAT", f"{mat:.2f}"),
+        ("tokens/s", f"{tps:.1f}"),
+        ("tokens", str(tokens)),
+        ("steps", str(len(steps))),
+        ("seconds", f"{seconds:.2f}"),
+    ]
     if ar is not None and ar.tokens_per_second > 0:
         cells.append(("speedup vs AR", f"{tps / ar.tokens_per_second:.2f}×"))
         cells.append(("AR tokens/s", f"{ar.tokens_per_second:.1f}"))
-    stats = "".join(f'<div class="stat"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>' for k, v in cells)
+    stats = "".join(
+        f'<div class="stat"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>' for k, v in cells
+    )
     detail = _summary_detail(summary, steps) if summary else ""
     note = f'<div class="talon-status">{esc(status)}</div>' if status else ""
     return f'<div class="talon-summary"><div class="stats">{stats}</div>{detail}{note}</div>'
@@ -888,7 +936,8 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
     other_s = sum(st.other_s for st in steps)
     total = max(draft_s + verify_s + other_s, 1e-9)
     parts = [
-        f"target {esc(_short(summary.target))} · draft {esc(_short(summary.draft))} · {esc(summary.dtype)} on {esc(summary.device)}",
+        f"target {esc(_short(summary.target))} · draft {esc(_short(summary.draft))}"
+        f" · {esc(summary.dtype)} on {esc(summary.device)}",
         f"time: draft {draft_s / total:.0%} · verify {verify_s / total:.0%} · other {other_s / total:.0%}",
         f"stopped: {esc(summary.stop_reason or '–')}",
     ]

@@ -8,8 +8,10 @@ configurations on one prompt), Threshold explorer (mu x N heatmaps from a small 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import html
 import json
 import logging
 import math
@@ -17,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,11 @@ log = logging.getLogger(__name__)
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # trace and results.json uploads
 MAX_TRACE_STEPS = 100_000
 MAX_TREE_NODES = 4096
-MIN_YIELD_INTERVAL_S = 0.25  # stream at most ~4 updates a second: figures cost CPU too
+# Streaming throttle: the browser re-draws every figure it receives, which on a small laptop
+# costs more than a decoding step. Text, tree and summary stream at most twice a second; the
+# other figures every few seconds, and all of them at the end.
+LIGHT_UPDATE_S = 0.5
+FULL_UPDATE_S = 3.0
 MAX_SWEEP_CELLS = 30
 TRACE_DIR_NAME = "talon-traces"
 TRACE_MAX_AGE_S = 3600
@@ -65,7 +71,9 @@ def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
     """The engine for a preset, loaded once and kept (one pair at a time; loads are serialised)."""
     target, draft = preset.target or settings.target, preset.draft or settings.draft
     with _LOAD_LOCK:
-        return _cached_engine(target, draft, settings.dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir))
+        return _cached_engine(
+            target, draft, settings.dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir)
+        )
 
 
 def warm_up(settings: Settings) -> None:
@@ -103,7 +111,12 @@ def queue_limits(settings: Settings) -> tuple[int, int]:
 
 def _as_int(name: str, value: Any) -> int:
     """An integer from a UI/API value (sliders send floats); refuses 2.5, True, 'x'."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     return int(value)
 
@@ -127,6 +140,7 @@ class Controls:
     top_k: float = TreeConfig.top_k
     mu: float = TreeConfig.mu
     max_depth: float = TreeConfig.max_depth
+    min_conf: float = TreeConfig.min_conf
     retrieval_threshold: float = RetrievalConfig.graft_threshold
     temperature: float = SamplingConfig.temperature
     top_p: float = SamplingConfig.top_p
@@ -148,6 +162,7 @@ class Controls:
             top_k=_as_int("top_k", self.top_k),
             mu=_as_float("mu", self.mu),
             max_depth=_as_int("max_depth", self.max_depth),
+            min_conf=_as_float("min_conf", self.min_conf),
         )
         sampling = SamplingConfig(
             temperature=_as_float("temperature", self.temperature),
@@ -175,6 +190,11 @@ def check_prompt(prompt: Any, settings: Settings) -> str:
     return prompt
 
 
+def user_error(message: str) -> gr.Error:
+    """A gr.Error whose message may quote user input: Gradio renders error messages as HTML."""
+    return gr.Error(html.escape(F.clean_text(message), quote=False))
+
+
 def open_run(settings: Settings, prompt: str, controls: Controls, cancel: threading.Event, **overrides: Any) -> Run:
     """Validate everything and start a run (``overrides`` replace RunConfig fields); every
     problem a user can fix becomes a gr.Error with the validator's message."""
@@ -184,9 +204,11 @@ def open_run(settings: Settings, prompt: str, controls: Controls, cancel: thread
         engine = load_engine(settings, find_preset(controls.preset))
         run = engine.run(prompt, cfg, cancel)
     except (ConfigError, PromptError, ModelLoadError) as error:
-        raise gr.Error(str(error)) from error
+        raise user_error(str(error)) from error
     if len(run.prompt_ids) > settings.max_prompt_tokens:
-        raise gr.Error(f"the prompt has {len(run.prompt_ids)} tokens; this server accepts at most {settings.max_prompt_tokens}")
+        raise gr.Error(
+            f"the prompt has {len(run.prompt_ids)} tokens; this server accepts at most {settings.max_prompt_tokens}"
+        )
     return run
 
 
@@ -211,16 +233,16 @@ class Session:
     shown: int = 0
     trace_path: str | None = None
 
-    def begin(self, step_through: bool) -> threading.Event:
+    def begin(self, step_through: bool, cancel: threading.Event | None) -> None:
+        """Forget the previous run; a new one starts (or a trace is replayed: no cancel)."""
         self.steps, self.summary, self.ar_summary, self.trace_path = [], None, None, None
         self.follow, self.step_through, self.shown = True, step_through, 0
-        self.cancel = threading.Event()
-        return self.cancel
+        self.cancel = cancel
 
     def clamp(self, index: Any) -> int:
         try:
             value = int(index)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             value = 0
         return max(0, min(value, len(self.steps) - 1)) if self.steps else 0
 
@@ -252,8 +274,9 @@ def write_trace(summary: RunSummary, steps: list[StepTrace]) -> str:
     folder = trace_dir()
     now = time.time()
     for old in folder.glob("talon-trace-*.json"):
-        if now - old.stat().st_mtime > TRACE_MAX_AGE_S:
-            old.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another session may be sweeping too
+            if now - old.stat().st_mtime > TRACE_MAX_AGE_S:
+                old.unlink()
     path = folder / f"talon-trace-{uuid.uuid4().hex[:12]}.json"
     dump_trace(str(path), summary, steps)
     return str(path)
@@ -270,7 +293,9 @@ def read_json_upload(path: str | Path) -> Any:
     except UnicodeDecodeError as error:
         raise TraceFileError(f"the file is not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
-        raise TraceFileError(f"the file is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+        raise TraceFileError(
+            f"the file is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+        ) from None
 
 
 def _is_int(v: Any) -> bool:
@@ -313,7 +338,17 @@ _LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
     "drafter_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
     "verifier_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
 }
-_OPTIONAL = {"p_target", "p_accept", "draft_s", "verify_s", "other_s", "drafter_busy", "verifier_busy", "predraft_reused", "match_len"}
+_OPTIONAL = {
+    "p_target",
+    "p_accept",
+    "draft_s",
+    "verify_s",
+    "other_s",
+    "drafter_busy",
+    "verifier_busy",
+    "predraft_reused",
+    "match_len",
+}
 
 
 def _check_fields(data: dict, where: str) -> None:
@@ -339,10 +374,18 @@ def _check_tree(data: dict, where: str) -> None:
     if any(len(data[name]) != n for name in _NODE_FIELDS):
         raise TraceFileError(f"{where}: the per-node lists must all have {n} entries")
     parents, depths = data["parents"], data["depths"]
-    if parents[0] != -1 or depths[0] != 0 or any(not 0 <= parents[i] < i or depths[i] != depths[parents[i]] + 1 for i in range(1, n)):
+    if (
+        parents[0] != -1
+        or depths[0] != 0
+        or any(not 0 <= parents[i] < i or depths[i] != depths[parents[i]] + 1 for i in range(1, n))
+    ):
         raise TraceFileError(f"{where}: parents/depths do not describe a tree rooted at node 0")
     accepted = data["accepted"]
-    if not accepted or accepted[0] != 0 or any(not 0 < a < n or parents[a] != b for b, a in zip(accepted, accepted[1:])):
+    if (
+        not accepted
+        or accepted[0] != 0
+        or any(not 0 < a < n or parents[a] != b for b, a in zip(accepted, accepted[1:]))
+    ):
         raise TraceFileError(f"{where}: 'accepted' must be a root-to-node path of the tree")
     if not 1 <= len(data["new_tokens"]) <= len(accepted):
         raise TraceFileError(f"{where}: 'new_tokens' must hold 1 to {len(accepted)} tokens")
@@ -363,7 +406,9 @@ def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
     known = {k: v for k, v in data.items() if k in fields} if isinstance(data, dict) else {}
     agg = summarize_steps(steps)
     tokens = [t for st in steps for t in st.new_tokens]
-    base = dict(text="", token_ids=tokens, prompt_token_ids=[], steps=len(steps), tokens_per_second=0.0, seconds=0.0, **agg)
+    base = dict(
+        text="", token_ids=tokens, prompt_token_ids=[], steps=len(steps), tokens_per_second=0.0, seconds=0.0, **agg
+    )
     for key, value in known.items():
         default = base.get(key, getattr(RunSummary, key, None))
         if default is None or isinstance(value, type(default)) or (isinstance(default, float) and _is_num(value)):
@@ -374,7 +419,7 @@ def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
 def parse_trace(data: Any) -> tuple[RunSummary, list[StepTrace]]:
     """Validate a talon-trace/1 document (already JSON-parsed) and rebuild its records."""
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
-        raise TraceFileError(f"not a Talon trace: expected a JSON object with \"format\": \"{TRACE_FORMAT}\"")
+        raise TraceFileError(f'not a Talon trace: expected a JSON object with "format": "{TRACE_FORMAT}"')
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list) or not 1 <= len(raw_steps) <= MAX_TRACE_STEPS:
         raise TraceFileError(f"'steps' must be a list of 1 to {MAX_TRACE_STEPS} steps")
@@ -390,8 +435,14 @@ def parse_sweep(data: Any) -> list[F.SweepRow]:
     for i, row in enumerate(data["results"]):
         if not isinstance(row, dict) or not _is_num(row.get("mu")) or not _is_num(row.get("budget")):
             raise TraceFileError(f"results[{i}] needs numeric 'mu' and 'budget'")
-        metrics = {k: row.get(k) if _is_num(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")}
-        rows.append(F.SweepRow(str(row.get("suite", "")), str(row.get("method", "")), float(row["mu"]), int(row["budget"]), **metrics))
+        metrics = {
+            k: row.get(k) if _is_num(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")
+        }
+        rows.append(
+            F.SweepRow(
+                str(row.get("suite", "")), str(row.get("method", "")), float(row["mu"]), int(row["budget"]), **metrics
+            )
+        )
     if not rows:
         raise TraceFileError("the results list is empty")
     return rows
@@ -424,48 +475,60 @@ class DecodeView:
     def outputs(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
-    def step_updates(self, session: Session, index: int) -> dict[Any, Any]:
-        """Figures of one step (re-plotted from the stored traces) and the text up to it."""
+    def step_updates(self, session: Session, index: int, full: bool = True) -> dict[Any, Any]:
+        """One step, re-plotted from the stored traces: the text up to it (step-through) or all
+        of it with the step highlighted, and its figures (``full=False``: text and tree only)."""
         steps = session.steps
         if not steps:
             return {}
         index = session.clamp(index)
         session.shown = index
         st = steps[index]
-        upto = index if session.step_through else None
-        return {
-            self.text: F.text_html(steps, upto=upto, highlight=index),
+        updates: dict[Any, Any] = {
+            self.text: F.text_html(steps, upto=index if session.step_through else None, highlight=index),
             self.slider: gr.update(maximum=max(len(steps) - 1, 1), value=index),
             self.caption: F.step_caption_html(steps, index),
             self.tree: F.tree_figure(st, F.token_vocab(steps[max(0, index - 50) : index + 1])),
-            self.gates: F.gate_figure(st),
-            self.mask: F.mask_figure(st),
-            self.timeline: F.timeline_figure(steps, index),
-            self.per_step: F.accepted_per_step_figure(steps, index),
         }
+        if full:
+            updates[self.gates] = F.gate_figure(st)
+            updates[self.mask] = F.mask_figure(st)
+            updates[self.timeline] = F.timeline_figure(steps, index)
+            updates[self.per_step] = F.accepted_per_step_figure(steps, index)
+        return updates
 
-    def run_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
-        """Run-level figures and the summary."""
-        steps = session.steps
+    def summary_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
         return {
-            self.summary: F.summary_html(session.summary, steps, session.ar_summary, status),
-            self.by_depth: F.acceptance_by_depth_figure(steps),
-            self.sources: F.source_share_figure(steps),
-            self.speed: F.throughput_figure(steps),
+            self.summary: F.summary_html(session.summary, session.steps, session.ar_summary, status),
             self.state: session,
         }
 
-    def live_updates(self, session: Session, status: str) -> dict[Any, Any]:
-        """What a streaming update shows: the newest step, unless the user is scrubbing."""
-        updates = self.run_updates(session, status)
+    def run_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
+        """The summary and the run-level figures."""
+        steps = session.steps
+        return {
+            **self.summary_updates(session, status),
+            self.by_depth: F.acceptance_by_depth_figure(steps),
+            self.sources: F.source_share_figure(steps),
+            self.speed: F.throughput_figure(steps),
+        }
+
+    def live_updates(self, session: Session, status: str, full: bool = True) -> dict[Any, Any]:
+        """A streaming update: the newest step unless the user is scrubbing (then only the
+        slider's range grows) or in step-through mode (then nothing is revealed yet). A light
+        update (``full=False``) carries only the summary, the text and the tree."""
+        updates = self.run_updates(session, status) if full else self.summary_updates(session, status)
         steps = session.steps
         if session.step_through:
-            updates[self.text] = F.text_html([], status=f"{len(steps)} steps recorded; step-through reveals them after the run.")
+            updates[self.text] = F.text_html(
+                [], status=f"{len(steps)} steps recorded; step-through reveals them after the run."
+            )
         elif session.follow and steps:
-            updates.update(self.step_updates(session, len(steps) - 1))
+            updates.update(self.step_updates(session, len(steps) - 1, full))
         elif steps:
             updates[self.slider] = gr.update(maximum=max(len(steps) - 1, 1))
-            updates[self.per_step] = F.accepted_per_step_figure(steps, session.shown)
+            if full:
+                updates[self.per_step] = F.accepted_per_step_figure(steps, session.shown)
         return updates
 
 
@@ -474,18 +537,24 @@ class DecodeView:
 # ---------------------------------------------------------------------------------------------
 
 
-def _stream(run: Any, on_step: Callable[[StepTrace], None]) -> Iterator[bool]:
-    """Iterate a run, calling ``on_step``; yields True when a UI update is due (throttled)."""
-    last = 0.0
+def _stream(run: Iterable[StepTrace], on_step: Callable[[StepTrace], None]) -> Iterator[bool]:
+    """Iterate a run, calling ``on_step``; yields when a UI update is due: True for a full
+    update (every figure), False for a light one (text, tree, summary)."""
+    last = last_full = -math.inf
     for step in run:
         on_step(step)
         now = time.perf_counter()
-        if now - last >= MIN_YIELD_INTERVAL_S:
-            last = now
+        if now - last_full >= FULL_UPDATE_S:
+            last = last_full = now
             yield True
+        elif now - last >= LIGHT_UPDATE_S:
+            last = now
+            yield False
 
 
-def run_autoregressive(settings: Settings, prompt: str, controls: Controls, cancel: threading.Event) -> RunSummary | None:
+def run_autoregressive(
+    settings: Settings, prompt: str, controls: Controls, cancel: threading.Event
+) -> RunSummary | None:
     """The same prompt and sampling with no drafter: one target forward per token."""
     run = open_run(settings, prompt, controls, cancel, drafter="none", async_draft=False)
     for _ in run:
@@ -500,11 +569,12 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         """Run speculative decoding on the prompt; streams the text, the figures of the newest
         step, the run-level figures and, at the end, the summary and the trace file."""
         values = Controls(**controls)
-        cancel = session.begin(bool(step_through))
+        cancel = threading.Event()
         run = open_run(settings, prompt, values, cancel)
+        session.begin(bool(step_through), cancel)
         yield view.live_updates(session, "running…")
-        for _ in _stream(run, session.steps.append):
-            yield view.live_updates(session, f"running… step {len(session.steps)}")
+        for full in _stream(run, session.steps.append):
+            yield view.live_updates(session, f"running… step {len(session.steps)}", full)
         session.summary = run.summary
         if compare_ar and not cancel.is_set():
             yield view.live_updates(session, "measuring the autoregressive baseline…")
@@ -534,10 +604,9 @@ def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
         try:
             summary, steps = parse_trace(read_json_upload(_upload_path(trace_file)))
         except (TraceFileError, OSError) as error:
-            raise gr.Error(f"cannot replay this trace: {error}") from error
-        session.begin(step_through=False)
+            raise user_error(f"cannot replay this trace: {error}") from error
+        session.begin(step_through=False, cancel=None)
         session.steps, session.summary = steps, summary
-        session.cancel = None
         updates = final_updates(view, session)
         updates[view.summary] = F.summary_html(summary, steps, None, f"replayed trace of {len(steps)} steps")
         return updates
@@ -571,10 +640,11 @@ def make_nudge(view: DecodeView, delta: int) -> Callable[[Session], dict[Any, An
     return nudge
 
 
-def stop(session: Session) -> None:
-    """Ask the running decode to stop after its current step."""
-    if session.cancel is not None:
-        session.cancel.set()
+def stop(session: Session, cmp: CompareSession | None = None) -> None:
+    """Ask the running decode (and compare) to stop after the current step."""
+    for cancel in (session.cancel, cmp.cancel if cmp else None):
+        if cancel is not None:
+            cancel.set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,7 +669,11 @@ class CompareView:
         out: dict[Any, Any] = {self.state: cmp, self.summary: compare_summary_html(cmp, status)}
         for (label, steps), text, tree in zip(cmp.runs, (self.text_a, self.text_b), (self.tree_a, self.tree_b)):
             out[text] = F.text_html(steps, highlight=len(steps) - 1)
-            out[tree] = F.tree_figure(steps[-1], F.token_vocab(steps[-50:])) if steps else F.empty_figure(f"{label}: no steps yet")
+            out[tree] = (
+                F.tree_figure(steps[-1], F.token_vocab(steps[-50:]))
+                if steps
+                else F.empty_figure(f"{label}: no steps yet")
+            )
         if cmp.runs:
             out[self.chart] = F.compare_figure(cmp.runs)
         return out
@@ -612,8 +686,14 @@ def compare_summary_html(cmp: CompareSession, status: str) -> str:
         seconds = summary.seconds if summary else (F.step_end_times(steps)[-1] if steps else 0.0)
         mat = tokens / len(steps) if steps else 0.0
         tps = tokens / seconds if seconds > 0 else 0.0
-        rows.append(f"<tr><td>{F.esc(label)}</td><td>{mat:.2f}</td><td>{tps:.1f}</td><td>{tokens}</td><td>{len(steps)}</td></tr>")
-    table = "<table><tr><th>run</th><th>MAT</th><th>tokens/s</th><th>tokens</th><th>steps</th></tr>" + "".join(rows) + "</table>"
+        rows.append(
+            f"<tr><td>{F.esc(label)}</td><td>{mat:.2f}</td><td>{tps:.1f}</td><td>{tokens}</td><td>{len(steps)}</td></tr>"
+        )
+    table = (
+        "<table><tr><th>run</th><th>MAT</th><th>tokens/s</th><th>tokens</th><th>steps</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
     note = f'<div class="talon-status">{F.esc(status)}</div>' if status else ""
     return f'<div class="talon-summary talon-compare">{table}{note}</div>'
 
@@ -626,13 +706,19 @@ def describe(cfg: RunConfig) -> str:
 
 def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
     def compare(
-        prompt: str, cmp: CompareSession, tree_mode_b: str = "static", drafter_b: str = "hybrid", mu_b: float = 0.1, **controls: Any
+        prompt: str,
+        cmp: CompareSession,
+        tree_mode_b: str = "static",
+        drafter_b: str = "hybrid",
+        mu_b: float = 0.1,
+        **controls: Any,
     ) -> Iterator[dict[Any, Any]]:
         """Run the current configuration (A) and a variant (B) on the same prompt, one after the other."""
         a = Controls(**controls)
         b = dataclasses.replace(a, tree_mode=tree_mode_b, drafter=drafter_b, mu=mu_b)
-        cmp.runs, cmp.summaries, cmp.cancel = [], [], threading.Event()
-        runs = [open_run(settings, prompt, c, cmp.cancel) for c in (a, b)]
+        cancel = threading.Event()
+        runs = [open_run(settings, prompt, c, cancel) for c in (a, b)]
+        cmp.runs, cmp.summaries, cmp.cancel = [], [], cancel
         for label, run in zip("AB", runs):
             steps: list[StepTrace] = []
             cmp.runs.append((f"{label}: {describe(run.cfg)}", steps))
@@ -661,7 +747,7 @@ def parse_grid(name: str, text: str, convert: Callable[[str], float]) -> list[fl
     try:
         values = sorted({convert(part) for part in text.replace(";", ",").split(",") if part.strip()})
     except ValueError:
-        raise gr.Error(f"{name}: write numbers separated by commas, got {text!r}") from None
+        raise user_error(f"{name}: write numbers separated by commas, got {text!r}") from None
     if not values:
         raise gr.Error(f"{name}: give at least one value")
     return values
@@ -671,7 +757,9 @@ def select_rows(rows: Sequence[F.SweepRow], suite: str | None, method: str | Non
     return [r for r in rows if (not suite or r.suite == suite) and (not method or r.method == method)]
 
 
-def sweep_updates(view: SweepView, rows: list[F.SweepRow], suite: str | None, method: str | None, status: str) -> dict[Any, Any]:
+def sweep_updates(
+    view: SweepView, rows: list[F.SweepRow], suite: str | None, method: str | None, status: str
+) -> dict[Any, Any]:
     suites = sorted({r.suite for r in rows})
     methods = sorted({r.method for r in rows})
     suite = suite if suite in suites else (suites[0] if suites else None)
@@ -689,13 +777,20 @@ def sweep_updates(view: SweepView, rows: list[F.SweepRow], suite: str | None, me
 
 def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
     def sweep(
-        prompt: str, rows_state: Any, mus: str = "0.02, 0.1, 0.3", budgets: str = "8, 16, 32", sweep_tokens: float = 24, **controls: Any
+        prompt: str,
+        rows_state: Any,
+        mus: str = "0.02, 0.1, 0.3",
+        budgets: str = "8, 16, 32",
+        sweep_tokens: float = 24,
+        **controls: Any,
     ) -> Iterator[dict[Any, Any]]:
         """Short runs of the current prompt for every (mu, N) pair: MAT and tokens/s heatmaps."""
         mu_values = parse_grid("μ values", mus, float)
         budget_values = [int(b) for b in parse_grid("budgets", budgets, lambda s: float(int(s)))]
         if len(mu_values) * len(budget_values) > MAX_SWEEP_CELLS:
-            raise gr.Error(f"at most {MAX_SWEEP_CELLS} (μ, N) cells per sweep; got {len(mu_values) * len(budget_values)}")
+            raise gr.Error(
+                f"at most {MAX_SWEEP_CELLS} (μ, N) cells per sweep; got {len(mu_values) * len(budget_values)}"
+            )
         base = dataclasses.replace(Controls(**controls), tree_mode="adaptive", max_new_tokens=sweep_tokens)
         rows: list[F.SweepRow] = []
         cancel = threading.Event()
@@ -705,8 +800,19 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
                 for _ in run:
                     pass
                 s = run.summary
-                rows.append(F.SweepRow("this prompt", f"{run.cfg.drafter} · adaptive", mu, budget, s.mean_accepted_tokens, s.tokens_per_second))
-                yield sweep_updates(view, rows, None, None, f"{len(rows)} of {len(mu_values) * len(budget_values)} runs done")
+                rows.append(
+                    F.SweepRow(
+                        "this prompt",
+                        f"{run.cfg.drafter} · adaptive",
+                        mu,
+                        budget,
+                        s.mean_accepted_tokens,
+                        s.tokens_per_second,
+                    )
+                )
+                yield sweep_updates(
+                    view, rows, None, None, f"{len(rows)} of {len(mu_values) * len(budget_values)} runs done"
+                )
         yield sweep_updates(view, rows, None, None, f"sweep done: {len(rows)} runs of {int(sweep_tokens)} tokens")
 
     return sweep
@@ -720,7 +826,7 @@ def make_load_sweep(view: SweepView) -> Callable[[Any], dict[Any, Any]]:
         try:
             rows = parse_sweep(read_json_upload(_upload_path(results_file)))
         except (TraceFileError, OSError) as error:
-            raise gr.Error(f"cannot read these results: {error}") from error
+            raise user_error(f"cannot read these results: {error}") from error
         return sweep_updates(view, rows, None, None, f"loaded {len(rows)} results")
 
     return load_sweep
@@ -753,7 +859,8 @@ TEXT_LEGEND = """
   <span class="tk src-retrieval">retrieval</span>
   <span class="tk src-both">model + retrieval</span>
   <span class="tk src-bonus">target's bonus token</span>
-  <span class="legend-note">│ separates steps · hover a token for its step and probabilities · ←/→ keys step through</span>
+  <span class="legend-note">│ separates steps · hover a token for its step and probabilities ·
+  ←/→ keys step through</span>
 </div>
 """
 
@@ -810,7 +917,9 @@ def theme() -> gr.themes.Base:
         primary_hue="blue",
         neutral_hue="slate",
         font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
-        font_mono=[gr.themes.Font(name) for name in ("JetBrains Mono", "ui-monospace", "Menlo", "Consolas", "monospace")],
+        font_mono=[
+            gr.themes.Font(name) for name in ("JetBrains Mono", "ui-monospace", "Menlo", "Consolas", "monospace")
+        ],
     )
 
 
@@ -834,7 +943,9 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         value=None,
         elem_id="talon-examples",
     )
-    picker.input(lambda i: examples[int(i)].prompt if i is not None else gr.skip(), picker, prompt, api_visibility="private")
+    picker.input(
+        lambda i: examples[int(i)].prompt if i is not None else gr.skip(), picker, prompt, api_visibility="private"
+    )
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="talon-run")
         stop = gr.Button("Stop", variant="stop", elem_id="talon-stop")
@@ -850,6 +961,9 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         c["top_k"] = gr.Slider(1, 8, value=defaults.top_k, step=1, label="k (children per expanded node)")
         c["mu"] = gr.Slider(0.0, 1.0, value=defaults.mu, step=0.01, label="Gate μ (expand if c ≥ μ × layer max)")
         c["max_depth"] = gr.Slider(1, 32, value=defaults.max_depth, step=1, label="Max depth")
+        c["min_conf"] = gr.Slider(
+            0.0, 1.0, value=defaults.min_conf, step=0.01, label="Min confidence (stop deepening below it; 0 = off)"
+        )
         c["retrieval_threshold"] = gr.Slider(
             1, 16, value=defaults.retrieval_threshold, step=1, label="Retrieval threshold (match length to graft)"
         )
@@ -857,8 +971,12 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         c["temperature"] = gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)")
         c["top_p"] = gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p")
         c["seed"] = gr.Number(value=defaults.seed, precision=0, label="Seed", minimum=0)
-        c["max_new_tokens"] = gr.Slider(1, limit, value=min(defaults.max_new_tokens, limit), step=1, label="Max new tokens")
-    c["async_draft"] = gr.Checkbox(value=defaults.async_draft, label="Async drafting (draft the next tree while verifying)")
+        c["max_new_tokens"] = gr.Slider(
+            1, limit, value=min(defaults.max_new_tokens, limit), step=1, label="Max new tokens"
+        )
+    c["async_draft"] = gr.Checkbox(
+        value=defaults.async_draft, label="Async drafting (draft the next tree while verifying)"
+    )
     compare_ar = gr.Checkbox(value=False, label="Compare with autoregressive (runs the prompt again without drafts)")
     step_through = gr.Checkbox(value=False, label="Step-through: reveal the run one step per click")
     return ControlPanel(prompt, c, compare_ar, step_through, run, stop)
@@ -866,7 +984,9 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
 
 def _figure_row(key: str, label: str) -> gr.Plot:
     with gr.Row(equal_height=False):
-        plot = gr.Plot(label=label, show_label=False, scale=3, min_width=420, elem_classes=["talon-plot"], elem_id=f"talon-{key}")
+        plot = gr.Plot(
+            label=label, show_label=False, scale=3, min_width=420, elem_classes=["talon-plot"], elem_id=f"talon-{key}"
+        )
         gr.Markdown(EXPLAIN[key], elem_classes=["talon-explain"], min_width=200)
     return plot
 
@@ -904,28 +1024,57 @@ def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
         download = gr.File(label="Download the trace (JSON)", interactive=False, elem_id="talon-download")
         upload = gr.File(label="Replay a trace (no model needed)", file_types=[".json"], elem_id="talon-upload")
     view = DecodeView(
-        summary, text, slider, caption, tree, gates, mask, timeline, per_step, by_depth, sources, speed, download, gr.State(Session())
+        summary,
+        text,
+        slider,
+        caption,
+        tree,
+        gates,
+        mask,
+        timeline,
+        per_step,
+        by_depth,
+        sources,
+        speed,
+        download,
+        gr.State(Session()),
     )
     return view, {"prev": prev, "next": nxt, "latest": latest, "upload": upload}
 
 
-def _wire_decode(view: DecodeView, panel: ControlPanel, buttons: dict[str, Any], settings: Settings) -> None:
-    model_events = dict(concurrency_id=MODEL_CONCURRENCY_ID, concurrency_limit=queue_limits(settings)[0])
-    kwargs = {**panel.components, "compare_ar": panel.compare_ar, "step_through": panel.step_through, "session": view.state}
+def _model_event(settings: Settings) -> dict[str, Any]:
+    """Listener options of every event that runs a model: one shared concurrency group."""
+    return dict(
+        concurrency_id=MODEL_CONCURRENCY_ID, concurrency_limit=queue_limits(settings)[0], show_progress="minimal"
+    )
+
+
+def _wire_decode(
+    view: DecodeView, panel: ControlPanel, buttons: dict[str, Any], compare: CompareView, settings: Settings
+) -> None:
+    model_events = _model_event(settings)
+    kwargs = {
+        **panel.components,
+        "compare_ar": panel.compare_ar,
+        "step_through": panel.step_through,
+        "session": view.state,
+    }
     run_inputs: dict[str, Any] = dict(inputs=[panel.prompt], inputs_kwargs=kwargs, outputs=view.outputs())
     generate = make_generate(view, settings)
     panel.run.click(generate, **run_inputs, api_name="generate", **model_events)
     panel.prompt.submit(generate, **run_inputs, api_visibility="private", **model_events)
     quick = dict(outputs=view.outputs(), concurrency_limit=None, show_progress="hidden", api_visibility="private")
-    panel.stop.click(stop, [view.state], None, concurrency_limit=None, api_visibility="private")
+    panel.stop.click(stop, [view.state, compare.state], None, concurrency_limit=None, api_visibility="private")
     view.slider.input(make_show_step(view), [view.slider, view.state], trigger_mode="always_last", **quick)
     buttons["prev"].click(make_nudge(view, -1), [view.state], **quick)
     buttons["next"].click(make_nudge(view, +1), [view.state], **quick)
     buttons["latest"].click(make_nudge(view, 0), [view.state], **quick)
-    buttons["upload"].upload(make_replay(view), [buttons["upload"], view.state], view.outputs(), api_name="replay", concurrency_limit=None)
+    buttons["upload"].upload(
+        make_replay(view), [buttons["upload"], view.state], view.outputs(), api_name="replay", concurrency_limit=None
+    )
 
 
-def _compare_tab(panel: ControlPanel, settings: Settings) -> None:
+def _compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
     gr.Markdown(EXPLAIN["compare"], elem_classes=["talon-explain"])
     with gr.Row():
         tree_b = gr.Radio(label="B: tree", choices=list(TREE_MODES), value="static")
@@ -949,9 +1098,9 @@ def _compare_tab(panel: ControlPanel, settings: Settings) -> None:
         inputs_kwargs=kwargs,
         outputs=view.outputs(),
         api_name="compare",
-        concurrency_id=MODEL_CONCURRENCY_ID,
-        concurrency_limit=queue_limits(settings)[0],
+        **_model_event(settings),
     )
+    return view
 
 
 def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
@@ -978,8 +1127,7 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
         inputs_kwargs=kwargs,
         outputs=view.outputs(),
         api_name="sweep",
-        concurrency_id=MODEL_CONCURRENCY_ID,
-        concurrency_limit=queue_limits(settings)[0],
+        **_model_event(settings),
     )
     results.upload(make_load_sweep(view), [results], view.outputs(), api_name="load_sweep")
     filter_sweep = make_filter_sweep(view)
@@ -990,7 +1138,7 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
 def build_ui(settings: Settings) -> gr.Blocks:
     """The whole app. Pass css/head/theme to ``launch()`` (Gradio 6)."""
     examples = load_examples()
-    with gr.Blocks(title="Talon: tree speculative decoding, step by step") as demo:
+    with gr.Blocks(title="Talon: tree speculative decoding, step by step", delete_cache=(3600, 3600)) as demo:
         gr.HTML(HEADER)
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300, elem_id="talon-controls"):
@@ -1000,8 +1148,8 @@ def build_ui(settings: Settings) -> gr.Blocks:
                     with gr.Tab("Decode", id="decode"):
                         view, buttons = _decode_tab()
                     with gr.Tab("Compare", id="compare"):
-                        _compare_tab(panel, settings)
+                        compare = _compare_tab(panel, settings)
                     with gr.Tab("Threshold explorer", id="sweep"):
                         _sweep_tab(panel, settings)
-        _wire_decode(view, panel, buttons, settings)
+        _wire_decode(view, panel, buttons, compare, settings)
     return demo

@@ -14,12 +14,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
 from talon import ui
 from talon.config import ConfigError, RunConfig
-from talon.decode import PromptError
+from talon.decode import Engine, PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
 from talon.settings import Settings
 from talon.trace import RunSummary, dump_trace
@@ -77,6 +78,7 @@ def launch_app(root: Path) -> Iterator[str]:
         "TALON_DRAFT": str(draft),
         "TALON_CACHE": str(root / "cache"),
         "TALON_DEVICE": "cpu",
+        "TALON_DTYPE": "float32",
         "GRADIO_SERVER_NAME": "127.0.0.1",
         "GRADIO_SERVER_PORT": str(port),
         "GRADIO_ANALYTICS_ENABLED": "False",
@@ -175,7 +177,9 @@ def test_malformed_trace_upload_is_refused_with_a_reason(client: Client, tmp_pat
 def test_compare_and_sweep_endpoints(client: Client) -> None:
     summary, *_ = client.predict("abc abc abc abc", max_new_tokens=12, api_name="/compare")
     assert "A: hybrid · adaptive" in summary and "B: hybrid · static" in summary
-    progress, mat, speed, *_ = client.predict("abc abc abc", mus="0.1", budgets="4, 8", sweep_tokens=6, api_name="/sweep")
+    progress, mat, speed, *_ = client.predict(
+        "abc abc abc", mus="0.1", budgets="4, 8", sweep_tokens=6, api_name="/sweep"
+    )
     assert "sweep done: 2 runs" in progress
     z = plot_json(mat)["data"][0]["z"]
     assert len(z) == 1 and len(z[0]) == 2 and all(v >= 1 for v in z[0])
@@ -292,7 +296,15 @@ def test_sweep_results_parse() -> None:
     results = {
         "env": {"device": "cpu"},
         "results": [
-            {"suite": "qa", "method": "talon", "mu": 0.1, "budget": 16, "mat": 2.5, "tokens_per_second": 9.0, "speedup_vs_ar": 1.8},
+            {
+                "suite": "qa",
+                "method": "talon",
+                "mu": 0.1,
+                "budget": 16,
+                "mat": 2.5,
+                "tokens_per_second": 9.0,
+                "speedup_vs_ar": 1.8,
+            },
             {"suite": "qa", "method": "talon", "mu": 0.3, "budget": 16, "mat": 2.1, "tokens_per_second": None},
         ],
     }
@@ -309,4 +321,76 @@ def test_examples_come_from_specbench_or_the_builtins(tmp_path: Path) -> None:
     lines = ['{"question_id": 1, "turns": ["first q", "second turn"]}', "not json", '{"turns": ["second q"]}']
     (tmp_path / "qa.jsonl").write_text("\n".join(lines))
     examples = load_examples(tmp_path, per_suite=5)
-    assert [(e.suite, e.prompt) for e in examples] == [("Natural Questions", "first q"), ("Natural Questions", "second q")]
+    assert [(e.suite, e.prompt) for e in examples] == [
+        ("Natural Questions", "first q"),
+        ("Natural Questions", "second q"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Handlers in process (tiny engine, no server): stop, step-through, scrubbing
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine() -> Engine:
+    return Engine(tiny_loaded("llama", 0), tiny_loaded("llama", 1))
+
+
+@pytest.fixture()
+def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> ui.DecodeView:
+    monkeypatch.setattr(ui, "load_engine", lambda settings, preset: tiny_engine)
+    with gr.Blocks():
+        decode_view, _ = ui._decode_tab()
+    return decode_view
+
+
+def test_stop_ends_the_run_and_keeps_what_was_done(view: ui.DecodeView) -> None:
+    session = ui.Session()
+    run = ui.make_generate(view, Settings())("abc abc abc", session, max_new_tokens=200)
+    next(run)  # the run has started: its first update is out
+    ui.stop(session)
+    final = list(run)[-1]
+    assert session.summary is not None and session.summary.stop_reason == "cancelled"
+    assert len(session.steps) <= 1
+    assert "stopped" in final[view.summary]
+
+
+def test_step_through_reveals_one_step_per_click(view: ui.DecodeView) -> None:
+    session = ui.Session()
+    final = list(ui.make_generate(view, Settings())("abc abc abc", session, step_through=True, max_new_tokens=24))[-1]
+    assert len(session.steps) >= 3
+    assert final[view.text].count('data-step="') == 1 and final[view.slider]["value"] == 0
+    after = ui.make_nudge(view, +1)(session)
+    assert after[view.text].count('data-step="') == 2 and session.shown == 1
+    assert "step 1:" in after[view.tree].layout.title.text
+
+
+def test_scrubbing_stops_following_and_latest_resumes(view: ui.DecodeView) -> None:
+    session = ui.Session()
+    list(ui.make_generate(view, Settings())("abc abc abc", session, max_new_tokens=24))
+    last = len(session.steps) - 1
+    shown = ui.make_show_step(view)(0, session)
+    assert not session.follow and shown[view.slider]["value"] == 0
+    assert shown[view.text].count('data-step="') == last + 1  # full text, step 0 highlighted
+    assert ui.make_show_step(view)(10**6, session)[view.slider]["value"] == last  # clamped
+    live = view.live_updates(session, "running", full=False)
+    assert view.tree not in live and view.gates not in live
+    ui.make_nudge(view, 0)(session)
+    assert session.follow and session.shown == last
+
+
+def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: ui.DecodeView) -> None:
+    session = ui.Session()
+    run = ui.make_generate(view, Settings())
+    final = list(run("abc abc abc abc", session, async_draft=True, temperature=0.8, seed=1, max_new_tokens=24))[-1]
+    assert session.summary is not None and session.summary.config["async_draft"] is True
+    lanes = {trace.name: trace for trace in final[view.timeline].data}
+    assert len(lanes["drafter"].x) >= 1 and len(lanes["verifier"].x) >= 1
+    hovers = "".join(h for trace in final[view.tree].data if trace.customdata is not None for h in trace.hovertext)
+    assert "p_target" in hovers
+
+
+def test_error_messages_quoting_user_input_are_escaped() -> None:
+    error = ui.user_error("tree mode must be one of ('adaptive',), got '<img src=x onerror=alert(1)>'")
+    assert "<img" not in error.message and "&lt;img" in error.message and "'adaptive'" in error.message

@@ -18,10 +18,10 @@ HOSTILE = ["<script>alert(1)</script>", "\"quoted' & <b>bold", "\x07bell\x1b[31m
 def make_step(step: int = 3, texts: list[str] | None = None) -> StepTrace:
     """A hand-built tree (node: parent, source):
 
-        0 root ─┬─ 1 retrieval ── 2 retrieval ── 3 model     accepted: 0-1-2, 3 rejected, bonus
-                ├─ 4 model ─┬─ 6 model                       4 rejected, 6/7 unreached
-                │           └─ 7 model
-                └─ 5 both                                    5 rejected, gated out
+    0 root ─┬─ 1 retrieval ── 2 retrieval ── 3 model     accepted: 0-1-2, 3 rejected, bonus
+            ├─ 4 model ─┬─ 6 model                       4 rejected, 6/7 unreached
+            │           └─ 7 model
+            └─ 5 both                                    5 rejected, gated out
     """
     parents = [-1, 0, 1, 2, 0, 0, 4, 4]
     depths = [0, 1, 2, 3, 1, 1, 2, 2]
@@ -109,7 +109,16 @@ def test_tree_colours_nodes_by_source() -> None:
 
 def test_tree_marks_accepted_rejected_and_gated_nodes() -> None:
     st = make_step()
-    assert F.node_status(st) == ["root", "accepted", "accepted", "rejected", "rejected", "rejected", "unreached", "unreached"]
+    assert F.node_status(st) == [
+        "root",
+        "accepted",
+        "accepted",
+        "rejected",
+        "rejected",
+        "rejected",
+        "unreached",
+        "unreached",
+    ]
     for trace in node_traces(F.tree_figure(st)):
         for k, node in enumerate(trace.customdata):
             bold = node in st.accepted
@@ -145,7 +154,9 @@ def test_gate_figure_draws_each_layer_threshold_and_splits_passed_from_gated() -
     st = make_step()
     fig = F.gate_figure(st)
     assert fig.layout.yaxis.type == "log"
-    thresholds = sorted({t.y[0] for t in fig.data if t.mode == "lines" and t.line.dash == "dash" and t.y[0] is not None})
+    thresholds = sorted(
+        {t.y[0] for t in fig.data if t.mode == "lines" and t.line.dash == "dash" and t.y[0] is not None}
+    )
     assert thresholds == pytest.approx(sorted({0.1 * m for m in st.gate_layer_max if m is not None}))
     expanded = next(t for t in fig.data if (t.name or "").startswith("expanded"))
     gated = next(t for t in fig.data if (t.name or "").startswith("gated out"))
@@ -305,7 +316,7 @@ def hostile_summary() -> RunSummary:
         tokens_per_second=5.0,
         seconds=1.0,
         target="<img src=x onerror=alert(1)>",
-        draft="\"><script>",
+        draft='"><script>',
         dtype="float32",
         device="cpu",
         stop_reason="<b>eos",
@@ -318,7 +329,7 @@ def hostile_summary() -> RunSummary:
         lambda s: F.text_html(s, highlight=1, status="<script>done</script>"),
         lambda s: F.text_html(s, upto=0),
         lambda s: F.step_caption_html(s, 2),
-        lambda s: F.summary_html(hostile_summary(), s, hostile_summary(), status="\"><script>"),
+        lambda s: F.summary_html(hostile_summary(), s, hostile_summary(), status='"><script>'),
     ],
     ids=["text", "text-upto", "caption", "summary"],
 )
