@@ -45,6 +45,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "TALON_MAX_NEW_TOKENS_LIMIT": ("1024", "Upper bound on max_new_tokens a user may request."),
     "TALON_MAX_PROMPT_TOKENS": ("4096", "Prompts longer than this (in tokens) are refused."),
+    "TALON_QUEUE_CONCURRENCY": ("1", "Model runs at once per device; further requests wait in the queue."),
+    "TALON_QUEUE_SIZE": ("16", "Requests the queue holds; beyond that new requests are turned away."),
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -84,6 +86,8 @@ class Settings:
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
+    queue_concurrency: int = 1
+    queue_max_size: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -112,6 +116,8 @@ class Settings:
             max_prompt_tokens=_parse_int(
                 "TALON_MAX_PROMPT_TOKENS", _get(env, "TALON_MAX_PROMPT_TOKENS"), 1
             ),
+            queue_concurrency=_parse_int("TALON_QUEUE_CONCURRENCY", _get(env, "TALON_QUEUE_CONCURRENCY"), 1),
+            queue_max_size=_parse_int("TALON_QUEUE_SIZE", _get(env, "TALON_QUEUE_SIZE"), 1),
         )
 
 

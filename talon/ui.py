@@ -49,8 +49,6 @@ MAX_SWEEP_CELLS = 30
 TRACE_DIR_NAME = "talon-traces"
 TRACE_MAX_AGE_S = 3600
 MODEL_CONCURRENCY_ID = "model"
-DEFAULT_QUEUE_CONCURRENCY = 1
-DEFAULT_QUEUE_SIZE = 16
 UI_DRAFTERS = tuple(d for d in DRAFTER_KINDS if d != "none")
 
 
@@ -98,10 +96,8 @@ def find_preset(key: str) -> ModelPreset:
 
 
 def queue_limits(settings: Settings) -> tuple[int, int]:
-    """(default_concurrency_limit, max_size) for the queue, from Settings when it has them."""
-    concurrency = getattr(settings, "queue_concurrency", DEFAULT_QUEUE_CONCURRENCY)
-    size = getattr(settings, "queue_max_size", DEFAULT_QUEUE_SIZE)
-    return concurrency, size
+    """(default_concurrency_limit, max_size) for the queue."""
+    return settings.queue_concurrency, settings.queue_max_size
 
 
 # ---------------------------------------------------------------------------------------------
