@@ -56,12 +56,12 @@ class TreeConfig:
     """
 
     mode: TreeMode = "adaptive"
-    budget: int = 24
-    root_k: int = 6
-    top_k: int = 3
+    budget: int = 16
+    root_k: int = 4
+    top_k: int = 2
     mu: float = 0.1
     max_depth: int = 8
-    min_conf: float = 0.0
+    min_conf: float = 0.2
 
     def __post_init__(self) -> None:
         _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
@@ -129,7 +129,7 @@ class RunConfig:
     stop_strings: tuple[str, ...] = ()
     chat_template: bool = True
     async_draft: bool = False
-    draft_vocab: int = 0
+    draft_vocab: int = 32768
 
     def __post_init__(self) -> None:
         _check(
