@@ -40,17 +40,17 @@ def check_order(tree: DraftTree) -> None:
 @pytest.mark.parametrize("budget", [1, 7, 24, 60])
 @pytest.mark.parametrize("peak", [0.05, 0.5, 0.95])
 def test_budget_is_respected_exactly(mode: str, budget: int, peak: float) -> None:
-    cfg = TreeConfig(mode=mode, budget=budget, root_k=8, top_k=4, mu=0.0, max_depth=10)
+    cfg = TreeConfig(mode=mode, budget=budget, root_k=8, top_k=4, mu=0.0, max_depth=10, min_conf=0.0)
     tree = build_tree(DraftTree.with_root(3), synthetic(peak), cfg, budget)
     assert tree.num_draft == budget  # mu = 0 never gates: the budget is the only limit
     check_order(tree)
 
 
 def test_chain_shape() -> None:
-    cfg = TreeConfig(mode="chain", budget=5, max_depth=8)
+    cfg = TreeConfig(mode="chain", budget=5, max_depth=8, min_conf=0.0)
     tree = build_tree(DraftTree.with_root(3), synthetic(0.6), cfg, 5)
     assert tree.parents == [-1, 0, 1, 2, 3, 4] and tree.max_depth() == 5
-    cfg = TreeConfig(mode="chain", budget=20, max_depth=4)
+    cfg = TreeConfig(mode="chain", budget=20, max_depth=4, min_conf=0.0)
     assert build_tree(DraftTree.with_root(3), synthetic(0.6), cfg, 20).num_draft == 4
 
 
