@@ -32,6 +32,7 @@ import gzip
 import importlib.util
 import json
 import logging
+import math
 import os
 import platform
 import shlex
@@ -57,13 +58,24 @@ from talon.decode import generate as talon_generate
 from talon.models import LoadedModel, ModelLoadError, load_pair, resolve_device
 from talon.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("talon.bench")  # not __main__ under python -m
 
 BENCH_FORMAT = "talon-bench/1"
 SPECBENCH_SUITES: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 METHODS: tuple[str, ...] = ("ar", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
 SWEEP_METHODS: tuple[str, ...] = ("hybrid", "adaptive")
+DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
 ALL_SUITES_ROW = "all"
+# Assistant generation_config overrides; an int n means {num_assistant_tokens: n, constant, no
+# confidence stop}: a fixed-length chain, like Talon's "chain" tree.
+ASSISTANT_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "heuristic": {
+        "num_assistant_tokens": 5,
+        "num_assistant_tokens_schedule": "heuristic_transient",
+        "assistant_confidence_threshold": 0.0,
+    },
+}
 
 EngineKind = Literal["talon", "hf"]
 DivergenceKind = Literal["near_tie", "mismatch"]
@@ -113,7 +125,7 @@ class BenchConfig:
     hf_assistant_tokens: assisted-generation variants, each an int (fixed draft length, constant
     schedule) or "default" (transformers' defaults) or "heuristic" (length adapted per step);
     the fastest variant per suite is reported as ``hf-assisted``.
-    tie_tol: near-tie tolerance in logits; None = ``default_tie_tol`` of the models' dtype.
+    tie_tol: absolute floor of the near-tie tolerance in logits; None = ``default_tie_tol``.
     """
 
     methods: tuple[str, ...] = METHODS
@@ -155,22 +167,21 @@ def _is_positive_int(value: str) -> bool:
     return value.isdigit() and int(value) > 0
 
 
-# Assistant generation_config overrides; an int n means {num_assistant_tokens: n, constant, no
-# confidence stop}: a fixed-length chain, like Talon's "chain" tree.
-ASSISTANT_PRESETS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "heuristic": {
-        "num_assistant_tokens": 5,
-        "num_assistant_tokens_schedule": "heuristic_transient",
-        "assistant_confidence_threshold": 0.0,
-    },
-}
-DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
-
-
 def default_tie_tol(dtype: torch.dtype) -> float:
-    """Logit tolerance of a near-tie: how far two runs of the same model may disagree in ``dtype``."""
+    """Absolute floor of the near-tie tolerance, in logits, for a model run in ``dtype``."""
     return 1e-3 if dtype == torch.float32 else 0.05
+
+
+def tie_tolerance(abs_tol: float, dtype: torch.dtype, best_logit: float, ulps: int = 2) -> float:
+    """``abs_tol`` plus ``ulps`` rounding steps of ``dtype`` at the best logit's magnitude.
+
+    The methods compared logits rounded to ``dtype``: in bfloat16 a logit near 16 moves in steps
+    of 0.125, so two logits closer than a step or two cannot be told apart by the run itself.
+    """
+    if best_logit == 0.0:
+        return abs_tol
+    _, exponent = math.frexp(abs(best_logit))  # |best| = m * 2**exponent, 0.5 <= m < 1
+    return abs_tol + ulps * torch.finfo(dtype).eps * 2.0 ** (exponent - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +192,7 @@ def default_tie_tol(dtype: torch.dtype) -> float:
 @dataclass(frozen=True)
 class Prompt:
     suite: str
-    index: int  # line number in the suite's file, 0-based
+    index: int  # position in the suite's file, 0-based
     text: str
 
 
@@ -395,14 +406,14 @@ class HfRunner:
 def talon_run_config(method: str, talon_async: bool) -> RunConfig:
     """The RunConfig of a Talon-engine method; ``talon`` is the full default RunConfig()."""
     configs = {
-        "ar": lambda: RunConfig(drafter="none"),
-        "chain": lambda: RunConfig(drafter="model", tree=TreeConfig(mode="chain")),
-        "static": lambda: RunConfig(drafter="model", tree=TreeConfig(mode="static")),
-        "adaptive": lambda: RunConfig(drafter="model", tree=TreeConfig(mode="adaptive")),
-        "hybrid": lambda: RunConfig(drafter="hybrid", tree=TreeConfig(mode="adaptive")),
-        "talon": lambda: RunConfig(async_draft=talon_async),
+        "ar": RunConfig(drafter="none"),
+        "chain": RunConfig(drafter="model", tree=TreeConfig(mode="chain")),
+        "static": RunConfig(drafter="model", tree=TreeConfig(mode="static")),
+        "adaptive": RunConfig(drafter="model", tree=TreeConfig(mode="adaptive")),
+        "hybrid": RunConfig(drafter="hybrid", tree=TreeConfig(mode="adaptive")),
+        "talon": RunConfig(async_draft=talon_async),
     }
-    return configs[method]()
+    return configs[method]
 
 
 def talon_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -454,7 +465,7 @@ def sweep_runners(engine: Engine, sweep: SweepConfig) -> list[Runner]:
     runners: list[Runner] = []
     for cell in sweep.cells():
         tree = TreeConfig(mode="adaptive", budget=cell.budget, root_k=cell.root_k, mu=cell.mu)
-        cfg = RunConfig(drafter=sweep.method, tree=tree)
+        cfg = talon_run_config(sweep.method, talon_async=False).replace(tree=tree)
         name = f"{sweep.method}[mu={cell.mu:g},N={cell.budget},K={cell.root_k}]"
         spec = MethodSpec(name, sweep.method, "talon", talon_settings(cfg), cell=cell)
         runners.append(TalonRunner(spec, engine, cfg))
@@ -472,7 +483,8 @@ def build_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
             runners += hf_runners(method, engine, cfg)
         else:
             run_cfg = talon_run_config(method, cfg.talon_async)
-            runners.append(TalonRunner(MethodSpec(method, method, "talon", talon_settings(run_cfg)), engine, run_cfg))
+            spec = MethodSpec(method, method, "talon", talon_settings(run_cfg))
+            runners.append(TalonRunner(spec, engine, run_cfg))
     if cfg.sweep is not None:
         runners += sweep_runners(engine, cfg.sweep)
     return runners
@@ -493,6 +505,7 @@ class Verdict:
     method_token: int | None
     logit_gap: float | None  # |logit(ar_token) - logit(method_token)|
     top2_gap: float | None  # best logit - second best
+    tolerance: float | None  # near-tie iff both tokens are within this of the best logit
 
 
 @dataclass(frozen=True)
@@ -504,8 +517,8 @@ class Divergence:
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
-        where = {"suite": self.suite, "prompt_index": self.prompt_index, "method": self.method, "engine": self.engine}
-        return {**where, **dataclasses.asdict(self.verdict)}
+        where = {"suite": self.suite, "prompt_index": self.prompt_index}
+        return {**where, "method": self.method, "engine": self.engine, **dataclasses.asdict(self.verdict)}
 
 
 def first_divergence(ar_ids: Sequence[int], got_ids: Sequence[int]) -> int | None:
@@ -517,15 +530,16 @@ def first_divergence(ar_ids: Sequence[int], got_ids: Sequence[int]) -> int | Non
 
 
 class TieJudge:
-    """Tells a near-tie (both tokens within ``tol`` of the target's best logit) from a mismatch.
+    """Tells a near-tie (both tokens within ``tie_tolerance`` of the target's best logit) from a
+    mismatch; ``abs_tol`` is the tolerance's absolute floor.
 
     The target's logits are recomputed with one plain forward over prompt + common prefix; a
     model loaded in a half dtype is upcast to float32 on a private copy, built on first use.
     """
 
-    def __init__(self, target: LoadedModel, tol: float, upcast: bool = True) -> None:
+    def __init__(self, target: LoadedModel, abs_tol: float, upcast: bool = True) -> None:
         self.target = target
-        self.tol = tol
+        self.abs_tol = abs_tol
         self.upcast = upcast and target.dtype != torch.float32
         self._model: PreTrainedModel | None = None
 
@@ -536,15 +550,16 @@ class TieJudge:
         if pos >= min(len(ar_ids), len(got_ids)):
             ar_token = ar_ids[pos] if pos < len(ar_ids) else None
             got_token = got_ids[pos] if pos < len(got_ids) else None
-            return Verdict(pos, "mismatch", ar_token, got_token, None, None)
+            return Verdict(pos, "mismatch", ar_token, got_token, None, None, None)
         logits = self.next_logits(prompt_ids + list(ar_ids[:pos]))  # (V,)
         a, b = ar_ids[pos], got_ids[pos]
-        best = logits.max()
-        near = max(best - logits[a], best - logits[b]).item() <= self.tol
         top2 = logits.topk(2).values
+        best = top2[0].item()
+        tol = tie_tolerance(self.abs_tol, self.target.dtype, best)
+        near = best - min(logits[a].item(), logits[b].item()) <= tol
         return Verdict(
             pos, "near_tie" if near else "mismatch", a, b,
-            abs(logits[a] - logits[b]).item(), (top2[0] - top2[1]).item(),
+            abs(logits[a] - logits[b]).item(), best - top2[1].item(), tol,
         )
 
     @torch.inference_mode()
@@ -605,7 +620,7 @@ class BenchEnv:
         cuda = target.device.type == "cuda"
         return BenchEnv(
             cpu=cpu_model(),
-            cores=os.cpu_count(),
+            cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             torch_threads=torch.get_num_threads(),
             gpu=torch.cuda.get_device_name(target.device) if cuda else None,
             dtype=str(target.dtype).removeprefix("torch."),
@@ -616,7 +631,7 @@ class BenchEnv:
             transformers=transformers.__version__,
             python=platform.python_version(),
             platform=platform.platform(),
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             command=command,
         )
 
@@ -648,13 +663,15 @@ def run_bench(
     judge = TieJudge(target, cfg.tie_tol if cfg.tie_tol is not None else default_tie_tol(target.dtype))
     samples: list[Sample] = []
     divergences: list[Divergence] = []
-    with tqdm(total=len(prompts) * len(runners), desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
+    total = len(prompts) * len(runners)
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
         for number, (prompt, ids) in enumerate(zip(prompts, encoded)):
             ran = run_prompt(runners, prompt, ids, cfg.max_new_tokens, number, bar)
             samples += ran
             divergences += check_prompt(judge, ids, ran)
     judge.release()
-    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, aggregate(samples, divergences, runners), divergences)
+    rows = aggregate(samples, divergences, runners)
+    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, divergences)
     if out is not None:
         write_report(report, out)
     return report
@@ -757,7 +774,9 @@ class ResultRow:
         return data
 
 
-def aggregate(samples: Sequence[Sample], divergences: Sequence[Divergence], runners: Sequence[Runner]) -> list[ResultRow]:
+def aggregate(
+    samples: Sequence[Sample], divergences: Sequence[Divergence], runners: Sequence[Runner]
+) -> list[ResultRow]:
     """Rows per suite (in prompt order) and over all suites; best-of variants collapsed."""
     suites = list(dict.fromkeys(s.prompt.suite for s in samples)) + [ALL_SUITES_ROW]
     rows: list[ResultRow] = []
@@ -765,10 +784,10 @@ def aggregate(samples: Sequence[Sample], divergences: Sequence[Divergence], runn
         chosen = [s for s in samples if suite == ALL_SUITES_ROW or s.prompt.suite == suite]
         divs = [d for d in divergences if suite == ALL_SUITES_ROW or d.suite == suite]
         ar_seconds = sum(s.outcome.seconds for s in chosen if s.spec.name == "ar")
-        cells = [
-            (r.spec, result_row(suite, r.spec, [s.outcome for s in chosen if s.spec.name == r.spec.name], divs, ar_seconds))
-            for r in runners
-        ]
+        cells = []
+        for spec in (r.spec for r in runners):
+            outcomes = [s.outcome for s in chosen if s.spec.name == spec.name]
+            cells.append((spec, result_row(suite, spec, outcomes, divs, ar_seconds)))
         rows += collapse_variants(cells)
     return rows
 
@@ -917,7 +936,8 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
 
 def variants_note(rows: Sequence[ResultRow]) -> str:
     picks = [
-        f"{r.suite}: `{r.settings['variant']}` of " + ", ".join(f"{k} {v:.2f}x" for k, v in r.settings["variants"].items())
+        f"{r.suite}: `{r.settings['variant']}` of "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in r.settings["variants"].items())
         for r in rows
         if "variants" in r.settings
     ]
@@ -931,24 +951,32 @@ def variants_note(rows: Sequence[ResultRow]) -> str:
     )
 
 
+DIVERGENCE_COLUMNS = (
+    "suite", "prompt", "method", "position", "kind", "ar token", "method token", "logit gap", "top-2 gap", "tolerance",
+)
+
+
 def lossless_section(report: BenchReport) -> str:
     divs = report.divergences
     near = sum(d.verdict.kind == "near_tie" for d in divs)
     lines = [
         "## Lossless check\n",
-        f"Outputs compared with ar's greedy output: {len(divs)} divergence(s), {near} near-tie(s), "
-        f"{len(report.fatal)} real mismatch(es) of Talon methods.\n",
+        (
+            f"Outputs compared with ar's greedy output: {len(divs)} divergence(s), {near} near-tie(s), "
+            f"{len(report.fatal)} real mismatch(es) of Talon methods.\n"
+        ),
     ]
     if divs:
         lines += [
-            "| suite | prompt | method | position | kind | ar token | method token | logit gap | top-2 gap |",
-            "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+            "| " + " | ".join(DIVERGENCE_COLUMNS) + " |",
+            "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for d in divs:
             v = d.verdict
             lines.append(
                 f"| {d.suite} | {d.prompt_index} | {d.method} | {v.position} | {v.kind} | {v.ar_token} | "
-                f"{v.method_token} | {_fmt(v.logit_gap, '.4f')} | {_fmt(v.top2_gap, '.4f')} |"
+                f"{v.method_token} | {_fmt(v.logit_gap, '.4f')} | {_fmt(v.top2_gap, '.4f')} "
+                f"| {_fmt(v.tolerance, '.4f')} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -994,7 +1022,8 @@ def sweep_section(rows: Sequence[ResultRow]) -> str:
             "| ---: | " + " | ".join("---:" for _ in budgets) + " |",
         ]
         for mu in mus:
-            texts = [f"{cell[(k, mu, n)].speedup_vs_ar:.2f}x · {_fmt(cell[(k, mu, n)].mat, '.2f')}" for n in budgets]
+            here = [cell[(k, mu, n)] for n in budgets]
+            texts = [f"{r.speedup_vs_ar:.2f}x · {_fmt(r.mat, '.2f')}" for r in here]
             lines.append(f"| {mu:g} | " + " | ".join(texts) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -1078,19 +1107,25 @@ def _csv_of(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
 
 def parser(settings: Settings) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m talon.bench", description="Benchmark Talon against ar and HF")
-    p.add_argument("--data", type=Path, default=default_data_dir(), help="Spec-Bench prompt dir (default: %(default)s)")
+    p.add_argument("--data", type=Path, default=default_data_dir(),
+                   help="Spec-Bench prompt dir (default: %(default)s)")
     p.add_argument("--suites", type=_csv, default=SPECBENCH_SUITES, help=f"comma list of {', '.join(ALL_SUITES)}")
     p.add_argument("--limit", type=int, default=None, help="prompts per suite (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     add_model_args(p, settings)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output dir (default: %(default)s)")
-    p.add_argument("--methods", type=_csv, default=None, help=f"comma list of {', '.join(METHODS)} (default: all; with --sweep: ar)")
+    p.add_argument("--methods", type=_csv, default=None,
+                   help=f"comma list of {', '.join(METHODS)} (default: all; with --sweep: ar)")
     p.add_argument("--hf-assistant-tokens", type=_csv, default=BenchConfig.hf_assistant_tokens,
-                   help="hf-assisted variants: integers (fixed draft length), default, heuristic (default: 4,8,default)")
-    p.add_argument("--pld-tokens", type=int, default=BenchConfig.pld_tokens, help="hf-pld prompt_lookup_num_tokens")
+                   help="hf-assisted variants: integers (fixed draft length), default, heuristic "
+                   "(default: 4,8,default)")
+    p.add_argument("--pld-tokens", type=int, default=BenchConfig.pld_tokens,
+                   help="hf-pld prompt_lookup_num_tokens (default: %(default)s)")
     p.add_argument("--talon-async", choices=["auto", "on", "off"], default="auto",
                    help="async drafting for the talon method; auto = on for CUDA, off on CPU")
-    p.add_argument("--tie-tol", type=float, default=None, help="near-tie logit tolerance (default: 1e-3 fp32, 0.05 half)")
+    p.add_argument("--tie-tol", type=float, default=None,
+                   help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
+                   "at the best logit are added (default: 1e-3 float32, 0.05 half)")
     p.add_argument("--warmup-tokens", type=int, default=BenchConfig.warmup_tokens, help="0 = no warm-up")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = p.add_argument_group("sweep")
@@ -1103,7 +1138,9 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
-    sweep = SweepConfig(args.sweep_method, args.sweep_mu, args.sweep_budget, args.sweep_root_k) if args.sweep else None
+    sweep = None
+    if args.sweep:
+        sweep = SweepConfig(args.sweep_method, args.sweep_mu, args.sweep_budget, args.sweep_root_k)
     methods = args.methods if args.methods is not None else (("ar",) if args.sweep else METHODS)
     talon_async = {"on": True, "off": False}.get(args.talon_async)
     if talon_async is None:
@@ -1137,7 +1174,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(speed_table([r for r in report.rows if not r.is_sweep]))
     if report.fatal:
-        log.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), args.out / "results.md")
+        where = args.out / "results.md"
+        log.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), where)
         return 1
     return 0
 

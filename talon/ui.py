@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import html
 import json
 import logging
@@ -18,6 +19,7 @@ import math
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +32,15 @@ import torch
 from talon import figures as F
 from talon.config import DRAFTER_KINDS, TREE_MODES, ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.decode import Engine, PromptError, Run
-from talon.examples import DEFAULT_PRESET, Example, ModelPreset, available_presets, load_examples
+from talon.examples import DEFAULT_PRESET, Example, ModelPreset, available_presets, load_examples, startup_preset
 from talon.models import ModelLoadError, load_pair
-from talon.settings import Settings
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import TRACE_FORMAT, RunSummary, StepTrace, dump_trace, summarize_steps
+
+try:  # Hugging Face ZeroGPU: installed on Spaces, absent elsewhere (see on_gpu)
+    import spaces
+except ImportError:
+    spaces = None
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,10 @@ MAX_SWEEP_CELLS = 30
 TRACE_DIR_NAME = "talon-traces"
 TRACE_MAX_AGE_S = 3600
 MODEL_CONCURRENCY_ID = "model"
+# ZeroGPU reservation per run: loading and prefill, then a generous per-token cost, capped.
+GPU_BASE_S = 20
+GPU_PER_TOKEN_S = 0.1
+GPU_MAX_S = 300
 UI_DRAFTERS = tuple(d for d in DRAFTER_KINDS if d != "none")
 
 
@@ -66,33 +77,45 @@ def _cached_engine(target: str, draft: str, dtype: str, device: str, allow_remot
 
 
 def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
-    """The engine for a preset, loaded once and kept (one pair at a time; loads are serialised)."""
+    """The engine for a preset, loaded once and kept (one pair at a time; loads are serialised).
+    TALON_DTYPE, when it names a dtype, wins over the preset's."""
     target, draft = preset.target or settings.target, preset.draft or settings.draft
+    dtype = settings.dtype if settings.dtype != "auto" else preset.dtype or "auto"
     with _LOAD_LOCK:
-        return _cached_engine(
-            target, draft, settings.dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir)
-        )
+        return _cached_engine(target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir))
 
 
 def warm_up(settings: Settings) -> None:
-    """Load the default pair now (call from a background thread at start); errors are logged
+    """Load the start-up pair now (call from a background thread at start); errors are logged
     here and shown to the user on their first run."""
     try:
-        load_engine(settings, find_preset(DEFAULT_PRESET))
-    except (ModelLoadError, ConfigError, OSError) as error:
-        log.error("could not pre-load the default models: %s", error)
+        load_engine(settings, find_preset(settings, initial_preset(settings)))
+    except (ModelLoadError, ConfigError, OSError, torch.cuda.OutOfMemoryError) as error:
+        log.error("could not pre-load the models: %s", error)
+        release_memory()
 
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def find_preset(key: str) -> ModelPreset:
-    for preset in available_presets(cuda_available()):
+def presets(settings: Settings) -> list[ModelPreset]:
+    """The presets this server offers: the GPU pairs only with CUDA and TALON_DEVICE not cpu."""
+    return available_presets(cuda_available() and not settings.device.startswith("cpu"))
+
+
+def initial_preset(settings: Settings) -> str:
+    """The preset selected (and loaded) at start; see ``talon.examples.startup_preset``."""
+    gpu = any(p.needs_cuda for p in presets(settings))
+    return startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
+
+
+def find_preset(settings: Settings, key: str) -> ModelPreset:
+    offered = presets(settings)
+    for preset in offered:
         if preset.key == key:
             return preset
-    keys = [p.key for p in available_presets(cuda_available())]
-    raise ConfigError(f"model preset must be one of {keys} on this machine, got {key!r}")
+    raise ConfigError(f"model preset must be one of {[p.key for p in offered]} on this server, got {key!r}")
 
 
 def queue_limits(settings: Settings) -> tuple[int, int]:
@@ -191,14 +214,22 @@ def user_error(message: str) -> gr.Error:
     return gr.Error(html.escape(F.clean_text(message), quote=False))
 
 
-def open_run(settings: Settings, prompt: str, controls: Controls, cancel: threading.Event, **overrides: Any) -> Run:
-    """Validate everything and start a run (``overrides`` replace RunConfig fields); every
-    problem a user can fix becomes a gr.Error with the validator's message."""
+def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: Any) -> tuple[ModelPreset, RunConfig]:
+    """Validate a request without touching a model (``overrides`` replace RunConfig fields);
+    every problem a user can fix becomes a gr.Error with the validator's message."""
     try:
         check_prompt(prompt, settings)
         cfg = controls.run_config(settings.max_new_tokens_limit).replace(**overrides)
-        engine = load_engine(settings, find_preset(controls.preset))
-        run = engine.run(prompt, cfg, cancel)
+        return find_preset(settings, controls.preset), cfg
+    except (ConfigError, PromptError) as error:
+        raise user_error(str(error)) from error
+
+
+def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event) -> Run:
+    """Load the preset's models (cached) and start a run, before any forward: a model that cannot
+    be loaded or a prompt the server refuses becomes a gr.Error that says why."""
+    try:
+        run = load_engine(settings, preset).run(prompt, cfg, cancel)
     except (ConfigError, PromptError, ModelLoadError) as error:
         raise user_error(str(error)) from error
     if len(run.prompt_ids) > settings.max_prompt_tokens:
@@ -206,6 +237,122 @@ def open_run(settings: Settings, prompt: str, controls: Controls, cancel: thread
             f"the prompt has {len(run.prompt_ids)} tokens; this server accepts at most {settings.max_prompt_tokens}"
         )
     return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Running on the device: a ZeroGPU reservation per run, recovery from out-of-memory
+# ---------------------------------------------------------------------------------------------
+
+
+def on_gpu(duration: Callable[..., int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``spaces.GPU(duration=duration)`` where the ``spaces`` package is importable: on ZeroGPU it
+    reserves a GPU for each call, for the seconds ``duration`` computes from the call's own
+    arguments. Elsewhere the function is returned unchanged."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn if spaces is None else spaces.GPU(duration=duration)(fn)
+
+    return decorate
+
+
+def gpu_seconds(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel_id: str) -> int:
+    """GPU seconds to reserve for one run (same arguments as ``decode_on_device``): a base for
+    loading and prefill plus a per-token cost of max_new_tokens, capped at GPU_MAX_S."""
+    return min(GPU_MAX_S, math.ceil(GPU_BASE_S + GPU_PER_TOKEN_S * cfg.max_new_tokens))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device (or host) allocation failure: torch's OutOfMemoryError or a RuntimeError saying so."""
+    text = str(error).lower()
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    )
+
+
+def release_memory() -> None:
+    """Return freed tensors to the device: collect garbage, then empty CUDA's caching allocator."""
+    gc.collect()
+    if cuda_available():
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def out_of_memory_as_error(cfg: RunConfig) -> Iterator[None]:
+    """Turn running out of memory into a gr.Error that says what to shrink, after freeing what the
+    failed run held (its frames are cleared, so its caches can go), so the server keeps serving."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not is_out_of_memory(error):
+            raise
+        log.warning("out of memory (budget %d, max_new_tokens %d): %s", cfg.tree.budget, cfg.max_new_tokens, error)
+        traceback.clear_frames(error.__traceback__)
+        release_memory()
+        raise gr.Error(
+            f"the device ran out of memory (budget N {cfg.tree.budget}, max new tokens {cfg.max_new_tokens}): "
+            "try a smaller budget, fewer new tokens, a shorter prompt or a smaller model pair. "
+            "The memory was freed; you can run again."
+        ) from None
+
+
+# cancel_id -> the run's Stop flag. decode_on_device takes the id, not the Event: on ZeroGPU its
+# arguments are pickled into a GPU worker process (where the id finds nothing; see DeviceRun).
+_CANCELS: dict[str, threading.Event] = {}
+_CANCELS_LOCK = threading.Lock()
+
+
+@on_gpu(duration=gpu_seconds)
+def decode_on_device(
+    settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel_id: str
+) -> Iterator[StepTrace | RunSummary]:
+    """Run a planned request: yields its StepTraces, then its RunSummary. Takes and yields only
+    picklable values, and every failure a user can act on leaves it as a gr.Error."""
+    with out_of_memory_as_error(cfg):
+        yield from _decode(settings, preset, prompt, cfg, _CANCELS.get(cancel_id) or threading.Event())
+
+
+def _decode(
+    settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event
+) -> Iterator[StepTrace | RunSummary]:
+    run = open_run(settings, preset, prompt, cfg, cancel)
+    yield from run
+    assert run.summary is not None
+    yield run.summary
+
+
+class DeviceRun:
+    """One validated run, executed by ``decode_on_device``: iterate it for StepTraces; ``summary``
+    is set at the end. Creating it validates the request and loads the models here, in the
+    server process, so every error a user can fix is raised before any output changes."""
+
+    def __init__(
+        self, settings: Settings, prompt: str, controls: Controls, cancel: threading.Event, **overrides: Any
+    ) -> None:
+        self.preset, self.cfg = plan_run(settings, prompt, controls, **overrides)
+        with out_of_memory_as_error(self.cfg):
+            open_run(settings, self.preset, prompt, self.cfg, cancel)  # checks only; nothing runs yet
+        self.settings, self.prompt, self.cancel = settings, prompt, cancel
+        self.summary: RunSummary | None = None
+
+    def __iter__(self) -> Iterator[StepTrace]:
+        cancel_id = uuid.uuid4().hex
+        with _CANCELS_LOCK:
+            _CANCELS[cancel_id] = self.cancel
+        items = decode_on_device(self.settings, self.preset, self.prompt, self.cfg, cancel_id)
+        stop_seen = False
+        try:
+            for item in items:
+                if isinstance(item, RunSummary):
+                    self.summary = item
+                elif stop_seen:  # a run that cannot see the flag (ZeroGPU worker) ends when closed
+                    break
+                else:
+                    stop_seen = self.cancel.is_set()
+                    yield item
+        finally:
+            items.close()
+            with _CANCELS_LOCK:
+                _CANCELS.pop(cancel_id, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +439,8 @@ def read_json_upload(path: str | Path) -> Any:
         raise TraceFileError(
             f"the file is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
         ) from None
+    except RecursionError:
+        raise TraceFileError("the file's JSON is nested too deeply to be a trace") from None
 
 
 def _is_int(v: Any) -> bool:
@@ -552,7 +701,7 @@ def run_autoregressive(
     settings: Settings, prompt: str, controls: Controls, cancel: threading.Event
 ) -> RunSummary | None:
     """The same prompt and sampling with no drafter: one target forward per token."""
-    run = open_run(settings, prompt, controls, cancel, drafter="none", async_draft=False)
+    run = DeviceRun(settings, prompt, controls, cancel, drafter="none", async_draft=False)
     for _ in run:
         pass
     return None if cancel.is_set() else run.summary
@@ -566,7 +715,7 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         step, the run-level figures and, at the end, the summary and the trace file."""
         values = Controls(**controls)
         cancel = threading.Event()
-        run = open_run(settings, prompt, values, cancel)
+        run = DeviceRun(settings, prompt, values, cancel)
         session.begin(bool(step_through), cancel)
         yield view.live_updates(session, "running…")
         for full in _stream(run, session.steps.append):
@@ -581,7 +730,8 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
 
 
 def final_updates(view: DecodeView, session: Session) -> dict[Any, Any]:
-    status = "stopped" if session.summary and session.summary.stop_reason == "cancelled" else ""
+    cancelled = session.summary.stop_reason == "cancelled" if session.summary else bool(session.steps)
+    status = "stopped" if cancelled else ""
     if session.summary is not None and session.steps:
         session.trace_path = write_trace(session.summary, session.steps)
     updates = view.run_updates(session, status)
@@ -713,7 +863,7 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         a = Controls(**controls)
         b = dataclasses.replace(a, tree_mode=tree_mode_b, drafter=drafter_b, mu=mu_b)
         cancel = threading.Event()
-        runs = [open_run(settings, prompt, c, cancel) for c in (a, b)]
+        runs = [DeviceRun(settings, prompt, c, cancel) for c in (a, b)]
         cmp.runs, cmp.summaries, cmp.cancel = [], [], cancel
         for label, run in zip("AB", runs):
             steps: list[StepTrace] = []
@@ -792,7 +942,7 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
         cancel = threading.Event()
         for mu in mu_values:
             for budget in budget_values:
-                run = open_run(settings, prompt, dataclasses.replace(base, mu=mu, budget=budget), cancel)
+                run = DeviceRun(settings, prompt, dataclasses.replace(base, mu=mu, budget=budget), cancel)
                 for _ in run:
                     pass
                 s = run.summary
@@ -946,10 +1096,10 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         run = gr.Button("Run", variant="primary", elem_id="talon-run")
         stop = gr.Button("Stop", variant="stop", elem_id="talon-stop")
     defaults, limit = Controls(), settings.max_new_tokens_limit
-    presets = available_presets(cuda_available())
+    offered, initial = presets(settings), initial_preset(settings)
     c: dict[str, Any] = {}
     with gr.Accordion("Drafter and tree", open=True):
-        c["preset"] = gr.Dropdown(label="Models", choices=[(p.label, p.key) for p in presets], value=DEFAULT_PRESET)
+        c["preset"] = gr.Dropdown(label="Models", choices=[(p.label, p.key) for p in offered], value=initial)
         c["drafter"] = gr.Radio(label="Drafter", choices=list(UI_DRAFTERS), value=defaults.drafter)
         c["tree_mode"] = gr.Radio(label="Tree", choices=list(TREE_MODES), value=defaults.tree_mode)
         c["budget"] = gr.Slider(1, 128, value=defaults.budget, step=1, label="Budget N (nodes verified per step)")

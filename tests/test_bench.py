@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from talon.bench import (
     METHODS,
@@ -18,6 +19,8 @@ from talon.bench import (
     load_prompts,
     main,
     run_bench,
+    sweep_runners,
+    tie_tolerance,
 )
 from talon.config import ConfigError, RunConfig
 from talon.decode import Engine, generate
@@ -33,7 +36,7 @@ ROW_KEYS = {
     "suite", "method", "prompts", "new_tokens", "mat", "tokens_per_second", "speedup_vs_ar", "lossless",
     "near_ties", "mismatches", "draft_s", "verify_s", "other_s", "settings",
 }
-FAST = dict(max_new_tokens=12, hf_assistant_tokens=("4", "default"), warmup_tokens=2)
+FAST = {"max_new_tokens": 12, "hf_assistant_tokens": ("4", "default"), "warmup_tokens": 2}
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +64,12 @@ def full_run(pair, data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_every_method_runs_and_the_report_matches_the_schema(full_run) -> None:
-    report, out = full_run
+    _, out = full_run
     data = json.loads((out / "results.json").read_text())
     env_keys = {"cpu", "cores", "torch_threads", "dtype", "device", "torch", "transformers", "date", "command"}
     assert env_keys <= set(data["env"])
     rows = data["results"]
-    assert all(ROW_KEYS <= set(r) for r in rows)
+    assert all(set(r) >= ROW_KEYS for r in rows)
     assert all("mu" not in r for r in rows)
     assert {(r["suite"], r["method"]) for r in rows} == {
         (s, m) for s in ("humaneval", "sum", "all") for m in METHODS
@@ -108,7 +111,7 @@ def test_a_corrupted_output_is_a_mismatch(pair) -> None:
     cfg = RunConfig(drafter="none", max_new_tokens=10)
     summary, _ = generate(Engine(target, None), "def add(a, b):", cfg)
     prompt, ar = summary.prompt_token_ids, summary.token_ids
-    judge = TieJudge(target, tol=1e-3)
+    judge = TieJudge(target, abs_tol=1e-3)
     logits = judge.next_logits(prompt + ar[:4])
     worst = int(logits.argmin())
     corrupted = ar[:4] + [worst] + ar[5:]
@@ -117,9 +120,17 @@ def test_a_corrupted_output_is_a_mismatch(pair) -> None:
     verdict = judge.judge(prompt, ar, corrupted)
     assert verdict is not None and verdict.kind == "mismatch" and verdict.position == 4
     assert verdict.ar_token == ar[4] and verdict.method_token == worst and verdict.logit_gap > 1.0
-    loose = TieJudge(target, tol=1e9).judge(prompt, ar, corrupted)
+    loose = TieJudge(target, abs_tol=1e9).judge(prompt, ar, corrupted)
     assert loose is not None and loose.kind == "near_tie"
     assert judge.judge(prompt, ar, ar[:6]).kind == "mismatch"  # stopped early
+
+
+def test_tie_tolerance_scales_with_the_dtype_rounding_step() -> None:
+    # bfloat16 logits near 16 move in steps of 0.125: a 0.08 fp32 gap is below one step.
+    assert tie_tolerance(0.05, torch.bfloat16, 16.16) == pytest.approx(0.05 + 2 * 0.125)
+    assert tie_tolerance(0.05, torch.bfloat16, -3.0) == pytest.approx(0.05 + 2 * 2**-7 * 2)
+    assert tie_tolerance(1e-3, torch.float32, 16.16) == pytest.approx(1e-3, abs=1e-5)
+    assert tie_tolerance(0.05, torch.bfloat16, 0.0) == 0.05
 
 
 def test_first_divergence() -> None:
@@ -142,6 +153,10 @@ def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
     assert sum("mu" in r and "budget" in r for r in rows) == 2 * 6  # suite "sum" and "all"
     assert (tmp_path / "sweep.html").is_file()
     assert "## Sweep: hybrid" in (tmp_path / "results.md").read_text()
+    adaptive = sweep_runners(Engine(target, draft), SweepConfig(method="adaptive", mus=(0.1,), budgets=(4, 8)))
+    assert [(r.cfg.drafter, r.cfg.tree.mode, r.cfg.tree.budget) for r in adaptive] == [
+        ("model", "adaptive", 4), ("model", "adaptive", 8),
+    ]
 
 
 def test_limit_and_suites_are_respected(data_dir: Path) -> None:

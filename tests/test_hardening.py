@@ -1,0 +1,523 @@
+"""Hardening: every kind of bad input is a clear error and the app keeps serving; cancel and
+out-of-memory recovery; concurrent sessions get exactly their own output; the server hands out
+no file but its own; hostile text stays escaped end to end; the ZeroGPU wrapper, the GPU presets
+and the queue settings.
+
+The end-to-end tests run ``python app.py`` on the tiny saved pair of ``tests.test_app`` with small
+limits (TALON_MAX_PROMPT_TOKENS=64, two runs at once), on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import quote
+
+import gradio as gr
+import httpx
+import pytest
+import torch
+from gradio_client import Client, handle_file
+from gradio_client.utils import Status
+
+import app
+import talon.decode
+from talon import ui
+from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
+from talon.settings import EMBEDDED_TARGET, Settings
+from talon.trace import RunSummary, StepTrace
+from tests import test_app
+from tests.test_app import (
+    CAPTION,
+    DOWNLOAD,
+    REPO,
+    START_TIMEOUT_S,
+    SUMMARY,
+    TEXT,
+    TREE,
+    finish,
+    free_port,
+    good_trace,
+    plot_json,
+    save_tiny_pair,
+    wait_for_port,
+)
+from tests.test_space import front_matter
+from tests.tiny import byte_tokenizer, tiny_loaded
+
+# test_app's fixtures, found by name here; ``client`` connects to this module's ``app_url``.
+client = test_app.client
+tiny_engine = test_app.tiny_engine
+view = test_app.view
+
+MAX_PROMPT_TOKENS = 64
+MAX_NEW_TOKENS_LIMIT = 256
+LOAD_TIMEOUT_S = 120
+HOSTILE = "<script>alert(1)</script>\"'\x07"
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers on loopback
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
+    """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL."""
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "TALON_CACHE": str(root / "cache"),
+        "TALON_DEVICE": "cpu",
+        "TALON_DTYPE": "float32",
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "GRADIO_SERVER_PORT": str(port),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    log = root / "app.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for_port(proc, port, log, START_TIMEOUT_S)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app on the tiny pair with small limits; test_app's ``client`` fixture connects here."""
+    target, draft = tiny_dirs
+    env = {
+        "TALON_TARGET": str(target),
+        "TALON_DRAFT": str(draft),
+        "TALON_MAX_PROMPT_TOKENS": str(MAX_PROMPT_TOKENS),
+        "TALON_MAX_NEW_TOKENS_LIMIT": str(MAX_NEW_TOKENS_LIMIT),
+        "TALON_QUEUE_CONCURRENCY": "2",
+        "TALON_QUEUE_SIZE": "8",
+    }
+    with serve(tmp_path_factory.mktemp("app"), env) as url:
+        yield url
+
+
+def new_client(url: str, tmp_path: Path) -> Client:
+    folder = tmp_path / f"client-{time.monotonic_ns()}"
+    folder.mkdir()
+    return Client(url, verbose=False, download_files=str(folder))
+
+
+def trace_of(final: tuple) -> dict:
+    return json.loads(Path(final[DOWNLOAD]).read_text())
+
+
+def assert_ok_run(client: Client) -> None:
+    """The app still serves: a short greedy run completes with every token."""
+    final = client.predict("abc abc abc", max_new_tokens=8, budget=6, api_name="/generate")
+    summary = trace_of(final)["summary"]
+    assert len(summary["token_ids"]) == 8 or summary["stop_reason"] == "eos"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input through the API
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bad_prompts_are_clear_errors_and_the_app_keeps_serving(client: Client) -> None:
+    for empty in ("", "   \n\t "):
+        with pytest.raises(Exception, match="the prompt is empty"):
+            client.predict(empty, api_name="/generate")
+    with pytest.raises(Exception, match=rf"the prompt has 100 tokens; this server accepts at most {MAX_PROMPT_TOKENS}"):
+        client.predict("x" * 100, api_name="/generate")
+    chars = 16 * MAX_PROMPT_TOKENS
+    with pytest.raises(Exception, match=rf"{chars + 1} characters; this server accepts at most {chars}"):
+        client.predict("y" * (chars + 1), api_name="/generate")
+    assert_ok_run(client)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"budget": 0}, "less than minimum"),
+        ({"budget": 10_000}, "greater than maximum"),
+        ({"budget": 2.5}, "budget must be an integer, got 2.5"),
+        ({"mu": 1.5}, "greater than maximum"),
+        ({"temperature": -1}, "less than minimum"),
+        ({"seed": -3}, "less than minimum|seed"),
+        ({"max_new_tokens": MAX_NEW_TOKENS_LIMIT + 1}, "greater than maximum|at most 256"),
+        ({"tree_mode": "bushy"}, "bushy"),
+        ({"drafter": "none"}, "drafter must be one of|none"),
+        ({"preset": "no-such-preset"}, "no-such-preset"),
+    ],
+)
+def test_out_of_range_controls_are_refused(client: Client, change: dict, message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        client.predict("abc abc", api_name="/generate", **change)
+
+
+def test_the_app_serves_after_refused_sweeps(client: Client) -> None:
+    with pytest.raises(Exception, match="write numbers separated by commas, got '0.1, x'"):
+        client.predict("abc", mus="0.1, x", budgets="4", api_name="/sweep")
+    with pytest.raises(Exception, match=f"at most {ui.MAX_SWEEP_CELLS}"):
+        client.predict("abc", mus="0.1, 0.2, 0.3, 0.4", budgets="4, 8, 12, 16, 20, 24, 28, 32", api_name="/sweep")
+    assert_ok_run(client)
+
+
+def test_bad_trace_uploads_are_refused_with_a_reason(client: Client, tmp_path: Path) -> None:
+    cases = {
+        "binary.json": (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
+        "deep.json": (b"[" * 200_000, "nested too deeply"),
+        "steps.json": (json.dumps({"format": "talon-trace/1", "steps": "all of them"}).encode(), "'steps' must be"),
+        "huge-tree.json": (json.dumps(huge_tree_trace()).encode(), "1 to 4096 nodes"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(Exception, match=message):
+            client.predict(handle_file(str(path)), api_name="/replay")
+    oversized = tmp_path / "oversized.json"
+    oversized.write_bytes(b" " * (ui.MAX_UPLOAD_BYTES + 1))
+    with pytest.raises(Exception):  # noqa: B017  (refused by the upload route, before any handler)
+        client.predict(handle_file(str(oversized)), api_name="/replay")
+    assert_ok_run(client)
+
+
+def huge_tree_trace() -> dict:
+    data = good_trace()
+    step = data["steps"][0]
+    n = ui.MAX_TREE_NODES + 1
+    step.update(
+        tokens=[1] * n,
+        texts=["a"] * n,
+        parents=[-1] + [0] * (n - 1),
+        depths=[0] + [1] * (n - 1),
+        q_draft=[0.5] * n,
+        path_conf=[0.5] * n,
+        sources=["root"] + ["model"] * (n - 1),
+        gate_layer_max=[None] * n,
+        gate_threshold=[None] * n,
+        gate_passed=[None] * n,
+        target_top1=[1] * n,
+    )
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile text
+# ---------------------------------------------------------------------------------------------
+
+
+def strings_of(final: tuple) -> list[str]:
+    """Every HTML output and every figure's JSON of a /generate or /replay result."""
+    out = [final[i] for i in (SUMMARY, TEXT, CAPTION)]
+    out += [value["plot"] for value in final if isinstance(value, dict) and value.get("type") == "plotly"]
+    return out
+
+
+def test_hostile_prompt_never_becomes_markup(client: Client) -> None:
+    final = client.predict(HOSTILE, max_new_tokens=16, api_name="/generate")
+    for text in strings_of(final):
+        assert "<script" not in text and "\x07" not in text
+    assert trace_of(final)["summary"]["steps"] >= 1
+
+
+def test_hostile_trace_text_is_shown_escaped(client: Client, tmp_path: Path) -> None:
+    data = good_trace()
+    for step in data["steps"]:
+        step["texts"] = [HOSTILE] * len(step["texts"])
+        step["bonus_text"] = HOSTILE
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(data))
+    final = client.predict(handle_file(str(path)), api_name="/replay")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#x27;" in final[TEXT]
+    for text in strings_of(final):
+        assert "<script" not in text and "\x07" not in text
+    hovers = json.dumps(plot_json(final[TREE])["data"])
+    assert "&lt;script&gt;" in hovers
+
+
+def test_hostile_values_in_error_messages_are_escaped() -> None:
+    with pytest.raises(gr.Error) as caught:
+        ui.plan_run(Settings(), "abc", ui.Controls(preset="<img src=x onerror=alert(1)>"))
+    assert "&lt;img" in caught.value.message and "<img" not in caught.value.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Cancel, concurrency
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cancel_mid_run_then_the_next_run_works(client: Client) -> None:
+    job = client.submit("abc abc abc", max_new_tokens=MAX_NEW_TOKENS_LIMIT, api_name="/generate")
+    deadline = time.monotonic() + 60
+    while len(job.outputs()) < 2 and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(job.outputs()) >= 2, "the run should have started streaming"
+    job.cancel()
+    deadline = time.monotonic() + 30
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.done() and job.status().code == Status.CANCELLED
+    assert_ok_run(client)
+
+
+PROMPTS = (
+    "alpha beta alpha beta alpha",
+    "one two three, one two three",
+    "def add(a, b): return a + b",
+    "the cat sat on the mat; the cat",
+)
+
+
+def test_concurrent_sessions_match_sequential_runs(app_url: str, tmp_path: Path) -> None:
+    """Greedy output is a function of the prompt alone: four sessions at once (two runs at a time
+    on the server) get exactly what one session got running them one after the other."""
+    start = time.monotonic()
+    sequential = new_client(app_url, tmp_path)
+    expected = [trace_of(sequential.predict(p, max_new_tokens=24, api_name="/generate")) for p in PROMPTS]
+    clients = [new_client(app_url, tmp_path) for _ in PROMPTS]
+    jobs = [c.submit(p, max_new_tokens=24, api_name="/generate") for c, p in zip(clients, PROMPTS)]
+    remaining = LOAD_TIMEOUT_S - (time.monotonic() - start)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        finals = list(pool.map(lambda job: finish(job, remaining)[1], jobs))
+    assert time.monotonic() - start < LOAD_TIMEOUT_S
+    got = [trace_of(final) for final in finals]
+    for prompt, want, have in zip(PROMPTS, expected, got):
+        for key in ("prompt_token_ids", "token_ids", "text"):
+            assert have["summary"][key] == want["summary"][key], (prompt, key)
+    assert len({tuple(t["summary"]["prompt_token_ids"]) for t in got}) == len(PROMPTS)
+
+
+def test_queue_limits_come_from_settings() -> None:
+    demo = app.build_app(Settings(queue_concurrency=3, queue_max_size=5))
+    assert demo._queue.max_size == 5
+    model_events = [fn for fn in demo.fns.values() if fn.api_name in ("generate", "compare", "sweep")]
+    assert len(model_events) == 3
+    for fn in model_events:
+        assert (fn.concurrency_id, fn.concurrency_limit) == (ui.MODEL_CONCURRENCY_ID, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the server hands out
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_server_hands_out_no_file_outside_its_own(app_url: str, tiny_dirs: tuple[Path, Path]) -> None:
+    """No allowed_paths: absolute, relative (to the working directory, the repository) and
+    encoded paths to the system, the source and the model weights are all refused."""
+    secrets = ["/etc/passwd", str(REPO / "app.py"), "app.py", "talon/settings.py", str(tiny_dirs[0] / "config.json")]
+    routes = ["gradio_api/file={}", "gradio_api/file/{}", "file={}"]
+    with httpx.Client(base_url=app_url, timeout=10) as http:
+        for secret in secrets:
+            for path in (secret, quote(secret, safe=""), "..%2F..%2F..%2F.." + quote(secret, safe="")):
+                for route in routes:
+                    url = route.format(path)
+                    response = http.get(url)
+                    assert response.status_code in (400, 403, 404, 405), (url, response.status_code)
+                    assert "root:" not in response.text and "TALON_" not in response.text, url
+
+
+# ---------------------------------------------------------------------------------------------
+# Models that cannot be loaded
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_missing_model_is_an_error_on_generate_not_a_crash_at_start(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with serve(tmp_path, {"TALON_TARGET": str(missing), "TALON_DRAFT": "none"}) as url:
+        bad = new_client(url, tmp_path)
+        for _ in range(2):  # the second request is served too
+            with pytest.raises(Exception, match=r"Local path .*no-such-model.* does not exist"):
+                bad.predict("abc abc", max_new_tokens=4, api_name="/generate")
+
+
+def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
+    tiny_dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = tiny_dirs[0]
+    settings = Settings(target=str(target), draft="no-such-org/no-such-model", device="cpu", dtype="float32")
+    with pytest.raises(gr.Error, match="no-such-org/no-such-model"):
+        ui.DeviceRun(settings, "abc", ui.Controls(), threading.Event())
+
+    other = tmp_path / "other-tokenizer"
+    tiny_loaded("llama", 1).model.save_pretrained(other)
+    tokenizer = byte_tokenizer()
+    tokenizer.eos_token, tokenizer.pad_token = "<pad>", "<eos>"
+    tokenizer.save_pretrained(other)
+    settings = Settings(target=str(target), draft=str(other), device="cpu", dtype="float32")
+    with pytest.raises(gr.Error, match="does not share the tokenizer"):
+        ui.DeviceRun(settings, "abc", ui.Controls(), threading.Event())
+
+
+# ---------------------------------------------------------------------------------------------
+# Out of memory (in process)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: out of memory"),
+    ],
+)
+def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
+    view: ui.DecodeView, monkeypatch: pytest.MonkeyPatch, error: RuntimeError
+) -> None:
+    verify_tree = talon.decode.verify_tree
+
+    def exhausted(*args: object, **kwargs: object) -> torch.Tensor:
+        raise error
+
+    emptied: list[bool] = []
+    monkeypatch.setattr(talon.decode, "verify_tree", exhausted)
+    monkeypatch.setattr(ui, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    generate = ui.make_generate(view, Settings())
+    session = ui.Session()
+    with pytest.raises(gr.Error, match="ran out of memory .*budget N 16, max new tokens 12"):
+        list(generate("abc abc abc", session, max_new_tokens=12))
+    assert emptied, "the CUDA cache should be emptied"
+
+    monkeypatch.setattr(talon.decode, "verify_tree", verify_tree)
+    final = list(generate("abc abc abc", session, max_new_tokens=12))[-1]
+    assert session.summary is not None and len(session.summary.token_ids) == 12
+    assert final[view.download] and not ui._CANCELS
+
+
+def test_other_runtime_errors_are_not_reported_as_out_of_memory(
+    view: ui.DecodeView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(talon.decode, "verify_tree", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        list(ui.make_generate(view, Settings())("abc abc", ui.Session(), max_new_tokens=4))
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeroGPU, GPU presets, remote code
+# ---------------------------------------------------------------------------------------------
+
+
+def test_on_gpu_is_a_no_op_without_spaces_and_spaces_gpu_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fn(x: int) -> int:
+        return x
+
+    assert ui.spaces is None  # not installed here
+    assert ui.on_gpu(ui.gpu_seconds)(fn) is fn
+    assert inspect.isgeneratorfunction(ui.decode_on_device)
+
+    calls: list[object] = []
+
+    def fake_gpu(duration: object) -> object:
+        calls.append(duration)
+        return lambda task: ("reserved", task)
+
+    monkeypatch.setattr(ui, "spaces", SimpleNamespace(GPU=fake_gpu))
+    assert ui.on_gpu(ui.gpu_seconds)(fn) == ("reserved", fn)
+    assert calls == [ui.gpu_seconds]
+    # spaces calls duration with the decorated function's own arguments
+    assert list(inspect.signature(ui.gpu_seconds).parameters) == list(inspect.signature(ui.decode_on_device).parameters)
+
+
+def test_gpu_seconds_grow_with_max_new_tokens() -> None:
+    preset = PRESETS[0]
+
+    def seconds(tokens: int) -> int:
+        cfg = ui.Controls(max_new_tokens=tokens).run_config(100_000)
+        return ui.gpu_seconds(Settings(), preset, "abc", cfg, "id")
+
+    assert seconds(10) == ui.GPU_BASE_S + 1
+    assert seconds(100) < seconds(1000) <= ui.GPU_MAX_S
+    assert seconds(100_000) == ui.GPU_MAX_S
+
+
+def test_what_decode_on_device_takes_and_yields_pickles(view: ui.DecodeView) -> None:
+    """On ZeroGPU the arguments and every yielded item cross a process boundary."""
+    settings, preset = Settings(), PRESETS[0]
+    cfg = ui.Controls(max_new_tokens=8).run_config(1024)
+    pickle.dumps((settings, preset, "abc abc", cfg, "id"))
+    items = list(ui.decode_on_device(settings, preset, "abc abc", cfg, "id"))
+    assert isinstance(items[-1], RunSummary) and len(items) >= 2
+    for item in pickle.loads(pickle.dumps(items)):
+        assert type(item) in (StepTrace, RunSummary)
+
+
+def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ui, "cuda_available", lambda: False)
+    assert [p.key for p in ui.presets(Settings())] == [DEFAULT_PRESET]
+    assert ui.initial_preset(Settings()) == DEFAULT_PRESET
+
+    monkeypatch.setattr(ui, "cuda_available", lambda: True)
+    gpu = [p for p in ui.presets(Settings()) if p.needs_cuda]
+    assert {"qwen2.5-7b", "llama-3.1-8b"} <= {p.key for p in gpu}
+    assert all(p.dtype == "bfloat16" and p.target and p.draft for p in gpu)
+    assert [p.key for p in ui.presets(Settings(device="cpu"))] == [DEFAULT_PRESET]
+    assert ui.initial_preset(Settings()) == STARTUP_GPU_PRESET
+    assert ui.initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
+
+    loads: list[tuple] = []
+    monkeypatch.setattr(ui, "_cached_engine", lambda *args: loads.append(args))
+    ui.warm_up(Settings())
+    ui.load_engine(Settings(dtype="float16"), ui.find_preset(Settings(), STARTUP_GPU_PRESET))
+    ui.load_engine(Settings(), ui.find_preset(Settings(), DEFAULT_PRESET))
+    assert [(target, dtype) for target, _, dtype, *_ in loads] == [
+        ("Qwen/Qwen2.5-7B-Instruct", "bfloat16"),
+        ("Qwen/Qwen2.5-7B-Instruct", "float16"),  # TALON_DTYPE wins
+        (EMBEDDED_TARGET, "auto"),
+    ]
+
+
+def test_readme_preloads_the_gpu_presets() -> None:
+    preload = front_matter()["preload_from_hub"]
+    assert preload == preload_repos()
+    startup = next(p for p in PRESETS if p.key == STARTUP_GPU_PRESET)
+    assert set(startup.repos) <= set(preload)
+
+
+def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str):
+        seen.append(allow_remote_code)
+        return SimpleNamespace(), None
+
+    monkeypatch.setattr(ui, "load_pair", fake_load_pair)
+    monkeypatch.setattr(ui, "Engine", lambda target, draft: SimpleNamespace())
+    ui._cached_engine.cache_clear()
+    try:
+        for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
+            ui.load_engine(Settings.from_env(env), PRESETS[0])
+    finally:
+        ui._cached_engine.cache_clear()
+    assert seen == [False, True]
