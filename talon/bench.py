@@ -993,18 +993,27 @@ def time_split_section(rows: Sequence[ResultRow]) -> str:
     for r in split_rows:
         shares = [f"{getattr(r, k):.1f} s ({100 * getattr(r, k) / r.seconds:.0f}%)" for k in TIME_PARTS]
         lines.append(f"| {r.method} | {r.seconds:.1f} | " + " | ".join(shares) + " |")
-    return "\n".join(lines) + "\n\n" + closing_note(split_rows) + "\n"
+    ar = next((r for r in rows if r.suite == ALL_SUITES_ROW and r.method == "ar"), None)
+    return "\n".join(lines) + "\n\n" + closing_note(split_rows, ar) + "\n"
 
 
-def closing_note(split_rows: Sequence[ResultRow]) -> str:
-    """Name the biggest remaining cost of the full method (``talon`` if it ran)."""
+def closing_note(split_rows: Sequence[ResultRow], ar: ResultRow | None) -> str:
+    """Name the biggest remaining cost of the full method (``talon`` if it ran) and, when that
+    is setup (mostly the prompt prefill, which ar pays too), the biggest per-step cost."""
     row = next((r for r in split_rows if r.method == "talon"), split_rows[-1])
     part = max(TIME_PARTS, key=lambda k: getattr(row, k))
-    share = getattr(row, part) / row.seconds
-    return (
+    note = (
         f"**Biggest remaining cost** ({row.method}, all suites): {TIME_PARTS[part]}, "
-        f"{100 * share:.0f}% of the wall time."
+        f"{100 * getattr(row, part) / row.seconds:.0f}% of the wall time."
     )
+    if part == "setup_s":
+        step = max((k for k in TIME_PARTS if k != "setup_s"), key=lambda k: getattr(row, k))
+        paid = f" (ar's setup: {ar.setup_s:.1f} s)" if ar is not None and ar.setup_s is not None else ""
+        note += (
+            f" Setup is mostly the target's prompt prefill, paid by every method alike{paid}; per step, "
+            f"the biggest cost is {TIME_PARTS[step]}, {100 * getattr(row, step) / row.seconds:.0f}%."
+        )
+    return note
 
 
 def sweep_section(rows: Sequence[ResultRow]) -> str:

@@ -48,8 +48,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=run.max_new_tokens)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--no-chat-template", action="store_true")
-    p.add_argument("--async", dest="async_draft", action="store_true",
-                   help="pre-draft the next tree while the target verifies")
+    p.add_argument("--async", dest="async_draft", action="store_const", const=True, default=None,
+                   help="pre-draft the next tree while the target verifies (default: on CUDA only)")
+    p.add_argument("--no-async", dest="async_draft", action="store_const", const=False)
     p.add_argument("--draft-vocab", type=int, default=run.draft_vocab,
                    help="draft logits over the first V token ids only (0 = full vocabulary)")
 
@@ -66,7 +67,7 @@ def run_config(a: argparse.Namespace) -> RunConfig:
         max_new_tokens=a.max_new_tokens,
         stop_strings=tuple(a.stop),
         chat_template=not a.no_chat_template,
-        async_draft=a.async_draft,
+        async_draft=bool(a.async_draft),
         draft_vocab=a.draft_vocab,
     )
 
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 prompt = fh.read()
         draft = None if args.drafter in ("none", "retrieval") else args.draft
         target, draft_lm = load_pair(args.target, draft, args.dtype, args.device, settings.allow_remote_code)
+        if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
+            cfg = cfg.replace(async_draft=target.device.type == "cuda")
         summary, steps = generate(Engine(target, draft_lm), prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         log.error("%s", err)
