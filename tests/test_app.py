@@ -68,14 +68,12 @@ def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout: float) 
 
 
 @contextlib.contextmanager
-def launch_app(root: Path) -> Iterator[str]:
-    """Run ``python app.py`` on tiny models in ``root``; yields its URL; always stops it."""
-    target, draft = save_tiny_pair(root)
+def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
+    """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL;
+    always stops it."""
     port = free_port()
-    env = {
+    full_env = {
         **os.environ,
-        "TALON_TARGET": str(target),
-        "TALON_DRAFT": str(draft),
         "TALON_CACHE": str(root / "cache"),
         "TALON_DEVICE": "cpu",
         "TALON_DTYPE": "float32",
@@ -84,10 +82,13 @@ def launch_app(root: Path) -> Iterator[str]:
         "GRADIO_ANALYTICS_ENABLED": "False",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        **env,
     }
     log = root / "app.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_for_port(proc, port, log, START_TIMEOUT_S)
         yield f"http://127.0.0.1:{port}/"
@@ -98,6 +99,14 @@ def launch_app(root: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def launch_app(root: Path) -> Iterator[str]:
+    """Run ``python app.py`` on tiny models saved in ``root``; yields its URL."""
+    target, draft = save_tiny_pair(root)
+    with serve(root, {"TALON_TARGET": str(target), "TALON_DRAFT": str(draft)}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,9 @@ limits (TALON_MAX_PROMPT_TOKENS=64, two runs at once), on 127.0.0.1 only.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-import os
 import pickle
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -42,16 +38,14 @@ from tests.test_app import (
     CAPTION,
     DOWNLOAD,
     REPO,
-    START_TIMEOUT_S,
     SUMMARY,
     TEXT,
     TREE,
     finish,
-    free_port,
     good_trace,
     plot_json,
     save_tiny_pair,
-    wait_for_port,
+    serve,
 )
 from tests.test_space import front_matter
 from tests.tiny import byte_tokenizer, tiny_loaded
@@ -70,39 +64,6 @@ HOSTILE = "<script>alert(1)</script>\"'\x07"
 # ---------------------------------------------------------------------------------------------
 # Servers on loopback
 # ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
-    """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL."""
-    port = free_port()
-    full_env = {
-        **os.environ,
-        "TALON_CACHE": str(root / "cache"),
-        "TALON_DEVICE": "cpu",
-        "TALON_DTYPE": "float32",
-        "GRADIO_SERVER_NAME": "127.0.0.1",
-        "GRADIO_SERVER_PORT": str(port),
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **env,
-    }
-    log = root / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        wait_for_port(proc, port, log, START_TIMEOUT_S)
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")
