@@ -10,12 +10,14 @@ from transformers import Cache
 
 def gather_entries(cache: Cache, idx: list[int]) -> None:
     """Keep only the entries at ``idx`` (absolute sequence indices, in that order), every layer."""
+    index = torch.tensor(idx, dtype=torch.long)  # (S',)
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
             continue
-        if idx == list(range(layer.keys.shape[-2])):
-            continue
-        index = torch.tensor(idx, dtype=torch.long, device=layer.keys.device)  # (S',)
+        seq = layer.keys.shape[-2]
+        if len(idx) == seq and torch.equal(index, torch.arange(seq)):
+            continue  # nothing to drop
+        index = index.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)  # (B, H, S', D)
         layer.values = layer.values.index_select(-2, index)  # (B, H, S', D)
 

@@ -9,6 +9,8 @@ entries of the accepted path and queues the rest of the new tokens for the next 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -99,9 +101,8 @@ class ModelDrafter:
 
     def fork(self) -> "ModelDrafter":
         """An independent drafter in the same state (own cache copy): the async pre-drafter."""
-        twin = ModelDrafter.__new__(ModelDrafter)
-        twin.model, twin.vocab_size, twin.forwards = self.model, self.vocab_size, 0
-        twin.context, twin.fed, twin.slots = list(self.context), self.fed, dict(self.slots)
+        twin = copy.copy(self)
+        twin.context, twin.slots, twin.forwards = list(self.context), dict(self.slots), 0
         twin.cache = clone_cache(self.cache)
         return twin
 
