@@ -21,6 +21,9 @@ def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
     p.add_argument("--draft", default=settings.draft, help="like --target, or 'none' (default: %(default)s)")
     p.add_argument("--dtype", default=settings.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default=settings.device, help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--draft-quant", default=settings.draft_quant, choices=["auto", "none", "int8"],
+                   help="draft weights: int8 (fbgemm, CPU only; faster draft forwards, the output stays "
+                   "the target's), none, or auto = int8 on a CPU (default: %(default)s)")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +38,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-depth", type=int, default=t.max_depth)
     p.add_argument("--min-conf", type=float, default=t.min_conf,
                    help="expand a layer only while its best path confidence is >= this (0 = off)")
+    p.add_argument("--cost-aware", choices=["on", "off"], default="on" if t.cost_aware else "off",
+                   help="goodput planning: a measured cost model (verify time vs tree size, draft time "
+                   "per layer, probed once and cached, refined online) and an acceptance model "
+                   "calibrated per source stop the tree when the next layer does not pay, trim "
+                   "unprofitable nodes and skip the draft model (and its prefill) on steps where "
+                   "retrieval alone is expected to be faster; off = pure TALON budget fill (%(default)s)")
     p.add_argument("--retrieval-min-match", type=int, default=r.min_match)
     p.add_argument("--retrieval-max-continuation", type=int, default=r.max_continuation)
     p.add_argument("--graft-threshold", type=int, default=r.graft_threshold,
@@ -58,7 +67,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def run_config(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
         drafter=a.drafter,
-        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth, a.min_conf),
+        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth, a.min_conf, a.cost_aware == "on"),
         retrieval=RetrievalConfig(
             a.retrieval_min_match, a.retrieval_max_continuation, a.graft_threshold,
             a.retrieval_branches, a.corpus,
@@ -100,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.prompt_file, encoding="utf-8") as fh:
                 prompt = fh.read()
         draft = None if args.drafter in ("none", "retrieval") else args.draft
-        target, draft_lm = load_pair(args.target, draft, args.dtype, args.device, settings.allow_remote_code)
+        target, draft_lm = load_pair(
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+        )
         if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
             cfg = cfg.replace(async_draft=target.device.type == "cuda")
-        summary, steps = generate(Engine(target, draft_lm), prompt, cfg)
+        summary, steps = generate(Engine(target, draft_lm, cache_dir=settings.cache_dir), prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         log.error("%s", err)
         return 2

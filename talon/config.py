@@ -53,6 +53,10 @@ class TreeConfig:
     min_conf: cost stop (adaptive and chain): a layer is expanded only while the best path
         confidence in it is >= min_conf; each layer costs one draft forward, so on a slow
         drafter deep guesses that will probably be rejected are not worth drafting. 0 = off.
+    cost_aware: goodput planning (``talon.plan``): stop growing when the next layer's expected
+        accepted tokens do not pay for its draft forward and extra verification on this
+        hardware, trim unprofitable nodes, and skip the draft model on steps where retrieval
+        alone is expected to do better per second. Off = pure TALON budget fill.
     """
 
     mode: TreeMode = "adaptive"
@@ -62,8 +66,10 @@ class TreeConfig:
     mu: float = 0.1
     max_depth: int = 8
     min_conf: float = 0.2
+    cost_aware: bool = True
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.cost_aware, bool), f"cost_aware must be true or false, got {self.cost_aware!r}")
         _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
         _int_in("budget", self.budget, 1, 256)
         _int_in("root_k", self.root_k, 1, 64)

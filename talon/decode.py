@@ -13,17 +13,20 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from talon.accept import Acceptance, accept_greedy, accept_sampling, warp_probs
 from talon.config import ConfigError, RunConfig
+from talon.cost import CostModel, load_or_probe
 from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
+from talon.plan import Planner
 from talon.trace import RunSummary, StepTrace, summarize_steps
 from talon.verify import forward_hidden, verify_tree
 
@@ -91,12 +94,36 @@ class StopCheck:
 class Engine:
     """Owns the loaded models; every ``run`` gets its own caches and drafter state."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        cache_dir: Path | None = None,
+        costs: CostModel | None = None,
+    ) -> None:
+        """``cache_dir``: where the probed cost model is cached (None = probe once per engine);
+        ``costs``: a given cost model (tests, what-if runs) instead of a probe."""
         self.target = target
         self.draft = draft
+        self.cache_dir = cache_dir
+        self._costs = costs
+        self._probed = costs.copy() if costs is not None else None
         self._token_text: dict[int, str] = {}
         self._text_lock = threading.Lock()
+        self._cost_lock = threading.Lock()
         self._corpora: dict[str, CorpusIndex] = {}
+
+    def costs(self, draft_vocab: int = 0, probed: bool = False) -> CostModel:
+        """The pair's measured cost model: probed on first use (or read from the cache), then
+        refined by every greedy run's own timings. ``probed=True``: the model as first probed,
+        never refined (what seeded sampled runs plan on, so that they are reproducible)."""
+        with self._cost_lock:
+            if self._costs is None:
+                draft = self.draft.model if self.draft is not None else None
+                names = (self.target.name, self.draft.name if self.draft is not None else "none")
+                self._costs = load_or_probe(self.target.model, draft, names, self.cache_dir, draft_vocab)
+                self._probed = self._costs.copy()
+            return self._probed if probed else self._costs
 
     def corpus(self, path: str) -> CorpusIndex:
         """The static retrieval datastore for ``path``, built once per engine (ValueError if bad)."""
@@ -147,6 +174,15 @@ class Run:
                 f"+ budget ({cfg.tree.budget}) exceeds the model's context window ({limit} tokens)"
             )
         self.drafter = engine.make_drafter(cfg)
+        self.planner: Planner | None = None
+        if cfg.tree.cost_aware and cfg.drafter != "none":
+            # Sampling draws depend on the tree: a seeded run plans on the probed costs and
+            # predicted draft times only, never the wall clock, so the seed reproduces it.
+            seeded = not cfg.sampling.greedy
+            self.planner = Planner(
+                engine.costs(cfg.draft_vocab, probed=seeded), cfg.tree, cfg.max_new_tokens,
+                widths=self._draft_widths if seeded else None,
+            )
         self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
         self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
         self.generated: list[int] = []
@@ -160,7 +196,10 @@ class Run:
         ids = self.prompt_ids
         if len(ids) > 1:
             forward_hidden(target, cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
-        self.drafter.reset(ids)
+        if self.planner is not None and self.cfg.drafter == "hybrid" and not self.cfg.async_draft:
+            self.drafter.reset(ids, lazy_model=True)  # the planner decides when the model's prefill pays
+        else:
+            self.drafter.reset(ids)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if self.cfg.async_draft else None
         root, reason, ahead = ids[-1], "", None
         try:
@@ -177,12 +216,18 @@ class Run:
     def _next_draft(self, root: int, ahead: Future | None) -> tuple[Draft, bool | None, list]:
         """This step's tree: the pre-draft when it bet right, else a fresh draft."""
         if ahead is None:
-            return self.drafter.draft(root), None, []
+            return self._fresh_draft(root), None, []
         pre: PreDraft = ahead.result()  # re-raises a drafter-thread error here
         draft = self.drafter.adopt(pre, self.steps[-1].new_tokens)
         if draft is None:
-            return self.drafter.draft(root), False, [pre.busy]
+            return self._fresh_draft(root), False, [pre.busy]
         return draft, True, [pre.busy]
+
+    def _fresh_draft(self, root: int) -> Draft:
+        if self.planner is None:
+            return self.drafter.draft(root)
+        self.planner.begin_step()
+        return self.drafter.draft(root, self.planner)
 
     def _step(
         self, cache: DynamicCache, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future | None
@@ -205,6 +250,7 @@ class Run:
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
         keep_entries(cache, prefix_len, [prefix_len + n for n in acc.accepted])
+        forwards = self._draft_forwards()
         self.drafter.commit(tree, acc.accepted, new_tokens)
         self.generated.extend(new_tokens)
         step = self._trace(draft, top1, acc, new_tokens)
@@ -212,10 +258,46 @@ class Run:
         step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
         step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
         step.predraft_reused = reused
+        step.draft_forwards = len(forwards)
         step.other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
+        if self.planner is not None:
+            self._learn(step, draft, forwards)
         if reason and ahead is not None:
             ahead.cancel()
         return step, reason, ahead
+
+    def _draft_forwards(self) -> list[tuple[int, float]]:
+        """(tokens fed, seconds) of this step's draft-model forwards; clears the record."""
+        model = getattr(self.drafter, "model", None)
+        if model is None:
+            return []
+        forwards, model.timings = model.timings, []
+        return forwards
+
+    def _draft_widths(self) -> list[int]:
+        """Widths of this step's draft-model forwards so far (the seeded planner's clock)."""
+        model = getattr(self.drafter, "model", None)
+        return [w for w, _ in model.timings] if model is not None else []
+
+    def _learn(self, step: StepTrace, draft: Draft, forwards: list[tuple[int, float]]) -> None:
+        """Fold the step's timings into the cost model and its outcome into the planner (a
+        seeded planner learns from predicted times only, and leaves the cost model as probed)."""
+        planner = self.planner
+        costs = planner.costs
+        step.predicted_verify_s = costs.verify_s(len(step.tokens))
+        if planner.widths is None:
+            costs.observe_verify(len(step.tokens), step.verify_s)
+            for width, seconds in forwards:
+                costs.observe_draft(width, seconds)
+            costs.observe_other(step.other_s)
+            model_s, step_s = sum(s for _, s in forwards), step.draft_s + step.verify_s + step.other_s
+        else:
+            model_s = sum(costs.draft_s(w) for w, _ in forwards)
+            step_s = model_s + step.predicted_verify_s + costs.other_s
+        planner.record_step(
+            draft.tree, step.accepted, draft.match_len, len(step.new_tokens),
+            model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
+        )
 
     def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> Acceptance:
         s = self.cfg.sampling
@@ -248,7 +330,17 @@ class Run:
             p_target=acc.p_target,
             p_accept=acc.p_accept,
             match_len=draft.match_len,
+            tree_stop=tree.stop,
+            model_skipped=draft.model_skipped,
+            trimmed=draft.trimmed,
+            p_accept_est=self._node_probs(draft),
         )
+
+    def _node_probs(self, draft: Draft) -> list[float]:
+        """The planner's P(node accepted) for every node (empty without a planner)."""
+        if self.planner is None:
+            return []
+        return self.planner.acceptance.node_probs(draft.tree, draft.match_len)
 
     def _summarize(self, seconds: float, reason: str) -> RunSummary:
         eng = self.engine
@@ -266,6 +358,7 @@ class Run:
             device=str(eng.target.device),
             config=self.cfg.to_dict(),
             stop_reason=reason,
+            cost_model=self.planner.costs.to_dict() if self.planner is not None else {},
             **agg,
         )
 

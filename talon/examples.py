@@ -1,7 +1,7 @@
 """What the UI offers before a run: example prompts (SpecBench suites) and model presets.
 
-Example prompts come from ``../shared/data/specbench/*.jsonl`` beside the repository when that
-folder exists (the first turn of the first few questions of each suite), else from a few
+Example prompts come from the repository's bundled Spec-Bench prompts, ``data/specbench/*.jsonl``
+(the first turn of the first few questions of each suite); if that folder is missing, from a few
 built-in prompts. Nothing is read at import time.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SPECBENCH_DIR = REPO_ROOT.parent / "shared" / "data" / "specbench"
+SPECBENCH_DIR = REPO_ROOT / "data" / "specbench"
 
 # file stem -> suite name shown in the UI, in the order the UI lists them
 SUITES: dict[str, str] = {
@@ -101,6 +101,7 @@ class ModelPreset:
     needs_cuda: bool = False
     dtype: str | None = None
     preload: bool = False
+    draft_quant: str | None = None  # None: TALON_DRAFT_QUANT
 
     @property
     def repos(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
 EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+DRAFT_QUANTS: tuple[str, ...] = ("auto", "none", "int8")
 
 # name -> (default, description). The defaults are the strings the variables would hold.
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -38,6 +39,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "Weights dtype: auto (bfloat16 on CUDA; on CPU bfloat16 only if measured faster), "
         "float32, bfloat16 or float16.",
+    ),
+    "TALON_DRAFT_QUANT": (
+        "auto",
+        "Draft weights: auto (int8 on a CPU, where it measured faster), none or int8. "
+        "The target is never quantized.",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -83,6 +89,7 @@ class Settings:
     draft: str = EMBEDDED_DRAFT
     device: str = "auto"
     dtype: str = "auto"
+    draft_quant: str = "auto"
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
@@ -92,6 +99,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"TALON_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
+        if self.draft_quant not in DRAFT_QUANTS:
+            raise ConfigError(f"TALON_DRAFT_QUANT must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
         if not self.target:
             raise ConfigError("TALON_TARGET must name a model, got an empty string")
         if not self.device:
@@ -107,6 +116,7 @@ class Settings:
             draft=_get(env, "TALON_DRAFT"),
             device=_get(env, "TALON_DEVICE").lower(),
             dtype=_get(env, "TALON_DTYPE").lower(),
+            draft_quant=_get(env, "TALON_DRAFT_QUANT").lower(),
             allow_remote_code=_parse_bool(
                 "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
             ),

@@ -2,16 +2,26 @@
 
 Figures are pure functions of these records, so a saved trace replays with no model loaded.
 Per-node lists are indexed by node id; node 0 is the root (the last committed token).
+
+This module owns the ``talon-trace/1`` file format: ``dump_trace`` writes it, and
+``read_json_upload`` then ``parse_trace`` read it back, validated field by field (never
+eval'd); a malformed file raises ``TraceFileError`` with a message that says what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 TRACE_FORMAT = "talon-trace/1"
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # trace and results.json uploads
+MAX_TRACE_STEPS = 100_000
+MAX_TREE_NODES = 4096
 
 
 @dataclass
@@ -47,6 +57,13 @@ class StepTrace:
     predraft_reused: bool | None = None
     # --- retrieval ---
     match_len: int = 0
+    # --- cost-aware planning (talon.plan) ---
+    tree_stop: str = ""  # why the tree stopped growing: see talon.builder.STOPS
+    model_skipped: str = ""  # why the draft model did not run this step ("" = it ran / absent)
+    trimmed: int = 0  # nodes cut by the goodput trim
+    draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
+    p_accept_est: list[float] = field(default_factory=list)  # planner's P(node accepted), per node
+    predicted_verify_s: float | None = None  # the cost model's verify time for this tree
 
     @property
     def accept_len(self) -> int:
@@ -86,6 +103,10 @@ class RunSummary:
     verify_s: float = 0.0
     other_s: float = 0.0
     stop_reason: str = ""
+    draft_forwards: int = 0
+    model_skips: int = 0  # steps on which the draft model did not run
+    tree_stops: dict[str, int] = field(default_factory=dict)  # why trees stopped, counted
+    cost_model: dict[str, Any] = field(default_factory=dict)  # talon-cost/1 curves after the run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -114,7 +135,17 @@ def summarize_steps(steps: list[StepTrace]) -> dict[str, Any]:
         "draft_s": sum(st.draft_s for st in steps),
         "verify_s": sum(st.verify_s for st in steps),
         "other_s": sum(st.other_s for st in steps),
+        "draft_forwards": sum(st.draft_forwards for st in steps),
+        "model_skips": sum(1 for st in steps if st.model_skipped),
+        "tree_stops": _count(st.tree_stop for st in steps if st.tree_stop),
     }
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
 
 
 def dump_trace(path: str, summary: RunSummary, steps: list[StepTrace]) -> None:
@@ -123,3 +154,171 @@ def dump_trace(path: str, summary: RunSummary, steps: list[StepTrace]) -> None:
             {"format": TRACE_FORMAT, "summary": summary.to_dict(), "steps": [s.to_dict() for s in steps]},
             fh,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a trace file back (validated, never eval'd)
+# ---------------------------------------------------------------------------------------------
+
+
+class TraceFileError(ValueError):
+    """An uploaded file is not a usable trace or results file; the message says what is wrong."""
+
+
+def read_json_upload(path: str | Path) -> Any:
+    """Parse an uploaded JSON file after a size check; errors say what is wrong."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_UPLOAD_BYTES:
+        raise TraceFileError(f"the file is {size / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise TraceFileError(f"the file is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise TraceFileError(
+            f"the file is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+        ) from None
+    except RecursionError:
+        raise TraceFileError("the file's JSON is nested too deeply to be a trace") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# field -> check of each element (for per-node lists) or of the value
+_NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "tokens": _is_int,
+    "texts": lambda v: isinstance(v, str),
+    "parents": _is_int,
+    "depths": _is_int,
+    "q_draft": _is_num,
+    "path_conf": _is_num,
+    "sources": lambda v: v in ("root", "model", "retrieval", "both"),
+    "gate_layer_max": lambda v: v is None or _is_num(v),
+    "gate_threshold": lambda v: v is None or _is_num(v),
+    "gate_passed": lambda v: v is None or isinstance(v, bool),
+    "target_top1": _is_int,
+}
+_SCALAR_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "step": _is_int,
+    "bonus_token": _is_int,
+    "bonus_text": lambda v: isinstance(v, str),
+    "draft_s": _is_num,
+    "verify_s": _is_num,
+    "other_s": _is_num,
+    "match_len": _is_int,
+    "predraft_reused": lambda v: v is None or isinstance(v, bool),
+    "tree_stop": lambda v: isinstance(v, str) and len(v) <= 64,
+    "model_skipped": lambda v: isinstance(v, str) and len(v) <= 1000,
+    "trimmed": _is_int,
+    "draft_forwards": _is_int,
+    "predicted_verify_s": lambda v: v is None or _is_num(v),
+}
+_LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "accepted": _is_int,
+    "new_tokens": _is_int,
+    "p_target": lambda v: v is None or _is_num(v),
+    "p_accept": lambda v: v is None or _is_num(v),
+    "drafter_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
+    "verifier_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
+    "p_accept_est": _is_num,
+}
+_OPTIONAL = {
+    "p_target",
+    "p_accept",
+    "draft_s",
+    "verify_s",
+    "other_s",
+    "drafter_busy",
+    "verifier_busy",
+    "predraft_reused",
+    "match_len",
+    "tree_stop",
+    "model_skipped",
+    "trimmed",
+    "draft_forwards",
+    "predicted_verify_s",
+    "p_accept_est",
+}
+
+
+def _check_fields(data: dict, where: str) -> None:
+    for name, ok in {**_NODE_FIELDS, **_LIST_FIELDS}.items():
+        if name not in data:
+            if name in _OPTIONAL:
+                continue
+            raise TraceFileError(f"{where}: missing field {name!r}")
+        value = data[name]
+        if not isinstance(value, list) or not all(ok(v) for v in value):
+            raise TraceFileError(f"{where}: field {name!r} must be a list of valid entries")
+    for name, ok in _SCALAR_FIELDS.items():
+        if name in data and not ok(data[name]):
+            raise TraceFileError(f"{where}: field {name!r} has an invalid value")
+        if name not in data and name not in _OPTIONAL:
+            raise TraceFileError(f"{where}: missing field {name!r}")
+
+
+def _check_tree(data: dict, where: str) -> None:
+    n = len(data["tokens"])
+    if not 1 <= n <= MAX_TREE_NODES:
+        raise TraceFileError(f"{where}: the tree must have 1 to {MAX_TREE_NODES} nodes, has {n}")
+    if any(len(data[name]) != n for name in _NODE_FIELDS):
+        raise TraceFileError(f"{where}: the per-node lists must all have {n} entries")
+    parents, depths = data["parents"], data["depths"]
+    if (
+        parents[0] != -1
+        or depths[0] != 0
+        or any(not 0 <= parents[i] < i or depths[i] != depths[parents[i]] + 1 for i in range(1, n))
+    ):
+        raise TraceFileError(f"{where}: parents/depths do not describe a tree rooted at node 0")
+    accepted = data["accepted"]
+    if (
+        not accepted
+        or accepted[0] != 0
+        or any(not 0 < a < n or parents[a] != b for b, a in zip(accepted, accepted[1:]))
+    ):
+        raise TraceFileError(f"{where}: 'accepted' must be a root-to-node path of the tree")
+    if not 1 <= len(data["new_tokens"]) <= len(accepted):
+        raise TraceFileError(f"{where}: 'new_tokens' must hold 1 to {len(accepted)} tokens")
+
+
+def parse_step(data: Any, index: int) -> StepTrace:
+    where = f"step {index}"
+    if not isinstance(data, dict):
+        raise TraceFileError(f"{where} must be a JSON object")
+    _check_fields(data, where)
+    _check_tree(data, where)
+    return StepTrace.from_dict(data)
+
+
+def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
+    """A RunSummary from the file's summary when it is well formed, else rebuilt from the steps."""
+    fields = {f.name: f for f in dataclasses.fields(RunSummary)}
+    known = {k: v for k, v in data.items() if k in fields} if isinstance(data, dict) else {}
+    agg = summarize_steps(steps)
+    tokens = [t for st in steps for t in st.new_tokens]
+    base = dict(
+        text="", token_ids=tokens, prompt_token_ids=[], steps=len(steps), tokens_per_second=0.0, seconds=0.0, **agg
+    )
+    for key, value in known.items():
+        default = base.get(key, getattr(RunSummary, key, None))
+        if default is None or isinstance(value, type(default)) or (isinstance(default, float) and _is_num(value)):
+            base[key] = value
+    return RunSummary(**base)
+
+
+def parse_trace(data: Any) -> tuple[RunSummary, list[StepTrace]]:
+    """Validate a talon-trace/1 document (already JSON-parsed) and rebuild its records."""
+    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+        raise TraceFileError(f'not a Talon trace: expected a JSON object with "format": "{TRACE_FORMAT}"')
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list) or not 1 <= len(raw_steps) <= MAX_TRACE_STEPS:
+        raise TraceFileError(f"'steps' must be a list of 1 to {MAX_TRACE_STEPS} steps")
+    steps = [parse_step(s, i) for i, s in enumerate(raw_steps)]
+    return parse_summary(data.get("summary"), steps), steps

@@ -35,6 +35,7 @@ class DraftTree:
     sources: list[str] = field(default_factory=lambda: ["root"])
     gates: list[Gate | None] = field(default_factory=lambda: [None])
     depths: list[int] = field(default_factory=lambda: [0])
+    stop: str = ""  # why the builder stopped growing it (see talon.builder.STOPS)
 
     @staticmethod
     def with_root(root_token: int) -> "DraftTree":

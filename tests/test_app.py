@@ -18,12 +18,18 @@ import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
-from talon import ui
+import talon.trace
+import talon.ui.device as ui_device
 from talon.config import ConfigError, RunConfig
 from talon.decode import Engine, PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
 from talon.settings import Settings
-from talon.trace import RunSummary, dump_trace
+from talon.trace import RunSummary, TraceFileError, dump_trace, parse_trace, read_json_upload
+from talon.ui.controls import Controls, check_prompt, user_error
+from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
+from talon.ui.layout import _decode_tab
+from talon.ui.session import Session, stop
+from talon.ui.sweep_view import parse_sweep
 from tests.test_figures import make_step
 from tests.tiny import tiny_loaded
 
@@ -200,7 +206,7 @@ def test_compare_and_sweep_endpoints(client: Client) -> None:
 
 
 def test_default_controls_are_the_run_config_defaults() -> None:
-    assert ui.Controls().run_config(1024) == RunConfig()
+    assert Controls().run_config(1024) == RunConfig()
 
 
 @pytest.mark.parametrize(
@@ -217,22 +223,22 @@ def test_default_controls_are_the_run_config_defaults() -> None:
 )
 def test_controls_refuse_bad_values(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        ui.Controls(**change).run_config(1024)
+        Controls(**change).run_config(1024)
 
 
 def test_controls_accept_integral_floats_from_sliders() -> None:
-    cfg = ui.Controls(budget=12.0, seed=3.0, max_new_tokens=16.0).run_config(1024)
+    cfg = Controls(budget=12.0, seed=3.0, max_new_tokens=16.0).run_config(1024)
     assert (cfg.tree.budget, cfg.sampling.seed, cfg.max_new_tokens) == (12, 3, 16)
 
 
 def test_check_prompt() -> None:
     settings = Settings(max_prompt_tokens=4)
-    assert ui.check_prompt("hi", settings) == "hi"
+    assert check_prompt("hi", settings) == "hi"
     for bad in ("", "  \n", None):
         with pytest.raises(PromptError, match="empty"):
-            ui.check_prompt(bad, settings)
+            check_prompt(bad, settings)
     with pytest.raises(PromptError, match="at most 64"):
-        ui.check_prompt("x" * 65, settings)
+        check_prompt("x" * 65, settings)
 
 
 def summary_of(steps) -> RunSummary:
@@ -243,10 +249,10 @@ def test_trace_round_trip(tmp_path: Path) -> None:
     steps = [make_step(i) for i in range(3)]
     path = tmp_path / "trace.json"
     dump_trace(str(path), summary_of(steps), steps)
-    summary, loaded = ui.parse_trace(ui.read_json_upload(path))
+    summary, loaded = parse_trace(read_json_upload(path))
     assert loaded == steps
     assert summary.seconds == 0.3 and summary.target == "tiny"
-    assert len(ui.parse_trace(good_trace())[1]) == 2
+    assert len(parse_trace(good_trace())[1]) == 2
 
 
 def good_trace() -> dict:
@@ -284,21 +290,21 @@ def corrupt(path: str, value: object) -> dict:
     ],
 )
 def test_malformed_traces_are_refused_with_a_reason(data: object, message: str) -> None:
-    with pytest.raises(ui.TraceFileError, match=message):
-        ui.parse_trace(data)
+    with pytest.raises(TraceFileError, match=message):
+        parse_trace(data)
 
 
 def test_uploads_have_a_size_limit_and_must_be_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "x.json"
     path.write_bytes(b"\xff\xfe not utf-8")
-    with pytest.raises(ui.TraceFileError, match="not UTF-8"):
-        ui.read_json_upload(path)
+    with pytest.raises(TraceFileError, match="not UTF-8"):
+        read_json_upload(path)
     path.write_text("[1, 2,")
-    with pytest.raises(ui.TraceFileError, match="not valid JSON"):
-        ui.read_json_upload(path)
-    monkeypatch.setattr(ui, "MAX_UPLOAD_BYTES", 4)
-    with pytest.raises(ui.TraceFileError, match="limit"):
-        ui.read_json_upload(path)
+    with pytest.raises(TraceFileError, match="not valid JSON"):
+        read_json_upload(path)
+    monkeypatch.setattr(talon.trace, "MAX_UPLOAD_BYTES", 4)
+    with pytest.raises(TraceFileError, match="limit"):
+        read_json_upload(path)
 
 
 def test_sweep_results_parse() -> None:
@@ -317,12 +323,12 @@ def test_sweep_results_parse() -> None:
             {"suite": "qa", "method": "talon", "mu": 0.3, "budget": 16, "mat": 2.1, "tokens_per_second": None},
         ],
     }
-    rows = ui.parse_sweep(results)
+    rows = parse_sweep(results)
     assert rows[0].speedup_vs_ar == 1.8 and rows[1].tokens_per_second is None
-    with pytest.raises(ui.TraceFileError, match="numeric 'mu' and 'budget'"):
-        ui.parse_sweep({"results": [{"mu": "x", "budget": 8}]})
-    with pytest.raises(ui.TraceFileError, match='"results" list'):
-        ui.parse_sweep({"rows": []})
+    with pytest.raises(TraceFileError, match="numeric 'mu' and 'budget'"):
+        parse_sweep({"results": [{"mu": "x", "budget": 8}]})
+    with pytest.raises(TraceFileError, match='"results" list'):
+        parse_sweep({"rows": []})
 
 
 def test_examples_come_from_specbench_or_the_builtins(tmp_path: Path) -> None:
@@ -347,52 +353,52 @@ def tiny_engine() -> Engine:
 
 
 @pytest.fixture()
-def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> ui.DecodeView:
-    monkeypatch.setattr(ui, "load_engine", lambda settings, preset: tiny_engine)
+def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
+    monkeypatch.setattr(ui_device, "load_engine", lambda settings, preset: tiny_engine)
     with gr.Blocks():
-        decode_view, _ = ui._decode_tab()
+        decode_view, _ = _decode_tab()
     return decode_view
 
 
-def test_stop_ends_the_run_and_keeps_what_was_done(view: ui.DecodeView) -> None:
-    session = ui.Session()
-    run = ui.make_generate(view, Settings())("abc abc abc", session, max_new_tokens=200)
+def test_stop_ends_the_run_and_keeps_what_was_done(view: DecodeView) -> None:
+    session = Session()
+    run = make_generate(view, Settings())("abc abc abc", session, max_new_tokens=200)
     next(run)  # the run has started: its first update is out
-    ui.stop(session)
+    stop(session)
     final = list(run)[-1]
     assert session.summary is not None and session.summary.stop_reason == "cancelled"
     assert len(session.steps) <= 1
     assert "stopped" in final[view.summary]
 
 
-def test_step_through_reveals_one_step_per_click(view: ui.DecodeView) -> None:
-    session = ui.Session()
-    final = list(ui.make_generate(view, Settings())("abc abc abc", session, step_through=True, max_new_tokens=24))[-1]
+def test_step_through_reveals_one_step_per_click(view: DecodeView) -> None:
+    session = Session()
+    final = list(make_generate(view, Settings())("abc abc abc", session, step_through=True, max_new_tokens=24))[-1]
     assert len(session.steps) >= 3
     assert final[view.text].count('data-step="') == 1 and final[view.slider]["value"] == 0
-    after = ui.make_nudge(view, +1)(session)
+    after = make_nudge(view, +1)(session)
     assert after[view.text].count('data-step="') == 2 and session.shown == 1
     assert "step 1:" in after[view.tree].layout.title.text
 
 
-def test_scrubbing_stops_following_and_latest_resumes(view: ui.DecodeView) -> None:
-    session = ui.Session()
-    list(ui.make_generate(view, Settings())("abc abc abc", session, max_new_tokens=24))
+def test_scrubbing_stops_following_and_latest_resumes(view: DecodeView) -> None:
+    session = Session()
+    list(make_generate(view, Settings())("abc abc abc", session, max_new_tokens=24))
     last = len(session.steps) - 1
-    shown = ui.make_show_step(view)(0, session)
+    shown = make_show_step(view)(0, session)
     assert not session.follow and shown[view.slider]["value"] == 0
     assert shown[view.text].count('data-step="') == last + 1  # full text, step 0 highlighted
-    assert ui.make_show_step(view)(10**6, session)[view.slider]["value"] == last  # clamped
+    assert make_show_step(view)(10**6, session)[view.slider]["value"] == last  # clamped
     live = view.live_updates(session, "running", full=False)
     assert view.tree not in live and view.gates not in live
-    ui.make_nudge(view, 0)(session)
+    make_nudge(view, 0)(session)
     assert session.follow and session.shown == last
 
 
-def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: ui.DecodeView) -> None:
-    session = ui.Session()
-    run = ui.make_generate(view, Settings())
-    final = list(run("abc abc abc abc", session, async_draft=True, temperature=0.8, seed=1, max_new_tokens=24))[-1]
+def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: DecodeView) -> None:
+    session = Session()
+    run = make_generate(view, Settings())
+    final = list(run("abc abc abc abc", session, async_draft=True, cost_aware=False, temperature=0.8, seed=1, max_new_tokens=24))[-1]
     assert session.summary is not None and session.summary.config["async_draft"] is True
     lanes = {trace.name: trace for trace in final[view.timeline].data}
     assert len(lanes["drafter"].x) >= 1 and len(lanes["verifier"].x) >= 1
@@ -401,5 +407,5 @@ def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: ui.Deco
 
 
 def test_error_messages_quoting_user_input_are_escaped() -> None:
-    error = ui.user_error("tree mode must be one of ('adaptive',), got '<img src=x onerror=alert(1)>'")
+    error = user_error("tree mode must be one of ('adaptive',), got '<img src=x onerror=alert(1)>'")
     assert "<img" not in error.message and "&lt;img" in error.message and "'adaptive'" in error.message

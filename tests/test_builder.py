@@ -96,7 +96,7 @@ def test_grafted_nodes_are_merged_and_cost_no_budget() -> None:
     r1 = tree.add(0, first, 1.0, "retrieval")
     tree.add(r1, 999, 1.0, "retrieval")
     cfg = TreeConfig(mode="adaptive", budget=8, root_k=4, top_k=2, mu=0.1, max_depth=4)
-    build_tree(tree, synthetic(0.6), cfg, 8)
+    tree = build_tree(tree, synthetic(0.6), cfg, 8)
     assert tree.sources[r1] == "both"
     assert tree.num_draft == 8
     assert tree.sources.count("retrieval") == 1

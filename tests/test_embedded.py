@@ -3,6 +3,7 @@ output is token-for-token the target's own greedy generation, from the API and t
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -14,22 +15,13 @@ from transformers import AutoModelForCausalLM
 
 from talon.config import RunConfig, TreeConfig
 from talon.decode import Engine, generate
+from talon.models import Int8Linear, LoadedModel, quantize_draft
 
 pytestmark = pytest.mark.embedded
 
-SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench"
-FALLBACK = {
-    "humaneval": "Complete the code.\ndef is_palindrome(s: str) -> bool:\n",
-    "sum": "Summarize: The city council met on Monday. The council voted to repair the bridge. "
-    "The bridge repair will cost two million dollars and start in May.",
-    "mt_bench": "Give me three tips for writing clear emails.",
-}
-
-
+SPECBENCH = Path(__file__).resolve().parents[1] / "data" / "specbench"
 def first_prompt(suite: str, index: int = 0) -> str:
     path = SPECBENCH / f"{suite}.jsonl"
-    if not path.exists():
-        return FALLBACK[suite]
     line = path.read_text(encoding="utf-8").splitlines()[index]
     return json.loads(line)["turns"][0][:1500]
 
@@ -78,3 +70,16 @@ def test_cli_json_reproduces_target_greedy(tmp_path: Path) -> None:
     assert result["steps"] <= len(result["token_ids"])
     for key in ("text", "mean_accepted_tokens", "tokens_per_second", "seconds", "accepted_by_source"):
         assert key in result
+
+
+def test_int8_draft_keeps_greedy_output_the_targets(embedded_pair) -> None:
+    """Only the draft is quantized: proposals may change, the accepted output cannot."""
+    target, draft = embedded_pair
+    int8 = quantize_draft(LoadedModel(copy.deepcopy(draft.model), draft.tokenizer, draft.name, draft.dtype, draft.device))
+    assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == 7 * draft.model.config.num_hidden_layers
+    engine = Engine(target, int8)
+    for suite, drafter in (("humaneval", "hybrid"), ("mt_bench", "model")):
+        cfg = RunConfig(drafter=drafter, tree=TreeConfig(cost_aware=False), max_new_tokens=24)
+        summary, steps = generate(engine, first_prompt(suite, 2), cfg)
+        assert summary.token_ids == target_greedy(target.model, summary.prompt_token_ids, 24)
+        assert summary.steps < 24 and summary.draft_forwards > 0

@@ -100,12 +100,13 @@ def pair():
     return target, noisy_copy(target, 12, 0.3)
 
 
+@pytest.mark.parametrize("cost_aware", [False, True])
 @pytest.mark.parametrize("mode", ["chain", "static", "adaptive"])
 @pytest.mark.parametrize("budget", [1, 4, 12])
-def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int) -> None:
+def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int, cost_aware: bool) -> None:
     target, draft = pair
     engine = Engine(target, draft)
-    tree = TreeConfig(mode=mode, budget=budget, root_k=3, top_k=2, mu=0.05, max_depth=6)
+    tree = TreeConfig(mode=mode, budget=budget, root_k=3, top_k=2, mu=0.05, max_depth=6, cost_aware=cost_aware)
     cfg = RunConfig(drafter="model", tree=tree, max_new_tokens=40)
     mats = []
     for prompt in PROMPTS:
@@ -115,7 +116,7 @@ def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int) -> None:
         assert all(s.accept_len + 1 == len(s.new_tokens) or s is steps[-1] for s in steps)
         assert all(len(s.tokens) - 1 <= budget for s in steps)
         mats.append(summary.mean_accepted_tokens)
-    if budget > 1:
+    if budget > 1 and not cost_aware:  # cost-aware may rightly decline to draft on tiny models
         assert max(mats) > 1.2, "a close draft model must get drafts accepted"
 
 

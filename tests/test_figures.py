@@ -352,3 +352,15 @@ def test_text_html_has_one_span_per_committed_token_and_step_boundaries() -> Non
     titles = parse(html_text).titles
     assert any(t.startswith("step 0 · retrieval draft, depth 1 · q 0.9") for t in titles)
     assert F.text_html(steps, upto=0).count('data-step="') == 1
+
+
+def test_caption_says_why_the_tree_stopped_and_why_the_model_was_skipped() -> None:
+    st = make_step()
+    st.tree_stop, st.draft_forwards, st.trimmed = "cost", 2, 3
+    st.p_accept_est = [1.0] + [0.5] * (len(st.tokens) - 1)
+    plain = F.step_caption_html([st], 0)
+    assert "would not pay" in plain and "3 unprofitable nodes trimmed" in plain and "2 draft forwards" in plain
+    assert f"expected {0.5 * (len(st.tokens) - 1):.1f} accepted" in plain
+    st.tree_stop, st.model_skipped = "skipped", "retrieval first: <4 retrieved nodes>"
+    skipped = F.step_caption_html([st], 0)
+    assert "the draft model did not run" in skipped and "retrieval first: &lt;4 retrieved nodes&gt;" in skipped

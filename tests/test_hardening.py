@@ -29,10 +29,29 @@ from gradio_client.utils import Status
 
 import app
 import talon.decode
-from talon import ui
+import talon.ui.device as ui_device
 from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
-from talon.trace import RunSummary, StepTrace
+from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
+from talon.ui.controls import Controls
+from talon.ui.decode_view import DecodeView, make_generate
+from talon.ui.device import (
+    GPU_BASE_S,
+    GPU_MAX_S,
+    DeviceRun,
+    decode_on_device,
+    find_preset,
+    gpu_seconds,
+    initial_preset,
+    load_engine,
+    on_gpu,
+    plan_run,
+    presets,
+    warm_up,
+)
+from talon.ui.layout import MODEL_CONCURRENCY_ID
+from talon.ui.session import Session
+from talon.ui.sweep_view import MAX_SWEEP_CELLS
 from tests import test_app
 from tests.test_app import (
     CAPTION,
@@ -144,7 +163,7 @@ def test_out_of_range_controls_are_refused(client: Client, change: dict, message
 def test_the_app_serves_after_refused_sweeps(client: Client) -> None:
     with pytest.raises(Exception, match="write numbers separated by commas, got '0.1, x'"):
         client.predict("abc", mus="0.1, x", budgets="4", api_name="/sweep")
-    with pytest.raises(Exception, match=f"at most {ui.MAX_SWEEP_CELLS}"):
+    with pytest.raises(Exception, match=f"at most {MAX_SWEEP_CELLS}"):
         client.predict("abc", mus="0.1, 0.2, 0.3, 0.4", budgets="4, 8, 12, 16, 20, 24, 28, 32", api_name="/sweep")
     assert_ok_run(client)
 
@@ -162,7 +181,7 @@ def test_bad_trace_uploads_are_refused_with_a_reason(client: Client, tmp_path: P
         with pytest.raises(Exception, match=message):
             client.predict(handle_file(str(path)), api_name="/replay")
     oversized = tmp_path / "oversized.json"
-    oversized.write_bytes(b" " * (ui.MAX_UPLOAD_BYTES + 1))
+    oversized.write_bytes(b" " * (MAX_UPLOAD_BYTES + 1))
     with pytest.raises(Exception):  # noqa: B017  (refused by the upload route, before any handler)
         client.predict(handle_file(str(oversized)), api_name="/replay")
     assert_ok_run(client)
@@ -171,7 +190,7 @@ def test_bad_trace_uploads_are_refused_with_a_reason(client: Client, tmp_path: P
 def huge_tree_trace() -> dict:
     data = good_trace()
     step = data["steps"][0]
-    n = ui.MAX_TREE_NODES + 1
+    n = MAX_TREE_NODES + 1
     step.update(
         tokens=[1] * n,
         texts=["a"] * n,
@@ -224,7 +243,7 @@ def test_hostile_trace_text_is_shown_escaped(client: Client, tmp_path: Path) -> 
 
 def test_hostile_values_in_error_messages_are_escaped() -> None:
     with pytest.raises(gr.Error) as caught:
-        ui.plan_run(Settings(), "abc", ui.Controls(preset="<img src=x onerror=alert(1)>"))
+        plan_run(Settings(), "abc", Controls(preset="<img src=x onerror=alert(1)>"))
     assert "&lt;img" in caught.value.message and "<img" not in caught.value.message
 
 
@@ -280,7 +299,7 @@ def test_queue_limits_come_from_settings() -> None:
     model_events = [fn for fn in demo.fns.values() if fn.api_name in ("generate", "compare", "sweep")]
     assert len(model_events) == 3
     for fn in model_events:
-        assert (fn.concurrency_id, fn.concurrency_limit) == (ui.MODEL_CONCURRENCY_ID, 3)
+        assert (fn.concurrency_id, fn.concurrency_limit) == (MODEL_CONCURRENCY_ID, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +343,7 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
     target = tiny_dirs[0]
     settings = Settings(target=str(target), draft="no-such-org/no-such-model", device="cpu", dtype="float32")
     with pytest.raises(gr.Error, match="no-such-org/no-such-model"):
-        ui.DeviceRun(settings, "abc", ui.Controls(), threading.Event())
+        DeviceRun(settings, "abc", Controls(), threading.Event())
 
     other = tmp_path / "other-tokenizer"
     tiny_loaded("llama", 1).model.save_pretrained(other)
@@ -333,7 +352,7 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
     tokenizer.save_pretrained(other)
     settings = Settings(target=str(target), draft=str(other), device="cpu", dtype="float32")
     with pytest.raises(gr.Error, match="does not share the tokenizer"):
-        ui.DeviceRun(settings, "abc", ui.Controls(), threading.Event())
+        DeviceRun(settings, "abc", Controls(), threading.Event())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +368,7 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
     ],
 )
 def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
-    view: ui.DecodeView, monkeypatch: pytest.MonkeyPatch, error: RuntimeError
+    view: DecodeView, monkeypatch: pytest.MonkeyPatch, error: RuntimeError
 ) -> None:
     verify_tree = talon.decode.verify_tree
 
@@ -358,10 +377,10 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
 
     emptied: list[bool] = []
     monkeypatch.setattr(talon.decode, "verify_tree", exhausted)
-    monkeypatch.setattr(ui, "cuda_available", lambda: True)
+    monkeypatch.setattr(ui_device, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    generate = ui.make_generate(view, Settings())
-    session = ui.Session()
+    generate = make_generate(view, Settings())
+    session = Session()
     with pytest.raises(gr.Error, match="ran out of memory .*budget N 16, max new tokens 12"):
         list(generate("abc abc abc", session, max_new_tokens=12))
     assert emptied, "the CUDA cache should be emptied"
@@ -369,18 +388,18 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
     monkeypatch.setattr(talon.decode, "verify_tree", verify_tree)
     final = list(generate("abc abc abc", session, max_new_tokens=12))[-1]
     assert session.summary is not None and len(session.summary.token_ids) == 12
-    assert final[view.download] and not ui._CANCELS
+    assert final[view.download] and not ui_device._CANCELS
 
 
 def test_other_runtime_errors_are_not_reported_as_out_of_memory(
-    view: ui.DecodeView, monkeypatch: pytest.MonkeyPatch
+    view: DecodeView, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("shape mismatch")
 
     monkeypatch.setattr(talon.decode, "verify_tree", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        list(ui.make_generate(view, Settings())("abc abc", ui.Session(), max_new_tokens=4))
+        list(make_generate(view, Settings())("abc abc", Session(), max_new_tokens=4))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,9 +411,9 @@ def test_on_gpu_is_a_no_op_without_spaces_and_spaces_gpu_with_it(monkeypatch: py
     def fn(x: int) -> int:
         return x
 
-    assert ui.spaces is None  # not installed here
-    assert ui.on_gpu(ui.gpu_seconds)(fn) is fn
-    assert inspect.isgeneratorfunction(ui.decode_on_device)
+    assert ui_device.spaces is None  # not installed here
+    assert on_gpu(gpu_seconds)(fn) is fn
+    assert inspect.isgeneratorfunction(decode_on_device)
 
     calls: list[object] = []
 
@@ -402,31 +421,31 @@ def test_on_gpu_is_a_no_op_without_spaces_and_spaces_gpu_with_it(monkeypatch: py
         calls.append(duration)
         return lambda task: ("reserved", task)
 
-    monkeypatch.setattr(ui, "spaces", SimpleNamespace(GPU=fake_gpu))
-    assert ui.on_gpu(ui.gpu_seconds)(fn) == ("reserved", fn)
-    assert calls == [ui.gpu_seconds]
+    monkeypatch.setattr(ui_device, "spaces", SimpleNamespace(GPU=fake_gpu))
+    assert on_gpu(gpu_seconds)(fn) == ("reserved", fn)
+    assert calls == [gpu_seconds]
     # spaces calls duration with the decorated function's own arguments
-    assert list(inspect.signature(ui.gpu_seconds).parameters) == list(inspect.signature(ui.decode_on_device).parameters)
+    assert list(inspect.signature(gpu_seconds).parameters) == list(inspect.signature(decode_on_device).parameters)
 
 
 def test_gpu_seconds_grow_with_max_new_tokens() -> None:
     preset = PRESETS[0]
 
     def seconds(tokens: int) -> int:
-        cfg = ui.Controls(max_new_tokens=tokens).run_config(100_000)
-        return ui.gpu_seconds(Settings(), preset, "abc", cfg, "id")
+        cfg = Controls(max_new_tokens=tokens).run_config(100_000)
+        return gpu_seconds(Settings(), preset, "abc", cfg, "id")
 
-    assert seconds(10) == ui.GPU_BASE_S + 1
-    assert seconds(100) < seconds(1000) <= ui.GPU_MAX_S
-    assert seconds(100_000) == ui.GPU_MAX_S
+    assert seconds(10) == GPU_BASE_S + 1
+    assert seconds(100) < seconds(1000) <= GPU_MAX_S
+    assert seconds(100_000) == GPU_MAX_S
 
 
-def test_what_decode_on_device_takes_and_yields_pickles(view: ui.DecodeView) -> None:
+def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> None:
     """On ZeroGPU the arguments and every yielded item cross a process boundary."""
     settings, preset = Settings(), PRESETS[0]
-    cfg = ui.Controls(max_new_tokens=8).run_config(1024)
+    cfg = Controls(max_new_tokens=8).run_config(1024)
     pickle.dumps((settings, preset, "abc abc", cfg, "id"))
-    items = list(ui.decode_on_device(settings, preset, "abc abc", cfg, "id"))
+    items = list(decode_on_device(settings, preset, "abc abc", cfg, "id"))
     assert isinstance(items[-1], RunSummary) and len(items) >= 2
     for item in pickle.loads(pickle.dumps(items)):
         assert type(item) in (StepTrace, RunSummary)
@@ -435,23 +454,23 @@ def test_what_decode_on_device_takes_and_yields_pickles(view: ui.DecodeView) -> 
 def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ui, "cuda_available", lambda: False)
-    assert [p.key for p in ui.presets(Settings())] == [DEFAULT_PRESET]
-    assert ui.initial_preset(Settings()) == DEFAULT_PRESET
+    monkeypatch.setattr(ui_device, "cuda_available", lambda: False)
+    assert [p.key for p in presets(Settings())] == [DEFAULT_PRESET]
+    assert initial_preset(Settings()) == DEFAULT_PRESET
 
-    monkeypatch.setattr(ui, "cuda_available", lambda: True)
-    gpu = [p for p in ui.presets(Settings()) if p.needs_cuda]
+    monkeypatch.setattr(ui_device, "cuda_available", lambda: True)
+    gpu = [p for p in presets(Settings()) if p.needs_cuda]
     assert {"qwen2.5-7b", "llama-3.1-8b"} <= {p.key for p in gpu}
     assert all(p.dtype == "bfloat16" and p.target and p.draft for p in gpu)
-    assert [p.key for p in ui.presets(Settings(device="cpu"))] == [DEFAULT_PRESET]
-    assert ui.initial_preset(Settings()) == STARTUP_GPU_PRESET
-    assert ui.initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
+    assert [p.key for p in presets(Settings(device="cpu"))] == [DEFAULT_PRESET]
+    assert initial_preset(Settings()) == STARTUP_GPU_PRESET
+    assert initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
 
     loads: list[tuple] = []
-    monkeypatch.setattr(ui, "_cached_engine", lambda *args: loads.append(args))
-    ui.warm_up(Settings())
-    ui.load_engine(Settings(dtype="float16"), ui.find_preset(Settings(), STARTUP_GPU_PRESET))
-    ui.load_engine(Settings(), ui.find_preset(Settings(), DEFAULT_PRESET))
+    monkeypatch.setattr(ui_device, "_cached_engine", lambda *args: loads.append(args))
+    warm_up(Settings())
+    load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
+    load_engine(Settings(), find_preset(Settings(), DEFAULT_PRESET))
     assert [(target, dtype) for target, _, dtype, *_ in loads] == [
         ("Qwen/Qwen2.5-7B-Instruct", "bfloat16"),
         ("Qwen/Qwen2.5-7B-Instruct", "float16"),  # TALON_DTYPE wins
@@ -469,16 +488,16 @@ def test_readme_preloads_the_gpu_presets() -> None:
 def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
 
-    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str):
+    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto"):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 
-    monkeypatch.setattr(ui, "load_pair", fake_load_pair)
-    monkeypatch.setattr(ui, "Engine", lambda target, draft: SimpleNamespace())
-    ui._cached_engine.cache_clear()
+    monkeypatch.setattr(ui_device, "load_pair", fake_load_pair)
+    monkeypatch.setattr(ui_device, "Engine", lambda target, draft, **kwargs: SimpleNamespace())
+    ui_device._cached_engine.cache_clear()
     try:
         for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
-            ui.load_engine(Settings.from_env(env), PRESETS[0])
+            load_engine(Settings.from_env(env), PRESETS[0])
     finally:
-        ui._cached_engine.cache_clear()
+        ui_device._cached_engine.cache_clear()
     assert seen == [False, True]

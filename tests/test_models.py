@@ -14,24 +14,17 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import talon.models as tm
+import talon.models.convert as tm_convert
+import talon.models.device as tm_device
+import talon.models.embedded as tm_embedded
+import talon.models.loading as tm_loading
 from talon.config import ConfigError
-from talon.models import (
-    EMBEDDED_DRAFT,
-    EMBEDDED_TARGET,
-    EmbeddedModel,
-    GgufPart,
-    LoadedModel,
-    ModelLoadError,
-    assemble_gguf,
-    check_tokenizers_match,
-    embedded_parts,
-    load_model,
-    prepare_embedded,
-    resolve_device,
-    resolve_dtype,
-)
-from talon.settings import ENV_VARS, Settings
+from talon.models.base import LoadedModel, ModelLoadError
+from talon.models.device import resolve_device, resolve_dtype
+from talon.models.embedded import EmbeddedModel, GgufPart, assemble_gguf, embedded_parts, prepare_embedded
+from talon.models.loading import load_model
+from talon.models.tokenizer_check import check_tokenizers_match
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, ENV_VARS, Settings
 
 CPU = torch.device("cpu")
 
@@ -64,9 +57,9 @@ def test_resolve_dtype_explicit_names() -> None:
 
 def test_resolve_dtype_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    monkeypatch.setattr(tm, "_cpu_prefers_bf16", lambda: True)
+    monkeypatch.setattr(tm_device, "_cpu_prefers_bf16", lambda: True)
     assert resolve_dtype("auto", CPU) == torch.bfloat16
-    monkeypatch.setattr(tm, "_cpu_prefers_bf16", lambda: False)
+    monkeypatch.setattr(tm_device, "_cpu_prefers_bf16", lambda: False)
     assert resolve_dtype("auto", CPU) == torch.float32
 
 
@@ -76,8 +69,8 @@ def test_resolve_dtype_bad_string() -> None:
 
 
 def test_cpu_bf16_measurement_is_quick_and_positive() -> None:
-    assert 0.0 < tm.time_linear(torch.float32, reps=3) < 1.0
-    assert isinstance(tm._cpu_prefers_bf16(), bool)
+    assert 0.0 < tm_device.time_linear(torch.float32, reps=3) < 1.0
+    assert isinstance(tm_device._cpu_prefers_bf16(), bool)
 
 
 # --- specs that cannot load -----------------------------------------------------------------------
@@ -113,7 +106,7 @@ def test_unknown_hub_id_offline_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(tm, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(tm_loading, "_hub_reachable", lambda: False)
     with pytest.raises(ModelLoadError, match="unreachable"):
         load_model("talon-tests/no-such-model", dtype="float32", device="cpu", cache_dir=tmp_path)
 
@@ -222,15 +215,15 @@ def test_missing_part_package_names_it() -> None:
 
 
 def test_installed_part_matches_its_record() -> None:
-    part = embedded_parts(tm.EMBEDDED_MODELS[EMBEDDED_DRAFT])[-1]
-    assert tm._record_sha256(part) is not None
-    assert tm._diagnose_part(part) is None
+    part = embedded_parts(tm_embedded.EMBEDDED_MODELS[EMBEDDED_DRAFT])[-1]
+    assert tm_embedded._record_sha256(part) is not None
+    assert tm_embedded._diagnose_part(part) is None
     moved = GgufPart(part.path.with_name("elsewhere.bin"), part.package, part.version)
-    assert "missing" in (tm._diagnose_part(moved) or "")
+    assert "missing" in (tm_embedded._diagnose_part(moved) or "")
 
 
 def test_embedded_parts_add_up() -> None:
-    for embedded in tm.EMBEDDED_MODELS.values():
+    for embedded in tm_embedded.EMBEDDED_MODELS.values():
         parts = embedded_parts(embedded)
         assert [p.package for p in parts] == list(embedded.packages)
         assert sum(p.path.stat().st_size for p in parts) == embedded.size
@@ -323,7 +316,7 @@ def test_gguf_file_converts_exactly_and_once(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lm = load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
-    assert (Path(lm.name) / tm.MARKER_FILE).is_file()
+    assert (Path(lm.name) / tm_convert.MARKER_FILE).is_file()
     assert lm.tokenizer.chat_template == TINY_TEMPLATE and lm.tokenizer.eos_token == "<|im_end|>"
     assert lm.tokenizer("de").input_ids == [256]  # the merge survived
     source = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(tiny_gguf)).tensors}
@@ -332,7 +325,7 @@ def test_gguf_file_converts_exactly_and_once(
     reloaded = AutoModelForCausalLM.from_pretrained(lm.name)  # the name loads the same weights
     assert torch.equal(reloaded.lm_head.weight, lm.model.lm_head.weight)
 
-    monkeypatch.setattr(tm, "convert_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
+    monkeypatch.setattr(tm_convert, "convert_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
     assert load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path).name == lm.name
 
 
@@ -351,7 +344,7 @@ def test_prepare_embedded_assembles_converts_and_cleans_up(tiny_gguf: Path, tmp_
     )
     cache = tmp_path / "cache"
     out_dir = prepare_embedded(embedded, cache, parts)
-    assert out_dir == cache / "tiny" and (out_dir / tm.MARKER_FILE).is_file()
+    assert out_dir == cache / "tiny" and (out_dir / tm_convert.MARKER_FILE).is_file()
     assert not list(cache.glob("*.gguf*")) and not list(cache.glob(".tiny.tmp-*"))
     model = AutoModelForCausalLM.from_pretrained(out_dir)
     end_of_text, im_end = (model.config.vocab_size - 3, model.config.vocab_size - 1)
@@ -390,7 +383,7 @@ def test_embedded_pair(embedded_pair: tuple[LoadedModel, LoadedModel]) -> None:
     for lm in (target, draft):
         assert (lm.dtype, lm.device) == (torch.float32, CPU)
         assert not lm.model.training and lm.model.dtype == torch.float32
-        assert (Path(lm.name) / tm.MARKER_FILE).is_file()
+        assert (Path(lm.name) / tm_convert.MARKER_FILE).is_file()
         assert lm.tokenizer.chat_template and "<|im_start|>" in lm.tokenizer.chat_template
         assert lm.tokenizer.eos_token == "<|im_end|>"
         im_end = lm.tokenizer.convert_tokens_to_ids("<|im_end|>")

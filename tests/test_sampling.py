@@ -84,7 +84,7 @@ def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: S
             for y in range(vocab):
                 exact[(x, y)] = float(p1[x] * p2[y])
     engine = Engine(target, draft)
-    tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3)
+    tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3, cost_aware=False)
     n = 2000
     counts: dict = {}
     accepted_drafts = 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from talon.models import EMBEDDED_MODELS
+from talon.models.embedded import EMBEDDED_MODELS
 from talon.settings import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[1]

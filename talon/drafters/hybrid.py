@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,11 +19,18 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
 from talon.tree import DraftTree
 
+if TYPE_CHECKING:
+    from talon.plan import Planner
+
 
 @dataclass
 class Draft:
+    """This step's tree, the retrieval match it grew from, and what the planner decided."""
+
     tree: DraftTree
     match_len: int = 0
+    model_skipped: str = ""  # why the draft model did not run this step ("" = it ran or is absent)
+    trimmed: int = 0  # nodes the goodput trim cut
 
 
 @dataclass
@@ -76,22 +84,31 @@ class HybridDrafter:
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
+        """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed."""
         self.stats = SourceStats()
         if self.model is not None:
-            self.model.reset(prompt_ids)
+            self.model.reset(prompt_ids, prefill=not lazy_model)
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
 
-    def draft(self, root_token: int) -> Draft:
+    def draft(self, root_token: int, planner: Planner | None = None) -> Draft:
+        """Retrieval graft first; then, unless the planner says retrieval alone does better per
+        second, the model's tree fills the rest; finally the planner trims unprofitable nodes."""
         tree = DraftTree.with_root(root_token)
         budget = self.tree_cfg.budget
-        match_len = 0
-        if self.retrieval is not None:
-            match_len = self._graft(tree, budget)
-        if self.model is not None:
-            tree = build_tree(tree, self.model.expand, self.tree_cfg, budget)
-        return Draft(tree=tree, match_len=match_len)
+        match_len = self._graft(tree, budget) if self.retrieval is not None else 0
+        skipped = ""
+        if self.model is not None and planner is not None:
+            skipped = planner.model_decision(tree, match_len, self.model.pending, self.model.engaged)
+        if self.model is not None and not skipped:
+            tree = build_tree(tree, self.model.expand, self.tree_cfg, budget, planner, match_len)
+        else:
+            tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")
+        trimmed = 0
+        if planner is not None and tree.num_draft:
+            tree, trimmed = planner.trim(tree, match_len)
+        return Draft(tree=tree, match_len=match_len, model_skipped=skipped, trimmed=trimmed)
 
     def _graft(self, tree: DraftTree, budget: int) -> int:
         """Graft the retrieval trie under the root when its match is long enough; a node the
@@ -118,7 +135,7 @@ class HybridDrafter:
     def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
         """Fork the model drafter as if the most confident path of ``tree`` were accepted.
         Cheap (a cache copy); call before ``commit``. ``PreDraft.tree`` is grown by ``grow``."""
-        if self.model is None:
+        if self.model is None or not self.model.engaged:
             return None
         path = tree.path(tree.best_leaf())
         assumed = [tree.tokens[n] for n in path[1:]]

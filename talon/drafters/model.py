@@ -10,6 +10,7 @@ entries of the accepted path and queues the rest of the new tokens for the next 
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -36,27 +37,46 @@ class ModelDrafter:
         self.fed = 0  # committed tokens whose KV is in the cache
         self.slots: dict[PathKey, int] = {}  # tree node -> cache index, this step only
         self.forwards = 0
+        self.timings: list[tuple[int, float]] = []  # (tokens fed, seconds) per forward, this step
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], prefill: bool = True) -> None:
+        """Start a request. ``prefill=False`` defers the prompt prefill to the first expansion,
+        which then catches up on everything committed so far (or never, if never asked)."""
         self.context = list(prompt_ids)
         self.cache = DynamicCache(config=self.model.config)
         self.fed = 0
         self.slots = {}
-        if len(prompt_ids) > 1:  # prefill all but the root; the root goes with the first expansion
+        self.timings = []
+        if prefill and len(prompt_ids) > 1:  # all but the root; the root goes with the first expansion
             ids = torch.tensor(prompt_ids[:-1])
             forward_hidden(self.model, self.cache, ids, torch.arange(len(ids)), None)
             self.fed = len(ids)
 
+    @property
+    def engaged(self) -> bool:
+        """Has the model seen the prompt (paid its prefill)?"""
+        return self.fed > 0 or len(self.context) <= 1
+
+    @property
+    def pending(self) -> int:
+        """Committed tokens (root included) the next expansion must feed first."""
+        return len(self.context) - self.fed
+
     def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
         """Top-k children (token, q) of each node in ``nodes``, with one draft forward."""
+        start = time.perf_counter()
         if nodes == [0]:
+            fed = self.pending
             hidden = self._feed_context()[-1:]  # (1, H): the root's state
         else:
+            fed = len(nodes)
             hidden = self._feed_nodes(tree, nodes)  # (len(nodes), H)
         self.forwards += 1
         probs = torch.softmax(lm_logits(self.model, hidden, self.vocab_size), dim=-1)  # (T, V)
         q, tokens = probs.topk(k, dim=-1)  # (T, k)
-        return [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
+        out = [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
+        self.timings.append((max(fed, 1), time.perf_counter() - start))
+        return out
 
     def _feed_context(self) -> torch.Tensor:
         """Feed the committed tokens not yet in the cache (they end with the root)."""
@@ -102,7 +122,7 @@ class ModelDrafter:
     def fork(self) -> "ModelDrafter":
         """An independent drafter in the same state (own cache copy): the async pre-drafter."""
         twin = copy.copy(self)
-        twin.context, twin.slots, twin.forwards = list(self.context), dict(self.slots), 0
+        twin.context, twin.slots, twin.forwards, twin.timings = list(self.context), dict(self.slots), 0, []
         twin.cache = clone_cache(self.cache)
         return twin
 

@@ -1,0 +1,60 @@
+"""`python -m talon.bench`: Talon against autoregressive decoding and Hugging Face's assisted
+generation, on the Spec-Bench suites, with a losslessness check on every output.
+
+Every method runs on the same models and the same chat-templated prompt ids (``encode_prompt``),
+**interleaved per prompt**: for each prompt every method runs once, in an order rotated from one
+prompt to the next, so machine drift (other jobs, thermal state) hits every method alike.
+
+Measures, per suite and method (and over all suites, suite ``"all"``):
+
+* **MAT**, tokens committed per target forward. Talon methods: committed tokens / verification
+  steps (the prefill, which commits nothing, is not a step). HF methods: new tokens / target
+  forwards counted with a forward hook (there the prefill forward yields the first token).
+  Autoregressive decoding has MAT 1 either way.
+* **tokens/s** and **speedup vs ar**: ar's wall time over the method's, same prompts, same run.
+* **time split** (Talon methods): draft, verify and per-step other time from the step traces;
+  ``setup_s`` is the rest of the wall time (prompt prefill, drafter reset, per-run setup).
+* **lossless**: each output is compared with ar's greedy output. At the first differing position
+  the target's logits are recomputed (one forward, float32 when the model can be upcast); if
+  both tokens are within ``tie_tol`` of the best logit, it is a *near-tie* (numerical noise
+  decided an argmax), otherwise a *mismatch*. A mismatch fails the run for Talon methods and
+  is only reported for HF methods.
+
+The package reads in pipeline order: ``config`` (what a run is asked to do), ``data`` (the
+prompts), ``runners`` (one per method), ``judge`` (losslessness), ``env`` (the machine and versions),
+``run`` (the interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
+written), ``cli`` (the command line; ``__main__`` runs it).
+"""
+
+from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
+from talon.bench.cli import main, parser
+from talon.bench.config import (
+    ALL_SUITES_ROW,
+    DEFAULT_LIMIT,
+    DEFAULT_MAX_NEW_TOKENS,
+    EQUAL_BUDGET,
+    METHODS,
+    SPECBENCH_SUITES,
+    SWEEP_METHODS,
+    BenchConfig,
+    BenchError,
+    SweepCell,
+    SweepConfig,
+)
+from talon.bench.data import ALL_SUITES, Prompt, default_data_dir, load_prompts
+from talon.bench.env import BenchEnv
+from talon.bench.judge import Divergence, TieJudge, Verdict, default_tie_tol, first_divergence, tie_tolerance
+from talon.bench.report import markdown, speed_table, write_report
+from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
+from talon.bench.run import run_bench
+from talon.bench.runners import HfRunner, MethodSpec, Outcome, Runner, TalonRunner, build_runners, sweep_runners
+
+__all__ = [
+    "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",
+    "SPECBENCH_SUITES", "SWEEP_METHODS", "BenchConfig", "BenchEnv", "BenchError", "BenchReport", "Divergence",
+    "HfRunner", "MethodSpec", "Outcome", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
+    "TalonRunner", "TieJudge", "TimeSplit", "Verdict", "aggregate", "build_runners", "default_data_dir",
+    "default_tie_tol", "first_divergence", "load_prompts", "main", "markdown", "parser", "run_bench",
+    "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "tie_tolerance", "time_split_figure",
+    "write_report",
+]

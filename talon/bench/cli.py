@@ -1,0 +1,132 @@
+"""The command line of ``python -m talon.bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from talon.bench.config import (
+    DEFAULT_LIMIT,
+    DEFAULT_MAX_NEW_TOKENS,
+    METHODS,
+    SPECBENCH_SUITES,
+    SWEEP_METHODS,
+    BenchConfig,
+    SweepConfig,
+)
+from talon.bench.data import ALL_SUITES, default_data_dir, load_prompts
+from talon.bench.report import speed_table
+from talon.bench.run import run_bench
+from talon.cli import add_model_args
+from talon.models import ModelLoadError, load_pair, resolve_device
+from talon.settings import Settings
+
+log = logging.getLogger("talon.bench")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _csv_of(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in _csv(text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}, got {text!r}") from None
+
+    return parse
+
+
+def parser(settings: Settings) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m talon.bench", description="Benchmark Talon against ar and HF")
+    p.add_argument("--data", type=Path, default=default_data_dir(),
+                   help="Spec-Bench prompt dir (default: %(default)s)")
+    p.add_argument("--suites", type=_csv, default=SPECBENCH_SUITES, help=f"comma list of {', '.join(ALL_SUITES)}")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                   help="prompts per suite, 0 = all (default: %(default)s, which with every method "
+                   "and all six suites finishes in under an hour on a 2-core CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="new tokens per prompt (default: %(default)s)")
+    add_model_args(p, settings)
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output dir (default: %(default)s)")
+    p.add_argument("--methods", type=_csv, default=None,
+                   help=f"comma list of {', '.join(METHODS)} (default: all; with --sweep: ar)")
+    p.add_argument("--hf-assistant-tokens", type=_csv, default=BenchConfig.hf_assistant_tokens,
+                   help="hf-assisted variants: integers (fixed draft length), default, heuristic "
+                   "(default: 4,8,default)")
+    p.add_argument("--pld-tokens", type=int, default=BenchConfig.pld_tokens,
+                   help="hf-pld prompt_lookup_num_tokens (default: %(default)s)")
+    p.add_argument("--pld-ngrams", type=_csv_of(int), default=BenchConfig.pld_ngrams,
+                   help="hf-pld variants, each a max_matching_ngram_size; the fastest per suite is "
+                   "reported (default: 2,3)")
+    p.add_argument("--talon-async", choices=["auto", "on", "off"], default="auto",
+                   help="async drafting for the talon method; auto = on for CUDA, off on CPU")
+    p.add_argument("--tie-tol", type=float, default=None,
+                   help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
+                   "at the best logit are added (default: 1e-3 float32, 0.05 half)")
+    p.add_argument("--warmup-tokens", type=int, default=BenchConfig.warmup_tokens, help="0 = no warm-up")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s = p.add_argument_group("sweep")
+    s.add_argument("--sweep", action="store_true", help="grid over mu x N (x K) for --sweep-method")
+    s.add_argument("--sweep-method", choices=SWEEP_METHODS, default=SweepConfig.method)
+    s.add_argument("--sweep-mu", type=_csv_of(float), default=SweepConfig.mus)
+    s.add_argument("--sweep-budget", type=_csv_of(int), default=SweepConfig.budgets)
+    s.add_argument("--sweep-root-k", type=_csv_of(int), default=SweepConfig.root_ks)
+    return p
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    sweep = None
+    if args.sweep:
+        sweep = SweepConfig(args.sweep_method, args.sweep_mu, args.sweep_budget, args.sweep_root_k)
+    methods = args.methods if args.methods is not None else (("ar",) if args.sweep else METHODS)
+    talon_async = {"on": True, "off": False}.get(args.talon_async)
+    if talon_async is None:
+        talon_async = resolve_device(args.device).type == "cuda"
+    return BenchConfig(
+        methods=methods,
+        max_new_tokens=args.max_new_tokens,
+        hf_assistant_tokens=args.hf_assistant_tokens,
+        pld_tokens=args.pld_tokens,
+        pld_ngrams=args.pld_ngrams,
+        talon_async=talon_async,
+        sweep=sweep,
+        tie_tol=args.tie_tol,
+        warmup_tokens=args.warmup_tokens,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    args = parser(settings).parse_args(argv)
+    command = shlex.join(["python", "-m", "talon.bench"] + (sys.argv[1:] if argv is None else argv))
+    try:
+        cfg = bench_config(args)
+        prompts = load_prompts(args.data, args.suites, args.limit or None)
+        draft = args.draft if cfg.needs_draft_model() else None
+        target_lm, draft_lm = load_pair(
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+        )
+        with logging_redirect_tqdm():
+            report = run_bench(
+                target_lm, draft_lm, prompts, cfg, args.out, command, not args.no_progress, settings.cache_dir
+            )
+    except (ValueError, ModelLoadError, OSError) as err:  # BenchError, ConfigError, PromptError
+        log.error("%s", err)
+        return 2
+    print(speed_table([r for r in report.rows if not r.is_sweep]))
+    if report.fatal:
+        where = args.out / "results.md"
+        log.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), where)
+        return 1
+    return 0
+

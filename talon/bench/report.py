@@ -1,0 +1,169 @@
+"""The written report: ``results.json``, ``results.md`` (speed table, losslessness, time split,
+sweep) and the Plotly HTML figures."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
+from talon.bench.config import ALL_SUITES_ROW
+from talon.bench.results import TIME_PARTS, BenchReport, ResultRow, fmt, methods_of, suites_of
+
+log = logging.getLogger("talon.bench")
+
+
+def write_report(report: BenchReport, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+    (out / "results.md").write_text(markdown(report), encoding="utf-8")
+    main_rows = [r for r in report.rows if not r.is_sweep]
+    speedup_figure(main_rows).write_html(out / "speedup.html", include_plotlyjs="directory")
+    if any(r.draft_s is not None and r.method != "ar" for r in main_rows):
+        time_split_figure(main_rows).write_html(out / "time_split.html", include_plotlyjs="directory")
+    sweep_rows = [r for r in report.rows if r.is_sweep]
+    if sweep_rows:
+        sweep_figure(sweep_rows).write_html(out / "sweep.html", include_plotlyjs="directory")
+    log.info("wrote %s", ", ".join(sorted(p.name for p in out.iterdir())))
+
+
+def markdown(report: BenchReport) -> str:
+    env = report.env
+    head = (
+        f"# Talon benchmark\n\n{env.target} / draft {env.draft}, {env.dtype} on {env.device} "
+        f"({env.gpu or env.cpu}, {env.cores} cores, {env.torch_threads} torch threads), "
+        f"torch {env.torch}, transformers {env.transformers}, {env.date}.\n"
+        + (f"\n`{env.command}`\n" if env.command else "")
+    )
+    main_rows = [r for r in report.rows if not r.is_sweep]
+    sweep_rows = [r for r in report.rows if r.is_sweep]
+    parts = [head, speed_table(main_rows), variants_note(main_rows), lossless_section(report)]
+    parts += [time_split_section(main_rows), sweep_section(sweep_rows)]
+    return "\n".join(p for p in parts if p)
+
+
+def speed_table(rows: Sequence[ResultRow]) -> str:
+    if not rows:
+        return ""
+    methods = methods_of(rows)
+    cell = {(r.suite, r.method): r for r in rows}
+    lines = [
+        "## Speed\n\nEach cell: speedup vs ar · MAT (tokens per target forward) · tokens/s.\n",
+        "| suite | prompts | " + " | ".join(methods) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in methods) + " |",
+    ]
+    for suite in suites_of(rows):
+        texts = []
+        for m in methods:
+            r = cell[(suite, m)]
+            texts.append(f"{r.speedup_vs_ar:.2f}x · {fmt(r.mat, '.2f')} · {r.tokens_per_second:.1f}")
+        label = f"**{suite}**" if suite == ALL_SUITES_ROW else suite
+        lines.append(f"| {label} | {cell[(suite, 'ar')].prompts} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def variants_note(rows: Sequence[ResultRow]) -> str:
+    picks = [
+        f"{r.suite}: `{r.settings['variant']}` of "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in r.settings["variants"].items())
+        for r in rows
+        if "variants" in r.settings
+    ]
+    if not picks:
+        return ""
+    return (
+        "hf-assisted reports its fastest `num_assistant_tokens` variant per suite "
+        "(an integer: fixed draft length; `default`: transformers' defaults):\n\n"
+        + "\n".join(f"- {p}" for p in picks)
+        + "\n"
+    )
+
+
+DIVERGENCE_COLUMNS = (
+    "suite", "prompt", "method", "position", "kind", "ar token", "method token", "logit gap", "top-2 gap", "tolerance",
+)
+
+
+def lossless_section(report: BenchReport) -> str:
+    divs = report.divergences
+    near = sum(d.verdict.kind == "near_tie" for d in divs)
+    lines = [
+        "## Lossless check\n",
+        (
+            f"Outputs compared with ar's greedy output: {len(divs)} divergence(s), {near} near-tie(s), "
+            f"{len(report.fatal)} real mismatch(es) of Talon methods.\n"
+        ),
+    ]
+    if divs:
+        lines += [
+            "| " + " | ".join(DIVERGENCE_COLUMNS) + " |",
+            "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for d in divs:
+            v = d.verdict
+            lines.append(
+                f"| {d.suite} | {d.prompt_index} | {d.method} | {v.position} | {v.kind} | {v.ar_token} | "
+                f"{v.method_token} | {fmt(v.logit_gap, '.4f')} | {fmt(v.top2_gap, '.4f')} "
+                f"| {fmt(v.tolerance, '.4f')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def time_split_section(rows: Sequence[ResultRow]) -> str:
+    split_rows = [r for r in rows if r.suite == ALL_SUITES_ROW and r.draft_s is not None and r.method != "ar"]
+    if not split_rows:
+        return ""
+    lines = [
+        "## Where the time goes (all suites, Talon methods)\n",
+        "| method | wall s | " + " | ".join(k.removesuffix("_s") for k in TIME_PARTS) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in TIME_PARTS) + " |",
+    ]
+    for r in split_rows:
+        shares = [f"{getattr(r, k):.1f} s ({100 * getattr(r, k) / r.seconds:.0f}%)" for k in TIME_PARTS]
+        lines.append(f"| {r.method} | {r.seconds:.1f} | " + " | ".join(shares) + " |")
+    ar = next((r for r in rows if r.suite == ALL_SUITES_ROW and r.method == "ar"), None)
+    return "\n".join(lines) + "\n\n" + closing_note(split_rows, ar) + "\n"
+
+
+def closing_note(split_rows: Sequence[ResultRow], ar: ResultRow | None) -> str:
+    """Name the biggest remaining cost of the full method (``talon`` if it ran) and, when that
+    is setup (mostly the prompt prefill, which ar pays too), the biggest per-step cost."""
+    row = next((r for r in split_rows if r.method == "talon"), split_rows[-1])
+    part = max(TIME_PARTS, key=lambda k: getattr(row, k))
+    note = (
+        f"**Biggest remaining cost** ({row.method}, all suites): {TIME_PARTS[part]}, "
+        f"{100 * getattr(row, part) / row.seconds:.0f}% of the wall time."
+    )
+    if part == "setup_s":
+        step = max((k for k in TIME_PARTS if k != "setup_s"), key=lambda k: getattr(row, k))
+        paid = f" (ar's setup: {ar.setup_s:.1f} s)" if ar is not None and ar.setup_s is not None else ""
+        note += (
+            f" Setup is mostly the target's prompt prefill, paid by every method alike{paid}; per step, "
+            f"the biggest cost is {TIME_PARTS[step]}, {100 * getattr(row, step) / row.seconds:.0f}%."
+        )
+    return note
+
+
+def sweep_section(rows: Sequence[ResultRow]) -> str:
+    all_rows = [r for r in rows if r.suite == ALL_SUITES_ROW]
+    if not all_rows:
+        return ""
+    mus = sorted({r.mu for r in all_rows})
+    budgets = sorted({r.budget for r in all_rows})
+    cell = {(r.root_k, r.mu, r.budget): r for r in all_rows}
+    lines = [f"## Sweep: {all_rows[0].method}, all suites\n\nEach cell: speedup vs ar · MAT.\n"]
+    for k in sorted({r.root_k for r in all_rows}):
+        lines += [
+            f"K = {k}\n",
+            "| mu \\ N | " + " | ".join(str(n) for n in budgets) + " |",
+            "| ---: | " + " | ".join("---:" for _ in budgets) + " |",
+        ]
+        for mu in mus:
+            here = [cell[(k, mu, n)] for n in budgets]
+            texts = [f"{r.speedup_vs_ar:.2f}x · {fmt(r.mat, '.2f')}" for r in here]
+            lines.append(f"| {mu:g} | " + " | ".join(texts) + " |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Aggregation: per (suite, method) rows of speed, MAT and time split, and the report they make."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from talon.bench.config import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig
+from talon.bench.data import Prompt
+from talon.bench.env import BenchEnv
+from talon.bench.judge import Divergence
+from talon.bench.runners import MethodSpec, Outcome, Runner
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: Prompt
+    spec: MethodSpec
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Where a Talon method's wall time went; the four parts sum to the wall time."""
+
+    draft_s: float | None = None
+    verify_s: float | None = None
+    other_s: float | None = None
+    setup_s: float | None = None
+
+    @staticmethod
+    def of(outcomes: Sequence[Outcome], seconds: float) -> TimeSplit:
+        if not outcomes or any(o.draft_s is None for o in outcomes):
+            return TimeSplit()
+        draft = sum(o.draft_s or 0.0 for o in outcomes)
+        verify = sum(o.verify_s or 0.0 for o in outcomes)
+        other = sum(o.other_s or 0.0 for o in outcomes)
+        return TimeSplit(draft, verify, other, seconds - draft - verify - other)
+
+
+@dataclass
+class ResultRow:
+    """One (suite, method) cell. ``mu``/``budget``/``root_k`` are set on sweep rows only."""
+
+    suite: str
+    method: str
+    prompts: int
+    new_tokens: int
+    seconds: float
+    mat: float | None
+    tokens_per_second: float
+    speedup_vs_ar: float
+    lossless: bool
+    near_ties: int
+    mismatches: int
+    draft_s: float | None
+    verify_s: float | None
+    other_s: float | None
+    setup_s: float | None
+    settings: dict[str, Any]
+    mu: float | None = None
+    budget: int | None = None
+    root_k: int | None = None
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.mu is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if not self.is_sweep:
+            for key in ("mu", "budget", "root_k"):
+                del data[key]
+        return data
+
+
+def aggregate(
+    samples: Sequence[Sample], divergences: Sequence[Divergence], runners: Sequence[Runner]
+) -> list[ResultRow]:
+    """Rows per suite (in prompt order) and over all suites; best-of variants collapsed."""
+    suites = list(dict.fromkeys(s.prompt.suite for s in samples)) + [ALL_SUITES_ROW]
+    rows: list[ResultRow] = []
+    for suite in suites:
+        chosen = [s for s in samples if suite == ALL_SUITES_ROW or s.prompt.suite == suite]
+        divs = [d for d in divergences if suite == ALL_SUITES_ROW or d.suite == suite]
+        ar_seconds = sum(s.outcome.seconds for s in chosen if s.spec.name == "ar")
+        cells = []
+        for spec in (r.spec for r in runners):
+            outcomes = [s.outcome for s in chosen if s.spec.name == spec.name]
+            cells.append((spec, result_row(suite, spec, outcomes, divs, ar_seconds)))
+        rows += collapse_variants(cells)
+    return rows
+
+
+def result_row(
+    suite: str, spec: MethodSpec, outcomes: Sequence[Outcome], divergences: Sequence[Divergence], ar_seconds: float
+) -> ResultRow:
+    seconds = sum(o.seconds for o in outcomes)
+    tokens = sum(len(o.token_ids) for o in outcomes)
+    forwards = [o.forwards or 0 for o in outcomes]
+    mine = [d.verdict.kind for d in divergences if d.method == spec.name]
+    split = TimeSplit.of(outcomes, seconds)
+    cell = spec.cell
+    return ResultRow(
+        suite=suite,
+        method=spec.method,
+        prompts=len(outcomes),
+        new_tokens=tokens,
+        seconds=seconds,
+        mat=tokens / sum(forwards) if forwards and all(forwards) else None,  # None: forwards not counted
+        tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
+        speedup_vs_ar=ar_seconds / seconds if seconds > 0 else 0.0,
+        lossless="mismatch" not in mine,
+        near_ties=mine.count("near_tie"),
+        mismatches=mine.count("mismatch"),
+        draft_s=split.draft_s,
+        verify_s=split.verify_s,
+        other_s=split.other_s,
+        setup_s=split.setup_s,
+        settings=dict(spec.settings),
+        mu=cell.mu if cell else None,
+        budget=cell.budget if cell else None,
+        root_k=cell.root_k if cell else None,
+    )
+
+
+def collapse_variants(cells: Sequence[tuple[MethodSpec, ResultRow]]) -> list[ResultRow]:
+    """Keep the fastest variant of each best-of method, naming it and listing every variant's speedup."""
+    groups: dict[str, list[ResultRow]] = {}
+    for spec, row in cells:
+        groups.setdefault(row.method if spec.best_of else spec.name, []).append(row)
+    rows = []
+    for group in groups.values():
+        best = min(group, key=lambda r: r.seconds)
+        if "variant" in best.settings:
+            best.settings["variants"] = {r.settings["variant"]: round(r.speedup_vs_ar, 4) for r in group}
+        rows.append(best)
+    return rows
+
+
+@dataclass
+class BenchReport:
+    env: BenchEnv
+    config: BenchConfig
+    rows: list[ResultRow]
+    divergences: list[Divergence]
+
+    @property
+    def fatal(self) -> list[Divergence]:
+        """Real mismatches of Talon-engine methods: the run must fail."""
+        return [d for d in self.divergences if d.engine == "talon" and d.verdict.kind == "mismatch"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": BENCH_FORMAT,
+            "env": dataclasses.asdict(self.env),
+            "config": dataclasses.asdict(self.config),
+            "results": [r.to_dict() for r in self.rows],
+            "divergences": [d.to_dict() for d in self.divergences],
+        }
+
+
+TIME_PARTS: dict[str, str] = {
+    "draft_s": "drafting (draft-model forwards that grow the tree, retrieval)",
+    "verify_s": "verification (the target's one forward over the tree)",
+    "other_s": "per-step bookkeeping (acceptance, KV commit, drafter update, traces)",
+    "setup_s": "setup (prompt prefill, drafter reset, per-run setup)",
+}
+
+
+def methods_of(rows: Sequence[ResultRow]) -> list[str]:
+    return list(dict.fromkeys(r.method for r in rows))
+
+
+def suites_of(rows: Sequence[ResultRow]) -> list[str]:
+    return list(dict.fromkeys(r.suite for r in rows))
+
+
+def fmt(value: float | None, pattern: str) -> str:
+    return "–" if value is None else format(value, pattern)

@@ -1,0 +1,158 @@
+"""HTML: the streamed text with each token's provenance, the plain-language step caption, and
+the run summary. All user and model text goes through ``esc``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from talon.figures.common import SOURCE_NAMES, Committed, _layer_width, committed_tokens
+from talon.figures.run import step_end_times
+from talon.figures.text import _fmt, esc
+from talon.trace import RunSummary, StepTrace
+
+# ---------------------------------------------------------------------------------------------
+# HTML: streamed text with provenance, step caption, run summary
+# ---------------------------------------------------------------------------------------------
+
+
+def _token_title(st: StepTrace, tok: Committed) -> str:
+    if tok.node is None:
+        return f"step {st.step} · target bonus token (its own choice after the accepted drafts)"
+    parts = [
+        f"step {st.step}",
+        f"{SOURCE_NAMES.get(tok.source, tok.source)} draft, depth {st.depths[tok.node]}",
+        f"q {_fmt(st.q_draft[tok.node])}",
+        f"c {_fmt(st.path_conf[tok.node])}",
+    ]
+    if tok.node < len(st.p_target) and st.p_target[tok.node] is not None:
+        parts.append(f"p_target {_fmt(st.p_target[tok.node])}")
+    return " · ".join(parts)
+
+
+def _step_html(st: StepTrace, selected: bool) -> str:
+    spans = [
+        f'<span class="tk src-{esc(tok.source)}" title="{esc(_token_title(st, tok))}">{esc(tok.text)}</span>'
+        for tok in committed_tokens(st)
+    ]
+    cls = "step sel" if selected else "step"
+    parity = "odd" if st.step % 2 else "even"
+    return f'<span class="{cls} {parity}" data-step="{st.step}">{"".join(spans)}</span>'
+
+
+def text_html(
+    steps: Sequence[StepTrace], upto: int | None = None, highlight: int | None = None, status: str = ""
+) -> str:
+    """The generated text, one span per token coloured by provenance, steps delimited.
+
+    upto: show steps[0..upto] only (step-through); highlight: index of the step to emphasise."""
+    shown = steps if upto is None else steps[: upto + 1]
+    body = "".join(_step_html(st, i == highlight) for i, st in enumerate(shown))
+    note = f'<div class="talon-status">{esc(status)}</div>' if status else ""
+    placeholder = '<span class="talon-placeholder">The generated text appears here, token by token.</span>'
+    return f'<div class="talon-text">{body or placeholder}</div>{note}'
+
+
+def step_caption_html(steps: Sequence[StepTrace], index: int) -> str:
+    """Plain-language account of one step: what was drafted, what the target accepted."""
+    if not steps:
+        return '<div class="talon-caption">No step to show yet.</div>'
+    st = steps[index]
+    tokens = committed_tokens(st)
+    committed = "".join(f'<span class="tk src-{esc(t.source)}">{esc(t.text)}</span>' for t in tokens)
+    retrieval = f", retrieval match {st.match_len} tokens" if st.match_len else ""
+    return (
+        f'<div class="talon-caption"><b>Step {st.step}</b> ({index + 1} of {len(steps)}): drafted '
+        f"{len(st.tokens) - 1} nodes (depth {max(st.depths)}, widest layer {_layer_width(st)}{retrieval}); "
+        f"the target accepted {st.accept_len} and added its bonus token → {len(tokens)} committed: "
+        f'<span class="talon-committed">{committed}</span> · draft {st.draft_s * 1e3:.0f} ms '
+        f"({st.draft_forwards} draft forward{'s' if st.draft_forwards != 1 else ''}), "
+        f"verify {st.verify_s * 1e3:.0f} ms{_planning_note(st)}</div>"
+    )
+
+
+STOP_WORDS: dict[str, str] = {
+    "budget": "the budget N was full",
+    "depth": "it reached max depth",
+    "min_conf": "the best path confidence fell below min_conf",
+    "cost": "the next layer would not pay for its draft forward and verification (cost-aware)",
+    "empty": "the drafter proposed nothing new",
+    "skipped": "the draft model did not run",
+    "retrieval": "retrieval-only drafting",
+    "none": "no drafter (autoregressive)",
+}
+
+
+def _planning_note(st: StepTrace) -> str:
+    """Why the tree stopped, why the draft model was skipped, what the planner expected."""
+    parts = []
+    if st.tree_stop:
+        parts.append(f"tree stopped: {STOP_WORDS.get(st.tree_stop, st.tree_stop)}")
+    if st.model_skipped:
+        parts.append(st.model_skipped)
+    if st.trimmed:
+        parts.append(f"{st.trimmed} unprofitable node{'s' if st.trimmed != 1 else ''} trimmed")
+    if st.p_accept_est:
+        parts.append(f"expected {sum(st.p_accept_est[1:]):.1f} accepted, got {st.accept_len}")
+    if st.predicted_verify_s is not None:
+        parts.append(f"cost model predicted verify {st.predicted_verify_s * 1e3:.0f} ms")
+    return "".join(f'<br><span class="talon-plan">{esc(p)}</span>' for p in parts)
+
+
+def summary_html(
+    summary: RunSummary | None, steps: Sequence[StepTrace], ar: RunSummary | None = None, status: str = ""
+) -> str:
+    """Run summary: MAT, tokens/s, time split, and the speedup over autoregressive if measured."""
+    if summary is None and not steps:
+        return f'<div class="talon-summary">{esc(status) or "Press Run to start."}</div>'
+    tokens = sum(len(st.new_tokens) for st in steps)
+    mat = tokens / len(steps) if steps else 0.0
+    seconds = summary.seconds if summary else (step_end_times(steps)[-1] if steps else 0.0)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    cells = [
+        ("MAT", f"{mat:.2f}"),
+        ("tokens/s", f"{tps:.1f}"),
+        ("tokens", str(tokens)),
+        ("steps", str(len(steps))),
+        ("seconds", f"{seconds:.2f}"),
+    ]
+    if ar is not None and ar.tokens_per_second > 0:
+        cells.append(("speedup vs AR", f"{tps / ar.tokens_per_second:.2f}×"))
+        cells.append(("AR tokens/s", f"{ar.tokens_per_second:.1f}"))
+    stats = "".join(
+        f'<div class="stat"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>' for k, v in cells
+    )
+    detail = _summary_detail(summary, steps) if summary else ""
+    note = f'<div class="talon-status">{esc(status)}</div>' if status else ""
+    return f'<div class="talon-summary"><div class="stats">{stats}</div>{detail}{note}</div>'
+
+
+def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
+    draft_s = sum(st.draft_s for st in steps)
+    verify_s = sum(st.verify_s for st in steps)
+    other_s = sum(st.other_s for st in steps)
+    total = max(draft_s + verify_s + other_s, 1e-9)
+    parts = [
+        f"target {esc(_short(summary.target))} · draft {esc(_short(summary.draft))}"
+        f" · {esc(summary.dtype)} on {esc(summary.device)}",
+        f"time: draft {draft_s / total:.0%} · verify {verify_s / total:.0%} · other {other_s / total:.0%}",
+        f"stopped: {esc(summary.stop_reason or '–')}",
+    ]
+    if summary.tree_stops:
+        stops = ", ".join(f"{k} {v}" for k, v in sorted(summary.tree_stops.items(), key=lambda kv: -kv[1]))
+        parts.append(f"trees stopped by: {esc(stops)} · draft forwards {summary.draft_forwards}"
+                     f" · steps without the draft model {summary.model_skips}")
+    curves = summary.cost_model
+    if curves.get("verify_s") and curves.get("grid"):
+        grid, verify = curves["grid"], curves["verify_s"]
+        at = {g: v for g, v in zip(grid, verify)}
+        draft = dict(zip(grid, curves.get("draft_s") or []))
+        parts.append(
+            f"cost model ({esc(str(curves.get('source', '')))}): verify 1 node {at.get(1, 0) * 1e3:.0f} ms, "
+            f"16 nodes {at.get(16, 0) * 1e3:.0f} ms · draft layer {draft.get(1, 0) * 1e3:.0f} ms"
+        )
+    return '<div class="detail">' + "<br>".join(parts) + "</div>"
+
+
+def _short(name: str) -> str:
+    """The last two path components of a model name (local paths are long)."""
+    return "/".join(name.rstrip("/").split("/")[-2:]) if name else "–"

@@ -1,0 +1,186 @@
+"""The draft tree of one step: layered tidy layout (x = depth), colour = source, accepted path in
+bold, rejected and unreached nodes faded, gated-out nodes crossed, the bonus token as a star."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from talon.figures.common import (
+    EDGE_COLOR,
+    MAX_NODE_LABELS,
+    PATH_COLOR,
+    SOURCE_COLORS,
+    SOURCE_NAMES,
+    STATUS_OPACITY,
+    Trace,
+    _axis,
+    _base_layout,
+    _figure,
+    _legend_top,
+    node_status,
+)
+from talon.figures.text import _fmt, esc, token_label, token_vocab
+from talon.trace import StepTrace
+
+# ---------------------------------------------------------------------------------------------
+# (1) The draft tree
+# ---------------------------------------------------------------------------------------------
+
+
+def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
+    """Parent pointers as a directed tree rooted at node 0."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(parents)))
+    graph.add_edges_from((p, n) for n, p in enumerate(parents) if p >= 0)
+    return graph
+
+
+def tidy_layout(graph: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
+    """Layered tidy layout: x = depth, leaves on consecutive rows (children in id order, top
+    down), every parent centred on the span of its children."""
+    depth = nx.shortest_path_length(graph, root)
+    row: dict[int, float] = {}
+    next_leaf = 0
+    for node in nx.dfs_postorder_nodes(graph, root, sort_neighbors=sorted):
+        kids = list(graph.successors(node))
+        if kids:
+            row[node] = (min(row[k] for k in kids) + max(row[k] for k in kids)) / 2
+        else:
+            row[node] = float(next_leaf)
+            next_leaf += 1
+    return {n: (float(depth[n]), -row[n]) for n in row}
+
+
+def _edge_xy(pairs: Iterable[tuple[int, int]], pos: Mapping[int, tuple[float, float]]) -> tuple[list, list]:
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for a, b in pairs:
+        xs += [pos[a][0], pos[b][0], None]
+        ys += [pos[a][1], pos[b][1], None]
+    return xs, ys
+
+
+def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.Figure:
+    """The draft tree of one step: layered tidy layout (x = depth), colour = source, accepted
+    path in bold, rejected / unreached nodes faded, gated-out nodes crossed (⊗), and the bonus
+    token as a star after the last accepted node."""
+    vocab = {**token_vocab([step]), **(vocab or {})}
+    n = len(step.tokens)
+    bonus = n  # laid out as a virtual last child of the last accepted node
+    graph = tree_graph(list(step.parents) + [step.accepted[-1]])
+    pos = tidy_layout(graph)
+    status = node_status(step)
+    on_path = set(zip(step.accepted[:-1], step.accepted[1:]))
+    edges = [(p, c) for c, p in enumerate(step.parents) if p >= 0]
+    traces = [
+        _edge_trace([e for e in edges if e not in on_path], pos, dict(color=EDGE_COLOR, width=1.2)),
+        _edge_trace([e for e in edges if e in on_path], pos, dict(color=PATH_COLOR, width=4)),
+        _edge_trace([(step.accepted[-1], bonus)], pos, dict(color=SOURCE_COLORS["bonus"], width=3, dash="dot")),
+    ]
+    labels = n <= MAX_NODE_LABELS
+    for source in ("root", "model", "retrieval", "both"):
+        nodes = [i for i in range(n) if step.sources[i] == source]
+        if nodes:
+            traces.append(_node_trace(step, nodes, source, status, pos, vocab, labels))
+    traces.append(_bonus_trace(step, pos[bonus]))
+    leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
+    title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
+    layout = _base_layout(
+        title,
+        max(340, min(1400, 30 * leaves + 150)),
+        xaxis=_axis("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
+        yaxis=dict(visible=False),
+        legend=_legend_top(),
+        margin=dict(l=20, r=20, t=110, b=20),
+    )
+    return _figure(traces, layout)
+
+
+def _edge_trace(pairs: list[tuple[int, int]], pos: Mapping[int, tuple[float, float]], line: dict) -> Trace:
+    xs, ys = _edge_xy(pairs, pos)
+    return dict(type="scatter", x=xs, y=ys, mode="lines", line=line, hoverinfo="skip", showlegend=False)
+
+
+def _node_trace(
+    step: StepTrace,
+    nodes: list[int],
+    source: str,
+    status: list[str],
+    pos: Mapping[int, tuple[float, float]],
+    vocab: Mapping[int, str],
+    labels: bool,
+) -> Trace:
+    bold = [status[i] in ("accepted", "root") for i in nodes]
+    trace: Trace = dict(
+        type="scatter",
+        x=[pos[i][0] for i in nodes],
+        y=[pos[i][1] for i in nodes],
+        mode="markers+text" if labels else "markers",
+        name=SOURCE_NAMES[source],
+        textposition="top center",
+        textfont=dict(size=11, color="#333"),
+        hovertext=[_node_hover(step, i, status[i], vocab) for i in nodes],
+        hoverinfo="text",
+        customdata=nodes,
+        marker=dict(
+            color=SOURCE_COLORS[source],
+            size=[18 if b else 13 for b in bold],
+            opacity=[STATUS_OPACITY[status[i]] for i in nodes],
+            symbol=["circle-x" if step.gate_passed[i] is False else "circle" for i in nodes],
+            line=dict(color=[PATH_COLOR if b else "white" for b in bold], width=[3 if b else 1 for b in bold]),
+        ),
+    )
+    if labels:
+        trace["text"] = [token_label(step.texts[i], 10) for i in nodes]
+    return trace
+
+
+def _node_hover(step: StepTrace, node: int, status: str, vocab: Mapping[int, str]) -> str:
+    lines = [f"<b>{token_label(step.texts[node])}</b>  (node {node}, depth {step.depths[node]})"]
+    if node == 0:
+        lines.append("root: the last committed token")
+    else:
+        lines.append(f"source: {SOURCE_NAMES.get(step.sources[node], esc(step.sources[node]))}")
+        lines.append(f"q = {_fmt(step.q_draft[node])} · path confidence c = {_fmt(step.path_conf[node])}")
+        wanted = step.target_top1[step.parents[node]]
+        if status != "unreached":
+            lines.append(f"target's top-1 here: {token_label(vocab.get(wanted, f'#{wanted}'))}")
+        lines.append(VERDICTS[status])
+        if node < len(step.p_target) and step.p_target[node] is not None:
+            p_accept = step.p_accept[node] if node < len(step.p_accept) else None
+            lines.append(f"p_target = {_fmt(step.p_target[node])} · p_accept = {_fmt(p_accept)}")
+    passed = step.gate_passed[node]
+    if passed is not None:
+        verdict = "expanded" if passed else "gated out (not expanded)"
+        lines.append(f"gate: c {'≥' if passed else '<'} threshold {_fmt(step.gate_threshold[node])} → {verdict}")
+    return "<br>".join(lines)
+
+
+VERDICTS: dict[str, str] = {
+    "accepted": "✔ accepted",
+    "rejected": "✘ rejected by the target",
+    "unreached": "not reached (an ancestor was rejected)",
+}
+
+
+def _bonus_trace(step: StepTrace, xy: tuple[float, float]) -> Trace:
+    hover = (
+        f"<b>{token_label(step.bonus_text)}</b>  bonus token<br>"
+        "the target's own next token after the accepted path:<br>every step commits at least this one"
+    )
+    return dict(
+        type="scatter",
+        x=[xy[0]],
+        y=[xy[1]],
+        mode="markers+text",
+        name=SOURCE_NAMES["bonus"],
+        text=[token_label(step.bonus_text, 10)],
+        textposition="top center",
+        textfont=dict(size=11, color=SOURCE_COLORS["bonus"]),
+        hovertext=[hover],
+        hoverinfo="text",
+        marker=dict(symbol="star", size=22, color=SOURCE_COLORS["bonus"], line=dict(color=PATH_COLOR, width=1.5)),
+    )

@@ -1,0 +1,184 @@
+"""GGUF -> float32 safetensors checkpoint, once, in the cache.
+
+A conversion is written atomically with a marker file naming its source (so a changed source
+converts again), under a file lock (so only one process converts a given model at a time).
+A user's ``.gguf`` file is cached by path, size and mtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+import transformers
+from filelock import FileLock, Timeout
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GgufConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from talon.models.base import ModelLoadError
+from talon.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+MARKER_FILE = "talon-converted.json"
+
+
+def _read_marker(out_dir: Path) -> dict | None:
+    try:
+        return json.loads((out_dir / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_converted(out_dir: Path, source_sha256: str) -> bool:
+    marker = _read_marker(out_dir)
+    return marker is not None and marker.get("source_sha256") == source_sha256
+
+
+def _generation_config(
+    tokenizer: PreTrainedTokenizerBase, extra_eos_tokens: Sequence[str]
+) -> GenerationConfig:
+    """Greedy by default; stops at the tokenizer's eos and at ``extra_eos_tokens``."""
+    eos_ids: list[int] = []
+    for token_id in [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(extra_eos_tokens))]:
+        if token_id is not None and token_id != tokenizer.unk_token_id and token_id not in eos_ids:
+            eos_ids.append(token_id)
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos_ids if len(eos_ids) > 1 else (eos_ids[0] if eos_ids else None),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Dequantize a GGUF file into a dense float32 model and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent,
+        gguf_file=gguf_path.name,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+    )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # the weights are dense now; let save_pretrained treat them so
+        quantizer.remove_quantization_config(model)
+    return model, tokenizer
+
+
+def _check_saved_tokenizer(saved_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """The saved tokenizer must come back with the same chat template and eos token."""
+    reloaded = AutoTokenizer.from_pretrained(saved_dir)
+    if reloaded.chat_template != tokenizer.chat_template or reloaded.eos_token != tokenizer.eos_token:
+        raise ModelLoadError(
+            f"The tokenizer saved to {saved_dir} lost its chat template or eos token "
+            f"(transformers {transformers.__version__}); this is a bug, please report it."
+        )
+
+
+def _save_atomically(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, marker: dict[str, object]
+) -> None:
+    """Write model, tokenizer and (last) the marker into a temporary sibling, then rename it.
+
+    ``out_dir`` therefore either holds a complete checkpoint with its marker or does not exist.
+    """
+    tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        _check_saved_tokenizer(tmp_dir, tokenizer)
+        (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+        for path in tmp_dir.iterdir():  # save_pretrained may write 0600 files; the cache is shared
+            path.chmod(path.stat().st_mode | 0o444)
+        shutil.rmtree(out_dir, ignore_errors=True)  # a stale or outdated conversion
+        tmp_dir.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def convert_gguf(
+    gguf_path: Path,
+    out_dir: Path,
+    source_sha256: str,
+    extra_eos_tokens: Sequence[str] = (),
+) -> Path:
+    """Save ``gguf_path`` dequantized as a float32 safetensors checkpoint in ``out_dir``.
+
+    ``source_sha256`` goes into the marker file, so a later change of source triggers a new
+    conversion; ``extra_eos_tokens`` are added to the generation config's stop tokens.
+    """
+    start = time.perf_counter()
+    logger.info("Converting %s into %s (one-off; this takes a few minutes on a CPU)", gguf_path, out_dir)
+    try:
+        model, tokenizer = _load_gguf(gguf_path)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(
+            f"Cannot convert {gguf_path}: {error}. Is it a complete GGUF file of a causal LM "
+            f"architecture that transformers {transformers.__version__} supports?"
+        ) from error
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    model.generation_config = _generation_config(tokenizer, extra_eos_tokens)
+    if not tokenizer.chat_template:
+        logger.warning(
+            "%s carries no chat template; chat prompts will not be formatted.", gguf_path.name
+        )
+    marker = {
+        "source": gguf_path.name,
+        "source_sha256": source_sha256,
+        "transformers": transformers.__version__,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _save_atomically(model, tokenizer, out_dir, marker)
+    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+    return out_dir
+
+
+@contextlib.contextmanager
+def _conversion_lock(lock_path: Path) -> Iterator[None]:
+    """Hold a file lock so that only one process converts a given model at a time."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=1)
+    except Timeout:
+        logger.info("Another process is converting this model (lock %s); waiting for it", lock_path)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir is not None else Settings.from_env().cache_dir
+
+
+def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:
+    """A user's .gguf file, converted once into the cache (keyed by path, size and mtime)."""
+    stat = gguf_path.stat()
+    source_key = hashlib.sha256(
+        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()
+    out_dir = cache_dir / "gguf" / f"{gguf_path.stem}-{source_key[:12]}"
+    if _is_converted(out_dir, source_key):
+        return out_dir
+    with _conversion_lock(out_dir.with_name(out_dir.name + ".lock")):
+        if not _is_converted(out_dir, source_key):
+            convert_gguf(gguf_path, out_dir, source_key)
+    return out_dir

@@ -1,0 +1,201 @@
+"""Load one model, or the target/draft pair, from a spec: an embedded name, a local checkpoint
+directory, a ``.gguf`` file or a Hub id.
+
+A spec is first resolved to a local directory where it can be (converting GGUF as needed);
+only a Hub id goes to the Hub, and offline, or with the Hub unreachable, only the local Hugging
+Face cache is consulted, so a missing model fails at once. Every failure a user can fix is a
+``ModelLoadError`` that says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from talon.models.base import LoadedModel, ModelLoadError
+from talon.models.convert import _cache_dir, prepare_gguf_file
+from talon.models.device import resolve_device, resolve_dtype
+from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded
+from talon.models.quant import quantize_draft, resolve_draft_quant
+from talon.models.tokenizer_check import check_tokenizers_match
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PREFIX = "embedded:"
+NO_DRAFT = ("none", "")
+_HINT = (
+    f"Pass a local checkpoint directory or a .gguf file instead, or use the embedded offline pair "
+    f"(target {EMBEDDED_TARGET!r}, draft {EMBEDDED_DRAFT!r})."
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving a spec to something from_pretrained can load
+# ---------------------------------------------------------------------------------------------
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or not _HUB_ID.match(spec)
+
+
+def _local_checkpoint(spec: str, cache_dir: Path) -> str | None:
+    """A local directory for ``spec`` (converting GGUF as needed), or None if it is a Hub id."""
+    if spec.startswith(EMBEDDED_PREFIX):
+        if spec not in EMBEDDED_MODELS:
+            raise ModelLoadError(
+                f"Unknown embedded model {spec!r}; the embedded models are {sorted(EMBEDDED_MODELS)}."
+            )
+        return str(prepare_embedded(EMBEDDED_MODELS[spec], cache_dir))
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(prepare_gguf_file(path, cache_dir))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{spec!r} is a directory but not a Hugging Face checkpoint (no config.json). {_HINT}"
+            )
+        return str(path.resolve())
+    if path.exists():
+        raise ModelLoadError(
+            f"{spec!r} is a file but not a .gguf file; pass its checkpoint directory instead."
+        )
+    if _looks_like_path(spec):
+        raise ModelLoadError(
+            f"Local path {spec!r} does not exist (resolved to {path.resolve()}). {_HINT}"
+        )
+    return None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A quick TCP check of the Hub endpoint, so an offline machine fails now, not after retries."""
+    url = urlparse(hub_endpoint())
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _load_error(
+    spec: str, local: str | None, error: Exception, offline_reason: str | None
+) -> ModelLoadError:
+    """Turn a from_pretrained failure into an actionable message."""
+    text = str(error)
+    if "trust_remote_code" in text:
+        return ModelLoadError(
+            f"{spec!r} needs to run its own modelling code. If you trust it, allow it with "
+            "TALON_ALLOW_REMOTE_CODE=1 (allow_remote_code=True)."
+        )
+    if local is not None:
+        return ModelLoadError(f"Cannot load the checkpoint in {local}: {text.strip()[:400]}")
+    if offline_reason is not None:
+        return ModelLoadError(
+            f"Cannot load {spec!r}: the Hugging Face Hub is {offline_reason}, and {spec!r} is not in "
+            f"the local Hugging Face cache. {_HINT}"
+        )
+    if isinstance(error, RepositoryNotFoundError) or "not a valid model identifier" in text:
+        return ModelLoadError(
+            f"{spec!r} is not a model id on the Hugging Face Hub (or it is private or gated: log in "
+            f"with `hf auth login`). {_HINT}"
+        )
+    return ModelLoadError(
+        f"Cannot load {spec!r} from the Hugging Face Hub: {text.strip()[:400]} {_HINT}"
+    )
+
+
+def _offline_reason() -> str | None:
+    if hub_offline():
+        return "switched off (HF_HUB_OFFLINE=1 or TRANSFORMERS_OFFLINE=1)"
+    if not _hub_reachable():
+        return f"unreachable from this machine ({hub_endpoint()})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _device_map(device: torch.device) -> str | dict[str, torch.device]:
+    """One device, or, on a machine with several GPUs and device "cuda", accelerate's "auto"
+    placement, so a model larger than one GPU spreads over all of them (the tree verifier only
+    feeds inputs to ``model.device`` and reads logits back; it is unchanged)."""
+    if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
+        return "auto"
+    return {"": device}
+
+
+def _from_pretrained(
+    name: str, dtype: torch.dtype, device: torch.device, allow_remote_code: bool, local_only: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = AutoTokenizer.from_pretrained(
+        name, trust_remote_code=allow_remote_code, local_files_only=local_only
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        name,
+        dtype=dtype,
+        device_map=_device_map(device),
+        attn_implementation="sdpa",
+        trust_remote_code=allow_remote_code,
+        local_files_only=local_only,
+    )
+    return model.eval(), tokenizer
+
+
+def load_model(
+    spec: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    allow_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LoadedModel:
+    """Load one model from an embedded name, a local directory, a .gguf file or a Hub id."""
+    spec = spec.strip()
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    start = time.perf_counter()
+    local = _local_checkpoint(spec, _cache_dir(cache_dir))
+    offline_reason = None if local is not None else _offline_reason()
+    try:
+        model, tokenizer = _from_pretrained(
+            local or spec, torch_dtype, torch_device, allow_remote_code, offline_reason is not None
+        )
+    except (OSError, ValueError, HfHubHTTPError) as error:
+        raise _load_error(spec, local, error, offline_reason) from error
+    logger.info(
+        "Loaded %s (%s, %s) in %.1f s", spec, torch_dtype, torch_device, time.perf_counter() - start
+    )
+    return LoadedModel(model, tokenizer, local or spec, torch_dtype, torch_device)
+
+
+def load_pair(
+    target: str,
+    draft: str | None,
+    dtype: str = "auto",
+    device: str = "auto",
+    allow_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    draft_quant: str = "none",
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
+    ``draft_quant``: none, int8 or auto (int8 on a CPU); the target is never quantized."""
+    target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir)
+    if draft is None or draft.strip().lower() in NO_DRAFT:
+        return target_lm, None
+    quant = resolve_draft_quant(draft_quant, target_lm.device)
+    draft_dtype = "float32" if quant == "int8" else dtype
+    draft_lm = load_model(draft, draft_dtype, device, allow_remote_code, cache_dir)
+    check_tokenizers_match(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
+    return target_lm, quantize_draft(draft_lm) if quant == "int8" else draft_lm

@@ -1,0 +1,85 @@
+"""An int8 draft model for the CPU: the decoder's Linear layers with int8 weights.
+
+Only the draft is ever quantized: it changes which tokens are proposed (acceptance may move a
+little), never which are accepted, so the output stays exactly the target's.
+
+Each ``nn.Linear`` of the decoder body becomes an :class:`Int8Linear`: weights quantized per
+output channel to int8 once, activations quantized on the fly per call, and the product computed by
+fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the kernel behind torch's dynamic
+quantization, used here directly rather than through the deprecated ``torch.ao.quantization``
+front end). Activations stay float32, so the quantized draft runs in float32 around its int8
+matmuls; embeddings, norms and the LM head are untouched.
+
+Measured on the 2-core AMD EPYC (avx512, no AMX), Qwen2.5-Coder-0.5B, prefix 400 tokens: see
+``docs/design.md`` (Cost-aware drafting). torchao's ``Int8DynamicActivationInt8WeightConfig`` and
+``Int8WeightOnlyConfig`` were slower than bf16 in eager mode here; compiled with
+``torch.compile`` they were fast but took minutes to compile on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+from torch import nn
+
+from talon.config import ConfigError
+from talon.models.base import LoadedModel
+from talon.settings import DRAFT_QUANTS
+
+log = logging.getLogger(__name__)
+
+
+
+class Int8Linear(nn.Module):
+    """y = x @ W.T + b with W held as packed int8 (one scale per output row), x float32."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()  # (out, in)
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-8).double()  # (out,)
+        zeros = torch.zeros_like(scales, dtype=torch.long)
+        with warnings.catch_warnings():  # quantized tensors are marked deprecated in torch 2.13
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(), self.packed)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def int8_supported() -> bool:
+    """fbgemm's int8 kernels are present (x86 CPU builds of torch)."""
+    ops = torch.ops.quantized
+    return "fbgemm" in torch.backends.quantized.supported_engines and all(
+        hasattr(ops, op) for op in ("linear_prepack", "linear_dynamic")
+    )
+
+
+def resolve_draft_quant(quant: str, device: torch.device) -> str:
+    """``auto``: int8 on a CPU with fbgemm (measured faster there), none elsewhere."""
+    if quant not in DRAFT_QUANTS:
+        raise ConfigError(f"draft quantization must be one of {DRAFT_QUANTS}, got {quant!r}")
+    if quant == "auto":
+        return "int8" if device.type == "cpu" and int8_supported() else "none"
+    if quant == "int8" and (device.type != "cpu" or not int8_supported()):
+        raise ConfigError("int8 draft quantization needs the CPU with fbgemm; use --draft-quant none")
+    return quant
+
+
+def quantize_draft(lm: LoadedModel) -> LoadedModel:
+    """The draft with int8 decoder Linear layers, activations in float32 (a new LoadedModel)."""
+    model = lm.model.float()
+    body = model.get_decoder()
+    for name, module in list(body.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Int8Linear(child))
+    model.talon_quant = "int8"
+    log.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
+    return LoadedModel(model, lm.tokenizer, lm.name, torch.float32, lm.device)

@@ -1,0 +1,245 @@
+"""Goodput planning: how big this step's tree should be, and whether the draft model runs at all.
+
+Two measured models meet here:
+
+* :class:`AcceptanceModel`: the probability that a node is accepted given that its parent is,
+  calibrated per source from the run's own history (Beta counts with a prior). Model nodes are
+  binned by their draft probability ``q``; retrieval nodes by the suffix match length, times the
+  branch frequency ``q``. A node's probability of being accepted is the product along its path,
+  so the expected number of accepted draft tokens of any tree is ``sum(node_probs(tree))``.
+* :class:`talon.cost.CostModel`: what verification and drafting cost at each size.
+
+:class:`Planner` maximises a step's goodput, (expected accepted + 1) / (draft + verify + other
+time): it stops growing the tree when the next layer's expected tokens do not pay for its draft
+forward and its extra verification (``worth_layer``), trims the tree to its most profitable nodes
+(``trim``), and in hybrid mode skips the draft model for a step when retrieval alone is expected
+to do at least as well per second (``model_decision``); the same reasoning decides when the
+draft model's prompt prefill is worth paying at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from talon.builder import prune
+from talon.config import TreeConfig
+from talon.cost import CostModel
+from talon.tree import DraftTree
+
+Q_EDGES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)  # 11 bins
+MATCH_EDGES: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)  # 8 bins: <2, 2, 3, 4-5, 6-7, 8-11, 12-15, 16+
+PRIOR_STRENGTH = 3.0
+EMA = 0.3
+
+
+@dataclass
+class Beta:
+    """A Beta(hits, misses) posterior over an acceptance rate."""
+
+    hits: float
+    misses: float
+
+    @staticmethod
+    def prior(mean: float, strength: float = PRIOR_STRENGTH) -> "Beta":
+        return Beta(mean * strength, (1.0 - mean) * strength)
+
+    @property
+    def mean(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def add(self, hit: bool) -> None:
+        if hit:
+            self.hits += 1.0
+        else:
+            self.misses += 1.0
+
+
+def _q_centres() -> list[float]:
+    edges = (0.0,) + Q_EDGES + (1.0,)
+    return [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])]
+
+
+def _retrieval_prior(bin_index: int) -> float:
+    """Longer suffix matches continue more reliably (SAM-Decoding's observation)."""
+    return min(0.35 + 0.07 * bin_index, 0.85)
+
+
+@dataclass
+class AcceptanceModel:
+    """P(node accepted | parent accepted) per source, from this run's accepted/rejected nodes.
+
+    The draft model is over-confident, so its prior is 0.8 q; retrieval's prior grows with the
+    match length. ``continues`` is P(one of an accepted node's model children is accepted): what
+    the planner expects of a layer it has not drafted yet.
+    """
+
+    model: list[Beta] = field(default_factory=lambda: [Beta.prior(0.8 * c) for c in _q_centres()])
+    both: list[Beta] = field(default_factory=lambda: [Beta.prior(min(0.9 * c + 0.1, 0.95)) for c in _q_centres()])
+    retrieval: list[Beta] = field(
+        default_factory=lambda: [Beta.prior(_retrieval_prior(i)) for i in range(len(MATCH_EDGES) + 1)]
+    )
+    continues: Beta = field(default_factory=lambda: Beta.prior(0.6))
+    observed: int = 0
+
+    def _bin(self, source: str, q: float, match_len: int) -> Beta:
+        if source == "retrieval":
+            return self.retrieval[bisect.bisect_right(MATCH_EDGES, match_len)]
+        bins = self.both if source == "both" else self.model
+        return bins[bisect.bisect_right(Q_EDGES, q)]
+
+    def p_cond(self, source: str, q: float, match_len: int) -> float:
+        rate = self._bin(source, q, match_len).mean
+        return min(rate * q, 1.0) if source == "retrieval" else rate
+
+    def node_probs(self, tree: DraftTree, match_len: int) -> list[float]:
+        """(T,) P(node accepted); the root is 1. Never grows along a path."""
+        probs = [1.0]
+        for node in range(1, len(tree)):
+            p = self.p_cond(tree.sources[node], tree.q_draft[node], match_len)
+            probs.append(probs[tree.parents[node]] * p)
+        return probs
+
+    def observe(self, tree: DraftTree, accepted: list[int], match_len: int) -> None:
+        """Every node whose parent was accepted was tested: record whether it was accepted too."""
+        on_path = set(accepted)
+        for node in range(1, len(tree)):
+            if tree.parents[node] in on_path:
+                self._bin(tree.sources[node], tree.q_draft[node], match_len).add(node in on_path)
+                self.observed += 1
+        for node in on_path:
+            kids = [c for c in tree.children(node) if tree.sources[c] in ("model", "both")]
+            if kids and node != 0:
+                self.continues.add(any(c in on_path for c in kids))
+
+
+@dataclass
+class ModelOutlook:
+    """Running estimates of a step on which the draft model runs (EMAs over such steps)."""
+
+    accepted: float  # accepted draft tokens only the model proposed
+    draft_s: float  # time spent drafting
+    nodes: float  # tree nodes
+    goodput_without: float | None = None  # tokens/s of steps without the model
+
+
+class Planner:
+    """Per-run goodput decisions. ``begin_step`` starts the step's drafting clock.
+
+    With ``widths`` (a callable returning the widths of this step's draft forwards so far) the
+    planner is deterministic: it charges drafting at the cost model's prediction instead of
+    reading the wall clock, so that a sampled run with a fixed seed, whose random draws depend
+    on the tree, is reproducible (the caller also freezes ``costs``)."""
+
+    def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int,
+                 widths: Callable[[], list[int]] | None = None) -> None:
+        self.costs = costs
+        self.widths = widths
+        self.cfg = cfg
+        self.acceptance = AcceptanceModel()
+        self.remaining = max_new_tokens
+        layers = min(cfg.max_depth, 3)
+        self.outlook = ModelOutlook(
+            accepted=1.5,
+            draft_s=costs.draft_s(1) + (layers - 1) * costs.draft_s(cfg.root_k),
+            nodes=min(cfg.budget, cfg.root_k * layers),
+        )
+        self.skips_in_a_row = 0
+        self._t0 = time.perf_counter()
+
+    # --- the clock -------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def drafted_s(self) -> float:
+        if self.widths is not None:
+            return sum(self.costs.draft_s(w) for w in self.widths())
+        return time.perf_counter() - self._t0
+
+    def step_time(self, nodes: int, extra_draft_s: float = 0.0) -> float:
+        """Predicted time of a step verifying ``nodes`` draft nodes (root added)."""
+        c = self.costs
+        return self.drafted_s() + extra_draft_s + c.verify_s(nodes + 1) + c.other_s
+
+    # --- tree growth -----------------------------------------------------------------------
+
+    def worth_layer(self, tree: DraftTree, frontier: list[int], k: int, budget: int, match_len: int) -> bool:
+        """Do the expected tokens of expanding ``frontier`` pay for its draft forward and the
+        extra verification? Children are unknown yet: each frontier node is expected to yield an
+        accepted child with the calibrated probability ``continues``."""
+        probs = self.acceptance.node_probs(tree, match_len)
+        expected = sum(probs[1:])
+        n = tree.num_draft
+        gain = self.acceptance.continues.mean * sum(probs[f] for f in frontier)
+        new = k * len(frontier)
+        added = max(min(new, budget - n), 0)
+        displaced = sum(sorted(probs[1:])[: max(new - added, 0)])
+        now = (expected + 1.0) / self.step_time(n)
+        after = (expected + gain - displaced + 1.0) / self.step_time(n + added, self.costs.draft_s(len(frontier)))
+        return after > now
+
+    def trim(self, tree: DraftTree, match_len: int) -> tuple[DraftTree, int]:
+        """Keep the nodes that maximise (expected accepted + 1) / step time, best first.
+        Returns the tree and how many nodes were cut."""
+        probs = self.acceptance.node_probs(tree, match_len)
+        order = sorted(range(1, len(tree)), key=lambda n: (-probs[n], n))  # parents first
+        best_n, best_rate, expected = 0, 1.0 / self.step_time(0), 0.0
+        for i, node in enumerate(order, 1):
+            expected += probs[node]
+            rate = (expected + 1.0) / self.step_time(i)
+            if rate > best_rate:
+                best_n, best_rate = i, rate
+        cut = tree.num_draft - best_n
+        if cut <= 0:
+            return tree, 0
+        trimmed = prune(tree, set(order[:best_n]))
+        trimmed.stop = tree.stop
+        return trimmed, cut
+
+    # --- the draft model on or off ---------------------------------------------------------
+
+    def model_decision(self, tree: DraftTree, match_len: int, pending: int, engaged: bool) -> str:
+        """"" to run the draft model this step, else why not. ``tree`` holds the retrieval graft
+        (or only the root); ``pending`` committed tokens the model has not seen yet."""
+        probs = self.acceptance.node_probs(tree, match_len)
+        alone_tokens = sum(probs[1:])
+        n = tree.num_draft
+        alone = (alone_tokens + 1.0) / self.step_time(n)
+        o = self.outlook
+        catch_up = self.costs.prefill_s(pending) if pending > 1 else 0.0
+        with_tokens = alone_tokens + o.accepted
+        with_model = (with_tokens + 1.0) / self.step_time(n + o.nodes, o.draft_s + (catch_up if engaged else 0.0))
+        if not engaged:
+            without = o.goodput_without or alone
+            saved = self.remaining / without - self.remaining / max(with_model, 1e-9)
+            if saved <= catch_up:
+                return (f"draft model not engaged: its {pending}-token prefill ({catch_up:.2f} s) would "
+                        f"not pay back over the {self.remaining} tokens left ({saved:.2f} s saved)")
+            return ""
+        if alone >= with_model and self.skips_in_a_row < 16:
+            if n:
+                return (f"retrieval first: {n} retrieved nodes, {alone_tokens:.1f} expected -> {alone:.1f} "
+                        f"tok/s expected alone vs {with_model:.1f} with the draft model")
+            return (f"plain step: no retrieval match, and the draft model is expected to give "
+                    f"{with_model:.1f} tok/s against {alone:.1f} without it")
+        return ""
+
+    def record_step(self, tree: DraftTree, accepted: list[int], match_len: int, new_tokens: int,
+                    model_ran: bool, model_draft_s: float, step_s: float) -> None:
+        """Learn from the finished step: calibration, and the running outlook of model steps."""
+        self.acceptance.observe(tree, accepted, match_len)
+        self.remaining = max(self.remaining - new_tokens, 0)
+        o = self.outlook
+        if model_ran:
+            self.skips_in_a_row = 0
+            model_accepted = sum(1 for n in accepted[1:] if tree.sources[n] == "model")  # beyond retrieval
+            o.accepted += EMA * (model_accepted - o.accepted)
+            o.draft_s += EMA * (model_draft_s - o.draft_s)
+            o.nodes += EMA * (sum(1 for s in tree.sources if s in ("model", "both")) - o.nodes)
+        else:
+            self.skips_in_a_row += 1
+            rate = new_tokens / max(step_s, 1e-6)
+            o.goodput_without = rate if o.goodput_without is None else o.goodput_without + EMA * (rate - o.goodput_without)

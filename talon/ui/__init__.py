@@ -1,0 +1,27 @@
+"""The Gradio app: layout, then wiring. Figures come from ``talon.figures`` (pure functions of
+traces); models come from one cached loader; per-session data lives in ``gr.State``.
+
+Tabs: Decode (one run, streamed, with a step slider and a step-through mode), Compare (two
+configurations on one prompt), Threshold explorer (mu x N heatmaps from a small sweep or a
+``talon.bench --sweep`` results.json). A run's trace downloads as JSON and replays with no model.
+
+The package, one job per module:
+
+* ``controls``: the run controls (``Controls``) validated into a RunConfig, ``user_error``;
+* ``device``: the cached model loader and presets, ZeroGPU, out-of-memory, ``DeviceRun``;
+* ``session``: per-session data kept in ``gr.State``, and Stop;
+* ``stream``: when a streamed UI update is due;
+* ``files``: trace downloads and upload paths (the trace format itself is ``talon.trace``);
+* ``decode_view``, ``compare_view``, ``sweep_view``: each tab's updates and handlers;
+* ``layout``: the Blocks layout, the theme and the event wiring (``build_ui``).
+
+``app.py`` needs only what is re-exported here.
+"""
+
+from __future__ import annotations
+
+from talon.trace import MAX_UPLOAD_BYTES
+from talon.ui.device import warm_up
+from talon.ui.layout import build_ui, queue_limits, theme
+
+__all__ = ["MAX_UPLOAD_BYTES", "build_ui", "queue_limits", "theme", "warm_up"]

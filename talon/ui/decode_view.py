@@ -1,0 +1,183 @@
+"""The Decode tab's behaviour: ``DecodeView`` renders a session into component updates (one
+step, the run-level figures, a streaming update), and the handlers: run (with the optional
+autoregressive baseline), replay a trace file, move the step slider, Prev / Next / Latest."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import figures as F
+from talon.settings import Settings
+from talon.trace import RunSummary, TraceFileError, parse_trace, read_json_upload
+from talon.ui.controls import Controls, user_error
+from talon.ui.device import DeviceRun
+from talon.ui.files import _upload_path, write_trace
+from talon.ui.session import Session
+from talon.ui.stream import _stream
+
+
+@dataclass
+class DecodeView:
+    """Output components of the Decode tab; ``outputs()`` keeps their order for the API."""
+
+    summary: gr.HTML
+    text: gr.HTML
+    slider: gr.Slider
+    caption: gr.HTML
+    tree: gr.Plot
+    gates: gr.Plot
+    mask: gr.Plot
+    timeline: gr.Plot
+    per_step: gr.Plot
+    by_depth: gr.Plot
+    sources: gr.Plot
+    speed: gr.Plot
+    download: gr.File
+    state: gr.State
+
+    def outputs(self) -> list[Any]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def step_updates(self, session: Session, index: int, full: bool = True) -> dict[Any, Any]:
+        """One step, re-plotted from the stored traces: the text up to it (step-through) or all
+        of it with the step highlighted, and its figures (``full=False``: text and tree only)."""
+        steps = session.steps
+        if not steps:
+            return {}
+        index = session.clamp(index)
+        session.shown = index
+        st = steps[index]
+        updates: dict[Any, Any] = {
+            self.text: F.text_html(steps, upto=index if session.step_through else None, highlight=index),
+            self.slider: gr.update(maximum=max(len(steps) - 1, 1), value=index),
+            self.caption: F.step_caption_html(steps, index),
+            self.tree: F.tree_figure(st, F.token_vocab(steps[max(0, index - 50) : index + 1])),
+        }
+        if full:
+            updates[self.gates] = F.gate_figure(st)
+            updates[self.mask] = F.mask_figure(st)
+            updates[self.timeline] = F.timeline_figure(steps, index)
+            updates[self.per_step] = F.accepted_per_step_figure(steps, index)
+        return updates
+
+    def summary_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
+        return {
+            self.summary: F.summary_html(session.summary, session.steps, session.ar_summary, status),
+            self.state: session,
+        }
+
+    def run_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
+        """The summary and the run-level figures."""
+        steps = session.steps
+        return {
+            **self.summary_updates(session, status),
+            self.by_depth: F.acceptance_by_depth_figure(steps),
+            self.sources: F.source_share_figure(steps),
+            self.speed: F.throughput_figure(steps),
+        }
+
+    def live_updates(self, session: Session, status: str, full: bool = True) -> dict[Any, Any]:
+        """A streaming update: the newest step unless the user is scrubbing (then only the
+        slider's range grows) or in step-through mode (then nothing is revealed yet). A light
+        update (``full=False``) carries only the summary, the text and the tree."""
+        updates = self.run_updates(session, status) if full else self.summary_updates(session, status)
+        steps = session.steps
+        if session.step_through:
+            updates[self.text] = F.text_html(
+                [], status=f"{len(steps)} steps recorded; step-through reveals them after the run."
+            )
+        elif session.follow and steps:
+            updates.update(self.step_updates(session, len(steps) - 1, full))
+        elif steps:
+            updates[self.slider] = gr.update(maximum=max(len(steps) - 1, 1))
+            if full:
+                updates[self.per_step] = F.accepted_per_step_figure(steps, session.shown)
+        return updates
+
+
+def run_autoregressive(
+    settings: Settings, prompt: str, controls: Controls, cancel: threading.Event
+) -> RunSummary | None:
+    """The same prompt and sampling with no drafter: one target forward per token."""
+    run = DeviceRun(settings, prompt, controls, cancel, drafter="none", async_draft=False)
+    for _ in run:
+        pass
+    return None if cancel.is_set() else run.summary
+
+
+def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
+    def generate(
+        prompt: str, session: Session, compare_ar: bool = False, step_through: bool = False, **controls: Any
+    ) -> Iterator[dict[Any, Any]]:
+        """Run speculative decoding on the prompt; streams the text, the figures of the newest
+        step, the run-level figures and, at the end, the summary and the trace file."""
+        values = Controls(**controls)
+        cancel = threading.Event()
+        run = DeviceRun(settings, prompt, values, cancel)
+        session.begin(bool(step_through), cancel)
+        yield view.live_updates(session, "running…")
+        for full in _stream(run, session.steps.append):
+            yield view.live_updates(session, f"running… step {len(session.steps)}", full)
+        session.summary = run.summary
+        if compare_ar and not cancel.is_set():
+            yield view.live_updates(session, "measuring the autoregressive baseline…")
+            session.ar_summary = run_autoregressive(settings, prompt, values, cancel)
+        yield final_updates(view, session)
+
+    return generate
+
+
+def final_updates(view: DecodeView, session: Session) -> dict[Any, Any]:
+    cancelled = session.summary.stop_reason == "cancelled" if session.summary else bool(session.steps)
+    status = "stopped" if cancelled else ""
+    if session.summary is not None and session.steps:
+        session.trace_path = write_trace(session.summary, session.steps)
+    updates = view.run_updates(session, status)
+    if session.steps:
+        session.follow = not session.step_through
+        updates.update(view.step_updates(session, 0 if session.step_through else len(session.steps) - 1))
+    updates[view.download] = session.trace_path
+    return updates
+
+
+def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
+    def replay(trace_file: Any, session: Session) -> dict[Any, Any]:
+        """Load a downloaded trace (talon-trace/1 JSON) and re-plot every figure, no model needed."""
+        if not trace_file:
+            raise gr.Error("no file: upload a trace JSON downloaded from this app")
+        try:
+            summary, steps = parse_trace(read_json_upload(_upload_path(trace_file)))
+        except (TraceFileError, OSError) as error:
+            raise user_error(f"cannot replay this trace: {error}") from error
+        session.begin(step_through=False, cancel=None)
+        session.steps, session.summary = steps, summary
+        updates = final_updates(view, session)
+        updates[view.summary] = F.summary_html(summary, steps, None, f"replayed trace of {len(steps)} steps")
+        return updates
+
+    return replay
+
+
+def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
+    def show_step(index: Any, session: Session) -> dict[Any, Any]:
+        session.follow = False
+        return view.step_updates(session, session.clamp(index))
+
+    return show_step
+
+
+def make_nudge(view: DecodeView, delta: int) -> Callable[[Session], dict[Any, Any]]:
+    def nudge(session: Session) -> dict[Any, Any]:
+        if delta == 0:  # "latest": follow the run again
+            session.follow = True
+            return view.step_updates(session, len(session.steps) - 1)
+        session.follow = False
+        return view.step_updates(session, session.clamp(session.shown + delta))
+
+    return nudge

@@ -1,0 +1,152 @@
+"""The Threshold explorer's behaviour: sweep mu x N with short runs of the current prompt, or
+read a ``talon.bench --sweep`` results.json (``parse_sweep``), and render the heatmaps per
+suite and method."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import figures as F
+from talon.settings import Settings
+from talon.trace import TraceFileError, _is_num, read_json_upload
+from talon.ui.controls import Controls, user_error
+from talon.ui.device import DeviceRun
+from talon.ui.files import _upload_path
+
+MAX_SWEEP_CELLS = 30
+
+
+def parse_sweep(data: Any) -> list[F.SweepRow]:
+    """Rows of a ``talon.bench --sweep`` results.json: {"env": ..., "results": [...]}."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise TraceFileError('not a sweep results file: expected a JSON object with a "results" list')
+    rows = []
+    for i, row in enumerate(data["results"]):
+        if not isinstance(row, dict) or not _is_num(row.get("mu")) or not _is_num(row.get("budget")):
+            raise TraceFileError(f"results[{i}] needs numeric 'mu' and 'budget'")
+        metrics = {
+            k: row.get(k) if _is_num(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")
+        }
+        rows.append(
+            F.SweepRow(
+                str(row.get("suite", "")), str(row.get("method", "")), float(row["mu"]), int(row["budget"]), **metrics
+            )
+        )
+    if not rows:
+        raise TraceFileError("the results list is empty")
+    return rows
+
+
+@dataclass
+class SweepView:
+    progress: gr.HTML
+    mat: gr.Plot
+    speed: gr.Plot
+    suite: gr.Dropdown
+    method: gr.Dropdown
+    state: gr.State
+
+    def outputs(self) -> list[Any]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+def parse_grid(name: str, text: str, convert: Callable[[str], float]) -> list[float]:
+    try:
+        values = sorted({convert(part) for part in text.replace(";", ",").split(",") if part.strip()})
+    except ValueError:
+        raise user_error(f"{name}: write numbers separated by commas, got {text!r}") from None
+    if not values:
+        raise gr.Error(f"{name}: give at least one value")
+    return values
+
+
+def select_rows(rows: Sequence[F.SweepRow], suite: str | None, method: str | None) -> list[F.SweepRow]:
+    return [r for r in rows if (not suite or r.suite == suite) and (not method or r.method == method)]
+
+
+def sweep_updates(
+    view: SweepView, rows: list[F.SweepRow], suite: str | None, method: str | None, status: str
+) -> dict[Any, Any]:
+    suites = sorted({r.suite for r in rows})
+    methods = sorted({r.method for r in rows})
+    suite = suite if suite in suites else (suites[0] if suites else None)
+    method = method if method in methods else (methods[0] if methods else None)
+    chosen = select_rows(rows, suite, method)
+    return {
+        view.progress: f'<div class="talon-status">{F.esc(status)}</div>',
+        view.mat: F.sweep_heatmap(chosen, "mat"),
+        view.speed: F.sweep_heatmap(chosen, "tokens_per_second"),
+        view.suite: gr.update(choices=suites, value=suite),
+        view.method: gr.update(choices=methods, value=method),
+        view.state: rows,
+    }
+
+
+def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
+    def sweep(
+        prompt: str,
+        rows_state: Any,
+        mus: str = "0.02, 0.1, 0.3",
+        budgets: str = "8, 16, 32",
+        sweep_tokens: float = 24,
+        **controls: Any,
+    ) -> Iterator[dict[Any, Any]]:
+        """Short runs of the current prompt for every (mu, N) pair: MAT and tokens/s heatmaps."""
+        mu_values = parse_grid("μ values", mus, float)
+        budget_values = [int(b) for b in parse_grid("budgets", budgets, lambda s: float(int(s)))]
+        if len(mu_values) * len(budget_values) > MAX_SWEEP_CELLS:
+            raise gr.Error(
+                f"at most {MAX_SWEEP_CELLS} (μ, N) cells per sweep; got {len(mu_values) * len(budget_values)}"
+            )
+        base = dataclasses.replace(Controls(**controls), tree_mode="adaptive", max_new_tokens=sweep_tokens)
+        rows: list[F.SweepRow] = []
+        cancel = threading.Event()
+        for mu in mu_values:
+            for budget in budget_values:
+                run = DeviceRun(settings, prompt, dataclasses.replace(base, mu=mu, budget=budget), cancel)
+                for _ in run:
+                    pass
+                s = run.summary
+                rows.append(
+                    F.SweepRow(
+                        "this prompt",
+                        f"{run.cfg.drafter} · adaptive",
+                        mu,
+                        budget,
+                        s.mean_accepted_tokens,
+                        s.tokens_per_second,
+                    )
+                )
+                yield sweep_updates(
+                    view, rows, None, None, f"{len(rows)} of {len(mu_values) * len(budget_values)} runs done"
+                )
+        yield sweep_updates(view, rows, None, None, f"sweep done: {len(rows)} runs of {int(sweep_tokens)} tokens")
+
+    return sweep
+
+
+def make_load_sweep(view: SweepView) -> Callable[[Any], dict[Any, Any]]:
+    def load_sweep(results_file: Any) -> dict[Any, Any]:
+        """Show a ``python -m talon.bench --sweep`` results.json as heatmaps."""
+        if not results_file:
+            raise gr.Error("no file: upload the results.json of a sweep")
+        try:
+            rows = parse_sweep(read_json_upload(_upload_path(results_file)))
+        except (TraceFileError, OSError) as error:
+            raise user_error(f"cannot read these results: {error}") from error
+        return sweep_updates(view, rows, None, None, f"loaded {len(rows)} results")
+
+    return load_sweep
+
+
+def make_filter_sweep(view: SweepView) -> Callable[[str, str, Any], dict[Any, Any]]:
+    def filter_sweep(suite: str, method: str, rows: Any) -> dict[Any, Any]:
+        return sweep_updates(view, list(rows or []), suite, method, "") if rows else {}
+
+    return filter_sweep

@@ -1,0 +1,136 @@
+"""Cost-aware drafting: the cost model fits timings, the acceptance model calibrates, the builder
+stops for cost under an expensive synthetic cost model (and not without it), a retrieval-first
+step runs no draft forward, and the output stays the target's greedy output throughout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from talon.builder import build_tree
+from talon.config import RunConfig, TreeConfig
+from talon.cost import GRID, CostModel, Curve, load_or_probe, synthetic_costs
+from talon.decode import Engine, generate
+from talon.plan import AcceptanceModel, Planner
+from talon.tree import DraftTree
+from tests.test_builder import synthetic
+from tests.test_engine import noisy_copy, reference
+from tests.tiny import tiny_loaded
+
+
+def linear_verify(n: float) -> float:
+    return 0.13 + 0.005 * n  # a CPU-like verifier: 130 ms + 5 ms per node
+
+
+def test_curve_fits_synthetic_timings() -> None:
+    curve = Curve.fit({n: linear_verify(n) for n in (1, 4, 16, 64)})
+    for n in (1, 3, 10, 24, 40, 64, 100):
+        assert curve(n) == pytest.approx(linear_verify(n), rel=1e-9)
+    flat = Curve.fit({1: 0.02, 64: 0.02})  # a GPU-like verifier: size is free
+    assert flat(1) == flat(128) == pytest.approx(0.02)
+
+
+def test_curve_is_monotone_and_refines_online() -> None:
+    curve = Curve.fit({1: 0.3, 8: 0.2, 64: 0.25})  # a noisy probe: 8 looks cheaper than 1
+    sizes = [curve(n) for n in range(1, 129)]
+    assert all(a <= b for a, b in zip(sizes, sizes[1:]))
+    truth = {g: 0.1 + 0.01 * g for g in GRID}
+    curve = Curve.fit({1: 0.5, 128: 0.5})  # wrong start
+    rng = random.Random(0)
+    for _ in range(4000):
+        n = rng.randint(1, 96)
+        curve.observe(n, 0.1 + 0.01 * n)
+    for n in (2, 12, 33, 80):
+        assert curve(n) == pytest.approx(truth[2] if n == 2 else 0.1 + 0.01 * n, rel=0.05)
+
+
+def test_cost_model_round_trip_and_cache(tmp_path) -> None:
+    costs = synthetic_costs({1: 0.1, 32: 0.2}, {1: 0.03, 16: 0.05}, other_s=0.01)
+    again = CostModel.from_dict(costs.to_dict())
+    assert again.verify_s(20) == pytest.approx(costs.verify_s(20))
+    assert again.draft_s(7) == pytest.approx(costs.draft_s(7))
+    target, draft = tiny_loaded("llama", 1), tiny_loaded("llama", 2)
+    first = load_or_probe(target.model, draft.model, ("t", "d"), tmp_path)
+    second = load_or_probe(target.model, draft.model, ("t", "d"), tmp_path)
+    assert first.source == "probe" and second.source == "cache"
+    assert second.verify_s(8) == pytest.approx(first.verify_s(8), rel=1e-4)
+    assert len(list((tmp_path / "costs").iterdir())) == 1
+
+
+def test_acceptance_model_calibrates_from_history() -> None:
+    model = AcceptanceModel()
+    tree = DraftTree.with_root(0)
+    a = tree.add(0, 1, 0.95, "model")
+    b = tree.add(0, 2, 0.95, "model")
+    before = model.p_cond("model", 0.95, 0)
+    for _ in range(50):  # confident model nodes that are rejected half the time
+        model.observe(tree, [0, a], match_len=0)
+    after = model.p_cond("model", 0.95, 0)
+    assert after == pytest.approx(0.5, abs=0.05) and after < before
+    probs = model.node_probs(tree, 0)
+    assert probs[0] == 1.0 and probs[a] == probs[b]
+    assert sum(probs[1:]) == pytest.approx(2 * model.p_cond("model", 0.95, 0))
+
+
+CFG = TreeConfig(mode="adaptive", budget=32, root_k=4, top_k=2, mu=0.05, max_depth=8, min_conf=0.0)
+
+
+def test_builder_stops_for_cost_only_under_an_expensive_cost_model() -> None:
+    free = synthetic_costs({1: 0.1, 128: 0.1}, {1: 0.0, 128: 0.0})
+    pricey = synthetic_costs({1: 0.1, 128: 0.1 + 127 * 0.05}, {1: 0.5, 128: 0.5})
+    plain = build_tree(DraftTree.with_root(3), synthetic(0.9), CFG, CFG.budget)
+    cheap = build_tree(DraftTree.with_root(3), synthetic(0.9), CFG, CFG.budget, Planner(free, CFG, 64))
+    costly = build_tree(DraftTree.with_root(3), synthetic(0.9), CFG, CFG.budget, Planner(pricey, CFG, 64))
+    assert plain.stop in ("budget", "depth") and cheap.stop in ("budget", "depth")
+    assert costly.stop == "cost"
+    assert costly.max_depth() < plain.max_depth() and costly.num_draft < plain.num_draft
+
+
+def test_trim_keeps_the_goodput_optimal_prefix() -> None:
+    tree = build_tree(DraftTree.with_root(3), synthetic(0.9), CFG, CFG.budget)
+    steep = synthetic_costs({1: 0.1, 128: 0.1 + 127 * 0.05})
+    trimmed, cut = Planner(steep, CFG, 64).trim(tree, 0)
+    assert cut > 0 and trimmed.num_draft == tree.num_draft - cut
+    kept = set(trimmed.tokens)
+    assert all(trimmed.parents[i] < i for i in range(1, len(trimmed))) and kept
+    flat = synthetic_costs({1: 0.1, 128: 0.1})
+    assert Planner(flat, CFG, 64).trim(tree, 0)[1] == 0  # free verification: keep everything
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_loaded("llama", 11)
+    return target, noisy_copy(target, 12, 0.3)
+
+
+def test_retrieval_first_runs_no_draft_forward_and_stays_lossless(pair) -> None:
+    """With a draft model that costs a second per forward, a hybrid run on a repetitive prompt
+    drafts from retrieval alone: the draft model is never engaged (not even its prefill)."""
+    target, draft = pair
+    slow_draft = synthetic_costs({1: 0.01, 128: 0.02}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)
+    engine = Engine(target, draft, costs=slow_draft)
+    prompt = "abc abc abc abc abc abc abc abc abc abc abc"
+    summary, steps = generate(engine, prompt, RunConfig(drafter="hybrid", max_new_tokens=32))
+    assert summary.token_ids == reference(engine, summary.prompt_token_ids, 32)
+    assert summary.draft_forwards == 0 and all(s.draft_forwards == 0 for s in steps)
+    assert all(s.model_skipped and s.tree_stop == "skipped" for s in steps)
+    assert any(s.sources.count("retrieval") > 0 for s in steps)
+    assert summary.model_skips == len(steps)
+    cheap = Engine(target, draft, costs=synthetic_costs({1: 0.01, 128: 0.01}, {1: 0.0001, 128: 0.0001}))
+    summary, steps = generate(cheap, "The quick brown fox", RunConfig(drafter="hybrid", max_new_tokens=32))
+    assert summary.token_ids == reference(cheap, summary.prompt_token_ids, 32)
+    assert summary.draft_forwards > 0 and sum(s.draft_forwards for s in steps) == summary.draft_forwards
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "static", "chain"])
+@pytest.mark.parametrize("drafter", ["hybrid", "model", "retrieval"])
+def test_cost_aware_greedy_is_lossless(pair, mode: str, drafter: str) -> None:
+    target, draft = pair
+    engine = Engine(target, draft, costs=synthetic_costs({1: 0.1, 64: 0.2}, {1: 0.02, 64: 0.03}))
+    cfg = RunConfig(drafter=drafter, tree=TreeConfig(mode=mode, budget=12, cost_aware=True), max_new_tokens=32)
+    for prompt in ("def add(a, b):", "hello hello hello hello"):
+        summary, steps = generate(engine, prompt, cfg)
+        assert summary.token_ids == reference(engine, summary.prompt_token_ids, 32)
+        assert all(len(s.tokens) - 1 <= 12 for s in steps)
+        assert all(s.tree_stop for s in steps) and summary.cost_model["format"] == "talon-cost/1"
