@@ -33,6 +33,8 @@ Q_EDGES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0
 MATCH_EDGES: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)  # 8 bins: <2, 2, 3, 4-5, 6-7, 8-11, 12-15, 16+
 PRIOR_STRENGTH = 3.0
 EMA = 0.3
+EXPLORE_MODEL_STEPS = 3  # an engaged draft model runs this many steps before it may be skipped
+MAX_SKIPS_IN_A_ROW = 16  # then it runs once more, so its outlook follows the text
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Planner:
             nodes=min(cfg.budget, cfg.root_k * layers),
         )
         self.skips_in_a_row = 0
+        self.model_steps = 0
         self._t0 = time.perf_counter()
 
     # --- the clock -------------------------------------------------------------------------
@@ -219,7 +222,8 @@ class Planner:
                 return (f"draft model not engaged: its {pending}-token prefill ({catch_up:.2f} s) would "
                         f"not pay back over the {self.remaining} tokens left ({saved:.2f} s saved)")
             return ""
-        if alone >= with_model and self.skips_in_a_row < 16:
+        explored = self.model_steps >= EXPLORE_MODEL_STEPS  # the prior alone never skips it
+        if explored and alone >= with_model and self.skips_in_a_row < MAX_SKIPS_IN_A_ROW:
             if n:
                 return (f"retrieval first: {n} retrieved nodes, {alone_tokens:.1f} expected -> {alone:.1f} "
                         f"tok/s expected alone vs {with_model:.1f} with the draft model")
@@ -235,6 +239,7 @@ class Planner:
         o = self.outlook
         if model_ran:
             self.skips_in_a_row = 0
+            self.model_steps += 1
             model_accepted = sum(1 for n in accepted[1:] if tree.sources[n] == "model")  # beyond retrieval
             o.accepted += EMA * (model_accepted - o.accepted)
             o.draft_s += EMA * (model_draft_s - o.draft_s)

@@ -12,7 +12,7 @@ from talon.builder import build_tree
 from talon.config import RunConfig, TreeConfig
 from talon.cost import GRID, CostModel, Curve, load_or_probe, synthetic_costs
 from talon.decode import Engine, generate
-from talon.plan import AcceptanceModel, Planner
+from talon.plan import EXPLORE_MODEL_STEPS, AcceptanceModel, Planner
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference
@@ -134,3 +134,13 @@ def test_cost_aware_greedy_is_lossless(pair, mode: str, drafter: str) -> None:
         assert summary.token_ids == reference(engine, summary.prompt_token_ids, 32)
         assert all(len(s.tokens) - 1 <= 12 for s in steps)
         assert all(s.tree_stop for s in steps) and summary.cost_model["format"] == "talon-cost/1"
+
+
+def test_engaged_model_is_explored_before_the_planner_may_skip_it(pair) -> None:
+    """A prior is not evidence: even when the cost model says the draft model cannot pay, it runs
+    on the first steps so that the acceptance it actually reaches is measured."""
+    target, draft = pair
+    engine = Engine(target, draft, costs=synthetic_costs({1: 0.01, 128: 0.02}, {1: 1.0, 128: 1.0}))
+    summary, steps = generate(engine, "def add(a, b):", RunConfig(drafter="model", max_new_tokens=24))
+    assert summary.token_ids == reference(engine, summary.prompt_token_ids, 24)
+    assert all(s.draft_forwards > 0 and not s.model_skipped for s in steps[:EXPLORE_MODEL_STEPS])
