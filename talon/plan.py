@@ -34,6 +34,7 @@ MATCH_EDGES: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)  # 8 bins: <2, 2, 3, 4-5,
 PRIOR_STRENGTH = 3.0
 EMA = 0.3
 EXPLORE_MODEL_STEPS = 3  # an engaged draft model runs this many steps before it may be skipped
+LOOKAHEAD = 4  # layers a cost stop looks ahead
 MAX_SKIPS_IN_A_ROW = 16  # then it runs once more, so its outlook follows the text
 
 
@@ -172,17 +173,33 @@ class Planner:
     def worth_layer(self, tree: DraftTree, frontier: list[int], k: int, budget: int, match_len: int) -> bool:
         """Do the expected tokens of expanding ``frontier`` pay for its draft forward and the
         extra verification? Children are unknown yet: each frontier node is expected to yield an
-        accepted child with the calibrated probability ``continues``."""
+        accepted child with the calibrated probability ``continues``, and so on down.
+
+        The check looks up to ``LOOKAHEAD`` layers ahead (within the depth limit), assuming each
+        later layer is as wide as this one: verification cost is not concave (on a CPU in
+        float32 the second token of a block costs as much as the first, the next six almost
+        nothing), so a layer that does not pay alone can open a path that does."""
         probs = self.acceptance.node_probs(tree, match_len)
         expected = sum(probs[1:])
         n = tree.num_draft
-        gain = self.acceptance.continues.mean * sum(probs[f] for f in frontier)
-        new = k * len(frontier)
+        c = self.acceptance.continues.mean
+        mass, width = sum(probs[f] for f in frontier), len(frontier)
+        new = k * width
         added = max(min(new, budget - n), 0)
         displaced = sum(sorted(probs[1:])[: max(new - added, 0)])
         now = (expected + 1.0) / self.step_time(n)
-        after = (expected + gain - displaced + 1.0) / self.step_time(n + added, self.costs.draft_s(len(frontier)))
-        return after > now
+        depth = max(tree.depths[f] for f in frontier)
+        gain, nodes, draft_s = -displaced, n, 0.0
+        for i in range(1, min(self.cfg.max_depth - depth, LOOKAHEAD) + 1):
+            grow = added if i == 1 else max(min(new, budget - nodes), 0)
+            if i > 1 and grow == 0:
+                break
+            gain += mass * c**i
+            nodes += grow
+            draft_s += self.costs.draft_s(width)
+            if (expected + gain + 1.0) / self.step_time(nodes, draft_s) > now:
+                return True
+        return False
 
     def trim(self, tree: DraftTree, match_len: int) -> tuple[DraftTree, int]:
         """Keep the nodes that maximise (expected accepted + 1) / step time, best first.

@@ -12,7 +12,7 @@ from talon.builder import build_tree
 from talon.config import RunConfig, TreeConfig
 from talon.cost import GRID, CostModel, Curve, load_or_probe, synthetic_costs
 from talon.decode import Engine, generate
-from talon.plan import EXPLORE_MODEL_STEPS, AcceptanceModel, Planner
+from talon.plan import EXPLORE_MODEL_STEPS, AcceptanceModel, Beta, Planner
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference
@@ -85,6 +85,20 @@ def test_builder_stops_for_cost_only_under_an_expensive_cost_model() -> None:
     assert plain.stop in ("budget", "depth") and cheap.stop in ("budget", "depth")
     assert costly.stop == "cost"
     assert costly.max_depth() < plain.max_depth() and costly.num_draft < plain.num_draft
+
+
+def test_cost_stop_looks_past_a_costly_first_layer() -> None:
+    """Float32 on a CPU: verifying 2 tokens costs twice 1, but 8 barely more than 2. One layer
+    alone does not pay; the path it opens does, so the layer is drafted when depth allows."""
+    jump = synthetic_costs({1: 0.4, 2: 0.8, 8: 0.82, 128: 1.5}, {1: 0.01, 128: 0.01})
+    root = DraftTree.with_root(3)
+    deep = Planner(jump, TreeConfig(mode="chain", max_depth=6, min_conf=0.0), 64)
+    shallow = Planner(jump, TreeConfig(mode="chain", max_depth=1, min_conf=0.0), 64)
+    for planner in (deep, shallow):
+        planner.acceptance.continues = Beta.prior(0.6)
+        planner.drafted_s = lambda: 0.0  # type: ignore[method-assign]
+    assert deep.worth_layer(root, [0], 1, 24, 0)
+    assert not shallow.worth_layer(root, [0], 1, 24, 0)
 
 
 def test_trim_keeps_the_goodput_optimal_prefix() -> None:
