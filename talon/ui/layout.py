@@ -191,6 +191,14 @@ def _figure_row(key: str, label: str) -> gr.Plot:
     return plot
 
 
+def _run_plot(key: str, label: str) -> gr.Plot:
+    """A run-level figure with its explanation below it, half a row wide."""
+    with gr.Column(min_width=320):
+        plot = gr.Plot(label=label, show_label=False, elem_id=f"talon-{key.replace('_', '-')}")
+        gr.Markdown(EXPLAIN[key], elem_classes=["talon-explain"])
+    return plot
+
+
 def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
     summary = gr.HTML(F.summary_html(None, []), label="summary", elem_id="talon-summary")
     gr.HTML(TEXT_LEGEND)
@@ -207,19 +215,11 @@ def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
     timeline = _figure_row("timeline", "Timeline")
     gr.Markdown("### The whole run")
     with gr.Row():
-        with gr.Column(min_width=320):
-            per_step = gr.Plot(label="tokens per step", show_label=False, elem_id="talon-per-step")
-            gr.Markdown(EXPLAIN["per_step"], elem_classes=["talon-explain"])
-        with gr.Column(min_width=320):
-            by_depth = gr.Plot(label="acceptance by depth", show_label=False, elem_id="talon-by-depth")
-            gr.Markdown(EXPLAIN["by_depth"], elem_classes=["talon-explain"])
+        per_step = _run_plot("per_step", "tokens per step")
+        by_depth = _run_plot("by_depth", "acceptance by depth")
     with gr.Row():
-        with gr.Column(min_width=320):
-            sources = gr.Plot(label="sources", show_label=False, elem_id="talon-sources")
-            gr.Markdown(EXPLAIN["sources"], elem_classes=["talon-explain"])
-        with gr.Column(min_width=320):
-            speed = gr.Plot(label="tokens per second", show_label=False, elem_id="talon-speed")
-            gr.Markdown(EXPLAIN["speed"], elem_classes=["talon-explain"])
+        sources = _run_plot("sources", "sources")
+        speed = _run_plot("speed", "tokens per second")
     with gr.Row():
         download = gr.File(label="Download the trace (JSON)", interactive=False, elem_id="talon-download")
         upload = gr.File(label="Replay a trace (no model needed)", file_types=[".json"], elem_id="talon-upload")
