@@ -8,6 +8,8 @@ import torch
 
 from talon.tree import DraftTree
 
+TOPK = 5  # the target's alternatives recorded per node
+
 
 @dataclass
 class Acceptance:
@@ -15,6 +17,28 @@ class Acceptance:
     bonus_token: int  # the target's own token after the last accepted node
     p_target: list[float | None] = field(default_factory=list)  # per node: target prob (sampling)
     p_accept: list[float | None] = field(default_factory=list)  # per node: acceptance prob (sampling)
+    # "bonus": the path ran to a leaf and the last token is a free draw from the target;
+    # "resampled": a draft child of the last accepted node was rejected and the token replaces it
+    # (under sampling drawn from the residual, under greedy the target's argmax)
+    bonus_kind: str = "bonus"
+    residual: list[tuple[int, float]] = field(default_factory=list)  # sampling: top of the residual
+
+
+def bonus_kind(tree: DraftTree, last: int) -> str:
+    """Was the step's last token drawn after a full path ("bonus") or after a rejection?"""
+    return "resampled" if tree.children(last) else "bonus"
+
+
+def target_topk(scores: torch.Tensor, are_probs: bool, k: int = TOPK) -> tuple[list[list[int]], list[list[float]]]:
+    """(T, V) logits or probabilities -> the target's top-k token ids and probabilities per node.
+    From logits, only the log-normaliser touches the whole vocabulary (no (T, V) softmax)."""
+    k = min(k, scores.shape[-1])
+    values, ids = scores.topk(k, dim=-1)  # (T, k)
+    if are_probs:
+        probs = values.double()
+    else:
+        probs = (values.double() - scores.double().logsumexp(dim=-1, keepdim=True)).exp()
+    return ids.tolist(), [[round(p, 6) for p in row] for row in probs.tolist()]
 
 
 def accept_greedy(tree: DraftTree, target_top1: list[int]) -> Acceptance:
@@ -25,7 +49,7 @@ def accept_greedy(tree: DraftTree, target_top1: list[int]) -> Acceptance:
     while True:
         child = tree.child_with_token(node, target_top1[node])
         if child is None:
-            return Acceptance(accepted=accepted, bonus_token=target_top1[node])
+            return Acceptance(accepted, target_top1[node], bonus_kind=bonus_kind(tree, node))
         accepted.append(child)
         node = child
 
@@ -76,6 +100,9 @@ def accept_sampling(tree: DraftTree, p_target: torch.Tensor, generator: torch.Ge
             residual = residual / residual.sum()
         if chosen is None:
             bonus = int(torch.multinomial(residual, 1, generator=generator))
-            return Acceptance(accepted, bonus, tried_p, tried_accept)
+            kind = bonus_kind(tree, node)
+            top = residual.topk(min(TOPK, residual.shape[-1])) if kind == "resampled" else None
+            left = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+            return Acceptance(accepted, bonus, tried_p, tried_accept, kind, left)
         accepted.append(chosen)
         node = chosen

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from talon.accept import Acceptance, accept_greedy, accept_sampling, warp_probs
+from talon.accept import Acceptance, accept_greedy, accept_sampling, target_topk, warp_probs
 from talon.config import ConfigError, RunConfig
 from talon.cost import CostModel, load_or_probe
 from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
@@ -245,7 +245,7 @@ class Run:
         logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), tree.positions(prefix_len))
         t_verify = time.perf_counter()
         top1 = logits.argmax(dim=-1).tolist()  # (T,)
-        acc = self._accept(tree, logits, top1)
+        acc, topk = self._accept(tree, logits, top1)
         new_tokens, reason = self.stop.cut(
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
@@ -254,6 +254,9 @@ class Run:
         self.drafter.commit(tree, acc.accepted, new_tokens)
         self.generated.extend(new_tokens)
         step = self._trace(draft, top1, acc, new_tokens)
+        step.target_topk_ids, step.target_topk_probs = topk
+        step.target_topk_texts = [[self.engine.token_text(t) for t in row] for row in topk[0]]
+        step.positions = tree.positions(prefix_len).tolist()
         step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
         step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
         step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
@@ -299,12 +302,13 @@ class Run:
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
         )
 
-    def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> Acceptance:
+    def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> tuple[Acceptance, tuple[list, list]]:
+        """The verdict, and the target's top 5 per node in the distribution that decided it."""
         s = self.cfg.sampling
         if s.greedy:
-            return accept_greedy(tree, top1)
+            return accept_greedy(tree, top1), target_topk(logits, are_probs=False)
         p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
-        return accept_sampling(tree, p_target, self.generator)
+        return accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
 
     def _trace(self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int]) -> StepTrace:
         tree = draft.tree
@@ -326,6 +330,8 @@ class Run:
             accepted=acc.accepted,
             bonus_token=acc.bonus_token,
             bonus_text=text(acc.bonus_token),
+            bonus_kind=acc.bonus_kind,
+            residual_topk=[(t, round(p, 6)) for t, p in acc.residual],
             new_tokens=new_tokens,
             p_target=acc.p_target,
             p_accept=acc.p_accept,

@@ -64,6 +64,17 @@ class StepTrace:
     draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
     p_accept_est: list[float] = field(default_factory=list)  # planner's P(node accepted), per node
     predicted_verify_s: float | None = None  # the cost model's verify time for this tree
+    # --- the node inspector ---
+    # The target's top 5 after each node (its sampling distribution under sampling, else the
+    # softmax of its logits), and each node's position id (prefix length + depth: siblings share it)
+    target_topk_ids: list[list[int]] = field(default_factory=list)
+    target_topk_probs: list[list[float]] = field(default_factory=list)
+    target_topk_texts: list[list[str]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    # "bonus": the last token was drawn after a path that ran to a leaf; "resampled": it replaces
+    # a rejected draft child (under sampling drawn from the residual, whose top 5 is recorded)
+    bonus_kind: str = "bonus"
+    residual_topk: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def accept_len(self) -> int:
@@ -77,7 +88,7 @@ class StepTrace:
     def from_dict(data: dict[str, Any]) -> "StepTrace":
         known = {f.name for f in dataclasses.fields(StepTrace)}
         clean = {k: v for k, v in data.items() if k in known}
-        for key in ("drafter_busy", "verifier_busy"):
+        for key in ("drafter_busy", "verifier_busy", "residual_topk"):
             clean[key] = [tuple(x) for x in clean.get(key, [])]
         return StepTrace(**clean)
 
@@ -107,6 +118,7 @@ class RunSummary:
     model_skips: int = 0  # steps on which the draft model did not run
     tree_stops: dict[str, int] = field(default_factory=dict)  # why trees stopped, counted
     cost_model: dict[str, Any] = field(default_factory=dict)  # talon-cost/1 curves after the run
+    serving_metrics: dict[str, Any] = field(default_factory=dict)  # see serving_metrics()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,6 +150,33 @@ def summarize_steps(steps: list[StepTrace]) -> dict[str, Any]:
         "draft_forwards": sum(st.draft_forwards for st in steps),
         "model_skips": sum(1 for st in steps if st.model_skipped),
         "tree_stops": _count(st.tree_stop for st in steps if st.tree_stop),
+        "serving_metrics": serving_metrics([st.accept_len for st in steps], [len(st.tokens) - 1 for st in steps]),
+    }
+
+
+def serving_metrics(accept_lens: list[int], draft_sizes: list[int]) -> dict[str, Any]:
+    """Acceptance in the terms serving engines report (vLLM's spec-decode metrics; SGLang's
+    "accept length" is the same mean acceptance length), from each verification step's accepted
+    draft tokens and drafted nodes. Steps that drafted nothing are not drafts.
+
+    * ``num_drafts``: steps that verified at least one draft token;
+    * ``num_draft_tokens`` / ``num_accepted_tokens``: draft tokens verified / accepted;
+    * ``mean_acceptance_length``: 1 + accepted / drafts (tokens per draft step, bonus included);
+    * ``per_position_acceptance_rate``: for position i (depth i + 1), the share of drafts whose
+      accepted prefix reached it.
+    """
+    drafted = [(a, n) for a, n in zip(accept_lens, draft_sizes) if n > 0]
+    num_drafts = len(drafted)
+    accepted = sum(a for a, _ in drafted)
+    deepest = max((a for a, _ in drafted), default=0)
+    return {
+        "num_drafts": num_drafts,
+        "num_draft_tokens": sum(n for _, n in drafted),
+        "num_accepted_tokens": accepted,
+        "mean_acceptance_length": 1.0 + accepted / num_drafts if num_drafts else 1.0,
+        "per_position_acceptance_rate": [
+            sum(1 for a, _ in drafted if a > i) / num_drafts for i in range(deepest)
+        ],
     }
 
 
@@ -205,6 +244,17 @@ _NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "gate_passed": lambda v: v is None or isinstance(v, bool),
     "target_top1": _is_int,
 }
+_TOPK_LEN = 64
+# per-node fields that older traces lack; when present, one entry per node
+_OPTIONAL_NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "target_topk_ids": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN and all(_is_int(x) for x in v),
+    "target_topk_probs": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN
+    and all(_is_num(x) and 0.0 <= x <= 1.0 for x in v),
+    "target_topk_texts": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN
+    and all(isinstance(x, str) and len(x) <= 256 for x in v),
+    "positions": _is_int,
+    "p_accept_est": _is_num,
+}
 _SCALAR_FIELDS: dict[str, Callable[[Any], bool]] = {
     "step": _is_int,
     "bonus_token": _is_int,
@@ -219,6 +269,7 @@ _SCALAR_FIELDS: dict[str, Callable[[Any], bool]] = {
     "trimmed": _is_int,
     "draft_forwards": _is_int,
     "predicted_verify_s": lambda v: v is None or _is_num(v),
+    "bonus_kind": lambda v: v in ("bonus", "resampled"),
 }
 _LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
     "accepted": _is_int,
@@ -227,7 +278,7 @@ _LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
     "p_accept": lambda v: v is None or _is_num(v),
     "drafter_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
     "verifier_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
-    "p_accept_est": _is_num,
+    "residual_topk": lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_num(v[1]),
 }
 _OPTIONAL = {
     "p_target",
@@ -244,7 +295,8 @@ _OPTIONAL = {
     "trimmed",
     "draft_forwards",
     "predicted_verify_s",
-    "p_accept_est",
+    "bonus_kind",
+    "residual_topk",
 }
 
 
@@ -255,6 +307,10 @@ def _check_fields(data: dict, where: str) -> None:
                 continue
             raise TraceFileError(f"{where}: missing field {name!r}")
         value = data[name]
+        if not isinstance(value, list) or not all(ok(v) for v in value):
+            raise TraceFileError(f"{where}: field {name!r} must be a list of valid entries")
+    for name, ok in _OPTIONAL_NODE_FIELDS.items():
+        value = data.get(name, [])
         if not isinstance(value, list) or not all(ok(v) for v in value):
             raise TraceFileError(f"{where}: field {name!r} must be a list of valid entries")
     for name, ok in _SCALAR_FIELDS.items():
@@ -268,8 +324,13 @@ def _check_tree(data: dict, where: str) -> None:
     n = len(data["tokens"])
     if not 1 <= n <= MAX_TREE_NODES:
         raise TraceFileError(f"{where}: the tree must have 1 to {MAX_TREE_NODES} nodes, has {n}")
-    if any(len(data[name]) != n for name in _NODE_FIELDS):
+    if any(len(data[name]) != n for name in _NODE_FIELDS) or any(
+        data.get(name) and len(data[name]) != n for name in _OPTIONAL_NODE_FIELDS
+    ):
         raise TraceFileError(f"{where}: the per-node lists must all have {n} entries")
+    positions = data.get("positions")
+    if positions and any(positions[i] != positions[0] + depths_i for i, depths_i in enumerate(data["depths"])):
+        raise TraceFileError(f"{where}: 'positions' must be the root's position plus each node's depth")
     parents, depths = data["parents"], data["depths"]
     if (
         parents[0] != -1

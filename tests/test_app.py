@@ -38,6 +38,7 @@ START_TIMEOUT_S = 150
 RUN_TIMEOUT_S = 90
 # Output order of /generate and /replay (DecodeView.outputs() without the State).
 SUMMARY, TEXT, SLIDER, CAPTION, TREE, GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED, DOWNLOAD = range(13)
+NODE_PICK, INSPECTOR, COST = range(13, 16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,6 +159,8 @@ def test_generate_streams_text_and_figures_and_the_trace_replays(client: Client)
     for key in (GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED):
         assert plot_json(final[key])["layout"]["height"] > 0
     assert "MAT" in final[SUMMARY]
+    assert "<table" in final[INSPECTOR] and "position id" in final[INSPECTOR]
+    assert plot_json(final[COST])["layout"]["height"] > 0
 
     trace = json.loads(Path(final[DOWNLOAD]).read_text())
     assert trace["format"] == "talon-trace/1"
@@ -187,6 +190,15 @@ def test_malformed_trace_upload_is_refused_with_a_reason(client: Client, tmp_pat
     bad.write_text(json.dumps({"format": "something-else", "steps": []}))
     with pytest.raises(Exception, match="not a Talon trace"):
         client.predict(handle_file(str(bad)), api_name="/replay")
+
+
+def test_serving_config_endpoint_takes_the_run_controls(client: Client) -> None:
+    text, data = client.predict(drafter="model", tree_mode="static", budget=12, max_depth=5,
+                                api_name="/serving_config")
+    assert "--speculative-config" in text and "sglang" in text.lower()
+    assert data["vllm_config"] and data["sglang_flags"] and data["versions"]["vllm"]
+    with pytest.raises(Exception, match="budget must be an integer"):
+        client.predict(budget=2.5, api_name="/serving_config")
 
 
 def test_compare_and_sweep_endpoints(client: Client) -> None:

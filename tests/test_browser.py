@@ -70,13 +70,53 @@ def tree_step(page) -> int:
     return int(match.group(1))
 
 
+RUN_FINISHED = (
+    "document.querySelector('#talon-summary .detail') !== null"
+    " && !document.querySelector('#talon-summary').textContent.includes('RECORDING')"
+)
+
+
+def wait_for_recording(page) -> None:
+    """The shipped recording is on screen (so a click on Run replaces it, not the reverse)."""
+    page.wait_for_function("document.querySelector('#talon-summary').textContent.includes('RECORDING')")
+
+
+def test_first_view_is_a_recording_that_works_before_any_run(page) -> None:
+    wait_for_recording(page)
+    page.wait_for_function(f"document.querySelectorAll('{TREE_POINTS}').length > 2")
+    assert page.locator("#talon-text .tk").count() >= 16
+    assert page.locator("#talon-inspector table").count() >= 1  # the inspector shows a node already
+    last = tree_step(page)
+    slider = page.locator("#talon-slider input[type=range]")
+    slider.focus()
+    page.keyboard.press("Home")
+    page.wait_for_function(f"/step 0:/.test(document.querySelector('{TREE_TITLE}').textContent)")
+    assert last > 0
+    pick_node(page, 1)
+    page.wait_for_function("/node 1/.test(document.querySelector('#talon-inspector').textContent)")
+    assert "position id" in (page.locator("#talon-inspector").text_content() or "")
+    assert page.locator("#talon-mask .ytick text").first.text_content().endswith(tuple("0123456789"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "first-view.png"), full_page=True)
+
+
+def pick_node(page, index: int) -> None:
+    """Choose the ``index``-th entry of the node inspector's dropdown."""
+    page.locator("#talon-node-pick input").click()
+    page.locator("ul[role=listbox] li").nth(index).click()
+
+
 def test_run_streams_text_and_tree_and_the_slider_replots(page) -> None:
+    wait_for_recording(page)
+    # every step drafts a tree (cost-aware planning may rightly skip drafting on tiny models)
+    page.locator("#talon-cost-aware input[type=checkbox]").uncheck()
     page.click("#talon-run")
+    page.wait_for_function(RUN_FINISHED)  # the run's summary: it has finished
     page.wait_for_selector("#talon-text .tk")  # streamed text with provenance spans
     page.wait_for_function(f"document.querySelectorAll('{TREE_POINTS}').length > 2")
-    page.wait_for_selector("#talon-summary .detail")  # the run's summary: it has finished
     assert page.locator("#talon-text .tk").count() >= 16
-    assert page.locator("#talon-text .tk.src-bonus").count() >= 1
+    assert page.locator("#talon-text .tk.src-bonus, #talon-text .tk.src-resampled").count() >= 1
+    assert page.locator("#talon-inspector table").count() >= 1
     last = tree_step(page)
     assert last >= 1, "the default example should take several steps"
 
@@ -97,8 +137,18 @@ def test_run_streams_text_and_tree_and_the_slider_replots(page) -> None:
 
 def test_hostile_prompt_renders_as_text(page) -> None:
     """A prompt full of markup runs; nothing from it becomes live markup on the page."""
+    wait_for_recording(page)
     page.fill("#talon-prompt textarea", '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=2">')
     page.click("#talon-run")
-    page.wait_for_selector("#talon-summary .detail")
+    page.wait_for_function(RUN_FINISHED)
     assert page.evaluate("window.__pwned === undefined")
     assert page.locator("#talon-text script, #talon-text img").count() == 0
+
+
+def test_serve_tab_translates_the_controls(page) -> None:
+    page.get_by_role("tab", name="Serve it").click()
+    page.click("#talon-serve-run")
+    page.wait_for_function("/speculative-config/.test(document.querySelector('#talon-serve').textContent)")
+    text = page.locator("#talon-serve").text_content() or ""
+    assert "sglang.launch_server" in text and "vllm serve" in text
+    assert "does not carry over" in text.lower() or "not carried" in text.lower()

@@ -12,6 +12,7 @@ from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import Divergence
 from talon.bench.runners import MethodSpec, Outcome, Runner
+from talon.trace import serving_metrics
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ResultRow:
     other_s: float | None
     setup_s: float | None
     settings: dict[str, Any]
+    serving_metrics: dict[str, Any] | None = None  # Talon methods: talon.trace.serving_metrics
     mu: float | None = None
     budget: int | None = None
     root_k: int | None = None
@@ -120,10 +122,18 @@ def result_row(
         other_s=split.other_s,
         setup_s=split.setup_s,
         settings=dict(spec.settings),
+        serving_metrics=_serving_metrics(outcomes),
         mu=cell.mu if cell else None,
         budget=cell.budget if cell else None,
         root_k=cell.root_k if cell else None,
     )
+
+
+def _serving_metrics(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
+    if not outcomes or any(o.accept_lens is None or o.draft_sizes is None for o in outcomes):
+        return None
+    return serving_metrics([a for o in outcomes for a in o.accept_lens or []],
+                           [n for o in outcomes for n in o.draft_sizes or []])
 
 
 def collapse_variants(cells: Sequence[tuple[MethodSpec, ResultRow]]) -> list[ResultRow]:

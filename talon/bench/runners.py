@@ -54,6 +54,8 @@ class Outcome:
     draft_s: float | None = None
     verify_s: float | None = None
     other_s: float | None = None
+    accept_lens: list[int] | None = None  # Talon: accepted draft tokens per step
+    draft_sizes: list[int] | None = None  # Talon: drafted nodes per step
 
 
 class Runner(Protocol):
@@ -76,10 +78,11 @@ class TalonRunner:
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         cfg = self.cfg.replace(max_new_tokens=max_new_tokens)
         start = time.perf_counter()
-        summary, _ = talon_generate(self.engine, prompt_ids, cfg)
+        summary, steps = talon_generate(self.engine, prompt_ids, cfg)
         seconds = time.perf_counter() - start
         return Outcome(
-            summary.token_ids, seconds, summary.steps, summary.draft_s, summary.verify_s, summary.other_s
+            summary.token_ids, seconds, summary.steps, summary.draft_s, summary.verify_s, summary.other_s,
+            accept_lens=[st.accept_len for st in steps], draft_sizes=[len(st.tokens) - 1 for st in steps],
         )
 
 

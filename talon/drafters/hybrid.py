@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from talon.builder import keep_best, build_tree
+from talon.builder import build_tree, keep_best
 from talon.config import RetrievalConfig, TreeConfig
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal

@@ -14,7 +14,9 @@ The package, one job per module:
 * ``step``: the other per-step figures: confidence gates, attention mask, timeline;
 * ``run``: run-level figures (tokens per step, acceptance by depth, sources, tokens/s);
 * ``sweep``: figures over several runs: Compare and the mu x N heatmaps;
-* ``markup``: HTML: the streamed text, the step caption, the run summary.
+* ``markup``: HTML: the streamed text, the step caption, the run summary;
+* ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
+* ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position).
 
 Every public name is re-exported here, so ``from talon import figures as F; F.tree_figure(...)``
 works.
@@ -39,6 +41,15 @@ from talon.figures.common import (
     empty_figure,
     node_status,
 )
+from talon.figures.cost import cost_figure, expected_rate
+from talon.figures.inspect import (
+    NEAR_TIE_LOGITS,
+    default_node,
+    near_tie,
+    node_choices,
+    node_inspector_html,
+    node_inspector_html_empty,
+)
 from talon.figures.markup import (
     step_caption_html,
     summary_html,
@@ -59,6 +70,7 @@ from talon.figures.step import (
     ancestor_mask,
     gate_figure,
     mask_figure,
+    mask_row_label,
     timeline_figure,
 )
 from talon.figures.sweep import (
@@ -78,14 +90,18 @@ from talon.figures.text import (
     visible_ws,
 )
 from talon.figures.tree import (
+    BONUS_SYMBOLS,
     VERDICTS,
     tidy_layout,
+    topk_line,
     tree_figure,
     tree_graph,
 )
 
 __all__ = [
+    "BONUS_SYMBOLS",
     "COMMIT_SOURCES",
+    "NEAR_TIE_LOGITS",
     "EDGE_COLOR",
     "FONT",
     "GATED_COLOR",
@@ -112,10 +128,18 @@ __all__ = [
     "committed_sources",
     "committed_tokens",
     "compare_figure",
+    "cost_figure",
+    "default_node",
     "empty_figure",
     "esc",
+    "expected_rate",
     "gate_figure",
     "mask_figure",
+    "mask_row_label",
+    "near_tie",
+    "node_choices",
+    "node_inspector_html",
+    "node_inspector_html_empty",
     "node_status",
     "source_share_figure",
     "step_caption_html",
@@ -129,6 +153,7 @@ __all__ = [
     "timeline_figure",
     "token_label",
     "token_vocab",
+    "topk_line",
     "tree_figure",
     "tree_graph",
     "visible_ws",

@@ -20,6 +20,7 @@ SOURCE_COLORS: dict[str, str] = {
     "retrieval": "#E69F00",
     "both": "#CC79A7",
     "bonus": "#009E73",
+    "resampled": "#56B4E9",
 }
 SOURCE_NAMES: dict[str, str] = {
     "root": "root (last committed)",
@@ -27,6 +28,7 @@ SOURCE_NAMES: dict[str, str] = {
     "retrieval": "retrieval",
     "both": "model + retrieval",
     "bonus": "target bonus token",
+    "resampled": "target token after a rejection",
 }
 PASS_COLOR, GATED_COLOR, PATH_COLOR, EDGE_COLOR = "#0072B2", "#D55E00", "#111111", "#b9b9b9"
 STATUS_OPACITY: dict[str, float] = {"root": 1.0, "accepted": 1.0, "rejected": 0.55, "unreached": 0.3}
@@ -62,15 +64,16 @@ class Committed:
     """One committed token: its text, where it came from, and the tree node it was (or None)."""
 
     text: str
-    source: str  # model | retrieval | both | bonus
+    source: str  # model | retrieval | both | bonus | resampled
     node: int | None
 
 
 def committed_tokens(step: StepTrace) -> list[Committed]:
-    """The tokens this step committed, in order: accepted drafts then the bonus token,
-    cut to ``new_tokens`` (a stop condition may end the step early)."""
+    """The tokens this step committed, in order: accepted drafts then the target's own token
+    (a bonus after a full path, or resampled after a rejection), cut to ``new_tokens`` (a stop
+    condition may end the step early)."""
     out = [Committed(step.texts[n], step.sources[n], n) for n in step.accepted[1:]]
-    out.append(Committed(step.bonus_text, "bonus", None))
+    out.append(Committed(step.bonus_text, step.bonus_kind, None))
     return out[: len(step.new_tokens)]
 
 
@@ -114,6 +117,7 @@ def _base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
         margin=dict(l=50, r=20, t=80, b=40),
         hoverlabel=dict(font=dict(family=FONT["family"], size=13), align="left", bgcolor="white"),
         autosize=True,
+        uirevision="talon",  # a constant: the user's zoom and pan survive every update of this plot
         template=dict(layout=dict(colorway=list(SOURCE_COLORS.values()))),
         xaxis=_axis(),
         yaxis=_axis(),

@@ -17,7 +17,7 @@ from talon.trace import RunSummary, StepTrace
 
 def _token_title(st: StepTrace, tok: Committed) -> str:
     if tok.node is None:
-        return f"step {st.step} · target bonus token (its own choice after the accepted drafts)"
+        return f"step {st.step} · {KIND_WORDS[tok.source]}"
     parts = [
         f"step {st.step}",
         f"{SOURCE_NAMES.get(tok.source, tok.source)} draft, depth {st.depths[tok.node]}",
@@ -29,9 +29,19 @@ def _token_title(st: StepTrace, tok: Committed) -> str:
     return " · ".join(parts)
 
 
-def _step_html(st: StepTrace, selected: bool) -> str:
+KIND_WORDS: dict[str, str] = {
+    "bonus": "target bonus token: every draft on the path was accepted, so this one is a free draw "
+    "from the target after the last of them",
+    "resampled": "resampled: the target rejected the draft here and put its own token in its place "
+    "(under sampling drawn from what the rejected drafts left of its distribution)",
+}
+
+
+def _step_html(st: StepTrace, selected: bool, titles: bool = True) -> str:
     spans = [
-        f'<span class="tk src-{esc(tok.source)}" title="{esc(_token_title(st, tok))}">{esc(tok.text)}</span>'
+        f'<span class="tk src-{esc(tok.source)}"'
+        + (f' title="{esc(_token_title(st, tok))}"' if titles else "")
+        + f">{esc(tok.text)}</span>"
         for tok in committed_tokens(st)
     ]
     cls = "step sel" if selected else "step"
@@ -40,13 +50,19 @@ def _step_html(st: StepTrace, selected: bool) -> str:
 
 
 def text_html(
-    steps: Sequence[StepTrace], upto: int | None = None, highlight: int | None = None, status: str = ""
+    steps: Sequence[StepTrace],
+    upto: int | None = None,
+    highlight: int | None = None,
+    status: str = "",
+    titles: bool = True,
 ) -> str:
     """The generated text, one span per token coloured by provenance, steps delimited.
 
-    upto: show steps[0..upto] only (step-through); highlight: index of the step to emphasise."""
+    upto: show steps[0..upto] only (step-through); highlight: index of the step to emphasise;
+    titles: per-token hover titles (two thirds of the bytes; left out while a run streams, since
+    the whole text is resent with every update)."""
     shown = steps if upto is None else steps[: upto + 1]
-    body = "".join(_step_html(st, i == highlight) for i, st in enumerate(shown))
+    body = "".join(_step_html(st, i == highlight, titles) for i, st in enumerate(shown))
     note = f'<div class="talon-status">{esc(status)}</div>' if status else ""
     placeholder = '<span class="talon-placeholder">The generated text appears here, token by token.</span>'
     return f'<div class="talon-text">{body or placeholder}</div>{note}'
@@ -63,11 +79,17 @@ def step_caption_html(steps: Sequence[StepTrace], index: int) -> str:
     return (
         f'<div class="talon-caption"><b>Step {st.step}</b> ({index + 1} of {len(steps)}): drafted '
         f"{len(st.tokens) - 1} nodes (depth {max(st.depths)}, widest layer {_layer_width(st)}{retrieval}); "
-        f"the target accepted {st.accept_len} and added its bonus token → {len(tokens)} committed: "
+        f"the target accepted {st.accept_len} and {_last_token_words(st)} → {len(tokens)} committed: "
         f'<span class="talon-committed">{committed}</span> · draft {st.draft_s * 1e3:.0f} ms '
         f"({st.draft_forwards} draft forward{'s' if st.draft_forwards != 1 else ''}), "
         f"verify {st.verify_s * 1e3:.0f} ms{_planning_note(st)}</div>"
     )
+
+
+def _last_token_words(st: StepTrace) -> str:
+    if st.bonus_kind == "resampled":
+        return "rejected the next draft, putting its own token in its place (resampled)"
+    return "added its bonus token"
 
 
 STOP_WORDS: dict[str, str] = {

@@ -26,7 +26,7 @@ from talon.trace import StepTrace
 # Run-level figures
 # ---------------------------------------------------------------------------------------------
 
-COMMIT_SOURCES = ("bonus", "model", "retrieval", "both")
+COMMIT_SOURCES = ("bonus", "resampled", "model", "retrieval", "both")
 
 
 def committed_sources(step: StepTrace) -> dict[str, int]:

@@ -168,18 +168,29 @@ def mask_figure(step: StepTrace) -> go.Figure:
         tickfont=dict(size=9),
         showgrid=False,
     )
+    rows = dict(ticks, ticktext=[mask_row_label(step, i) for i in range(n)])
     layout = _base_layout(
         f"Tree attention mask, step {step.step} ({n}×{n})",
         max(320, min(760, 16 * n + 160)),
         xaxis=_axis("key node (attended to)", **ticks),
-        yaxis=_axis("query node", autorange="reversed", scaleanchor="x", **ticks),
+        yaxis=_axis("query node @ position id", autorange="reversed", scaleanchor="x", **rows),
     )
     return _figure([heat], layout)
 
 
+def mask_row_label(step: StepTrace, node: int) -> str:
+    """'3:tok @412': node id, token and position id (siblings share a position: they are
+    alternatives for the same place in the text, told apart only by the mask)."""
+    label = f"{node}:{token_label(step.texts[node], 8)}"
+    return f"{label} @{step.positions[node]}" if node < len(step.positions) else label
+
+
 def _mask_hover(step: StepTrace, i: int, j: int, visible: bool) -> str:
     verb = "attends to" if visible else "cannot see"
-    return f"node {i} {token_label(step.texts[i], 12)} {verb} node {j} {token_label(step.texts[j], 12)}"
+    text = f"node {i} {token_label(step.texts[i], 12)} {verb} node {j} {token_label(step.texts[j], 12)}"
+    if i < len(step.positions):
+        text += f"<br>positions: query {step.positions[i]}, key {step.positions[j]}"
+    return text
 
 
 # ---------------------------------------------------------------------------------------------

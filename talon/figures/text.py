@@ -62,6 +62,8 @@ def token_vocab(steps: Iterable[StepTrace]) -> dict[int, str]:
     """Token id -> text, from every token the steps know the text of (tree and bonus tokens)."""
     vocab: dict[int, str] = {}
     for st in steps:
+        for ids, texts in zip(st.target_topk_ids, st.target_topk_texts):
+            vocab.update(zip(ids, texts))
         vocab.update(zip(st.tokens, st.texts))
         vocab[st.bonus_token] = st.bonus_text
     return vocab

@@ -78,14 +78,14 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
     traces = [
         _edge_trace([e for e in edges if e not in on_path], pos, dict(color=EDGE_COLOR, width=1.2)),
         _edge_trace([e for e in edges if e in on_path], pos, dict(color=PATH_COLOR, width=4)),
-        _edge_trace([(step.accepted[-1], bonus)], pos, dict(color=SOURCE_COLORS["bonus"], width=3, dash="dot")),
+        _edge_trace([(step.accepted[-1], bonus)], pos, dict(color=SOURCE_COLORS[step.bonus_kind], width=3, dash="dot")),
     ]
     labels = n <= MAX_NODE_LABELS
     for source in ("root", "model", "retrieval", "both"):
         nodes = [i for i in range(n) if step.sources[i] == source]
         if nodes:
             traces.append(_node_trace(step, nodes, source, status, pos, vocab, labels))
-    traces.append(_bonus_trace(step, pos[bonus]))
+    traces.append(_bonus_trace(step, pos[bonus], vocab))
     leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
     title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
     layout = _base_layout(
@@ -139,7 +139,10 @@ def _node_trace(
 
 
 def _node_hover(step: StepTrace, node: int, status: str, vocab: Mapping[int, str]) -> str:
-    lines = [f"<b>{token_label(step.texts[node])}</b>  (node {node}, depth {step.depths[node]})"]
+    where = f"node {node}, depth {step.depths[node]}"
+    if node < len(step.positions):
+        where += f", position {step.positions[node]}"
+    lines = [f"<b>{token_label(step.texts[node])}</b>  ({where})"]
     if node == 0:
         lines.append("root: the last committed token")
     else:
@@ -156,7 +159,15 @@ def _node_hover(step: StepTrace, node: int, status: str, vocab: Mapping[int, str
     if passed is not None:
         verdict = "expanded" if passed else "gated out (not expanded)"
         lines.append(f"gate: c {'≥' if passed else '<'} threshold {_fmt(step.gate_threshold[node])} → {verdict}")
+    if status != "unreached" and node < len(step.target_topk_ids):
+        lines.append("target's next-token top 5 after it: " + topk_line(step, node, vocab))
     return "<br>".join(lines)
+
+
+def topk_line(step: StepTrace, node: int, vocab: Mapping[int, str]) -> str:
+    """The target's top 5 after ``node``, as 'tok' 0.62 · 'tok' 0.21 ... (hover text)."""
+    pairs = zip(step.target_topk_ids[node], step.target_topk_probs[node])
+    return " · ".join(f"{token_label(vocab.get(t, f'#{t}'), 8)} {p:.2f}" for t, p in pairs)
 
 
 VERDICTS: dict[str, str] = {
@@ -166,21 +177,33 @@ VERDICTS: dict[str, str] = {
 }
 
 
-def _bonus_trace(step: StepTrace, xy: tuple[float, float]) -> Trace:
-    hover = (
-        f"<b>{token_label(step.bonus_text)}</b>  bonus token<br>"
-        "the target's own next token after the accepted path:<br>every step commits at least this one"
-    )
+BONUS_HOVER: dict[str, str] = {
+    "bonus": "bonus token: every draft on the path was accepted, so the target<br>"
+    "adds one more token of its own, a free draw after the last of them",
+    "resampled": "resampled: the target rejected the draft(s) after the last accepted node<br>"
+    "and puts its own token in their place (under sampling, drawn from<br>"
+    "what the rejected drafts left of its distribution)",
+}
+BONUS_SYMBOLS: dict[str, str] = {"bonus": "star", "resampled": "diamond"}
+
+
+def _bonus_trace(step: StepTrace, xy: tuple[float, float], vocab: Mapping[int, str]) -> Trace:
+    kind = step.bonus_kind
+    hover = f"<b>{token_label(step.bonus_text)}</b>  {BONUS_HOVER[kind]}<br>every step commits at least this one"
+    if step.residual_topk:
+        left = " · ".join(f"{token_label(vocab.get(t, f'#{t}'), 8)} {p:.2f}" for t, p in step.residual_topk)
+        hover += f"<br>residual top 5: {left}"
     return dict(
         type="scatter",
         x=[xy[0]],
         y=[xy[1]],
         mode="markers+text",
-        name=SOURCE_NAMES["bonus"],
+        name=SOURCE_NAMES[kind],
         text=[token_label(step.bonus_text, 10)],
         textposition="top center",
-        textfont=dict(size=11, color=SOURCE_COLORS["bonus"]),
+        textfont=dict(size=11, color=SOURCE_COLORS[kind]),
         hovertext=[hover],
         hoverinfo="text",
-        marker=dict(symbol="star", size=22, color=SOURCE_COLORS["bonus"], line=dict(color=PATH_COLOR, width=1.5)),
+        marker=dict(symbol=BONUS_SYMBOLS[kind], size=22 if kind == "bonus" else 18, color=SOURCE_COLORS[kind],
+                    line=dict(color=PATH_COLOR, width=1.5)),
     )

@@ -39,10 +39,9 @@ from talon.models.embedded import (
     prepare_embedded,
 )
 from talon.models.loading import EMBEDDED_PREFIX, NO_DRAFT, load_model, load_pair
+from talon.models.quant import DRAFT_QUANTS, Int8Linear, quantize_draft, resolve_draft_quant
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
-
-from talon.models.quant import DRAFT_QUANTS, Int8Linear, quantize_draft, resolve_draft_quant
 
 __all__ = [
     "DRAFT_QUANTS",

@@ -5,21 +5,26 @@ autoregressive baseline), replay a trace file, move the step slider, Prev / Next
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from talon import figures as F
 from talon.settings import Settings
-from talon.trace import RunSummary, TraceFileError, parse_trace, read_json_upload
+from talon.trace import RunSummary, StepTrace, TraceFileError, parse_trace, read_json_upload
 from talon.ui.controls import Controls, user_error
 from talon.ui.device import DeviceRun
 from talon.ui.files import _upload_path, write_trace
 from talon.ui.session import Session
 from talon.ui.stream import _stream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,14 +44,18 @@ class DecodeView:
     sources: gr.Plot
     speed: gr.Plot
     download: gr.File
+    node_pick: gr.Dropdown
+    inspector: gr.HTML
+    cost: gr.Plot
     state: gr.State
 
     def outputs(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
-    def step_updates(self, session: Session, index: int, full: bool = True) -> dict[Any, Any]:
+    def step_updates(self, session: Session, index: int, full: bool = True, live: bool = False) -> dict[Any, Any]:
         """One step, re-plotted from the stored traces: the text up to it (step-through) or all
-        of it with the step highlighted, and its figures (``full=False``: text and tree only)."""
+        of it with the step highlighted, and its figures (``full=False``: text and tree only;
+        ``live``: a streaming update, whose text leaves out the per-token hover titles)."""
         steps = session.steps
         if not steps:
             return {}
@@ -54,15 +63,21 @@ class DecodeView:
         session.shown = index
         st = steps[index]
         updates: dict[Any, Any] = {
-            self.text: F.text_html(steps, upto=index if session.step_through else None, highlight=index),
+            self.text: F.text_html(
+                steps, upto=index if session.step_through else None, highlight=index, titles=not live
+            ),
             self.slider: gr.update(maximum=max(len(steps) - 1, 1), value=index),
             self.caption: F.step_caption_html(steps, index),
             self.tree: F.tree_figure(st, F.token_vocab(steps[max(0, index - 50) : index + 1])),
         }
         if full:
+            node = F.default_node(st)
+            updates[self.node_pick] = gr.update(choices=F.node_choices(st), value=node)
+            updates[self.inspector] = F.node_inspector_html(st, node, F.token_vocab(steps[max(0, index - 50) : index + 1]))
             updates[self.gates] = F.gate_figure(st)
             updates[self.mask] = F.mask_figure(st)
             updates[self.timeline] = F.timeline_figure(steps, index)
+            updates[self.cost] = F.cost_figure(session.summary.cost_model if session.summary else None, steps, index)
             updates[self.per_step] = F.accepted_per_step_figure(steps, index)
         return updates
 
@@ -88,12 +103,14 @@ class DecodeView:
         update (``full=False``) carries only the summary, the text and the tree."""
         updates = self.run_updates(session, status) if full else self.summary_updates(session, status)
         steps = session.steps
-        if session.step_through:
+        if not steps:  # a run is starting: what was on screen (an earlier run, the recording) goes
+            updates[self.text] = F.text_html([])
+        elif session.step_through:
             updates[self.text] = F.text_html(
                 [], status=f"{len(steps)} steps recorded; step-through reveals them after the run."
             )
         elif session.follow and steps:
-            updates.update(self.step_updates(session, len(steps) - 1, full))
+            updates.update(self.step_updates(session, len(steps) - 1, full, live=True))
         elif steps:
             updates[self.slider] = gr.update(maximum=max(len(steps) - 1, 1))
             if full:
@@ -121,22 +138,23 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         cancel = threading.Event()
         run = DeviceRun(settings, prompt, values, cancel)
         session.begin(bool(step_through), cancel)
-        yield view.live_updates(session, "running…")
+        yield session.unsent(view.live_updates(session, "running…"))
         for full in _stream(run, session.steps.append):
-            yield view.live_updates(session, f"running… step {len(session.steps)}", full)
+            yield session.unsent(view.live_updates(session, f"running… step {len(session.steps)}", full))
         session.summary = run.summary
         if compare_ar and not cancel.is_set():
-            yield view.live_updates(session, "measuring the autoregressive baseline…")
+            yield session.unsent(view.live_updates(session, "measuring the autoregressive baseline…"))
             session.ar_summary = run_autoregressive(settings, prompt, values, cancel)
-        yield final_updates(view, session)
+        yield final_updates(view, session)  # complete: API clients read every output of the last update
 
     return generate
 
 
-def final_updates(view: DecodeView, session: Session) -> dict[Any, Any]:
+def final_updates(view: DecodeView, session: Session, write: bool = True) -> dict[Any, Any]:
+    """Every output at the end of a run (``write``: also save its trace for download)."""
     cancelled = session.summary.stop_reason == "cancelled" if session.summary else bool(session.steps)
     status = "stopped" if cancelled else ""
-    if session.summary is not None and session.steps:
+    if write and session.summary is not None and session.steps:
         session.trace_path = write_trace(session.summary, session.steps)
     updates = view.run_updates(session, status)
     if session.steps:
@@ -164,16 +182,70 @@ def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     return replay
 
 
+RECORDING = Path(__file__).resolve().parents[2] / "static" / "recording.json"
+
+
+@functools.lru_cache(maxsize=2)
+def load_recording(path: Path = RECORDING) -> tuple[RunSummary, tuple[StepTrace, ...]] | None:
+    """The shipped trace shown before any model runs (parsed once; None if absent or bad)."""
+    try:
+        summary, steps = parse_trace(read_json_upload(path))
+    except (TraceFileError, OSError) as error:
+        log.warning("no first view: cannot read %s: %s", path, error)
+        return None
+    return summary, tuple(steps)
+
+
+def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[Session], dict[Any, Any]]:
+    def show_recording(session: Session) -> dict[Any, Any]:
+        """At page load: the shipped recording of the default pair, so every figure, the slider
+        and the inspector work before a model is loaded. Run replaces it."""
+        recording = load_recording(path)
+        if recording is None or session.steps or session.cancel is not None:  # a run came first
+            return {}
+        summary, steps = recording
+        session.begin(step_through=False, cancel=None)
+        session.steps, session.summary = list(steps), summary
+        updates = final_updates(view, session, write=False)
+        updates[view.summary] = F.summary_html(summary, session.steps, None, RECORDING_NOTE)
+        return updates
+
+    return show_recording
+
+
+RECORDING_NOTE = ("RECORDING: a run of the default pair on a 2-core CPU, shipped with the app so you can explore "
+                  "before a model loads. Press Run to decode live; the recording is replaced.")
+
+
 def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     def show_step(index: Any, session: Session) -> dict[Any, Any]:
-        session.follow = False
+        session.follow, session.sent = False, {}
         return view.step_updates(session, session.clamp(index))
 
     return show_step
 
 
+def make_inspect(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
+    def inspect(node: Any, session: Session) -> dict[Any, Any]:
+        """The inspector table for ``node`` of the step on screen."""
+        session.sent.pop(id(view.inspector), None)
+        if not session.steps or node is None:
+            return {view.inspector: F.node_inspector_html_empty()}
+        index = session.clamp(session.shown)
+        steps = session.steps
+        try:
+            node = int(node)
+        except (TypeError, ValueError):
+            return {view.inspector: F.node_inspector_html_empty()}
+        vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
+        return {view.inspector: F.node_inspector_html(steps[index], node, vocab)}
+
+    return inspect
+
+
 def make_nudge(view: DecodeView, delta: int) -> Callable[[Session], dict[Any, Any]]:
     def nudge(session: Session) -> dict[Any, Any]:
+        session.sent = {}
         if delta == 0:  # "latest": follow the run again
             session.follow = True
             return view.step_updates(session, len(session.steps) - 1)

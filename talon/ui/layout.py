@@ -15,8 +15,17 @@ from talon.examples import Example, load_examples
 from talon.settings import Settings
 from talon.ui.compare_view import CompareView, compare_summary_html, make_compare
 from talon.ui.controls import UI_DRAFTERS, Controls
-from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_replay, make_show_step
+from talon.ui.decode_view import (
+    DecodeView,
+    make_generate,
+    make_inspect,
+    make_nudge,
+    make_replay,
+    make_show_recording,
+    make_show_step,
+)
 from talon.ui.device import initial_preset, presets
+from talon.ui.serving_view import make_serving_config
 from talon.ui.session import CompareSession, Session, stop
 from talon.ui.sweep_view import SweepView, make_filter_sweep, make_load_sweep, make_sweep
 
@@ -48,6 +57,7 @@ TEXT_LEGEND = """
   <span class="tk src-retrieval">retrieval</span>
   <span class="tk src-both">model + retrieval</span>
   <span class="tk src-bonus">target's bonus token</span>
+  <span class="tk src-resampled">target's token after a rejection</span>
   <span class="legend-note">│ separates steps · hover a token for its step and probabilities ·
   ←/→ keys step through</span>
 </div>
@@ -58,8 +68,10 @@ EXPLAIN: dict[str, str] = {
         "**Draft tree.** Left to right = tokens ahead of the text. Colour: who drafted the token "
         "(blue model, orange retrieval, purple both). **Bold ring**: accepted by the target. "
         "**Faded**: rejected, or never reached because an ancestor was rejected. **⊗**: gated out, "
-        "too unsure to expand. **★**: the bonus token the target adds itself. Hover a node for q "
-        "(drafter probability), c (path confidence) and the target's top-1."
+        "too unsure to expand. **★**: the bonus token the target adds after a fully accepted path; "
+        "**◆**: the token it puts in place of a rejected draft (resampled). Hover a node for q "
+        "(drafter probability), c (path confidence), its position id and the target's top 5; the "
+        "**Node inspector** below holds the full table."
     ),
     "gates": (
         "**Confidence gates.** Each dot is a candidate of one layer; height = its path confidence "
@@ -67,10 +79,33 @@ EXPLAIN: dict[str, str] = {
         "Above it the node proposes children; below it is gated out. Small μ: wide, shallow trees; "
         "large μ: narrow, deep ones."
     ),
+    "cost": (
+        "**Cost model.** Left: what verification (green, by tree nodes) and one draft layer (blue, "
+        "by frontier width) cost on this machine, measured at first use and refined by every "
+        "step; dots are this run's steps. Right: for the chosen step, the expected tokens per "
+        "second had the tree been cut to its best n nodes; ◆ is what was verified, ★ where it "
+        "peaks. On a CPU the peak comes early; on a GPU the curve stays flat and trees grow."
+    ),
+    "serve": (
+        "**Run it in a server.** The controls on the left as the nearest SGLang launch flags and "
+        "vLLM `--speculative-config`, checked against the engines' source at the versions named. "
+        "What has no equivalent there (the adaptive gate, the hybrid graft of retrieval into the "
+        "model's tree, async pre-drafting, cost-aware planning) is listed plainly. Both engines "
+        "report acceptance as *mean acceptance length* and *per-position acceptance rate*: Talon's "
+        "traces and benchmark results carry the same numbers (`serving_metrics`)."
+    ),
+    "inspector": (
+        "**Node inspector.** For the chosen node: the target's top 5 at its place (the drafted "
+        "token marked), the verdict, its position id and, under sampling, the acceptance "
+        "probability; for an accepted node, what the target would write next. **Near-tie**: two "
+        "tokens closer than a bf16 rounding step, where bf16 and float32 runs can part ways."
+    ),
     "mask": (
         "**Tree attention mask.** The target checks every node in one forward. Row i shows what "
         "token i may attend to: itself and its ancestors (and all committed text, not drawn), so "
-        "each branch sees only its own path. Dark row: the accepted path."
+        "each branch sees only its own path. Dark row: the accepted path. Each row is labelled "
+        "node:token @position id: a node's position is the text length plus its depth, so "
+        "siblings share one (they are alternatives for the same place); only the mask tells them apart."
     ),
     "timeline": (
         "**Timeline.** When the drafter and the target (verifier) are busy, in ms. Synchronous "
@@ -167,6 +202,7 @@ def _controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         value=defaults.cost_aware,
         label="Cost-aware (stop the tree when the next layer does not pay on this hardware; skip the "
         "draft model when retrieval alone is faster)",
+        elem_id="talon-cost-aware",
     )
     c["draft_quant"] = gr.Radio(
         label="Draft weights",
@@ -210,9 +246,16 @@ def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
         latest = gr.Button("Latest »", size="sm", min_width=80, scale=0, elem_id="talon-latest")
     caption = gr.HTML(F.step_caption_html([], 0), label="step caption", elem_id="talon-caption")
     tree = _figure_row("tree", "Draft tree")
+    with gr.Row(equal_height=False, elem_id="talon-inspector-row"):
+        with gr.Column(scale=3, min_width=420):
+            node_pick = gr.Dropdown(label="Node inspector: pick a node of this step", choices=[], value=None,
+                                    elem_id="talon-node-pick")
+            inspector = gr.HTML(F.node_inspector_html_empty(), elem_id="talon-inspector")
+        gr.Markdown(EXPLAIN["inspector"], elem_classes=["talon-explain"], min_width=200)
     gates = _figure_row("gates", "Confidence gates")
     mask = _figure_row("mask", "Attention mask")
     timeline = _figure_row("timeline", "Timeline")
+    cost = _figure_row("cost", "Cost model")
     gr.Markdown("### The whole run")
     with gr.Row():
         per_step = _run_plot("per_step", "tokens per step")
@@ -237,6 +280,9 @@ def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
         sources,
         speed,
         download,
+        node_pick,
+        inspector,
+        cost,
         gr.State(Session()),
     )
     return view, {"prev": prev, "next": nxt, "latest": latest, "upload": upload}
@@ -266,6 +312,8 @@ def _wire_decode(
     quick = dict(outputs=view.outputs(), concurrency_limit=None, show_progress="hidden", api_visibility="private")
     panel.stop.click(stop, [view.state, compare.state], None, concurrency_limit=None, api_visibility="private")
     view.slider.input(make_show_step(view), [view.slider, view.state], trigger_mode="always_last", **quick)
+    view.node_pick.input(make_inspect(view), [view.node_pick, view.state], [view.inspector],
+                         concurrency_limit=None, show_progress="hidden", api_visibility="private")
     buttons["prev"].click(make_nudge(view, -1), [view.state], **quick)
     buttons["next"].click(make_nudge(view, +1), [view.state], **quick)
     buttons["latest"].click(make_nudge(view, 0), [view.state], **quick)
@@ -335,6 +383,15 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
         box.input(filter_sweep, [suite, method, view.state], view.outputs(), api_visibility="private")
 
 
+def _serving_tab(panel: ControlPanel, settings: Settings) -> None:
+    gr.Markdown(EXPLAIN["serve"], elem_classes=["talon-explain"])
+    go_button = gr.Button("Translate the current controls", variant="primary", elem_id="talon-serve-run")
+    flags = gr.Markdown("Press the button: the controls on the left become server flags.", elem_id="talon-serve")
+    as_json = gr.JSON(label="The same, as JSON (what the /serving_config API returns)", visible=True)
+    go_button.click(make_serving_config(settings), inputs_kwargs=dict(panel.components), outputs=[flags, as_json],
+                    api_name="serving_config", concurrency_limit=None, show_progress="hidden")
+
+
 def build_ui(settings: Settings) -> gr.Blocks:
     """The whole app. Pass css/head/theme to ``launch()`` (Gradio 6)."""
     examples = load_examples()
@@ -351,5 +408,9 @@ def build_ui(settings: Settings) -> gr.Blocks:
                         compare = _compare_tab(panel, settings)
                     with gr.Tab("Threshold explorer", id="sweep"):
                         _sweep_tab(panel, settings)
+                    with gr.Tab("Serve it", id="serve"):
+                        _serving_tab(panel, settings)
         _wire_decode(view, panel, buttons, compare, settings)
+        demo.load(make_show_recording(view), [view.state], view.outputs(), api_visibility="private",
+                  concurrency_limit=None, show_progress="hidden")
     return demo

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import gradio as gr
+
 from talon.trace import RunSummary, StepTrace
 
 
@@ -25,12 +27,36 @@ class Session:
     step_through: bool = False
     shown: int = 0
     trace_path: str | None = None
+    # what the stream last sent to each output (component id -> fingerprint), so an unchanged
+    # output is not sent again; forgotten whenever another handler redraws the view
+    sent: dict[int, str] = field(default_factory=dict)
+    payload: list[tuple[int, int]] = field(default_factory=list)  # (bytes computed, bytes sent) per update
 
     def begin(self, step_through: bool, cancel: threading.Event | None) -> None:
         """Forget the previous run; a new one starts (or a trace is replayed: no cancel)."""
         self.steps, self.summary, self.ar_summary, self.trace_path = [], None, None, None
         self.follow, self.step_through, self.shown = True, step_through, 0
         self.cancel = cancel
+        self.sent, self.payload = {}, []
+
+    def unsent(self, updates: dict[Any, Any]) -> dict[Any, Any]:
+        """``updates`` without the outputs whose value is what this stream last sent them;
+        records the bytes of both (``payload``)."""
+        fresh: dict[Any, Any] = {}
+        computed = sent = 0
+        for component, value in updates.items():
+            if isinstance(component, gr.State):  # server-side only: never sent to the browser
+                fresh[component] = value
+                continue
+            text = fingerprint(value)
+            computed += len(text)
+            if self.sent.get(id(component)) == text:
+                continue
+            self.sent[id(component)] = text
+            sent += len(text)
+            fresh[component] = value
+        self.payload.append((computed, sent))
+        return fresh
 
     def clamp(self, index: Any) -> int:
         try:
@@ -38,6 +64,15 @@ class Session:
         except (TypeError, ValueError, OverflowError):
             value = 0
         return max(0, min(value, len(self.steps) - 1)) if self.steps else 0
+
+
+def fingerprint(value: Any) -> str:
+    """The serialised form of an output's value, as near as cheaply possible to what is sent:
+    a Plotly figure's JSON, an HTML string, the repr of anything else (updates, paths, State)."""
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    return value if isinstance(value, str) else repr(value)
 
 
 @dataclass

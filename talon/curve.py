@@ -1,0 +1,68 @@
+"""Seconds against size: a piecewise-linear curve over a fixed grid of sizes, refined online.
+
+Pure (no torch), so that figures can draw the cost model a trace carries as well as the engine
+can plan with it (``talon.cost`` measures the curves; this module only holds them).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+GRID: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+LEARNING_RATE = 0.15  # online refinement: share of a step's prediction error folded back
+MAX_ERROR = 0.5  # an observation moves the curve by at most this fraction of the prediction
+
+
+@dataclass
+class Curve:
+    """Seconds against size: values on ``GRID`` sizes, linear in between, linear beyond."""
+
+    values: list[float]  # one per GRID size
+
+    @staticmethod
+    def fit(samples: dict[int, float]) -> "Curve":
+        """Interpolate measured (size -> seconds) samples onto the grid (at least one sample)."""
+        sizes = sorted(samples)
+        xs = [float(s) for s in sizes]
+        ys = [samples[s] for s in sizes]
+        return Curve([_interp(xs, ys, float(g)) for g in GRID])
+
+    def __call__(self, size: float) -> float:
+        size = max(float(size), 1.0)
+        monotone = _running_max(self.values)
+        return max(_interp([float(g) for g in GRID], monotone, size), 0.0)
+
+    def observe(self, size: int, seconds: float, rate: float = LEARNING_RATE) -> None:
+        """Fold one timing into the two grid points around ``size`` (LMS on the linear basis)."""
+        predicted = _interp([float(g) for g in GRID], self.values, float(max(size, 1)))  # raw, not monotone
+        error = seconds - predicted
+        limit = MAX_ERROR * max(predicted, 1e-6)
+        error = max(-limit, min(limit, error))
+        i = bisect.bisect_right(GRID, size) - 1
+        if i < 0:
+            self.values[0] += rate * error
+            return
+        if i >= len(GRID) - 1:
+            self.values[-1] += rate * error
+            return
+        w_hi = (size - GRID[i]) / (GRID[i + 1] - GRID[i])
+        self.values[i] += rate * (1.0 - w_hi) * error
+        self.values[i + 1] += rate * w_hi * error
+
+
+def _running_max(values: list[float]) -> list[float]:
+    out, best = [], float("-inf")
+    for v in values:
+        best = max(best, v)
+        out.append(best)
+    return out
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys), extended linearly past both ends (flat for one point)."""
+    if len(xs) == 1:
+        return ys[0]
+    j = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    x0, x1, y0, y1 = xs[j], xs[j + 1], ys[j], ys[j + 1]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -1,0 +1,32 @@
+"""The Serve tab: the current controls as the nearest SGLang launch flags and vLLM
+``--speculative-config``, with what does not carry over (``talon.serving``). Also the
+``/serving_config`` API endpoint, which takes the same controls as ``/generate``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from talon.config import ConfigError
+from talon.models.loading import NO_DRAFT
+from talon.serving import serving_config
+from talon.settings import Settings
+from talon.ui.controls import Controls, user_error
+from talon.ui.device import find_preset
+
+
+def make_serving_config(settings: Settings) -> Callable[..., tuple[str, dict[str, Any]]]:
+    def translate(**controls: Any) -> tuple[str, dict[str, Any]]:
+        """The controls as server flags: markdown for the panel, the same as JSON for the API."""
+        values = Controls(**controls)
+        try:
+            cfg = values.run_config(settings.max_new_tokens_limit)
+            preset = find_preset(settings, values.preset)
+        except ConfigError as error:
+            raise user_error(str(error)) from error
+        target = preset.target or settings.target
+        draft = preset.draft or settings.draft
+        result = serving_config(cfg, target, None if draft is None or draft.strip().lower() in NO_DRAFT else draft)
+        return result.markdown(), result.to_dict()
+
+    return translate

@@ -1,0 +1,206 @@
+"""The serving bridge: Talon configurations -> SGLang flags and vLLM --speculative-config (pure)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+
+import pytest
+
+from talon.config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.serving import SGLANG_FLAGS, VLLM_KEYS, ServingConfig, serving_config, tree_shape
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+
+TARGET = "Qwen/Qwen2.5-7B-Instruct"
+DRAFT = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def _flag_values(flags: list[str]) -> dict[str, str]:
+    """Flags come in (name, value) pairs; a lone name would break the pairing."""
+    assert len(flags) % 2 == 0, flags
+    names, values = flags[0::2], flags[1::2]
+    assert all(n.startswith("--") for n in names) and not any(v.startswith("--") for v in values)
+    return dict(zip(names, values))
+
+
+def _all_configs() -> list[RunConfig]:
+    trees = [
+        TreeConfig(mode=m, budget=n, top_k=k, max_depth=d)
+        for m, n, k, d in itertools.product(("adaptive", "static", "chain"), (1, 5, 16, 64), (1, 2, 4), (1, 3, 8))
+    ]
+    samplings = (SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, seed=3))
+    return [
+        RunConfig(drafter=kind, tree=tree, sampling=s)
+        for kind, tree, s in itertools.product(("hybrid", "model", "retrieval", "none"), trees, samplings)
+    ]
+
+
+def test_model_static_maps_to_standalone_tree_and_vllm_chain() -> None:
+    cfg = RunConfig(drafter="model", tree=TreeConfig(mode="static", budget=16, root_k=4, top_k=2, max_depth=6))
+    out = serving_config(cfg, TARGET, DRAFT)
+    assert out.sglang_flags == [
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", DRAFT,
+        "--speculative-num-steps", "6",
+        "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "17",
+    ]
+    assert out.vllm_config == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 6}
+    gaps = " ".join(out.not_carried)
+    assert "gate" not in gaps and "graft" not in gaps  # static has no gate, model has no graft
+    assert "K=4" in gaps and "one chain" in gaps
+
+
+def test_model_chain_is_topk_one_with_root_counted() -> None:
+    cfg = RunConfig(drafter="model", tree=TreeConfig(mode="chain", budget=5, top_k=3, max_depth=8, min_conf=0.2))
+    out = serving_config(cfg, TARGET, DRAFT)
+    assert _flag_values(out.sglang_flags) == {
+        "--speculative-algorithm": "STANDALONE",
+        "--speculative-draft-model-path": DRAFT,
+        "--speculative-num-steps": "5",
+        "--speculative-eagle-topk": "1",
+        "--speculative-num-draft-tokens": "6",
+    }
+    assert out.vllm_config == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 5}
+    gaps = " ".join(out.not_carried)
+    assert "min_conf=0.2" in gaps and "one chain" not in gaps and "K=" not in gaps
+
+
+def test_retrieval_maps_to_ngram_and_suffix() -> None:
+    cfg = RunConfig(
+        drafter="retrieval",
+        tree=TreeConfig(budget=12),
+        retrieval=RetrievalConfig(min_match=3, max_continuation=10, max_branches=2),
+    )
+    out = serving_config(cfg, TARGET, DRAFT)
+    assert out.sglang_flags == [
+        "--speculative-algorithm", "NGRAM",
+        "--speculative-num-draft-tokens", "13",
+        "--speculative-ngram-match-type", "PROB",
+        "--speculative-ngram-max-bfs-breadth", "2",
+        "--speculative-ngram-max-trie-depth", "13",
+    ]
+    assert out.vllm_config == {
+        "method": "suffix",
+        "num_speculative_tokens": 10,
+        "suffix_decoding_max_tree_depth": 13,
+        "suffix_decoding_max_spec_factor": 3.33,
+    }
+    assert DRAFT not in out.sglang_command + out.vllm_command  # retrieval loads no draft model
+    notes = " ".join(out.notes)
+    assert '"method": "ngram"' in notes and '"prompt_lookup_min": 3' in notes
+    gaps = " ".join(out.not_carried)
+    assert "min_match=3" in gaps and "gate" not in gaps  # retrieval alone never builds a gated tree
+
+
+def test_hybrid_adaptive_carries_the_model_half_and_names_gate_and_graft() -> None:
+    cfg = RunConfig(drafter="hybrid")  # adaptive, N=16, K=4, k=2, depth 8, mu=0.1
+    out = serving_config(cfg, TARGET, DRAFT)
+    assert _flag_values(out.sglang_flags) == {
+        "--speculative-algorithm": "STANDALONE",
+        "--speculative-draft-model-path": DRAFT,
+        "--speculative-num-steps": "8",
+        "--speculative-eagle-topk": "2",
+        "--speculative-num-draft-tokens": "17",
+    }
+    assert out.vllm_config == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 8}
+    gaps = out.not_carried
+    assert any("gate" in g and "mu=0.1" in g for g in gaps)
+    graft = next(g for g in gaps if "graft" in g)
+    assert "--speculative-algorithm NGRAM" in graft and '"method": "suffix"' in graft
+    assert any("cost-aware" in g for g in gaps)
+
+
+def test_none_is_plain_serving() -> None:
+    out = serving_config(RunConfig(drafter="none"), TARGET, DRAFT)
+    assert out.sglang_flags == [] and out.vllm_config == {}
+    assert out.sglang_command == f"python -m sglang.launch_server --model-path {TARGET}"
+    assert out.vllm_command == f"vllm serve {TARGET}"
+    assert out.not_carried == []
+
+
+def test_budget_is_capped_at_the_candidates_sglang_proposes() -> None:
+    cfg = RunConfig(drafter="model", tree=TreeConfig(mode="static", budget=64, top_k=2, max_depth=3))
+    out = serving_config(cfg, TARGET, DRAFT)
+    assert _flag_values(out.sglang_flags)["--speculative-num-draft-tokens"] == "11"  # 2 + 2 * 4 + root
+    assert any("capped at the 10 candidates" in n for n in out.notes)
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "model", "retrieval", "none"])
+def test_every_shape_is_one_sglang_and_vllm_accept(kind: str) -> None:
+    for cfg in (c for c in _all_configs() if c.drafter == kind):
+        _check_accepted(cfg, serving_config(cfg, TARGET, DRAFT))
+
+
+def _check_accepted(cfg: RunConfig, out: ServingConfig) -> None:
+    """The engines' own constraints on what this module emits (files named in talon.serving)."""
+    flags = _flag_values(out.sglang_flags)
+    assert set(flags) <= set(SGLANG_FLAGS) and set(out.vllm_config) <= set(VLLM_KEYS)
+    if cfg.drafter in ("model", "hybrid"):
+        steps, topk = int(flags["--speculative-num-steps"]), int(flags["--speculative-eagle-topk"])
+        drafts = int(flags["--speculative-num-draft-tokens"]) - 1
+        if topk == 1:  # speculative_hook: topk 1 forces num_draft_tokens = num_steps + 1
+            assert drafts == steps == min(cfg.tree.budget, cfg.tree.max_depth)
+        else:  # eagle_utils.organize_draft_results: top (num_draft_tokens - 1) of the candidates
+            assert 1 <= drafts <= min(cfg.tree.budget, topk + (steps - 1) * topk * topk)
+        assert 1 <= out.vllm_config["num_speculative_tokens"] <= min(cfg.tree.budget, cfg.tree.max_depth)
+    if cfg.drafter == "retrieval":
+        assert int(flags["--speculative-ngram-max-trie-depth"]) > 1  # ngram.cpp refuses <= 1
+    assert any("per-request" in n for n in out.notes) == (not cfg.sampling.greedy)
+
+
+def test_commands_parse_back_and_round_trip_the_json() -> None:
+    target = "/models/my target"  # a space forces quoting
+    for cfg in _all_configs():
+        out = serving_config(cfg, target, DRAFT)
+        assert shlex.split(out.sglang_command) == [
+            "python", "-m", "sglang.launch_server", "--model-path", target, *out.sglang_flags
+        ]
+        argv = shlex.split(out.vllm_command)
+        assert argv[:3] == ["vllm", "serve", target]
+        if out.vllm_config:
+            assert argv[3] == "--speculative-config" and len(argv) == 5
+            assert json.loads(argv[4]) == out.vllm_config
+        else:
+            assert len(argv) == 3
+
+
+def test_embedded_names_map_to_hub_ids() -> None:
+    out = serving_config(RunConfig(drafter="model"), EMBEDDED_TARGET, EMBEDDED_DRAFT)
+    assert "embedded:" not in out.sglang_command + out.vllm_command
+    assert shlex.split(out.sglang_command)[4] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert _flag_values(out.sglang_flags)["--speculative-draft-model-path"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert out.vllm_config["model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    notes = " ".join(out.notes)
+    assert EMBEDDED_TARGET in notes and EMBEDDED_DRAFT in notes
+
+
+def test_model_drafter_without_a_draft_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        serving_config(RunConfig(drafter="model"), TARGET, None)
+    assert serving_config(RunConfig(drafter="retrieval"), TARGET, None).sglang_flags  # needs none
+
+
+def test_async_and_corpus_are_named_only_when_used() -> None:
+    plain = " ".join(serving_config(RunConfig(drafter="hybrid"), TARGET, DRAFT).not_carried)
+    cfg = RunConfig(drafter="hybrid", async_draft=True, retrieval=RetrievalConfig(corpus="/data/c.jsonl"))
+    used = " ".join(serving_config(cfg, TARGET, DRAFT).not_carried)
+    assert "async" not in plain and "async" in used
+    corpus = " ".join(serving_config(cfg.replace(drafter="retrieval"), TARGET, None).not_carried)
+    assert "/data/c.jsonl" in corpus and "--speculative-ngram-external-corpus-path" in corpus
+
+
+def test_markdown_and_dict() -> None:
+    out = serving_config(RunConfig(drafter="hybrid"), TARGET, DRAFT)
+    md = out.markdown()
+    assert md.count("```bash") == 2 and out.sglang_command in md and out.vllm_command in md
+    assert "\n\n**Does not carry over**\n" in md and all(f"- {g}" in md for g in out.not_carried)
+    data = json.loads(json.dumps(out.to_dict()))
+    assert data["versions"] == {"sglang": "0.5.23", "vllm": "0.33.0"}
+    assert data["sglang_flags"] == out.sglang_flags
+
+
+def test_tree_shape_limits() -> None:
+    shape = tree_shape(TreeConfig(mode="static", budget=3, top_k=4, max_depth=8))
+    assert (shape.steps, shape.topk, shape.draft_tokens, shape.chain_len) == (8, 4, 4, 3)
