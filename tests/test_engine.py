@@ -16,7 +16,7 @@ from talon.decode import Engine, generate
 from talon.drafters.hybrid import Draft
 from talon.kv import keep_entries
 from talon.tree import DraftTree
-from talon.verify import forward_hidden, lm_logits, verify_tree
+from talon.verify import forward_hidden, verify_tree
 from tests.tiny import VOCAB, tiny_loaded, tiny_model
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]

@@ -10,9 +10,9 @@ import torch
 from talon.accept import accept_sampling, warp_probs
 from talon.config import RunConfig, SamplingConfig, TreeConfig
 from talon.decode import Engine
+from talon.models import LoadedModel
 from talon.tree import DraftTree
 from tests.tiny import byte_tokenizer, tiny_model
-from talon.models import LoadedModel
 
 
 def tv(a: dict, b: dict) -> float:

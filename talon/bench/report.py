@@ -67,7 +67,7 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
 
 def variants_note(rows: Sequence[ResultRow]) -> str:
     picks = [
-        f"{r.suite}: `{r.settings['variant']}` of "
+        f"{r.method}, {r.suite}: `{r.settings['variant']}` of "
         + ", ".join(f"{k} {v:.2f}x" for k, v in r.settings["variants"].items())
         for r in rows
         if "variants" in r.settings
@@ -75,8 +75,10 @@ def variants_note(rows: Sequence[ResultRow]) -> str:
     if not picks:
         return ""
     return (
-        "hf-assisted reports its fastest `num_assistant_tokens` variant per suite "
-        "(an integer: fixed draft length; `default`: transformers' defaults):\n\n"
+        "Best-of peers report their fastest variant per suite: hf-assisted's `num_assistant_tokens` "
+        "(an integer: fixed draft length; `default`: transformers' defaults, adaptive threshold "
+        "included) and hf-pld's `max_matching_ngram_size` (`n=2`, transformers' default; `n=3`, the "
+        "prompt-lookup recipe's):\n\n"
         + "\n".join(f"- {p}" for p in picks)
         + "\n"
     )

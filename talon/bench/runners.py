@@ -203,9 +203,9 @@ def hf_runners(method: str, engine: Engine, cfg: BenchConfig) -> list[Runner]:
     runners: list[Runner] = []
     if method == "hf-pld":
         for ngram in cfg.pld_ngrams:
-            settings = {"prompt_lookup_num_tokens": cfg.pld_tokens, "max_matching_ngram_size": ngram}
-            spec = MethodSpec(f"hf-pld[n={ngram}]", "hf-pld", "hf", settings, best_of=True)
-            runners.append(HfRunner(spec, target, None, {**base, **settings}))
+            lookup = {"prompt_lookup_num_tokens": cfg.pld_tokens, "max_matching_ngram_size": ngram}
+            spec = MethodSpec(f"hf-pld[n={ngram}]", "hf-pld", "hf", {"variant": f"n={ngram}", **lookup}, best_of=True)
+            runners.append(HfRunner(spec, target, None, {**base, **lookup}))
         return runners
     for variant in cfg.hf_assistant_tokens:
         overrides = assistant_overrides(variant)
