@@ -242,7 +242,8 @@ class Run:
         if pool is not None and (pre := self.drafter.begin_predraft(tree)) is not None:
             ahead = pool.submit(self.drafter.grow, pre, t0)
         t_verify_start = time.perf_counter()
-        logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), tree.positions(prefix_len))
+        positions = tree.positions(prefix_len)  # (T,)
+        logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), positions)
         t_verify = time.perf_counter()
         top1 = logits.argmax(dim=-1).tolist()  # (T,)
         acc, topk = self._accept(tree, logits, top1)
@@ -253,10 +254,7 @@ class Run:
         forwards = self._draft_forwards()
         self.drafter.commit(tree, acc.accepted, new_tokens)
         self.generated.extend(new_tokens)
-        step = self._trace(draft, top1, acc, new_tokens)
-        step.target_topk_ids, step.target_topk_probs = topk
-        step.target_topk_texts = [[self.engine.token_text(t) for t in row] for row in topk[0]]
-        step.positions = tree.positions(prefix_len).tolist()
+        step = self._trace(draft, top1, acc, new_tokens, topk, positions.tolist())
         step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
         step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
         step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
@@ -310,9 +308,12 @@ class Run:
         p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
         return accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
 
-    def _trace(self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int]) -> StepTrace:
+    def _trace(
+        self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int], topk: tuple[list, list], positions: list[int]
+    ) -> StepTrace:
         tree = draft.tree
         text = self.engine.token_text
+        topk_ids, topk_probs = topk
         gates = tree.gates
         return StepTrace(
             step=len(self.steps),
@@ -327,6 +328,10 @@ class Run:
             gate_threshold=[g.threshold if g else None for g in gates],
             gate_passed=[g.passed if g else None for g in gates],
             target_top1=top1,
+            target_topk_ids=topk_ids,
+            target_topk_probs=topk_probs,
+            target_topk_texts=[[text(t) for t in row] for row in topk_ids],
+            positions=positions,
             accepted=acc.accepted,
             bonus_token=acc.bonus_token,
             bonus_text=text(acc.bonus_token),
