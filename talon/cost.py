@@ -121,7 +121,8 @@ def cost_key(target: PreTrainedModel, draft: PreTrainedModel | None, names: tupl
         quant = getattr(model, "talon_quant", "none")
         return f"{name}:{model.dtype}:{model.device}:{quant}"
 
-    return f"{describe(target, names[0])}|{describe(draft, names[1])}|threads={torch.get_num_threads()}"
+    threads = torch.get_num_threads()
+    return f"{describe(target, names[0])}|{describe(draft, names[1])}|threads={threads}|probe={PROBE_VERSION}"
 
 
 def _sync(model: PreTrainedModel) -> None:
@@ -129,20 +130,38 @@ def _sync(model: PreTrainedModel) -> None:
         torch.cuda.synchronize(model.device)
 
 
-def _time_forward(model: PreTrainedModel, prefix: int, size: int, vocab: int, reps: int) -> float:
-    """Best of ``reps``: one forward of ``size`` new tokens over a ``prefix``-token cache."""
+PROBE_VERSION = 2  # in the cache key: a better probe re-measures instead of reading an old one
+
+
+def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: int):
+    """A function timing one forward of ``size`` new tokens over a ``prefix``-token cache (the
+    timed tokens are dropped again after each call)."""
     cache = DynamicCache(config=model.config)
-    ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + size,))
+    ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
     forward_hidden(model, cache, ids[:prefix], torch.arange(prefix), None)
-    best = float("inf")
-    for _ in range(reps):
+
+    def time_once(size: int) -> float:
         _sync(model)
         start = time.perf_counter()
-        hidden = forward_hidden(model, cache, ids[prefix:], torch.arange(prefix, prefix + size), None)
+        hidden = forward_hidden(model, cache, ids[prefix : prefix + size], torch.arange(prefix, prefix + size), None)
         lm_logits(model, hidden, vocab)
         _sync(model)
-        best = min(best, time.perf_counter() - start)
-        cache.crop(-size)  # drop the timed tokens again
+        seconds = time.perf_counter() - start
+        cache.crop(-size)
+        return seconds
+
+    return time_once
+
+
+def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int, reps: int) -> dict[int, float]:
+    """Best of ``reps`` per size, the sizes taken round-robin after one warm-up forward, so that a
+    slow first call or a burst of other load hits one sample of each size, not all of one."""
+    time_once = _forward_timer(model, prefix, vocab, max(sizes))
+    time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
+    best = {s: float("inf") for s in sizes}
+    for _ in range(reps):
+        for s in sizes:
+            best[s] = min(best[s], time_once(s))
     return best
 
 
@@ -150,19 +169,18 @@ def probe_costs(
     target: PreTrainedModel,
     draft: PreTrainedModel | None,
     draft_vocab: int = 0,
-    prefix: int = 128,
+    prefix: int = 256,
     max_tree: int = 64,
-    reps: int = 2,
+    reps: int = 3,
 ) -> CostModel:
-    """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32."""
+    """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
+    each fitted isotonically (more tokens never cost less)."""
     sizes = [g for g in GRID if g <= max_tree]
-    verify = {g: _time_forward(target, prefix, g, 0, reps) for g in sizes}
-    costs = CostModel(verify=Curve.fit(verify))
+    costs = CostModel(verify=Curve.fit_monotone(_probe_curve(target, sizes, prefix, 0, reps)))
     if draft is not None:
         widths = [g for g in GRID if g <= 32]
-        samples = {w: _time_forward(draft, prefix, w, draft_vocab, reps) for w in widths}
-        costs.draft = Curve.fit(samples)
-        long = _time_forward(draft, prefix, GRID[-1], draft_vocab, 1)
+        costs.draft = Curve.fit_monotone(_probe_curve(draft, widths, prefix, draft_vocab, reps))
+        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, 1)[GRID[-1]]
         costs.prefill_per_token_s = long / GRID[-1]
     return costs
 

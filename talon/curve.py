@@ -28,6 +28,14 @@ class Curve:
         ys = [samples[s] for s in sizes]
         return Curve([_interp(xs, ys, float(g)) for g in GRID])
 
+    @staticmethod
+    def fit_monotone(samples: dict[int, float]) -> "Curve":
+        """Like ``fit``, after an isotonic (non-decreasing) least-squares fit of the samples: a
+        noisy probe where 1 token looks dearer than 2 pools the two instead of lifting every
+        larger size to the outlier, as a running maximum would."""
+        sizes = sorted(samples)
+        return Curve.fit(dict(zip(sizes, isotonic([samples[s] for s in sizes]))))
+
     def __call__(self, size: float) -> float:
         size = max(float(size), 1.0)
         monotone = _running_max(self.values)
@@ -49,6 +57,17 @@ class Curve:
         w_hi = (size - GRID[i]) / (GRID[i + 1] - GRID[i])
         self.values[i] += rate * (1.0 - w_hi) * error
         self.values[i + 1] += rate * w_hi * error
+
+
+def isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def _running_max(values: list[float]) -> list[float]:
