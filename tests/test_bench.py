@@ -157,6 +157,11 @@ def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
     assert [(r.cfg.drafter, r.cfg.tree.mode, r.cfg.tree.budget) for r in adaptive] == [
         ("model", "adaptive", 4), ("model", "adaptive", 8),
     ]
+    # a cell changes mu, N and K only: the method's own min_conf and cost planning stay
+    assert all(r.cfg.tree.min_conf == 0.0 and not r.cfg.tree.cost_aware for r in adaptive)
+    talon = sweep_runners(Engine(target, draft), SweepConfig(mus=(0.3,), budgets=(8,)))
+    assert [(r.spec.method, r.cfg.drafter, r.cfg.tree.cost_aware, r.cfg.tree.min_conf, r.cfg.tree.mu)
+            for r in talon] == [("talon", "hybrid", True, RunConfig().tree.min_conf, 0.3)]
 
 
 def test_limit_and_suites_are_respected(data_dir: Path) -> None:
@@ -164,6 +169,13 @@ def test_limit_and_suites_are_respected(data_dir: Path) -> None:
     assert [(p.suite, p.index) for p in prompts] == [("sum", 0), ("sum", 1), ("qa", 0)]
     assert prompts[0].text == SUITE_TEXTS["sum"][0]  # the first turn
     assert len(load_prompts(data_dir, ["humaneval"])) == 3
+    later = load_prompts(data_dir, ["sum", "humaneval"], limit=1, start=1)  # skip the reported ones
+    assert [(p.suite, p.index, p.text) for p in later] == [
+        ("sum", 1, SUITE_TEXTS["sum"][1]), ("humaneval", 1, SUITE_TEXTS["humaneval"][1]),
+    ]
+    assert load_prompts(data_dir, ["sum", "qa"], start=2) == [later[0].__class__("sum", 2, SUITE_TEXTS["sum"][2])]
+    with pytest.raises(BenchError, match="--start"):
+        load_prompts(data_dir, ["sum"], start=-1)
 
 
 def test_bad_requests_get_clear_errors(data_dir: Path, tmp_path: Path) -> None:
@@ -201,3 +213,31 @@ def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: P
         run_bench(target, None, prompts, BenchConfig(methods=("ar", "chain")))
     report = run_bench(target, None, prompts, BenchConfig(methods=("ar", "hf-pld"), max_new_tokens=6))
     assert {r.method for r in report.rows} == {"ar", "hf-pld"}
+
+
+def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
+    """A near-tie can send a method down a shorter continuation: fewer tokens in less time is
+    not a speedup. Speedup compares tokens per second; the best-of variant is the fastest."""
+    from talon.bench.data import Prompt
+    from talon.bench.results import Sample, aggregate
+    from talon.bench.runners import MethodSpec, Outcome
+
+    class Fixed:
+        def __init__(self, spec: MethodSpec) -> None:
+            self.spec = spec
+
+    ar = Fixed(MethodSpec("ar", "ar", "talon", {}))
+    short = Fixed(MethodSpec("hf-pld[n=2]", "hf-pld", "hf", {"variant": "n=2"}, best_of=True))
+    fast = Fixed(MethodSpec("hf-pld[n=3]", "hf-pld", "hf", {"variant": "n=3"}, best_of=True))
+    prompt = Prompt("qa", 0, "q")
+    samples = [
+        Sample(prompt, ar.spec, Outcome(list(range(100)), 10.0, 100)),  # 10 tok/s
+        Sample(prompt, short.spec, Outcome(list(range(40)), 5.0, 20)),  # 8 tok/s in half ar's time
+        Sample(prompt, fast.spec, Outcome(list(range(100)), 8.0, 50)),  # 12.5 tok/s
+    ]
+    rows = {(r.suite, r.method): r for r in aggregate(samples, [], [ar, short, fast])}
+    best = rows[("qa", "hf-pld")]
+    assert best.settings["variant"] == "n=3"
+    assert best.speedup_vs_ar == pytest.approx(1.25)
+    assert best.settings["variants"] == {"n=2": 0.8, "n=3": 1.25}
+    assert rows[("all", "ar")].speedup_vs_ar == pytest.approx(1.0)

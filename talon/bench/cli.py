@@ -53,6 +53,9 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                    help="prompts per suite, 0 = all (default: %(default)s, which with every method "
                    "and all six suites finishes in under an hour on a 2-core CPU)")
+    p.add_argument("--start", type=int, default=0,
+                   help="skip this many prompts of each suite first, e.g. to sweep defaults on prompts "
+                   "the reported benchmark does not use (default: 0)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                    help="new tokens per prompt (default: %(default)s)")
     add_model_args(p, settings)
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "talon.bench"] + (sys.argv[1:] if argv is None else argv))
     try:
         cfg = bench_config(args)
-        prompts = load_prompts(args.data, args.suites, args.limit or None)
+        prompts = load_prompts(args.data, args.suites, args.limit or None, args.start)
         draft = args.draft if cfg.needs_draft_model() else None
         target_lm, draft_lm = load_pair(
             args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant

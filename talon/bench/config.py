@@ -11,7 +11,7 @@ from talon.config import ConfigError, RunConfig, TreeConfig
 BENCH_FORMAT = "talon-bench/1"
 SPECBENCH_SUITES: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 METHODS: tuple[str, ...] = ("ar", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
-SWEEP_METHODS: tuple[str, ...] = ("hybrid", "adaptive")
+SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
 ALL_SUITES_ROW = "all"
 EQUAL_BUDGET = 24  # the budget at which the tree baselines are compared
@@ -45,9 +45,11 @@ class SweepCell:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """Grid over the gate mu, the budget N and the root width K for one adaptive-tree method."""
+    """Grid over the gate mu, the budget N and the root width K for one adaptive-tree method:
+    ``talon`` (the default configuration, cost-aware), ``hybrid`` (planning off) or ``adaptive``
+    (the draft model alone); every other knob stays the method's own."""
 
-    method: str = "hybrid"
+    method: str = "talon"
     mus: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4)
     budgets: tuple[int, ...] = (8, 16, 24, 32, 48)
     root_ks: tuple[int, ...] = (TreeConfig().root_k,)

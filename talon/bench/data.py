@@ -48,20 +48,25 @@ def default_data_dir() -> Path | None:
     return SPECBENCH_DIR if SPECBENCH_DIR.is_dir() else None
 
 
-def load_prompts(data_dir: Path | None, suites: Sequence[str], limit: int | None = None) -> list[Prompt]:
-    """The first ``limit`` prompts (all if None) of each suite, suite by suite."""
+def load_prompts(
+    data_dir: Path | None, suites: Sequence[str], limit: int | None = None, start: int = 0
+) -> list[Prompt]:
+    """``limit`` prompts (all if None) of each suite from its ``start``-th on, suite by suite:
+    a sweep that tunes defaults can skip the prompts the benchmark reports on."""
     unknown = [s for s in suites if s not in ALL_SUITES]
     if unknown:
         raise BenchError(f"unknown suite(s) {', '.join(unknown)}: choose from {', '.join(ALL_SUITES)}")
     if limit is not None and limit < 1:
         raise BenchError(f"--limit must be >= 1, got {limit}")
+    if start < 0:
+        raise BenchError(f"--start must be >= 0, got {start}")
     prompts: list[Prompt] = []
     for suite in dict.fromkeys(suites):
         path = _suite_file(suite, data_dir)
         if path is None:
             continue
-        texts = _read_prompt_texts(path)[:limit]
-        prompts += [Prompt(suite, i, text) for i, text in enumerate(texts)]
+        texts = _read_prompt_texts(path)[start:][:limit]
+        prompts += [Prompt(suite, start + i, text) for i, text in enumerate(texts)]
     if not prompts:
         raise BenchError(f"no prompts to run in suites {', '.join(suites)}")
     return prompts

@@ -218,8 +218,8 @@ def hf_runners(method: str, engine: Engine, cfg: BenchConfig) -> list[Runner]:
 def sweep_runners(engine: Engine, sweep: SweepConfig) -> list[Runner]:
     runners: list[Runner] = []
     for cell in sweep.cells():
-        tree = TreeConfig(mode="adaptive", budget=cell.budget, root_k=cell.root_k, mu=cell.mu)
-        cfg = talon_run_config(sweep.method, talon_async=False).replace(tree=tree)
+        base = talon_run_config(sweep.method, talon_async=False)
+        cfg = base.replace(tree=dataclasses.replace(base.tree, budget=cell.budget, root_k=cell.root_k, mu=cell.mu))
         name = f"{sweep.method}[mu={cell.mu:g},N={cell.budget},K={cell.root_k}]"
         spec = MethodSpec(name, sweep.method, "talon", talon_settings(cfg), cell=cell)
         runners.append(TalonRunner(spec, engine, cfg))
