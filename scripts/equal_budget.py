@@ -7,7 +7,7 @@ target forward) is the same on a busy machine as on a quiet one: this script mea
 and leaves speed to ``python -m talon.bench``. Extra ``--mu`` values add adaptive variants.
 Usage:
 
-    .venv/bin/python scripts/equal_budget.py --limit 5 --max-new-tokens 128 --out bench-equal
+    .venv/bin/python scripts/equal_budget.py --limit 5 --max-new-tokens 64 --out bench-equal
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ def result_row(
     of wall times would count the length difference as speed."""
     seconds = sum(o.seconds for o in outcomes)
     tokens = sum(len(o.token_ids) for o in outcomes)
+    rate = tokens_per_second(outcomes)
     forwards = [o.forwards or 0 for o in outcomes]
     mine = [d.verdict.kind for d in divergences if d.method == spec.name]
     split = TimeSplit.of(outcomes, seconds)
@@ -121,8 +122,8 @@ def result_row(
         new_tokens=tokens,
         seconds=seconds,
         mat=tokens / sum(forwards) if forwards and all(forwards) else None,  # None: forwards not counted
-        tokens_per_second=tokens_per_second(outcomes),
-        speedup_vs_ar=tokens_per_second(outcomes) / ar_rate if ar_rate > 0 else 0.0,
+        tokens_per_second=rate,
+        speedup_vs_ar=rate / ar_rate if ar_rate > 0 else 0.0,
         lossless="mismatch" not in mine,
         near_ties=mine.count("near_tie"),
         mismatches=mine.count("mismatch"),
