@@ -26,7 +26,7 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
-from talon.plan import Planner
+from talon.plan import Planner, drafting_without_catch_up
 from talon.trace import RunSummary, StepTrace, summarize_steps
 from talon.verify import forward_hidden, verify_tree
 
@@ -291,10 +291,12 @@ class Run:
             for width, seconds in forwards:
                 costs.observe_draft(width, seconds)
             costs.observe_other(step.other_s)
-            model_s, step_s = sum(s for _, s in forwards), step.draft_s + step.verify_s + step.other_s
+            timed = list(forwards)
+            step_s = step.draft_s + step.verify_s + step.other_s
         else:
-            model_s = sum(costs.draft_s(w) for w, _ in forwards)
-            step_s = model_s + step.predicted_verify_s + costs.other_s
+            timed = [(w, costs.draft_s(w)) for w, _ in forwards]
+            step_s = sum(s for _, s in timed) + step.predicted_verify_s + costs.other_s
+        model_s = drafting_without_catch_up(timed, costs)
         planner.record_step(
             draft.tree, step.accepted, draft.match_len, len(step.new_tokens),
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,

@@ -36,6 +36,11 @@ EMA = 0.3
 EXPLORE_MODEL_STEPS = 3  # an engaged draft model runs this many steps before it may be skipped
 LOOKAHEAD = 4  # layers a cost stop looks ahead
 MAX_SKIPS_IN_A_ROW = 16  # then it runs once more, so its outlook follows the text
+# A draft-model prefill dearer than this many one-token target steps (a long prompt: a document
+# to summarise) waits until retrieval alone has run WATCH_STEPS steps, so that the engage
+# decision weighs the model's prior against retrieval's measured goodput, not against a guess.
+LONG_PREFILL_STEPS = 4
+WATCH_STEPS = 4
 
 
 @dataclass
@@ -128,6 +133,16 @@ class ModelOutlook:
     goodput_without: float | None = None  # tokens/s of steps without the model
 
 
+def drafting_without_catch_up(forwards: list[tuple[int, float]], costs: CostModel) -> float:
+    """Seconds of a step's draft-model forwards ``(tokens fed, seconds)`` as the model outlook
+    counts them: the first (the root's) forward also fed the tokens committed while the model
+    was skipped, so it is charged at width 1; ``model_decision`` adds the catch-up at hand."""
+    seconds = sum(s for _, s in forwards)
+    if forwards and forwards[0][0] > 1:
+        seconds += costs.draft_s(1) - forwards[0][1]
+    return seconds
+
+
 class Planner:
     """Per-run goodput decisions. ``begin_step`` starts the step's drafting clock.
 
@@ -151,6 +166,7 @@ class Planner:
         )
         self.skips_in_a_row = 0
         self.model_steps = 0
+        self.steps_without_model = 0
         self._t0 = time.perf_counter()
 
     # --- the clock -------------------------------------------------------------------------
@@ -233,6 +249,10 @@ class Planner:
         with_tokens = alone_tokens + o.accepted
         with_model = (with_tokens + 1.0) / self.step_time(n + o.nodes, o.draft_s + (catch_up if engaged else 0.0))
         if not engaged:
+            long_prefill = catch_up > LONG_PREFILL_STEPS * self.costs.verify_s(1)
+            if long_prefill and self.steps_without_model < WATCH_STEPS:
+                return (f"draft model not engaged yet: its {pending}-token prefill ({catch_up:.2f} s) waits "
+                        f"until retrieval alone has run {WATCH_STEPS} steps ({self.steps_without_model} so far)")
             without = o.goodput_without or alone
             saved = self.remaining / without - self.remaining / max(with_model, 1e-9)
             if saved <= catch_up:
@@ -250,7 +270,9 @@ class Planner:
 
     def record_step(self, tree: DraftTree, accepted: list[int], match_len: int, new_tokens: int,
                     model_ran: bool, model_draft_s: float, step_s: float) -> None:
-        """Learn from the finished step: calibration, and the running outlook of model steps."""
+        """Learn from the finished step: calibration, and the running outlook of model steps.
+        ``model_draft_s`` is the model's drafting time with its catch-up left out (the root
+        forward charged at width 1): ``model_decision`` adds the catch-up of the step at hand."""
         self.acceptance.observe(tree, accepted, match_len)
         self.remaining = max(self.remaining - new_tokens, 0)
         o = self.outlook
@@ -263,5 +285,6 @@ class Planner:
             o.nodes += EMA * (sum(1 for s in tree.sources if s in ("model", "both")) - o.nodes)
         else:
             self.skips_in_a_row += 1
+            self.steps_without_model += 1
             rate = new_tokens / max(step_s, 1e-6)
             o.goodput_without = rate if o.goodput_without is None else o.goodput_without + EMA * (rate - o.goodput_without)

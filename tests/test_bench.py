@@ -20,6 +20,7 @@ from talon.bench import (
     main,
     run_bench,
     sweep_runners,
+    talon_variant,
     tie_tolerance,
 )
 from talon.config import ConfigError, RunConfig
@@ -162,6 +163,28 @@ def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
     talon = sweep_runners(Engine(target, draft), SweepConfig(mus=(0.3,), budgets=(8,)))
     assert [(r.spec.method, r.cfg.drafter, r.cfg.tree.cost_aware, r.cfg.tree.min_conf, r.cfg.tree.mu)
             for r in talon] == [("talon", "hybrid", True, RunConfig().tree.min_conf, 0.3)]
+
+
+def test_talon_variants_are_rows_of_their_own(pair, data_dir: Path, tmp_path: Path) -> None:
+    """A one-knob sweep: each --talon-variant is the default configuration with its knobs changed."""
+    target, draft = pair
+    prompts = load_prompts(data_dir, ["sum"], limit=1)
+    cfg = BenchConfig(methods=("ar",), max_new_tokens=8, warmup_tokens=0,
+                      talon_variants=("top_k=1", "mu=0.3,graft_threshold=2"))
+    report = run_bench(target, draft, prompts, cfg, out=tmp_path)
+    rows = {r.method: r for r in report.rows if r.suite == "all"}
+    assert set(rows) == {"ar", "talon[top_k=1]", "talon[mu=0.3,graft_threshold=2]"}
+    assert all(r.lossless and r.new_tokens == 8 for r in rows.values())
+    assert rows["talon[top_k=1]"].settings["tree"]["top_k"] == 1
+    assert rows["talon[top_k=1]"].settings["tree"]["mu"] == RunConfig().tree.mu
+    changed = talon_variant(RunConfig(), "mu=0.3, graft_threshold=2,cost_aware=off")
+    assert (changed.tree.mu, changed.retrieval.graft_threshold, changed.tree.cost_aware) == (0.3, 2, False)
+    assert changed.tree.budget == RunConfig().tree.budget
+    for bad, match in (("foo=1", "key among"), ("top_k=x", "an integer"), ("mu=5", "mu"), ("", "changes nothing"),
+                       ("cost_aware=maybe", "true or false"), ("top_k", "key=value")):
+        with pytest.raises(ConfigError, match=match):
+            talon_variant(RunConfig(), bad)
+    assert main(["--data", str(data_dir), "--out", str(tmp_path), "--talon-variant", "top_k=x"]) == 2
 
 
 def test_limit_and_suites_are_respected(data_dir: Path) -> None:

@@ -13,7 +13,7 @@ from talon.config import RunConfig, TreeConfig
 from talon.cost import GRID, CostModel, Curve, load_or_probe, synthetic_costs
 from talon.curve import isotonic
 from talon.decode import Engine, generate
-from talon.plan import EXPLORE_MODEL_STEPS, AcceptanceModel, Beta, Planner
+from talon.plan import EXPLORE_MODEL_STEPS, WATCH_STEPS, AcceptanceModel, Beta, Planner, drafting_without_catch_up
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference
@@ -175,3 +175,30 @@ def test_engaged_model_is_explored_before_the_planner_may_skip_it(pair) -> None:
     summary, steps = generate(engine, "def add(a, b):", RunConfig(drafter="model", max_new_tokens=24))
     assert summary.token_ids == reference(engine, summary.prompt_token_ids, 24)
     assert all(s.draft_forwards > 0 and not s.model_skipped for s in steps[:EXPLORE_MODEL_STEPS])
+
+
+def test_the_model_outlook_leaves_the_catch_up_to_the_decision() -> None:
+    """A model step after a skip streak feeds the skipped tokens with its root forward: the
+    outlook charges that forward at width 1, or the catch-up would count twice against the model."""
+    costs = synthetic_costs({1: 0.2, 128: 0.4}, {1: 0.04, 128: 0.2})
+    assert drafting_without_catch_up([(1, 0.05), (4, 0.06)], costs) == pytest.approx(0.11)
+    assert drafting_without_catch_up([(9, 0.30), (4, 0.06)], costs) == pytest.approx(0.04 + 0.06)
+    assert drafting_without_catch_up([], costs) == 0.0
+
+
+def test_a_long_prefill_waits_for_evidence_from_retrieval() -> None:
+    """A draft model whose prompt prefill costs several target steps (a long document) is not
+    engaged on the prior alone: retrieval runs WATCH_STEPS steps first, then the measured goodput
+    without the model decides. A short prompt's prefill is paid at once."""
+    costs = synthetic_costs({1: 0.2, 128: 0.6}, {1: 0.04, 128: 0.2}, prefill_per_token_s=0.003)
+    root = DraftTree.with_root(1)
+    planner = Planner(costs, TreeConfig(), 512)
+    assert planner.model_decision(root, 0, pending=40, engaged=False) == ""
+    for i in range(WATCH_STEPS):
+        assert "waits until retrieval alone has run" in planner.model_decision(root, 0, pending=800, engaged=False)
+        planner.record_step(root, [0], 0, 1, model_ran=False, model_draft_s=0.0, step_s=0.2)
+    assert planner.model_decision(root, 0, pending=800, engaged=False) == ""  # retrieval alone: 5 tok/s
+    fast = Planner(costs, TreeConfig(), 512)
+    for i in range(WATCH_STEPS):
+        fast.record_step(root, [0], 0, 8, model_ran=False, model_draft_s=0.0, step_s=0.25)  # 32 tok/s
+    assert "would not pay back" in fast.model_decision(root, 0, pending=800, engaged=False)

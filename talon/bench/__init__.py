@@ -47,7 +47,16 @@ from talon.bench.judge import Divergence, TieJudge, Verdict, default_tie_tol, fi
 from talon.bench.report import markdown, speed_table, write_report
 from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
 from talon.bench.run import run_bench
-from talon.bench.runners import HfRunner, MethodSpec, Outcome, Runner, TalonRunner, build_runners, sweep_runners
+from talon.bench.runners import (
+    HfRunner,
+    MethodSpec,
+    Outcome,
+    Runner,
+    TalonRunner,
+    build_runners,
+    sweep_runners,
+    talon_variant,
+)
 
 __all__ = [
     "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",
@@ -55,6 +64,6 @@ __all__ = [
     "HfRunner", "MethodSpec", "Outcome", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
     "TalonRunner", "TieJudge", "TimeSplit", "Verdict", "aggregate", "build_runners", "default_data_dir",
     "default_tie_tol", "first_divergence", "load_prompts", "main", "markdown", "parser", "run_bench",
-    "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "tie_tolerance", "time_split_figure",
-    "write_report",
+    "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "talon_variant", "tie_tolerance",
+    "time_split_figure", "write_report",
 ]

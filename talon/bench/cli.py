@@ -24,7 +24,9 @@ from talon.bench.config import (
 from talon.bench.data import ALL_SUITES, default_data_dir, load_prompts
 from talon.bench.report import speed_table
 from talon.bench.run import run_bench
+from talon.bench.runners import talon_variant
 from talon.cli import add_model_args
+from talon.config import RunConfig
 from talon.models import ModelLoadError, load_pair, resolve_device
 from talon.settings import Settings
 
@@ -72,6 +74,9 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
                    "reported (default: 2,3)")
     p.add_argument("--talon-async", choices=["auto", "on", "off"], default="auto",
                    help="async drafting for the talon method; auto = on for CUDA, off on CPU")
+    p.add_argument("--talon-variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="repeatable: an extra talon[...] row, the default configuration with these tree "
+                   "or retrieval knobs changed, e.g. top_k=3 or mu=0.3,budget=24 (one-knob sweeps)")
     p.add_argument("--tie-tol", type=float, default=None,
                    help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
                    "at the best logit are added (default: 1e-3 float32, 0.05 half)")
@@ -94,6 +99,8 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     talon_async = {"on": True, "off": False}.get(args.talon_async)
     if talon_async is None:
         talon_async = resolve_device(args.device).type == "cuda"
+    for text in args.talon_variant:
+        talon_variant(RunConfig(), text)  # a bad key or value fails before the models load
     return BenchConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -102,6 +109,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         pld_ngrams=args.pld_ngrams,
         talon_async=talon_async,
         sweep=sweep,
+        talon_variants=tuple(args.talon_variant),
         tie_tol=args.tie_tol,
         warmup_tokens=args.warmup_tokens,
     )

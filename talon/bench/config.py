@@ -75,6 +75,8 @@ class BenchConfig:
     the fastest variant per suite is reported as ``hf-assisted``.
     pld_ngrams: prompt-lookup variants, each a ``max_matching_ngram_size`` (transformers' default
     is 2, the original prompt-lookup recipe uses 3); the fastest per suite is reported as ``hf-pld``.
+    talon_variants: extra ``talon[...]`` rows, each the default configuration with the given
+    ``key=value[,key=value]`` changes (``talon.bench.runners.talon_variant``).
     tie_tol: absolute floor of the near-tie tolerance in logits; None = ``default_tie_tol``.
     """
 
@@ -85,6 +87,7 @@ class BenchConfig:
     pld_ngrams: tuple[int, ...] = (2, 3)
     talon_async: bool = False
     sweep: SweepConfig | None = None
+    talon_variants: tuple[str, ...] = ()
     tie_tol: float | None = None
     warmup_tokens: int = 8
 
@@ -113,7 +116,7 @@ class BenchConfig:
         return ("ar",) + tuple(dict.fromkeys(m for m in self.methods if m != "ar"))
 
     def needs_draft_model(self) -> bool:
-        return self.sweep is not None or any(m in DRAFT_MODEL_METHODS for m in self.methods)
+        return self.sweep is not None or bool(self.talon_variants) or any(m in DRAFT_MODEL_METHODS for m in self.methods)
 
 
 def _is_positive_int(value: str) -> bool:

@@ -22,7 +22,7 @@ from talon.bench.config import (
     SweepCell,
     SweepConfig,
 )
-from talon.config import ConfigError, RunConfig, TreeConfig
+from talon.config import ConfigError, RetrievalConfig, RunConfig, TreeConfig
 from talon.decode import Engine, eos_ids
 from talon.decode import generate as talon_generate
 from talon.models import LoadedModel
@@ -168,6 +168,51 @@ def talon_run_config(method: str, talon_async: bool) -> RunConfig:
     return configs[method]
 
 
+VARIANT_KEYS: dict[str, str] = {
+    **{f.name: "tree" for f in dataclasses.fields(TreeConfig) if f.name != "mode"},
+    **{f.name: "retrieval" for f in dataclasses.fields(RetrievalConfig) if f.name != "corpus"},
+}
+
+
+def talon_variant(base: RunConfig, text: str) -> RunConfig:
+    """``base`` with ``key=value[,key=value]`` changes of its tree or retrieval knobs, e.g.
+    ``top_k=3`` or ``mu=0.3,budget=24`` (ConfigError if a key or value is bad)."""
+    changes: dict[str, dict[str, Any]] = {"tree": {}, "retrieval": {}}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in VARIANT_KEYS:
+            raise ConfigError(f"talon variant {text!r}: expected key=value with a key among {', '.join(VARIANT_KEYS)}")
+        part = VARIANT_KEYS[key]
+        current = getattr(getattr(base, part), key)
+        try:
+            if isinstance(current, bool):
+                if value.strip().lower() not in ("true", "false", "on", "off"):
+                    raise ValueError(value)
+                parsed: Any = value.strip().lower() in ("true", "on")
+            else:
+                parsed = type(current)(value)
+        except ValueError:
+            kind = {"bool": "true or false", "int": "an integer", "float": "a number"}[type(current).__name__]
+            raise ConfigError(f"talon variant {text!r}: {key} must be {kind}, got {value!r}") from None
+        changes[part][key] = parsed
+    if not changes["tree"] and not changes["retrieval"]:
+        raise ConfigError(f"talon variant {text!r} changes nothing")
+    return base.replace(tree=dataclasses.replace(base.tree, **changes["tree"]),
+                        retrieval=dataclasses.replace(base.retrieval, **changes["retrieval"]))
+
+
+def variant_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
+    """One ``talon[...]`` row per ``--talon-variant``: the default configuration with a knob or two
+    changed, timed in the same run as ``talon`` itself (a one-knob-at-a-time sweep)."""
+    runners: list[Runner] = []
+    for text in cfg.talon_variants:
+        run_cfg = talon_variant(talon_run_config("talon", cfg.talon_async), text)
+        name = f"talon[{text.replace(' ', '')}]"
+        runners.append(TalonRunner(MethodSpec(name, name, "talon", talon_settings(run_cfg)), engine, run_cfg))
+    return runners
+
+
 def talon_settings(cfg: RunConfig) -> dict[str, Any]:
     if cfg.drafter == "none":
         return {"drafter": "none"}
@@ -239,6 +284,7 @@ def build_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
             run_cfg = talon_run_config(method, cfg.talon_async)
             spec = MethodSpec(method, method, "talon", talon_settings(run_cfg))
             runners.append(TalonRunner(spec, engine, run_cfg))
+    runners += variant_runners(engine, cfg)
     if cfg.sweep is not None:
         runners += sweep_runners(engine, cfg.sweep)
     return runners
