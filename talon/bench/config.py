@@ -116,7 +116,8 @@ class BenchConfig:
         return ("ar",) + tuple(dict.fromkeys(m for m in self.methods if m != "ar"))
 
     def needs_draft_model(self) -> bool:
-        return self.sweep is not None or bool(self.talon_variants) or any(m in DRAFT_MODEL_METHODS for m in self.methods)
+        extra = self.sweep is not None or bool(self.talon_variants)
+        return extra or any(m in DRAFT_MODEL_METHODS for m in self.methods)
 
 
 def _is_positive_int(value: str) -> bool:
