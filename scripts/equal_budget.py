@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talon.bench.config import EQUAL_BUDGET, SPECBENCH_SUITES  # noqa: E402
 from talon.bench.data import default_data_dir, load_prompts  # noqa: E402
-from talon.bench.runners import talon_run_config  # noqa: E402
+from talon.bench.runners import talon_run_config, talon_variant  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair  # noqa: E402
 
@@ -42,8 +42,7 @@ def main() -> int:
     engine = Engine(target, draft)
     configs = {m: talon_run_config(m, talon_async=False) for m in ("static", "adaptive")}
     for mu in (float(x) for x in args.mu.split(",") if x.strip()):
-        base = configs["adaptive"]
-        configs[f"adaptive[mu={mu:g}]"] = base.replace(tree=dataclasses.replace(base.tree, mu=mu))
+        configs[f"adaptive[mu={mu:g}]"] = talon_variant(configs["adaptive"], f"mu={mu}")
     prompts = load_prompts(default_data_dir(), args.suites.split(","), args.limit)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     steps: dict[tuple[str, str], int] = defaultdict(int)

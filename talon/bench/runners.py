@@ -187,9 +187,10 @@ def talon_variant(base: RunConfig, text: str) -> RunConfig:
         current = getattr(getattr(base, part), key)
         try:
             if isinstance(current, bool):
-                if value.strip().lower() not in ("true", "false", "on", "off"):
+                word = value.strip().lower()
+                if word not in ("true", "false", "on", "off"):
                     raise ValueError(value)
-                parsed: Any = value.strip().lower() in ("true", "on")
+                parsed: Any = word in ("true", "on")
             else:
                 parsed = type(current)(value)
         except ValueError:
