@@ -14,11 +14,13 @@ Measures, per suite and method (and over all suites, suite ``"all"``):
 * **tokens/s** and **speedup vs ar**: ar's wall time over the method's, same prompts, same run.
 * **time split** (Talon methods): draft, verify and per-step other time from the step traces;
   ``setup_s`` is the rest of the wall time (prompt prefill, drafter reset, per-run setup).
-* **lossless**: each output is compared with ar's greedy output. At the first differing position
-  the target's logits are recomputed (one forward, float32 when the model can be upcast); if
-  both tokens are within ``tie_tol`` of the best logit, it is a *near-tie* (numerical noise
-  decided an argmax), otherwise a *mismatch*. A mismatch fails the run for Talon methods and
-  is only reported for HF methods.
+* **lossless**: every token of every output is checked. Each output is teacher-forced through
+  the target (one forward over prompt + output, float32 when the model can be upcast); at each
+  position the method's token must be the target's argmax given the method's own prefix, or
+  within ``tie_tol`` of the best logit (a *near-tie*: numerical noise decided an argmax);
+  anything else is a *mismatch*, as is stopping early or going on after EOS. A mismatch fails
+  the run for Talon methods and is only reported for HF methods. ``hf-greedy``
+  (``generate(do_sample=False)``) is checked the same way: an independent greedy reference.
 
 The package reads in pipeline order: ``config`` (what a run is asked to do), ``data`` (the
 prompts), ``runners`` (one per method), ``judge`` (losslessness), ``env`` (the machine and versions),
@@ -43,7 +45,15 @@ from talon.bench.config import (
 )
 from talon.bench.data import ALL_SUITES, Prompt, default_data_dir, load_prompts
 from talon.bench.env import BenchEnv
-from talon.bench.judge import Divergence, TieJudge, Verdict, default_tie_tol, first_divergence, tie_tolerance
+from talon.bench.judge import (
+    Mismatch,
+    OutputCheck,
+    TieJudge,
+    TokenCheck,
+    default_tie_tol,
+    first_divergence,
+    tie_tolerance,
+)
 from talon.bench.report import markdown, speed_table, write_report
 from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
 from talon.bench.run import run_bench
@@ -60,9 +70,9 @@ from talon.bench.runners import (
 
 __all__ = [
     "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",
-    "SPECBENCH_SUITES", "SWEEP_METHODS", "BenchConfig", "BenchEnv", "BenchError", "BenchReport", "Divergence",
-    "HfRunner", "MethodSpec", "Outcome", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
-    "TalonRunner", "TieJudge", "TimeSplit", "Verdict", "aggregate", "build_runners", "default_data_dir",
+    "SPECBENCH_SUITES", "SWEEP_METHODS", "BenchConfig", "BenchEnv", "BenchError", "BenchReport",
+    "HfRunner", "MethodSpec", "Mismatch", "Outcome", "OutputCheck", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
+    "TalonRunner", "TieJudge", "TimeSplit", "TokenCheck", "aggregate", "build_runners", "default_data_dir",
     "default_tie_tol", "first_divergence", "load_prompts", "main", "markdown", "parser", "run_bench",
     "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "talon_variant", "tie_tolerance",
     "time_split_figure", "write_report",

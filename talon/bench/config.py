@@ -10,7 +10,7 @@ from talon.config import ConfigError, RunConfig, TreeConfig
 
 BENCH_FORMAT = "talon-bench/1"
 SPECBENCH_SUITES: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
-METHODS: tuple[str, ...] = ("ar", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
+METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
 SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
 ALL_SUITES_ROW = "all"
@@ -29,7 +29,6 @@ ASSISTANT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 EngineKind = Literal["talon", "hf"]
-DivergenceKind = Literal["near_tie", "mismatch"]
 
 
 class BenchError(ValueError):

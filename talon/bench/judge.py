@@ -1,5 +1,12 @@
-"""Losslessness: is each output the target's greedy output, and where it is not, was the first
-difference a near-tie (numerical noise deciding an argmax) or a real mismatch?"""
+"""Losslessness, token by token: is every token of an output the target's greedy choice given the
+tokens before it, and where it is not, was it a near-tie (numerical noise deciding an argmax) or
+a real mismatch?
+
+Each output is teacher-forced through the target (upcast to float32) in one forward over
+prompt + output, so every position is checked against the target's logits *given the method's
+own prefix*: a near-tie early on does not hide what comes after it, and the reference is the
+target itself, not another decoding loop.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,14 @@ import copy
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from talon.bench.config import DivergenceKind, EngineKind
+from talon.bench.config import EngineKind
 from talon.models import LoadedModel
 
 log = logging.getLogger("talon.bench")
@@ -38,29 +45,54 @@ def tie_tolerance(abs_tol: float, dtype: torch.dtype, best_logit: float, ulps: i
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """How a method's output first departs from ar's. Gaps are in logits, in the judge's dtype."""
+class Mismatch:
+    """The first position whose token the target would not have chosen. Gaps are in logits
+    (float32); ``token``/``best_token`` None: the output stopped where it should not have."""
 
     position: int  # index into the new tokens
-    kind: DivergenceKind
-    ar_token: int | None  # None: that output had already stopped
-    method_token: int | None
-    logit_gap: float | None  # |logit(ar_token) - logit(method_token)|
+    reason: str  # "not the target's choice" | "stopped early" | "went on after EOS"
+    token: int | None
+    best_token: int | None
+    logit_gap: float | None  # best logit - logit(token)
     top2_gap: float | None  # best logit - second best
-    tolerance: float | None  # near-tie iff both tokens are within this of the best logit
+    tolerance: float | None
 
 
 @dataclass(frozen=True)
-class Divergence:
+class TokenCheck:
+    """Every position of one output, checked. ``near_ties``: positions whose token was within
+    the tolerance of the best logit but not the argmax (both are the target's choice, up to
+    rounding)."""
+
+    positions: int
+    near_ties: list[int] = field(default_factory=list)
+    first_mismatch: Mismatch | None = None
+
+    @property
+    def lossless(self) -> bool:
+        return self.first_mismatch is None
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One method's output on one prompt: the token check, and where it first departs from
+    ``ar``'s output (information only: after a near-tie two lossless outputs may differ)."""
+
     suite: str
     prompt_index: int
     method: str  # the variant's unique name
     engine: EngineKind
-    verdict: Verdict
+    check: TokenCheck
+    departs_from_ar: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        where = {"suite": self.suite, "prompt_index": self.prompt_index}
-        return {**where, "method": self.method, "engine": self.engine, **dataclasses.asdict(self.verdict)}
+        c = self.check
+        return {
+            "suite": self.suite, "prompt_index": self.prompt_index, "method": self.method,
+            "engine": self.engine, "positions": c.positions, "near_ties": list(c.near_ties),
+            "lossless": c.lossless, "departs_from_ar": self.departs_from_ar,
+            "first_mismatch": dataclasses.asdict(c.first_mismatch) if c.first_mismatch else None,
+        }
 
 
 def first_divergence(ar_ids: Sequence[int], got_ids: Sequence[int]) -> int | None:
@@ -72,11 +104,10 @@ def first_divergence(ar_ids: Sequence[int], got_ids: Sequence[int]) -> int | Non
 
 
 class TieJudge:
-    """Tells a near-tie (both tokens within ``tie_tolerance`` of the target's best logit) from a
-    mismatch; ``abs_tol`` is the tolerance's absolute floor.
+    """Checks outputs token by token against the target; ``abs_tol`` is the near-tie
+    tolerance's absolute floor (``tie_tolerance`` adds the run dtype's rounding steps).
 
-    The target's logits are recomputed with one plain forward over prompt + common prefix; a
-    model loaded in a half dtype is upcast to float32 on a private copy, built on first use.
+    A model loaded in a half dtype is upcast to float32 on a private copy, built on first use.
     """
 
     def __init__(self, target: LoadedModel, abs_tol: float, upcast: bool = True) -> None:
@@ -85,31 +116,49 @@ class TieJudge:
         self.upcast = upcast and target.dtype != torch.float32
         self._model: PreTrainedModel | None = None
 
-    def judge(self, prompt_ids: list[int], ar_ids: list[int], got_ids: list[int]) -> Verdict | None:
-        pos = first_divergence(ar_ids, got_ids)
-        if pos is None:
-            return None
-        if pos >= min(len(ar_ids), len(got_ids)):
-            ar_token = ar_ids[pos] if pos < len(ar_ids) else None
-            got_token = got_ids[pos] if pos < len(got_ids) else None
-            return Verdict(pos, "mismatch", ar_token, got_token, None, None, None)
-        logits = self.next_logits(prompt_ids + list(ar_ids[:pos]))  # (V,)
-        a, b = ar_ids[pos], got_ids[pos]
-        top2 = logits.topk(2).values
-        best = top2[0].item()
-        tol = tie_tolerance(self.abs_tol, self.target.dtype, best)
-        near = best - min(logits[a].item(), logits[b].item()) <= tol
-        return Verdict(
-            pos, "near_tie" if near else "mismatch", a, b,
-            abs(logits[a] - logits[b]).item(), best - top2[1].item(), tol,
-        )
+    def check(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int | None = None,
+        eos: Collection[int] = (),
+    ) -> TokenCheck:
+        """Check every token of ``output_ids``. With ``max_new_tokens``, an output that ends
+        before it without an EOS token (one of ``eos``) stopped early, and one that goes on
+        after an EOS token went on too long."""
+        if not output_ids:
+            stopped = max_new_tokens is not None and max_new_tokens > 0
+            return TokenCheck(0, [], Mismatch(0, "stopped early", None, None, None, None, None) if stopped else None)
+        logits = self.output_logits(prompt_ids, output_ids)  # (n, V)
+        top2 = logits.topk(2, dim=-1)  # values, indices: (n, 2)
+        chosen = logits.gather(1, torch.tensor(output_ids).unsqueeze(1)).squeeze(1)  # (n,)
+        near_ties: list[int] = []
+        for i, token in enumerate(output_ids):
+            best, best_token = top2.values[i, 0].item(), int(top2.indices[i, 0])
+            if token == best_token:
+                continue
+            gap, tol = best - chosen[i].item(), tie_tolerance(self.abs_tol, self.target.dtype, best)
+            if gap > tol:
+                mismatch = Mismatch(i, "not the target's choice", token, best_token, gap,
+                                    best - top2.values[i, 1].item(), tol)
+                return TokenCheck(len(output_ids), near_ties, mismatch)
+            near_ties.append(i)
+        return TokenCheck(len(output_ids), near_ties, self._stop_mismatch(output_ids, max_new_tokens, set(eos)))
+
+    @staticmethod
+    def _stop_mismatch(output_ids: list[int], max_new_tokens: int | None, eos: set[int]) -> Mismatch | None:
+        early_eos = next((i for i, t in enumerate(output_ids[:-1]) if t in eos), None)
+        if early_eos is not None:
+            return Mismatch(early_eos + 1, "went on after EOS", output_ids[early_eos + 1], None, None, None, None)
+        n = len(output_ids)
+        if max_new_tokens is not None and n < max_new_tokens and output_ids[-1] not in eos:
+            return Mismatch(n, "stopped early", None, None, None, None, None)
+        return None
 
     @torch.inference_mode()
-    def next_logits(self, ids: list[int]) -> torch.Tensor:
-        """(V,) float32: the target's next-token logits after ``ids``."""
+    def output_logits(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """(n, V) float32: the target's logits for each of the n output positions, each given the
+        prompt and the output before it (one teacher-forced forward)."""
         model = self._judge_model()
-        input_ids = torch.tensor([ids], device=model.device)  # (1, L)
-        return model(input_ids=input_ids, logits_to_keep=1).logits[0, -1].float()
+        ids = torch.tensor([prompt_ids + output_ids[:-1]], device=model.device)  # (1, P + n - 1)
+        return model(input_ids=ids, logits_to_keep=len(output_ids)).logits[0].float().cpu()
 
     def _judge_model(self) -> PreTrainedModel:
         if not self.upcast:
@@ -117,9 +166,9 @@ class TieJudge:
         if self._model is None:
             try:
                 self._model = copy.deepcopy(self.target.model).float()
-                log.info("near-tie checks: target upcast to float32")
+                log.info("lossless checks: target upcast to float32")
             except (RuntimeError, MemoryError) as err:
-                log.warning("near-tie checks in %s (float32 copy failed: %s)", self.target.dtype, err)
+                log.warning("lossless checks in %s (float32 copy failed: %s)", self.target.dtype, err)
                 self.upcast = False
                 return self.target.model
         return self._model

@@ -10,7 +10,7 @@ from typing import Any
 from talon.bench.config import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig
 from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
-from talon.bench.judge import Divergence
+from talon.bench.judge import OutputCheck
 from talon.bench.runners import MethodSpec, Outcome, Runner
 from talon.trace import serving_metrics
 
@@ -53,9 +53,9 @@ class ResultRow:
     mat: float | None
     tokens_per_second: float
     speedup_vs_ar: float
-    lossless: bool
-    near_ties: int
-    mismatches: int
+    lossless: bool  # every token of every output was the target's choice (argmax or near-tie)
+    near_ties: int  # positions decided by a near-tie, over all outputs
+    mismatches: int  # outputs with a real mismatch
     draft_s: float | None
     verify_s: float | None
     other_s: float | None
@@ -79,20 +79,20 @@ class ResultRow:
 
 
 def aggregate(
-    samples: Sequence[Sample], divergences: Sequence[Divergence], runners: Sequence[Runner]
+    samples: Sequence[Sample], checks: Sequence[OutputCheck], runners: Sequence[Runner]
 ) -> list[ResultRow]:
     """Rows per suite (in prompt order) and over all suites; best-of variants collapsed."""
     suites = list(dict.fromkeys(s.prompt.suite for s in samples)) + [ALL_SUITES_ROW]
     rows: list[ResultRow] = []
     for suite in suites:
         chosen = [s for s in samples if suite == ALL_SUITES_ROW or s.prompt.suite == suite]
-        divs = [d for d in divergences if suite == ALL_SUITES_ROW or d.suite == suite]
+        mine = [c for c in checks if suite == ALL_SUITES_ROW or c.suite == suite]
         ar = [s.outcome for s in chosen if s.spec.name == "ar"]
         ar_rate = tokens_per_second(ar)
         cells = []
         for spec in (r.spec for r in runners):
             outcomes = [s.outcome for s in chosen if s.spec.name == spec.name]
-            cells.append((spec, result_row(suite, spec, outcomes, divs, ar_rate)))
+            cells.append((spec, result_row(suite, spec, outcomes, mine, ar_rate)))
         rows += collapse_variants(cells)
     return rows
 
@@ -103,7 +103,7 @@ def tokens_per_second(outcomes: Sequence[Outcome]) -> float:
 
 
 def result_row(
-    suite: str, spec: MethodSpec, outcomes: Sequence[Outcome], divergences: Sequence[Divergence], ar_rate: float
+    suite: str, spec: MethodSpec, outcomes: Sequence[Outcome], checks: Sequence[OutputCheck], ar_rate: float
 ) -> ResultRow:
     """Speedup is the ratio of tokens per second (prefill included) to ar's over the same prompts:
     where a bf16 near-tie sends a method down another, longer or shorter, continuation, a ratio
@@ -112,7 +112,8 @@ def result_row(
     tokens = sum(len(o.token_ids) for o in outcomes)
     rate = tokens_per_second(outcomes)
     forwards = [o.forwards or 0 for o in outcomes]
-    mine = [d.verdict.kind for d in divergences if d.method == spec.name]
+    mine = [c.check for c in checks if c.method == spec.name]
+    mismatches = sum(not c.lossless for c in mine)
     split = TimeSplit.of(outcomes, seconds)
     cell = spec.cell
     return ResultRow(
@@ -124,9 +125,9 @@ def result_row(
         mat=tokens / sum(forwards) if forwards and all(forwards) else None,  # None: forwards not counted
         tokens_per_second=rate,
         speedup_vs_ar=rate / ar_rate if ar_rate > 0 else 0.0,
-        lossless="mismatch" not in mine,
-        near_ties=mine.count("near_tie"),
-        mismatches=mine.count("mismatch"),
+        lossless=mismatches == 0,
+        near_ties=sum(len(c.near_ties) for c in mine),
+        mismatches=mismatches,
         draft_s=split.draft_s,
         verify_s=split.verify_s,
         other_s=split.other_s,
@@ -165,12 +166,14 @@ class BenchReport:
     env: BenchEnv
     config: BenchConfig
     rows: list[ResultRow]
-    divergences: list[Divergence]
+    checks: list[OutputCheck]
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+    cost_model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the snapshot every Talon run planned on
 
     @property
-    def fatal(self) -> list[Divergence]:
-        """Real mismatches of Talon-engine methods: the run must fail."""
-        return [d for d in self.divergences if d.engine == "talon" and d.verdict.kind == "mismatch"]
+    def fatal(self) -> list[OutputCheck]:
+        """Outputs of Talon-engine methods with a real mismatch: the run must fail."""
+        return [c for c in self.checks if c.engine == "talon" and not c.check.lossless]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,8 +181,21 @@ class BenchReport:
             "env": dataclasses.asdict(self.env),
             "config": dataclasses.asdict(self.config),
             "results": [r.to_dict() for r in self.rows],
-            "divergences": [d.to_dict() for d in self.divergences],
+            "cost_model": self.cost_model,
+            "checks": [c.to_dict() for c in self.checks],
+            "samples": [sample_record(s) for s in self.samples],
         }
+
+
+def sample_record(sample: Sample) -> dict[str, Any]:
+    """One run of one method on one prompt, with its per-step tree sizes and accepted lengths
+    (Talon methods): two runs of the same command can be compared tree by tree."""
+    o = sample.outcome
+    return {
+        "suite": sample.prompt.suite, "prompt_index": sample.prompt.index, "method": sample.spec.name,
+        "new_tokens": len(o.token_ids), "seconds": round(o.seconds, 4), "forwards": o.forwards,
+        "draft_sizes": o.draft_sizes, "accept_lens": o.accept_lens,
+    }
 
 
 TIME_PARTS: dict[str, str] = {

@@ -14,11 +14,11 @@ from tqdm import tqdm
 from talon.bench.config import BenchConfig
 from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
-from talon.bench.judge import Divergence, TieJudge, default_tie_tol
+from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
-from talon.decode import Engine, encode_prompt
+from talon.decode import Engine, encode_prompt, eos_ids
 from talon.models import LoadedModel
 
 log = logging.getLogger("talon.bench")
@@ -46,16 +46,17 @@ def run_bench(
     warm_up(runners, min(encoded, key=len), cfg.warmup_tokens)
     judge = TieJudge(target, cfg.tie_tol if cfg.tie_tol is not None else default_tie_tol(target.dtype))
     samples: list[Sample] = []
-    divergences: list[Divergence] = []
+    checks: list[OutputCheck] = []
+    eos = eos_ids(target)
     total = len(prompts) * len(runners)
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress) as bar:
         for number, (prompt, ids) in enumerate(zip(prompts, encoded)):
             ran = run_prompt(runners, prompt, ids, cfg.max_new_tokens, number, bar)
             samples += ran
-            divergences += check_prompt(judge, ids, ran)
+            checks += check_prompt(judge, ids, ran, cfg.max_new_tokens, eos)
     judge.release()
-    rows = aggregate(samples, divergences, runners)
-    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, divergences)
+    rows = aggregate(samples, checks, runners)
+    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples)
     if out is not None:
         write_report(report, out)
     return report
@@ -85,14 +86,22 @@ def run_prompt(
     return samples
 
 
-def check_prompt(judge: TieJudge, prompt_ids: list[int], samples: Sequence[Sample]) -> list[Divergence]:
-    """Compare every sample of one prompt with ar's; log each divergence."""
+def check_prompt(
+    judge: TieJudge, prompt_ids: list[int], samples: Sequence[Sample], max_new_tokens: int, eos: set[int]
+) -> list[OutputCheck]:
+    """Check every token of every sample of one prompt; log each near-tie and mismatch."""
     ar = next(s for s in samples if s.spec.name == "ar").outcome.token_ids
-    found = []
+    checks = []
     for s in samples:
-        verdict = judge.judge(prompt_ids, ar, s.outcome.token_ids)
-        if verdict is not None:
-            found.append(Divergence(s.prompt.suite, s.prompt.index, s.spec.name, s.spec.engine, verdict))
-            level = logging.ERROR if verdict.kind == "mismatch" and s.spec.engine == "talon" else logging.INFO
-            log.log(level, "%s on %s#%d: %s", s.spec.name, s.prompt.suite, s.prompt.index, verdict)
-    return found
+        ids = s.outcome.token_ids
+        check = judge.check(prompt_ids, ids, max_new_tokens, eos)
+        checks.append(OutputCheck(s.prompt.suite, s.prompt.index, s.spec.name, s.spec.engine, check,
+                                  first_divergence(ar, ids)))
+        where = f"{s.spec.name} on {s.prompt.suite}#{s.prompt.index}"
+        if check.first_mismatch is not None:
+            level = logging.ERROR if s.spec.engine == "talon" else logging.WARNING
+            log.log(level, "%s: real mismatch %s", where, check.first_mismatch)
+        elif check.near_ties:
+            log.info("%s: %d near-tie position(s) %s, every other token the target's argmax",
+                     where, len(check.near_ties), check.near_ties[:8])
+    return checks

@@ -124,7 +124,8 @@ def assistant_settings(assistant: LoadedModel | None, overrides: dict[str, Any])
 
 @dataclass
 class HfRunner:
-    """transformers' ``generate`` (greedy) with assisted generation or prompt lookup."""
+    """transformers' ``generate`` (greedy): plain (``hf-greedy``, the independent reference),
+    with assisted generation or with prompt lookup."""
 
     spec: MethodSpec
     target: LoadedModel
@@ -247,6 +248,9 @@ def hf_runners(method: str, engine: Engine, cfg: BenchConfig) -> list[Runner]:
     target, draft = engine.target, engine.draft
     base = hf_generate_kwargs(target)
     runners: list[Runner] = []
+    if method == "hf-greedy":
+        spec = MethodSpec("hf-greedy", "hf-greedy", "hf", {"generate": "do_sample=False"})
+        return [HfRunner(spec, target, None, base)]
     if method == "hf-pld":
         for ngram in cfg.pld_ngrams:
             lookup = {"prompt_lookup_num_tokens": cfg.pld_tokens, "max_matching_ngram_size": ngram}
@@ -279,7 +283,7 @@ def build_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
         raise ConfigError(f"{', '.join(needy)} need(s) a draft model: pass --draft, or leave them out")
     runners: list[Runner] = []
     for method in cfg.run_methods:
-        if method in ("hf-assisted", "hf-pld"):
+        if method in ("hf-greedy", "hf-assisted", "hf-pld"):
             runners += hf_runners(method, engine, cfg)
         else:
             run_cfg = talon_run_config(method, cfg.talon_async)
