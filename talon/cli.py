@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from talon.config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
 from talon.settings import Settings
@@ -40,10 +42,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="expand a layer only while its best path confidence is >= this (0 = off)")
     p.add_argument("--cost-aware", choices=["on", "off"], default="on" if t.cost_aware else "off",
                    help="goodput planning: a measured cost model (verify time vs tree size, draft time "
-                   "per layer, probed once and cached, refined online) and an acceptance model "
+                   "per layer, probed once and cached; see --cost-model) and an acceptance model "
                    "calibrated per source stop the tree when the next layer does not pay, trim "
                    "unprofitable nodes and skip the draft model (and its prefill) on steps where "
                    "retrieval alone is expected to be faster; off = pure TALON budget fill (%(default)s)")
+    p.add_argument("--cost-model", choices=["fixed", "learn"], default=run.cost_model,
+                   help="fixed = plan on the measured curves as read at start (probe or cache) and on "
+                   "predicted times only, so the same command gives the same trees; learn = refine "
+                   "this run's copy from its own step timings (%(default)s; sampled runs always plan "
+                   "fixed). `python -m talon costs --show` prints the curves and where they came from")
     p.add_argument("--retrieval-min-match", type=int, default=r.min_match)
     p.add_argument("--retrieval-max-continuation", type=int, default=r.max_continuation)
     p.add_argument("--graft-threshold", type=int, default=r.graft_threshold,
@@ -78,6 +85,7 @@ def run_config(a: argparse.Namespace) -> RunConfig:
         chat_template=not a.no_chat_template,
         async_draft=bool(a.async_draft),
         draft_vocab=a.draft_vocab,
+        cost_model=a.cost_model,
     )
 
 
@@ -92,6 +100,17 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     add_run_args(g)
     g.add_argument("--trace-out", help="write every step's trace (JSON) here")
     g.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    c = sub.add_parser("costs", help="show, re-measure or remove the cached cost curves",
+                       description=f"The measured cost curves, cached under {settings.cost_cache_dir} "
+                       "(TALON_COST_CACHE, else TALON_CACHE/costs), one file per model pair, dtype, "
+                       "device, draft vocabulary, hardware, torch version and thread count.")
+    what = c.add_mutually_exclusive_group(required=True)
+    what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
+    what.add_argument("--probe", action="store_true", help="measure the curves of the given pair now and cache them")
+    what.add_argument("--clear", action="store_true", help="remove every cached cost model")
+    add_model_args(c, settings)
+    c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
+                   help="draft logits over the first V token ids (as in generate; default: %(default)s)")
     return p
 
 
@@ -99,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     args = parser(settings).parse_args(argv)
+    if args.command == "costs":
+        return costs_command(args, settings)
     if args.draft.lower() == "none" and args.drafter == "hybrid":
         log.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"
@@ -114,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
             cfg = cfg.replace(async_draft=target.device.type == "cuda")
-        summary, steps = generate(Engine(target, draft_lm, cache_dir=settings.cache_dir), prompt, cfg)
+        summary, steps = generate(Engine(target, draft_lm, cost_cache=settings.cost_cache_dir), prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         log.error("%s", err)
         return 2
@@ -130,3 +151,53 @@ def main(argv: list[str] | None = None) -> int:
             summary.tokens_per_second, summary.seconds,
         )
     return 0
+
+
+def costs_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``python -m talon costs --show | --probe | --clear``."""
+    folder = settings.cost_cache_dir
+    if args.clear:
+        removed = [p for p in sorted(folder.glob("*.json")) if p.is_file()]
+        for path in removed:
+            path.unlink()
+        print(f"removed {len(removed)} cached cost model(s) from {folder}")
+        return 0
+    if args.show:
+        files = sorted(folder.glob("*.json"))
+        print(f"{len(files)} cached cost model(s) in {folder}")
+        for path in files:
+            print(describe_cached(path))
+        return 0
+    try:
+        draft = None if args.draft.lower() == "none" else args.draft
+        target, draft_lm = load_pair(
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+        )
+        names = (target.name, draft_lm.name if draft_lm is not None else "none")
+        costs = load_or_probe(target.model, draft_lm.model if draft_lm is not None else None, names,
+                              folder, args.draft_vocab, refresh=True)
+    except (ValueError, ModelLoadError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    print(describe_cached(cache_path(folder, costs.key)))
+    return 0
+
+
+def describe_cached(path: Path) -> str:
+    """A few lines about one cached cost model: what it is for, where it came from, key figures."""
+    try:
+        costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+        return f"{path.name}: unreadable ({err})"
+    age = costs.provenance.age_days()
+    stale = " (stale: measured again at next use)" if age is None or age > MAX_AGE_DAYS else ""
+    draft = f", draft layer 1/4/16 nodes {_ms(costs.draft_s(1))}/{_ms(costs.draft_s(4))}/{_ms(costs.draft_s(16))}" \
+        if costs.draft is not None else ""
+    return (f"{path.name}: {costs.key}\n  {costs.provenance.describe()}, "
+            f"{'?' if age is None else f'{age:.1f}'} days old{stale}\n"
+            f"  verify 1/4/16/64 nodes {_ms(costs.verify_s(1))}/{_ms(costs.verify_s(4))}/"
+            f"{_ms(costs.verify_s(16))}/{_ms(costs.verify_s(64))}{draft}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms"

@@ -123,9 +123,18 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+COST_MODES: tuple[str, ...] = ("fixed", "learn")
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """One generation: which drafter, which tree, how to sample, when to stop."""
+    """One generation: which drafter, which tree, how to sample, when to stop.
+
+    cost_model: how cost-aware planning uses the engine's measured curves. ``fixed``: on the
+    snapshot and predicted times alone, never the wall clock, so the same command on the same
+    host gives the same trees (the benchmark's default); ``learn``: on a copy refined from this
+    run's own step timings (the app's default). Sampled runs always plan fixed.
+    """
 
     drafter: DrafterKind = "hybrid"
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -136,6 +145,7 @@ class RunConfig:
     chat_template: bool = True
     async_draft: bool = False
     draft_vocab: int = 32768
+    cost_model: str = "learn"
 
     def __post_init__(self) -> None:
         _check(
@@ -148,6 +158,7 @@ class RunConfig:
             "stop strings must be non-empty strings",
         )
         _int_in("draft_vocab", self.draft_vocab, 0, 10_000_000)
+        _check(self.cost_model in COST_MODES, f"cost_model must be one of {COST_MODES}, got {self.cost_model!r}")
 
     def replace(self, **changes: object) -> "RunConfig":
         return dataclasses.replace(self, **changes)

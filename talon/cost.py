@@ -11,14 +11,23 @@ and dtype:
 * ``prefill_s(L)``: the draft model's catch-up / prompt prefill of L tokens.
 * ``other_s``: per-step bookkeeping (acceptance, cache commit, traces).
 
-Each curve is piecewise linear over a fixed grid of sizes (``GRID``), probed once per
-(model, dtype, device, threads) by :func:`probe_costs` (a few seconds, cached as JSON) and then
-refined online from every step's own timings by least-mean-squares on the two grid points around
-the observed size. Predictions are monotone in size (a running maximum over the grid).
+Each curve is piecewise linear over a fixed grid of sizes (``GRID``), probed by
+:func:`probe_costs` (a few seconds; each size repeated until its best timings agree) and cached
+as JSON under a key that names both models, their dtypes, device and quantization, the draft
+vocabulary, the hardware (CPU model or GPU name), the torch version and thread count; a cached
+model older than ``MAX_AGE_DAYS`` is measured again. Every model records where it came from
+(``Provenance``: probe or cache, when, on what).
+
+An engine reads the curves once (its *snapshot*) and never changes them during a run: each run
+plans on its own copy, frozen (``fixed``: predicted times only, never the wall clock, so the same
+command gives the same trees) or refined from its own step timings (``learn``, by least-mean-
+squares on the two grid points around each observed size). Predictions are monotone in size.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import json
 import logging
@@ -32,11 +41,45 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from talon.curve import GRID, LEARNING_RATE, Curve
+from talon.models.device import hardware_name
 from talon.verify import forward_hidden, lm_logits
 
 log = logging.getLogger(__name__)
 
 COST_FORMAT = "talon-cost/1"
+PROBE_VERSION = 3  # in the cache key: a better probe re-measures instead of reading an old one
+MAX_AGE_DAYS = 30  # a cached model older than this is measured again
+SPREAD_OK = 0.05  # a size is measured until its two best timings agree within this share
+MIN_REPS, MAX_REPS = 3, 9
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a cost model's curves came from. ``spread``: the largest relative gap between the
+    two best timings of one size in the probe (small = a quiet host); ``noisy``: the probe gave
+    up before every size was that consistent."""
+
+    source: str = "synthetic"  # "probe" | "cache" | "synthetic"
+    measured_at: str = ""  # ISO 8601, UTC
+    hardware: str = ""  # CPU model or GPU name
+    torch: str = ""
+    threads: int = 0
+    spread: float = 0.0
+    noisy: bool = False
+
+    def describe(self) -> str:
+        """One line for a caption or a log: 'probe, 2026-11-23 20:47 UTC, AMD EPYC, ...'."""
+        if self.source == "synthetic":
+            return "synthetic (given timings)"
+        when = self.measured_at.replace("T", " ").removesuffix("+00:00")[:16] + " UTC" if self.measured_at else "?"
+        noise = f"spread {100 * self.spread:.0f}%" + (", noisy host" if self.noisy else "")
+        return f"{self.source}, measured {when} on {self.hardware}, torch {self.torch}, {self.threads} threads, {noise}"
+
+    def age_days(self, now: datetime.datetime | None = None) -> float | None:
+        if not self.measured_at:
+            return None
+        now = now or datetime.datetime.now(datetime.UTC)
+        return (now - datetime.datetime.fromisoformat(self.measured_at)).total_seconds() / 86400
 
 
 @dataclass
@@ -48,9 +91,13 @@ class CostModel:
     prefill_per_token_s: float = 0.0
     other_s: float = 0.005
     key: str = ""
-    source: str = "probe"  # "probe" | "cache" | "synthetic"
-    observations: int = 0
+    provenance: Provenance = field(default_factory=Provenance)
+    observations: int = 0  # step timings folded in (learn mode)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def source(self) -> str:
+        return self.provenance.source
 
     def verify_s(self, tree_tokens: int) -> float:
         return self.verify(tree_tokens)
@@ -84,6 +131,8 @@ class CostModel:
             "format": COST_FORMAT,
             "key": self.key,
             "source": self.source,
+            "provenance": dataclasses.asdict(self.provenance),
+            "described": self.provenance.describe(),
             "grid": list(GRID),
             "verify_s": list(self.verify.values),
             "draft_s": list(self.draft.values) if self.draft is not None else None,
@@ -97,13 +146,17 @@ class CostModel:
         if data.get("format") != COST_FORMAT or list(data.get("grid", [])) != list(GRID):
             raise ValueError("not a talon-cost/1 file for this grid")
         draft = data.get("draft_s")
+        known = {f.name for f in dataclasses.fields(Provenance)}
+        given = {k: v for k, v in (data.get("provenance") or {}).items() if k in known}
+        provenance = Provenance(**{"source": str(data.get("source", "cache")), **given})
         return CostModel(
             verify=Curve([float(v) for v in data["verify_s"]]),
             draft=Curve([float(v) for v in draft]) if draft is not None else None,
             prefill_per_token_s=float(data.get("prefill_per_token_s", 0.0)),
             other_s=float(data.get("other_s", 0.005)),
             key=str(data.get("key", "")),
-            source=str(data.get("source", "cache")),
+            provenance=provenance,
+            observations=int(data.get("observations", 0)),
         )
 
     def copy(self) -> "CostModel":
@@ -113,24 +166,29 @@ class CostModel:
 # ------------------------------------------------------------------------------- probing
 
 
-def cost_key(target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str]) -> str:
-    """What the curves depend on: both models, their dtypes and device, torch's thread count."""
+def cost_key(
+    target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str], draft_vocab: int = 0
+) -> str:
+    """What the curves depend on: both models (dtype, device, quantization), the draft
+    vocabulary (the draft head's width), the hardware, torch's version and thread count."""
     def describe(model: PreTrainedModel | None, name: str) -> str:
         if model is None:
             return "none"
         quant = getattr(model, "talon_quant", "none")
         return f"{name}:{model.dtype}:{model.device}:{quant}"
 
-    threads = torch.get_num_threads()
-    return f"{describe(target, names[0])}|{describe(draft, names[1])}|threads={threads}|probe={PROBE_VERSION}"
+    host = hardware_name(target.device)
+    return (f"{describe(target, names[0])}|{describe(draft, names[1])}|draft_vocab={draft_vocab}|"
+            f"hw={host}|torch={torch.__version__}|threads={torch.get_num_threads()}|probe={PROBE_VERSION}")
+
+
+def cache_path(cache_dir: Path, key: str) -> Path:
+    return Path(cache_dir) / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _sync(model: PreTrainedModel) -> None:
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-
-
-PROBE_VERSION = 2  # in the cache key: a better probe re-measures instead of reading an old one
 
 
 def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: int):
@@ -153,16 +211,39 @@ def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: in
     return time_once
 
 
-def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int, reps: int) -> dict[int, float]:
-    """Best of ``reps`` per size, the sizes taken round-robin after one warm-up forward, so that a
-    slow first call or a burst of other load hits one sample of each size, not all of one."""
+@dataclass(frozen=True)
+class Probed:
+    best: dict[int, float]  # size -> best seconds
+    spread: float  # largest (second best - best) / best over the sizes
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > SPREAD_OK
+
+
+def spread_of(times: list[float]) -> float:
+    """(second best - best) / best: how far the best timing is from being confirmed."""
+    if len(times) < 2:
+        return float("inf")
+    first, second = sorted(times)[:2]
+    return (second - first) / max(first, 1e-12)
+
+
+def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int,
+                 min_reps: int = MIN_REPS, max_reps: int = MAX_REPS) -> Probed:
+    """Best timing per size, the sizes taken round-robin after one warm-up forward (so a slow
+    first call or a burst of other load hits one sample of each size, not all of one), repeated
+    until every size's two best timings agree within ``SPREAD_OK`` or ``max_reps`` rounds ran."""
     time_once = _forward_timer(model, prefix, vocab, max(sizes))
     time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
-    best = {s: float("inf") for s in sizes}
-    for _ in range(reps):
+    times: dict[int, list[float]] = {s: [] for s in sizes}
+    for rep in range(max_reps):
         for s in sizes:
-            best[s] = min(best[s], time_once(s))
-    return best
+            times[s].append(time_once(s))
+        spread = max(spread_of(t) for t in times.values())
+        if rep + 1 >= min_reps and spread <= SPREAD_OK:
+            break
+    return Probed({s: min(t) for s, t in times.items()}, spread)
 
 
 def probe_costs(
@@ -171,17 +252,51 @@ def probe_costs(
     draft_vocab: int = 0,
     prefix: int = 256,
     max_tree: int = 64,
-    reps: int = 3,
+    max_reps: int = MAX_REPS,
 ) -> CostModel:
     """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
     each fitted isotonically (more tokens never cost less)."""
     sizes = [g for g in GRID if g <= max_tree]
-    costs = CostModel(verify=Curve.fit_monotone(_probe_curve(target, sizes, prefix, 0, reps)))
+    verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps)
+    spread = verify.spread
+    costs = CostModel(verify=Curve.fit_monotone(verify.best))
     if draft is not None:
         widths = [g for g in GRID if g <= 32]
-        costs.draft = Curve.fit_monotone(_probe_curve(draft, widths, prefix, draft_vocab, reps))
-        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, 1)[GRID[-1]]
+        drafted = _probe_curve(draft, widths, prefix, draft_vocab, max_reps=max_reps)
+        costs.draft = Curve.fit_monotone(drafted.best)
+        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, min_reps=1, max_reps=1).best[GRID[-1]]
         costs.prefill_per_token_s = long / GRID[-1]
+        spread = max(spread, drafted.spread)
+    costs.provenance = Provenance(
+        source="probe",
+        measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        hardware=hardware_name(target.device),
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        spread=round(spread, 4),
+        noisy=spread > SPREAD_OK,
+    )
+    if costs.provenance.noisy:
+        log.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
+                    "the curves may be pessimistic", 100 * spread, max_reps)
+    return costs
+
+
+def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> CostModel | None:
+    """The cached curves at ``path`` if they were measured for ``key`` and are recent enough."""
+    if not path.is_file():
+        return None
+    try:
+        costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+        log.warning("ignoring cost cache %s: %s", path, err)
+        return None
+    age = costs.provenance.age_days()
+    if costs.key != key or age is None or age > max_age_days:
+        log.info("cost cache %s is stale (%s): measuring again", path,
+                 "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
+        return None
+    costs.provenance = dataclasses.replace(costs.provenance, source="cache")
     return costs
 
 
@@ -191,27 +306,21 @@ def load_or_probe(
     names: tuple[str, str],
     cache_dir: Path | None,
     draft_vocab: int = 0,
+    refresh: bool = False,
 ) -> CostModel:
-    """The cached curves for this pair and device, or a fresh probe (then cached)."""
-    key = cost_key(target, draft, names)
-    path = None
-    if cache_dir is not None:
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        path = Path(cache_dir) / "costs" / f"{digest}.json"
-        if path.is_file():
-            try:
-                costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
-                if costs.key == key:
-                    costs.source = "cache"
-                    return costs
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
-                log.warning("ignoring cost cache %s: %s", path, err)
+    """The cached curves for this pair, vocabulary and hardware, or a fresh probe (then cached
+    under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
+    key = cost_key(target, draft, names, draft_vocab)
+    path = cache_path(cache_dir, key) if cache_dir is not None else None
+    if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
+        log.info("cost model: %s", cached.provenance.describe())
+        return cached
     start = time.perf_counter()
     costs = probe_costs(target, draft, draft_vocab)
     costs.key = key
-    log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms",
+    log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
-             1e3 * costs.draft_s(1))
+             1e3 * costs.draft_s(1), costs.provenance.describe())
     if path is not None:
         save_costs(costs, path)
     return costs
@@ -236,6 +345,5 @@ def synthetic_costs(verify: dict[int, float], draft: dict[int, float] | None = N
         prefill_per_token_s=prefill_per_token_s,
         other_s=other_s,
         key="synthetic",
-        source="synthetic",
     )
 

@@ -98,32 +98,45 @@ class Engine:
         self,
         target: LoadedModel,
         draft: LoadedModel | None = None,
-        cache_dir: Path | None = None,
+        cost_cache: Path | None = None,
         costs: CostModel | None = None,
     ) -> None:
-        """``cache_dir``: where the probed cost model is cached (None = probe once per engine);
-        ``costs``: a given cost model (tests, what-if runs) instead of a probe."""
+        """``cost_cache``: the directory where probed cost curves are cached (None = probe once
+        per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs)."""
         self.target = target
         self.draft = draft
-        self.cache_dir = cache_dir
-        self._costs = costs
-        self._probed = costs.copy() if costs is not None else None
+        self.cost_cache = cost_cache
+        self._given_costs = costs
+        self._snapshots: dict[int, CostModel] = {}  # draft_vocab -> the curves every run starts from
         self._token_text: dict[int, str] = {}
         self._text_lock = threading.Lock()
         self._cost_lock = threading.Lock()
         self._corpora: dict[str, CorpusIndex] = {}
 
-    def costs(self, draft_vocab: int = 0, probed: bool = False) -> CostModel:
-        """The pair's measured cost model: probed on first use (or read from the cache), then
-        refined by every greedy run's own timings. ``probed=True``: the model as first probed,
-        never refined (what seeded sampled runs plan on, so that they are reproducible)."""
+    def cost_snapshot(self, draft_vocab: int = 0) -> CostModel:
+        """The pair's cost model as read once (the probe, or the cache): what every run starts
+        from. A run plans on its own copy and never changes this one; ``adopt_costs`` does,
+        between runs, when the caller says so."""
         with self._cost_lock:
-            if self._costs is None:
-                draft = self.draft.model if self.draft is not None else None
-                names = (self.target.name, self.draft.name if self.draft is not None else "none")
-                self._costs = load_or_probe(self.target.model, draft, names, self.cache_dir, draft_vocab)
-                self._probed = self._costs.copy()
-            return self._probed if probed else self._costs
+            if draft_vocab not in self._snapshots:
+                if self._given_costs is not None:
+                    self._snapshots[draft_vocab] = self._given_costs.copy()
+                else:
+                    draft = self.draft.model if self.draft is not None else None
+                    names = (self.target.name, self.draft.name if self.draft is not None else "none")
+                    self._snapshots[draft_vocab] = load_or_probe(
+                        self.target.model, draft, names, self.cost_cache, draft_vocab)
+            return self._snapshots[draft_vocab]
+
+    def cost_snapshots(self) -> dict[int, CostModel]:
+        """The snapshots read so far, by draft vocabulary (what the runs planned on)."""
+        with self._cost_lock:
+            return dict(self._snapshots)
+
+    def adopt_costs(self, costs: CostModel, draft_vocab: int = 0) -> None:
+        """Make ``costs`` (a learn-mode run's refined copy) the snapshot later runs start from."""
+        with self._cost_lock:
+            self._snapshots[draft_vocab] = costs.copy()
 
     def corpus(self, path: str) -> CorpusIndex:
         """The static retrieval datastore for ``path``, built once per engine (ValueError if bad)."""
@@ -175,19 +188,23 @@ class Run:
             )
         self.drafter = engine.make_drafter(cfg)
         self.planner: Planner | None = None
+        self.costs: CostModel | None = None  # this run's own copy of the engine's snapshot
         if cfg.tree.cost_aware and cfg.drafter != "none":
-            # Sampling draws depend on the tree: a seeded run plans on the probed costs and
-            # predicted draft times only, never the wall clock, so the seed reproduces it.
-            seeded = not cfg.sampling.greedy
+            self.costs = engine.cost_snapshot(cfg.draft_vocab).copy()
             self.planner = Planner(
-                engine.costs(cfg.draft_vocab, probed=seeded), cfg.tree, cfg.max_new_tokens,
-                widths=self._draft_widths if seeded else None,
+                self.costs, cfg.tree, cfg.max_new_tokens, widths=self._draft_widths if self.fixed_costs else None,
             )
         self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
         self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
+
+    @property
+    def fixed_costs(self) -> bool:
+        """Plan on the snapshot and predicted times alone (``cost_model="fixed"``, and every
+        sampled run: its random draws depend on the tree, so a seed must reproduce the tree)."""
+        return self.cfg.cost_model == "fixed" or not self.cfg.sampling.greedy
 
     def __iter__(self) -> Iterator[StepTrace]:
         t0 = time.perf_counter()
@@ -371,9 +388,16 @@ class Run:
             device=str(eng.target.device),
             config=self.cfg.to_dict(),
             stop_reason=reason,
-            cost_model=self.planner.costs.to_dict() if self.planner is not None else {},
+            cost_model=self._cost_record(),
             **agg,
         )
+
+
+    def _cost_record(self) -> dict:
+        """The cost model the run planned on (learn mode: as refined by the end of the run)."""
+        if self.costs is None:
+            return {}
+        return {**self.costs.to_dict(), "mode": "fixed" if self.fixed_costs else "learn"}
 
 
 def generate(engine: Engine, prompt: str | list[int], cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:

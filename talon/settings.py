@@ -26,6 +26,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "~/.cache/talon",
         "Directory for the converted embedded models and other caches.",
     ),
+    "TALON_COST_CACHE": (
+        "",
+        "Directory for the measured cost curves (empty: TALON_CACHE/costs). The test suite points "
+        "it at a temporary directory, so no test reads or writes a user's curves.",
+    ),
     "TALON_TARGET": (
         EMBEDDED_TARGET,
         "Target model: an embedded: name, a local checkpoint directory, a .gguf file or a Hub id.",
@@ -85,6 +90,7 @@ class Settings:
     """Deployment settings; see ``ENV_VARS`` for what each field means."""
 
     cache_dir: Path = field(default_factory=lambda: Path(ENV_VARS["TALON_CACHE"][0]).expanduser())
+    cost_cache: str = ""  # "" = cache_dir / "costs"
     target: str = EMBEDDED_TARGET
     draft: str = EMBEDDED_DRAFT
     device: str = "auto"
@@ -106,12 +112,18 @@ class Settings:
         if not self.device:
             raise ConfigError("TALON_DEVICE must be auto, cpu, cuda or cuda:N, got an empty string")
 
+    @property
+    def cost_cache_dir(self) -> Path:
+        """Where the measured cost curves are cached."""
+        return Path(self.cost_cache).expanduser() if self.cost_cache else self.cache_dir / "costs"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read the ``TALON_*`` variables (from ``os.environ`` unless ``env`` is given)."""
         env = os.environ if env is None else env
         return cls(
             cache_dir=Path(_get(env, "TALON_CACHE")).expanduser(),
+            cost_cache=_get(env, "TALON_COST_CACHE"),
             target=_get(env, "TALON_TARGET"),
             draft=_get(env, "TALON_DRAFT"),
             device=_get(env, "TALON_DEVICE").lower(),

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, LoadedModel, load_pair
+
+
+def user_cost_cache() -> Path:
+    """Where a user's measured cost curves live (what no test may read or write)."""
+    return Path(os.environ.get("TALON_CACHE") or "~/.cache/talon").expanduser() / "costs"
+
+
+def cost_cache_state() -> dict[str, float]:
+    folder = user_cost_cache()
+    return {p.name: p.stat().st_mtime for p in folder.iterdir()} if folder.is_dir() else {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -12,6 +27,20 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "embedded: uses the real embedded model pair (converted once into the cache; slow on first use)",
     )
+    # Cost curves measured under a test's load must never reach a user's app: every engine the
+    # suite builds, in this process or in an app it starts, caches them in a temporary folder.
+    # The converted models keep their shared cache (TALON_CACHE).
+    config.talon_user_costs = cost_cache_state()  # type: ignore[attr-defined]
+    config.talon_cost_dir = tempfile.mkdtemp(prefix="talon-test-costs-")  # type: ignore[attr-defined]
+    os.environ["TALON_COST_CACHE"] = config.talon_cost_dir  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    shutil.rmtree(getattr(config, "talon_cost_dir", ""), ignore_errors=True)
+    if hasattr(config, "talon_user_costs") and cost_cache_state() != config.talon_user_costs:
+        print(f"\nFAILED: the test suite changed the user's cost cache {user_cost_cache()}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

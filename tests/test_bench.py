@@ -320,3 +320,24 @@ def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
     assert best.speedup_vs_ar == pytest.approx(1.25)
     assert best.settings["variants"] == {"n=2": 0.8, "n=3": 1.25}
     assert rows[("all", "ar")].speedup_vs_ar == pytest.approx(1.0)
+
+
+def test_the_same_command_twice_gives_the_same_trees(pair, data_dir: Path, tmp_path: Path) -> None:
+    """Fixed cost model (the benchmark's default): every Talon run plans on the snapshot read at
+    start (here a real probe, then the cache it wrote) and on predicted times only, so two runs
+    of the same command draft the same trees, step by step, whatever the host's load."""
+    target, draft = pair
+    prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
+    cfg = BenchConfig(methods=("talon", "hybrid"), max_new_tokens=16, warmup_tokens=4)
+    runs = [run_bench(target, draft, prompts, cfg, cost_cache=tmp_path) for _ in range(2)]
+    trees = [
+        {(s.prompt.suite, s.prompt.index, s.spec.name): (s.outcome.draft_sizes, s.outcome.accept_lens)
+         for s in run.samples if s.spec.engine == "talon" and s.spec.name != "ar"}
+        for run in runs
+    ]
+    assert trees[0] == trees[1]
+    assert sum(n for sizes, _ in trees[0].values() for n in sizes) > 0, "the runs drafted nothing"
+    sources = [next(iter(run.cost_models.values()))["source"] for run in runs]
+    assert sources == ["probe", "cache"]
+    mats = [[r.mat for r in run.rows if r.method == "talon"] for run in runs]
+    assert mats[0] == mats[1]

@@ -80,6 +80,11 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--tie-tol", type=float, default=None,
                    help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
                    "at the best logit are added (default: 1e-3 float32, 0.05 half)")
+    p.add_argument("--cost-model", choices=["fixed", "learn"], default=BenchConfig.cost_model,
+                   help="how the talon methods plan on the measured cost curves: fixed = on the one "
+                   "snapshot read at start (probe or cache) and predicted times only, so the same "
+                   "command on the same host gives the same trees and every row plans alike; learn = "
+                   "each run refines its own copy from its step timings (default: %(default)s)")
     p.add_argument("--warmup-tokens", type=int, default=BenchConfig.warmup_tokens, help="0 = no warm-up")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = p.add_argument_group("sweep")
@@ -112,6 +117,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         talon_variants=tuple(args.talon_variant),
         tie_tol=args.tie_tol,
         warmup_tokens=args.warmup_tokens,
+        cost_model=args.cost_model,
     )
 
 
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with logging_redirect_tqdm():
             report = run_bench(
-                target_lm, draft_lm, prompts, cfg, args.out, command, not args.no_progress, settings.cache_dir
+                target_lm, draft_lm, prompts, cfg, args.out, command, not args.no_progress, settings.cost_cache_dir
             )
     except (ValueError, ModelLoadError, OSError) as err:  # BenchError, ConfigError, PromptError
         log.error("%s", err)

@@ -77,6 +77,9 @@ class BenchConfig:
     talon_variants: extra ``talon[...]`` rows, each the default configuration with the given
     ``key=value[,key=value]`` changes (``talon.bench.runners.talon_variant``).
     tie_tol: absolute floor of the near-tie tolerance in logits; None = ``default_tie_tol``.
+    cost_model: ``RunConfig.cost_model`` of every Talon method; ``fixed`` (the default) plans every
+    run on the same snapshot of the measured curves, never on the wall clock, so rows and
+    repeated runs are independent of each other and of the host's load.
     """
 
     methods: tuple[str, ...] = METHODS
@@ -89,6 +92,7 @@ class BenchConfig:
     talon_variants: tuple[str, ...] = ()
     tie_tol: float | None = None
     warmup_tokens: int = 8
+    cost_model: str = "fixed"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -106,6 +110,7 @@ class BenchConfig:
             raise ConfigError(f"pld n-gram sizes must be integers >= 1, got {self.pld_ngrams}")
         if self.tie_tol is not None and self.tie_tol < 0:
             raise ConfigError(f"tie tolerance must be >= 0, got {self.tie_tol}")
+        RunConfig(cost_model=self.cost_model)  # validates the mode
         if self.warmup_tokens < 0:
             raise ConfigError(f"warm-up tokens must be >= 0 (0 = no warm-up), got {self.warmup_tokens}")
 

@@ -9,13 +9,12 @@ import importlib.util
 import os
 import platform
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 
-from talon.models import LoadedModel
+from talon.models import LoadedModel, cpu_model
 
 
 @dataclass(frozen=True)
@@ -82,11 +81,3 @@ def _version_of(distribution: str) -> str | None:
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         return importlib.metadata.version(distribution)
     return None
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()

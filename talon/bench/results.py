@@ -168,7 +168,7 @@ class BenchReport:
     rows: list[ResultRow]
     checks: list[OutputCheck]
     samples: list[Sample] = dataclasses.field(default_factory=list)
-    cost_model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the snapshot every Talon run planned on
+    cost_models: dict[str, Any] = dataclasses.field(default_factory=dict)  # the snapshots the Talon runs planned on
 
     @property
     def fatal(self) -> list[OutputCheck]:
@@ -181,7 +181,7 @@ class BenchReport:
             "env": dataclasses.asdict(self.env),
             "config": dataclasses.asdict(self.config),
             "results": [r.to_dict() for r in self.rows],
-            "cost_model": self.cost_model,
+            "cost_models": self.cost_models,
             "checks": [c.to_dict() for c in self.checks],
             "samples": [sample_record(s) for s in self.samples],
         }

@@ -32,11 +32,11 @@ def run_bench(
     out: Path | None = None,
     command: str = "",
     progress: bool = False,
-    cache_dir: Path | None = None,
+    cost_cache: Path | None = None,
 ) -> BenchReport:
     """Run every method on every prompt (interleaved), check losslessness, aggregate; write the
     report to ``out`` when given. Never raises for a mismatch: see ``BenchReport.fatal``."""
-    engine = Engine(target, draft, cache_dir=cache_dir)
+    engine = Engine(target, draft, cost_cache=cost_cache)
     runners = build_runners(engine, cfg)
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
         log.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
@@ -56,7 +56,8 @@ def run_bench(
             checks += check_prompt(judge, ids, ran, cfg.max_new_tokens, eos)
     judge.release()
     rows = aggregate(samples, checks, runners)
-    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples)
+    costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
+    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples, costs)
     if out is not None:
         write_report(report, out)
     return report

@@ -151,7 +151,7 @@ class HfRunner:
         return Outcome(out[0, len(prompt_ids) :].tolist(), seconds, calls.n)
 
 
-def talon_run_config(method: str, talon_async: bool) -> RunConfig:
+def talon_run_config(method: str, talon_async: bool, cost_model: str = "fixed") -> RunConfig:
     """The RunConfig of a Talon-engine method; ``talon`` is the full default RunConfig().
 
     chain, static and adaptive are the pure tree baselines at equal budget and depth (N = 24,
@@ -166,7 +166,7 @@ def talon_run_config(method: str, talon_async: bool) -> RunConfig:
         "hybrid": RunConfig(drafter="hybrid", tree=TreeConfig(mode="adaptive", cost_aware=False)),
         "talon": RunConfig(async_draft=talon_async),
     }
-    return configs[method]
+    return configs[method].replace(cost_model=cost_model)
 
 
 VARIANT_KEYS: dict[str, str] = {
@@ -209,7 +209,7 @@ def variant_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
     changed, timed in the same run as ``talon`` itself (a one-knob-at-a-time sweep)."""
     runners: list[Runner] = []
     for text in cfg.talon_variants:
-        run_cfg = talon_variant(talon_run_config("talon", cfg.talon_async), text)
+        run_cfg = talon_variant(talon_run_config("talon", cfg.talon_async, cfg.cost_model), text)
         name = f"talon[{text.replace(' ', '')}]"
         runners.append(TalonRunner(MethodSpec(name, name, "talon", talon_settings(run_cfg)), engine, run_cfg))
     return runners
@@ -265,10 +265,10 @@ def hf_runners(method: str, engine: Engine, cfg: BenchConfig) -> list[Runner]:
     return runners
 
 
-def sweep_runners(engine: Engine, sweep: SweepConfig) -> list[Runner]:
+def sweep_runners(engine: Engine, sweep: SweepConfig, cost_model: str = "fixed") -> list[Runner]:
     runners: list[Runner] = []
     for cell in sweep.cells():
-        base = talon_run_config(sweep.method, talon_async=False)
+        base = talon_run_config(sweep.method, talon_async=False, cost_model=cost_model)
         cfg = base.replace(tree=dataclasses.replace(base.tree, budget=cell.budget, root_k=cell.root_k, mu=cell.mu))
         name = f"{sweep.method}[mu={cell.mu:g},N={cell.budget},K={cell.root_k}]"
         spec = MethodSpec(name, sweep.method, "talon", talon_settings(cfg), cell=cell)
@@ -286,10 +286,10 @@ def build_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
         if method in ("hf-greedy", "hf-assisted", "hf-pld"):
             runners += hf_runners(method, engine, cfg)
         else:
-            run_cfg = talon_run_config(method, cfg.talon_async)
+            run_cfg = talon_run_config(method, cfg.talon_async, cfg.cost_model)
             spec = MethodSpec(method, method, "talon", talon_settings(run_cfg))
             runners.append(TalonRunner(spec, engine, run_cfg))
     runners += variant_runners(engine, cfg)
     if cfg.sweep is not None:
-        runners += sweep_runners(engine, cfg.sweep)
+        runners += sweep_runners(engine, cfg.sweep, cfg.cost_model)
     return runners

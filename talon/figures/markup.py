@@ -168,8 +168,10 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
         grid, verify = curves["grid"], curves["verify_s"]
         at = {g: v for g, v in zip(grid, verify)}
         draft = dict(zip(grid, curves.get("draft_s") or []))
+        origin = curves.get("described") or curves.get("source", "")
+        mode = f"{curves['mode']} · " if curves.get("mode") else ""
         parts.append(
-            f"cost model ({esc(str(curves.get('source', '')))}): verify 1 node {at.get(1, 0) * 1e3:.0f} ms, "
+            f"cost model ({esc(mode)}{esc(str(origin))}): verify 1 node {at.get(1, 0) * 1e3:.0f} ms, "
             f"16 nodes {at.get(16, 0) * 1e3:.0f} ms · draft layer {draft.get(1, 0) * 1e3:.0f} ms"
         )
     return '<div class="detail">' + "<br>".join(parts) + "</div>"

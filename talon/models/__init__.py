@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import MARKER_FILE, convert_gguf, prepare_gguf_file
-from talon.models.device import DTYPES, resolve_device, resolve_dtype, time_linear
+from talon.models.device import DTYPES, bf16_pays, cpu_model, hardware_name, resolve_device, resolve_dtype, time_linear
 from talon.models.embedded import (
     EMBEDDED_MODELS,
     EmbeddedModel,
@@ -49,6 +49,9 @@ __all__ = [
     "quantize_draft",
     "resolve_draft_quant",
     "DTYPES",
+    "bf16_pays",
+    "cpu_model",
+    "hardware_name",
     "EMBEDDED_DRAFT",
     "EMBEDDED_MODELS",
     "EMBEDDED_PREFIX",

@@ -3,10 +3,13 @@ one-off CPU check of whether bfloat16 is faster than float32 here)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -83,6 +86,27 @@ def time_linear(dtype: torch.dtype, rows: int = 8, dim: int = 4096, reps: int = 
     return statistics.median(times)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def hardware_name(device: torch.device) -> str:
+    """What runs the models: the GPU's name on CUDA, else the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def bf16_pays(fp32_s: float, bf16_s: float, min_speedup: float = 1.15) -> bool:
+    """Whether bfloat16 is clearly faster than float32, from the best timing of each."""
+    return fp32_s / bf16_s >= min_speedup
+
+
 @functools.cache
 def _cpu_prefers_bf16(min_speedup: float = 1.15) -> bool:
     """Measure once per process whether bfloat16 linears are clearly faster than float32 here.
@@ -92,7 +116,7 @@ def _cpu_prefers_bf16(min_speedup: float = 1.15) -> bool:
     """
     rounds = [(time_linear(torch.float32), time_linear(torch.bfloat16)) for _ in range(3)]
     fp32_s, bf16_s = min(r[0] for r in rounds), min(r[1] for r in rounds)
-    prefers = fp32_s / bf16_s >= min_speedup
+    prefers = bf16_pays(fp32_s, bf16_s, min_speedup)
     logger.info(
         "CPU dtype check, (8x4096)@(4096x4096) linear: float32 %.3f ms, bfloat16 %.3f ms "
         "(speedup %.2fx, need %.2fx) -> dtype auto = %s",

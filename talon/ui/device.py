@@ -50,10 +50,11 @@ _LOAD_LOCK = threading.Lock()
 
 @functools.lru_cache(maxsize=1)
 def _cached_engine(
-    target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto"
+    target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str,
+    draft_quant: str = "auto", cost_cache: str = "",
 ) -> Engine:
     target_lm, draft_lm = load_pair(target, draft, dtype, device, allow_remote_code, cache_dir, draft_quant)
-    return Engine(target_lm, draft_lm, cache_dir=Path(cache_dir))
+    return Engine(target_lm, draft_lm, cost_cache=Path(cost_cache) if cost_cache else None)
 
 
 def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
@@ -64,7 +65,8 @@ def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
     quant = preset.draft_quant or settings.draft_quant
     with _LOAD_LOCK:
         return _cached_engine(
-            target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir), quant
+            target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir), quant,
+            str(settings.cost_cache_dir),
         )
 
 
@@ -211,6 +213,8 @@ def _decode(
     run = open_run(settings, preset, prompt, cfg, cancel)
     yield from run
     assert run.summary is not None
+    if run.costs is not None and not run.fixed_costs and not cancel.is_set():
+        run.engine.adopt_costs(run.costs, cfg.draft_vocab)  # learn mode: the next run starts from these curves
     yield run.summary
 
 
