@@ -180,6 +180,7 @@ class Run:
         tok = engine.target.tokenizer
         vocab = engine.target.model.get_output_embeddings().weight.shape[0]
         self.prompt_ids = encode_prompt(tok, prompt, cfg.chat_template, vocab)
+        self.prompt_text = prompt if isinstance(prompt, str) else tok.decode(prompt)
         limit = getattr(engine.target.model.config, "max_position_embeddings", None)
         if limit and len(self.prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
             raise PromptError(
@@ -389,6 +390,7 @@ class Run:
             config=self.cfg.to_dict(),
             stop_reason=reason,
             cost_model=self._cost_record(),
+            prompt=self.prompt_text,
             **agg,
         )
 

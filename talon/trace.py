@@ -119,6 +119,7 @@ class RunSummary:
     tree_stops: dict[str, int] = field(default_factory=dict)  # why trees stopped, counted
     cost_model: dict[str, Any] = field(default_factory=dict)  # talon-cost/1 curves after the run
     serving_metrics: dict[str, Any] = field(default_factory=dict)  # see serving_metrics()
+    prompt: str = ""  # the prompt as the user gave it (before any chat template)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -204,12 +204,18 @@ def test_serving_config_endpoint_takes_the_run_controls(client: Client) -> None:
 def test_compare_and_sweep_endpoints(client: Client) -> None:
     summary, *_ = client.predict("abc abc abc abc", max_new_tokens=12, api_name="/compare")
     assert "A: hybrid · adaptive" in summary and "B: hybrid · static" in summary
+    plain = {"cost_aware": False, "mu": 0.1}  # greedy, no clock in the plan: runs are reproducible
     progress, mat, speed, *_ = client.predict(
-        "abc abc abc", mus="0.1", budgets="4, 8", sweep_tokens=6, api_name="/sweep"
+        "abc abc abc", mus="0.1", budgets="4, 8", sweep_tokens=6, api_name="/sweep", **plain
     )
     assert "sweep done: 2 runs" in progress
     z = plot_json(mat)["data"][0]["z"]
-    assert len(z) == 1 and len(z[0]) == 2 and all(v >= 1 for v in z[0])
+    assert len(z) == 1 and len(z[0]) == 2
+    # Each cell is the MAT of a real run of that configuration: the (mu 0.1, N 8) cell equals a
+    # plain /generate run of the same prompt and settings.
+    _, final = finish(client.submit("abc abc abc", budget=8, max_new_tokens=6, api_name="/generate", **plain))
+    summary = json.loads(Path(final[DOWNLOAD]).read_text())["summary"]
+    assert z[0][1] == pytest.approx(summary["mean_accepted_tokens"])
 
 
 # ---------------------------------------------------------------------------------------------

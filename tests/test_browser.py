@@ -142,7 +142,9 @@ def test_hostile_prompt_renders_as_text(page) -> None:
     page.click("#talon-run")
     page.wait_for_function(RUN_FINISHED)
     assert page.evaluate("window.__pwned === undefined")
-    assert page.locator("#talon-text script, #talon-text img").count() == 0
+    assert "<script>window.__pwned = 1</script>" in (page.locator("#talon-summary").text_content() or ""), \
+        "the summary shows the prompt, as text"
+    assert page.locator("#talon-text script, #talon-text img, #talon-summary script, #talon-summary img").count() == 0
 
 
 def test_serve_tab_translates_the_controls(page) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +29,15 @@ from talon.cost import (
 )
 from talon.curve import isotonic
 from talon.decode import Engine, generate
-from talon.plan import EXPLORE_MODEL_STEPS, WATCH_STEPS, AcceptanceModel, Beta, Planner, drafting_without_catch_up
 from talon.models import cpu_model
+from talon.plan import (
+    EXPLORE_MODEL_STEPS,
+    WATCH_STEPS,
+    AcceptanceModel,
+    Beta,
+    Planner,
+    drafting_without_catch_up,
+)
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference
@@ -309,3 +317,12 @@ def test_runs_plan_on_their_own_copy_and_fixed_runs_never_read_the_clock(pair, m
     engine.adopt_costs(CostModel.from_dict({**snapshot, "verify_s": [10 * v for v in snapshot["verify_s"]]}),
                        learn.draft_vocab)
     assert engine.cost_snapshot(learn.draft_vocab).verify_s(1) == pytest.approx(10 * 0.1)
+
+
+def test_the_suite_keeps_away_from_the_users_cost_cache() -> None:
+    """conftest points TALON_COST_CACHE at a temporary folder for the whole session (apps the
+    suite starts inherit it): curves measured under test load never reach a user's app."""
+    from talon.settings import Settings
+
+    folder = Settings.from_env().cost_cache_dir
+    assert folder.name.startswith("talon-test-costs-") and folder != Path.home() / ".cache/talon/costs"

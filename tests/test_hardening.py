@@ -221,6 +221,7 @@ def strings_of(final: tuple) -> list[str]:
 
 def test_hostile_prompt_never_becomes_markup(client: Client) -> None:
     final = client.predict(HOSTILE, max_new_tokens=16, api_name="/generate")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in final[SUMMARY], "the summary repeats the prompt, escaped"
     for text in strings_of(final):
         assert "<script" not in text and "\x07" not in text
     assert trace_of(final)["summary"]["steps"] >= 1

@@ -68,9 +68,14 @@ def test_resolve_dtype_bad_string() -> None:
         resolve_dtype("fp8", CPU)
 
 
-def test_cpu_bf16_measurement_is_quick_and_positive() -> None:
+def test_the_cpu_dtype_check_follows_its_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 0.0 < tm_device.time_linear(torch.float32, reps=3) < 1.0
-    assert isinstance(tm_device._cpu_prefers_bf16(), bool)
+    assert tm_device.bf16_pays(1.0, 0.8) and not tm_device.bf16_pays(1.0, 0.9)  # needs 1.15x
+    for bf16_s, expected in ((0.005, True), (0.0095, False)):
+        monkeypatch.setattr(tm_device, "time_linear", lambda dtype, s=bf16_s: 0.010 if dtype == torch.float32 else s)
+        tm_device._cpu_prefers_bf16.cache_clear()
+        assert tm_device._cpu_prefers_bf16() is expected
+    tm_device._cpu_prefers_bf16.cache_clear()
 
 
 # --- specs that cannot load -----------------------------------------------------------------------

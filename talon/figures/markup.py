@@ -148,12 +148,17 @@ def summary_html(
     return f'<div class="talon-summary"><div class="stats">{stats}</div>{detail}{note}</div>'
 
 
+PROMPT_SHOWN = 200  # characters of the prompt the summary repeats
+
+
 def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
     draft_s = sum(st.draft_s for st in steps)
     verify_s = sum(st.verify_s for st in steps)
     other_s = sum(st.other_s for st in steps)
     total = max(draft_s + verify_s + other_s, 1e-9)
+    prompt = summary.prompt if len(summary.prompt) <= PROMPT_SHOWN else summary.prompt[:PROMPT_SHOWN] + "…"
     parts = [
+        f'prompt: <span class="talon-prompt">{esc(prompt)}</span>' if prompt else "",
         f"target {esc(_short(summary.target))} · draft {esc(_short(summary.draft))}"
         f" · {esc(summary.dtype)} on {esc(summary.device)}",
         f"time: draft {draft_s / total:.0%} · verify {verify_s / total:.0%} · other {other_s / total:.0%}",
@@ -174,7 +179,7 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
             f"cost model ({esc(mode)}{esc(str(origin))}): verify 1 node {at.get(1, 0) * 1e3:.0f} ms, "
             f"16 nodes {at.get(16, 0) * 1e3:.0f} ms · draft layer {draft.get(1, 0) * 1e3:.0f} ms"
         )
-    return '<div class="detail">' + "<br>".join(parts) + "</div>"
+    return '<div class="detail">' + "<br>".join(p for p in parts if p) + "</div>"
 
 
 def _short(name: str) -> str:
