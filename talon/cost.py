@@ -50,7 +50,7 @@ COST_FORMAT = "talon-cost/1"
 PROBE_VERSION = 3  # in the cache key: a better probe re-measures instead of reading an old one
 MAX_AGE_DAYS = 30  # a cached model older than this is measured again
 SPREAD_OK = 0.05  # a size is measured until its two best timings agree within this share
-MIN_REPS, MAX_REPS = 3, 9
+MIN_REPS, MAX_REPS = 3, 6
 
 
 @dataclass(frozen=True)
