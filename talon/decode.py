@@ -193,7 +193,7 @@ class Run:
         if cfg.tree.cost_aware and cfg.drafter != "none":
             self.costs = engine.cost_snapshot(cfg.draft_vocab).copy()
             self.planner = Planner(
-                self.costs, cfg.tree, cfg.max_new_tokens, widths=self._draft_widths if self.fixed_costs else None,
+                self.costs, cfg.tree, cfg.max_new_tokens, predicted=self.fixed_costs,
             )
         self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
         self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
@@ -269,7 +269,7 @@ class Run:
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
         keep_entries(cache, prefix_len, [prefix_len + n for n in acc.accepted])
-        forwards = self._draft_forwards()
+        forwards = draft.forwards
         self.drafter.commit(tree, acc.accepted, new_tokens)
         self.generated.extend(new_tokens)
         step = self._trace(draft, top1, acc, new_tokens, topk, positions.tolist())
@@ -285,26 +285,13 @@ class Run:
             ahead.cancel()
         return step, reason, ahead
 
-    def _draft_forwards(self) -> list[tuple[int, float]]:
-        """(tokens fed, seconds) of this step's draft-model forwards; clears the record."""
-        model = getattr(self.drafter, "model", None)
-        if model is None:
-            return []
-        forwards, model.timings = model.timings, []
-        return forwards
-
-    def _draft_widths(self) -> list[int]:
-        """Widths of this step's draft-model forwards so far (the seeded planner's clock)."""
-        model = getattr(self.drafter, "model", None)
-        return [w for w, _ in model.timings] if model is not None else []
-
     def _learn(self, step: StepTrace, draft: Draft, forwards: list[tuple[int, float]]) -> None:
         """Fold the step's timings into the cost model and its outcome into the planner (a
         seeded planner learns from predicted times only, and leaves the cost model as probed)."""
         planner = self.planner
         costs = planner.costs
         step.predicted_verify_s = costs.verify_s(len(step.tokens))
-        if planner.widths is None:
+        if not planner.predicted:
             costs.observe_verify(len(step.tokens), step.verify_s)
             for width, seconds in forwards:
                 costs.observe_draft(width, seconds)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from talon.builder import prune
@@ -144,17 +143,18 @@ def drafting_without_catch_up(forwards: list[tuple[int, float]], costs: CostMode
 
 
 class Planner:
-    """Per-run goodput decisions. ``begin_step`` starts the step's drafting clock.
+    """Per-run goodput decisions. ``begin_step`` starts the step's drafting clock; the drafter
+    reports each draft forward with ``forward_done``.
 
-    With ``widths`` (a callable returning the widths of this step's draft forwards so far) the
-    planner is deterministic: it charges drafting at the cost model's prediction instead of
-    reading the wall clock, so that a sampled run with a fixed seed, whose random draws depend
-    on the tree, is reproducible (the caller also freezes ``costs``)."""
+    ``predicted=True``: the planner is deterministic: it charges drafting at the cost model's
+    prediction for the forwards reported, never reading the wall clock, so the same command gives
+    the same trees and a sampled run with a fixed seed, whose random draws depend on the tree, is
+    reproducible (the caller also freezes ``costs``)."""
 
-    def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int,
-                 widths: Callable[[], list[int]] | None = None) -> None:
+    def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int, predicted: bool = False) -> None:
         self.costs = costs
-        self.widths = widths
+        self.predicted = predicted
+        self.step_widths: list[int] = []  # widths of this step's draft forwards so far
         self.cfg = cfg
         self.acceptance = AcceptanceModel()
         self.remaining = max_new_tokens
@@ -173,10 +173,15 @@ class Planner:
 
     def begin_step(self) -> None:
         self._t0 = time.perf_counter()
+        self.step_widths = []
+
+    def forward_done(self, width: int) -> None:
+        """The drafter ran one draft forward over ``width`` tokens this step."""
+        self.step_widths.append(width)
 
     def drafted_s(self) -> float:
-        if self.widths is not None:
-            return sum(self.costs.draft_s(w) for w in self.widths())
+        if self.predicted:
+            return sum(self.costs.draft_s(w) for w in self.step_widths)
         return time.perf_counter() - self._t0
 
     def step_time(self, nodes: int, extra_draft_s: float = 0.0) -> float:

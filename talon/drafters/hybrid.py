@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from talon.builder import build_tree, keep_best
+from talon.builder import Expand, build_tree, keep_best
 from talon.config import RetrievalConfig, TreeConfig
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
@@ -31,6 +31,7 @@ class Draft:
     match_len: int = 0
     model_skipped: str = ""  # why the draft model did not run this step ("" = it ran or is absent)
     trimmed: int = 0  # nodes the goodput trim cut
+    forwards: list[tuple[int, float]] = field(default_factory=list)  # (tokens fed, seconds) per draft forward
 
 
 @dataclass
@@ -102,13 +103,28 @@ class HybridDrafter:
         if self.model is not None and planner is not None:
             skipped = planner.model_decision(tree, match_len, self.model.pending, self.model.engaged)
         if self.model is not None and not skipped:
-            tree = build_tree(tree, self.model.expand, self.tree_cfg, budget, planner, match_len)
+            tree = build_tree(tree, self._expand_for(planner), self.tree_cfg, budget, planner, match_len)
         else:
             tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")
         trimmed = 0
         if planner is not None and tree.num_draft:
             tree, trimmed = planner.trim(tree, match_len)
-        return Draft(tree=tree, match_len=match_len, model_skipped=skipped, trimmed=trimmed)
+        forwards = self.model.take_timings() if self.model is not None else []
+        return Draft(tree=tree, match_len=match_len, model_skipped=skipped, trimmed=trimmed, forwards=forwards)
+
+    def _expand_for(self, planner: Planner | None) -> Expand:
+        """The model's ``expand``, reporting each forward to the planner's clock."""
+        model = self.model
+        assert model is not None
+        if planner is None:
+            return model.expand
+
+        def expand(tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
+            children = model.expand(tree, nodes, k)
+            planner.forward_done(model.last_width)
+            return children
+
+        return expand
 
     def _graft(self, tree: DraftTree, budget: int) -> int:
         """Graft the retrieval trie under the root when its match is long enough; a node the
@@ -172,7 +188,8 @@ class HybridDrafter:
         self.model = pre.drafter
         tree = pre.tree.subtree(node)
         match_len = self._graft(tree, self.tree_cfg.budget) if self.retrieval is not None else 0
-        return Draft(tree=keep_best(tree, self.tree_cfg.budget), match_len=match_len)
+        return Draft(tree=keep_best(tree, self.tree_cfg.budget), match_len=match_len,
+                     forwards=pre.drafter.take_timings())
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
         self.stats.record(tree, accepted)

@@ -36,8 +36,7 @@ class ModelDrafter:
         self.cache = DynamicCache(config=model.config)
         self.fed = 0  # committed tokens whose KV is in the cache
         self.slots: dict[PathKey, int] = {}  # tree node -> cache index, this step only
-        self.forwards = 0
-        self.timings: list[tuple[int, float]] = []  # (tokens fed, seconds) per forward, this step
+        self.timings: list[tuple[int, float]] = []  # (tokens fed, seconds) per forward since taken
 
     def reset(self, prompt_ids: list[int], prefill: bool = True) -> None:
         """Start a request. ``prefill=False`` defers the prompt prefill to the first expansion,
@@ -71,12 +70,21 @@ class ModelDrafter:
         else:
             fed = len(nodes)
             hidden = self._feed_nodes(tree, nodes)  # (len(nodes), H)
-        self.forwards += 1
         probs = torch.softmax(lm_logits(self.model, hidden, self.vocab_size), dim=-1)  # (T, V)
         q, tokens = probs.topk(k, dim=-1)  # (T, k)
         out = [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
         self.timings.append((max(fed, 1), time.perf_counter() - start))
         return out
+
+    @property
+    def last_width(self) -> int:
+        """Tokens fed to the latest forward."""
+        return self.timings[-1][0] if self.timings else 0
+
+    def take_timings(self) -> list[tuple[int, float]]:
+        """(tokens fed, seconds) of the forwards since the last call; clears the record."""
+        taken, self.timings = self.timings, []
+        return taken
 
     def _feed_context(self) -> torch.Tensor:
         """Feed the committed tokens not yet in the cache (they end with the root)."""
@@ -122,7 +130,7 @@ class ModelDrafter:
     def fork(self) -> "ModelDrafter":
         """An independent drafter in the same state (own cache copy): the async pre-drafter."""
         twin = copy.copy(self)
-        twin.context, twin.slots, twin.forwards, twin.timings = list(self.context), dict(self.slots), 0, []
+        twin.context, twin.slots, twin.timings = list(self.context), dict(self.slots), []
         twin.cache = clone_cache(self.cache)
         return twin
 
