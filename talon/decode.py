@@ -18,7 +18,13 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from talon.accept import Acceptance, accept_greedy, accept_sampling, target_topk, warp_probs
+from talon.accept import (
+    Acceptance,
+    accept_greedy,
+    accept_sampling,
+    target_topk,
+    warp_probs,
+)
 from talon.config import ConfigError, RunConfig
 from talon.cost import CostModel, load_or_probe
 from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft

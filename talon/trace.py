@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from talon.shape import layer_width
+
 TRACE_FORMAT = "talon-trace/1"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # trace and results.json uploads
 MAX_TRACE_STEPS = 100_000
@@ -134,12 +136,7 @@ def summarize_steps(steps: list[StepTrace]) -> dict[str, Any]:
         by_source["bonus"] += 1
     n = max(len(steps), 1)
     committed = sum(len(st.new_tokens) for st in steps)
-    widths = []
-    for st in steps:
-        counts: dict[int, int] = {}
-        for d in st.depths[1:]:
-            counts[d] = counts.get(d, 0) + 1
-        widths.append(max(counts.values(), default=0))
+    widths = [layer_width(st.depths) for st in steps]
     return {
         "mean_accepted_tokens": committed / n,
         "accepted_by_source": by_source,
@@ -227,7 +224,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -237,11 +234,11 @@ _NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "texts": lambda v: isinstance(v, str),
     "parents": _is_int,
     "depths": _is_int,
-    "q_draft": _is_num,
-    "path_conf": _is_num,
+    "q_draft": is_number,
+    "path_conf": is_number,
     "sources": lambda v: v in ("root", "model", "retrieval", "both"),
-    "gate_layer_max": lambda v: v is None or _is_num(v),
-    "gate_threshold": lambda v: v is None or _is_num(v),
+    "gate_layer_max": lambda v: v is None or is_number(v),
+    "gate_threshold": lambda v: v is None or is_number(v),
     "gate_passed": lambda v: v is None or isinstance(v, bool),
     "target_top1": _is_int,
 }
@@ -250,36 +247,36 @@ _TOPK_LEN = 64
 _OPTIONAL_NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "target_topk_ids": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN and all(_is_int(x) for x in v),
     "target_topk_probs": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN
-    and all(_is_num(x) and 0.0 <= x <= 1.0 for x in v),
+    and all(is_number(x) and 0.0 <= x <= 1.0 for x in v),
     "target_topk_texts": lambda v: isinstance(v, list) and len(v) <= _TOPK_LEN
     and all(isinstance(x, str) and len(x) <= 256 for x in v),
     "positions": _is_int,
-    "p_accept_est": _is_num,
+    "p_accept_est": is_number,
 }
 _SCALAR_FIELDS: dict[str, Callable[[Any], bool]] = {
     "step": _is_int,
     "bonus_token": _is_int,
     "bonus_text": lambda v: isinstance(v, str),
-    "draft_s": _is_num,
-    "verify_s": _is_num,
-    "other_s": _is_num,
+    "draft_s": is_number,
+    "verify_s": is_number,
+    "other_s": is_number,
     "match_len": _is_int,
     "predraft_reused": lambda v: v is None or isinstance(v, bool),
     "tree_stop": lambda v: isinstance(v, str) and len(v) <= 64,
     "model_skipped": lambda v: isinstance(v, str) and len(v) <= 1000,
     "trimmed": _is_int,
     "draft_forwards": _is_int,
-    "predicted_verify_s": lambda v: v is None or _is_num(v),
+    "predicted_verify_s": lambda v: v is None or is_number(v),
     "bonus_kind": lambda v: v in ("bonus", "resampled"),
 }
 _LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
     "accepted": _is_int,
     "new_tokens": _is_int,
-    "p_target": lambda v: v is None or _is_num(v),
-    "p_accept": lambda v: v is None or _is_num(v),
-    "drafter_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
-    "verifier_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) for x in v),
-    "residual_topk": lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_num(v[1]),
+    "p_target": lambda v: v is None or is_number(v),
+    "p_accept": lambda v: v is None or is_number(v),
+    "drafter_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v),
+    "verifier_busy": lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v),
+    "residual_topk": lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and is_number(v[1]),
 }
 _OPTIONAL = {
     "p_target",
@@ -370,7 +367,7 @@ def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
     )
     for key, value in known.items():
         default = base.get(key, getattr(RunSummary, key, None))
-        if default is None or isinstance(value, type(default)) or (isinstance(default, float) and _is_num(value)):
+        if default is None or isinstance(value, type(default)) or (isinstance(default, float) and is_number(value)):
             base[key] = value
     return RunSummary(**base)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from talon.shape import ancestor_rows
+
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
 
 
@@ -83,34 +85,13 @@ class DraftTree:
         has_child = set(self.parents[1:])
         return [i for i in range(len(self.tokens)) if i not in has_child]
 
-    def paths(self) -> list[list[int]]:
-        """Every root-to-leaf path as node ids."""
-        return [self.path(leaf) for leaf in self.leaves()]
-
     def ancestor_mask(self) -> torch.Tensor:
         """(T, T) bool: mask[i, j] is True iff j is i or an ancestor of i."""
-        n = len(self.tokens)
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            p = self.parents[i]
-            if p >= 0:
-                mask[i] = mask[p]
-            mask[i, i] = True
-        return mask
+        return torch.tensor(ancestor_rows(self.parents), dtype=torch.bool)
 
     def positions(self, prefix_len: int) -> torch.Tensor:
         """(T,) long: absolute position of every node, the root sits at ``prefix_len``."""
         return prefix_len + torch.tensor(self.depths, dtype=torch.long)
-
-    def max_depth(self) -> int:
-        return max(self.depths)
-
-    def width(self) -> int:
-        """Largest number of nodes on one layer (root layer excluded)."""
-        counts: dict[int, int] = {}
-        for d in self.depths[1:]:
-            counts[d] = counts.get(d, 0) + 1
-        return max(counts.values(), default=0)
 
     def descendants(self, node: int) -> list[int]:
         """Every node below ``node``, in node (topological) order."""

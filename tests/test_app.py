@@ -24,10 +24,16 @@ from talon.config import ConfigError, RunConfig
 from talon.decode import Engine, PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
 from talon.settings import Settings
-from talon.trace import RunSummary, TraceFileError, dump_trace, parse_trace, read_json_upload
+from talon.trace import (
+    RunSummary,
+    TraceFileError,
+    dump_trace,
+    parse_trace,
+    read_json_upload,
+)
 from talon.ui.controls import Controls, check_prompt, user_error
 from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
-from talon.ui.layout import _decode_tab
+from talon.ui.layout import decode_tab
 from talon.ui.session import Session, stop
 from talon.ui.sweep_view import parse_sweep
 from tests.test_figures import make_step
@@ -374,7 +380,7 @@ def tiny_engine() -> Engine:
 def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
     monkeypatch.setattr(ui_device, "load_engine", lambda settings, preset: tiny_engine)
     with gr.Blocks():
-        decode_view, _ = _decode_tab()
+        decode_view, _ = decode_tab()
     return decode_view
 
 

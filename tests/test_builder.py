@@ -8,6 +8,7 @@ import pytest
 
 from talon.builder import build_tree
 from talon.config import TreeConfig
+from talon.shape import layer_width
 from talon.tree import DraftTree
 
 
@@ -49,7 +50,7 @@ def test_budget_is_respected_exactly(mode: str, budget: int, peak: float) -> Non
 def test_chain_shape() -> None:
     cfg = TreeConfig(mode="chain", budget=5, max_depth=8, min_conf=0.0)
     tree = build_tree(DraftTree.with_root(3), synthetic(0.6), cfg, 5)
-    assert tree.parents == [-1, 0, 1, 2, 3, 4] and tree.max_depth() == 5
+    assert tree.parents == [-1, 0, 1, 2, 3, 4] and max(tree.depths) == 5
     cfg = TreeConfig(mode="chain", budget=20, max_depth=4, min_conf=0.0)
     assert build_tree(DraftTree.with_root(3), synthetic(0.6), cfg, 20).num_draft == 4
 
@@ -59,7 +60,7 @@ def test_static_shape_is_eagle2() -> None:
     cfg = TreeConfig(mode="static", budget=10, root_k=4, top_k=2, mu=0.1, max_depth=3)
     tree = build_tree(DraftTree.with_root(3), expand, cfg, 10)
     assert [len(c) for c in expand.calls] == [1, 2, 2]  # root, then the top-2 of each layer
-    assert tree.num_draft == 10 and tree.max_depth() <= 3
+    assert tree.num_draft == 10 and max(tree.depths) <= 3
     check_order(tree)
 
 
@@ -67,9 +68,9 @@ def test_peaked_drafter_grows_deep_and_narrow_flat_one_shallow_and_wide() -> Non
     cfg = TreeConfig(mode="adaptive", budget=24, root_k=6, top_k=3, mu=0.1, max_depth=12)
     peaked = build_tree(DraftTree.with_root(3), synthetic(0.95), cfg, 24)
     flat = build_tree(DraftTree.with_root(3), synthetic(0.02), cfg, 24)
-    assert peaked.max_depth() >= 5 and peaked.width() <= 6
-    assert flat.max_depth() <= 2 and flat.width() >= 6
-    assert peaked.max_depth() > 2 * flat.max_depth()
+    assert max(peaked.depths) >= 5 and layer_width(peaked.depths) <= 6
+    assert max(flat.depths) <= 2 and layer_width(flat.depths) >= 6
+    assert max(peaked.depths) > 2 * max(flat.depths)
 
 
 def test_recorded_gates_follow_the_rule() -> None:
@@ -107,6 +108,6 @@ def test_min_conf_stops_drafting_when_the_best_guess_is_unlikely() -> None:
     expand = synthetic(0.8)
     tree = build_tree(DraftTree.with_root(3), expand, cfg, 40)
     # best path conf per layer: 0.8, 0.64, 0.512, 0.41 -> layers 1..3 are expanded, layer 4 is not
-    assert len(expand.calls) == 4 and tree.max_depth() == 4
+    assert len(expand.calls) == 4 and max(tree.depths) == 4
     chain = TreeConfig(mode="chain", budget=10, max_depth=10, min_conf=0.5)
     assert build_tree(DraftTree.with_root(3), synthetic(0.8), chain, 10).num_draft == 4

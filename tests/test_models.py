@@ -21,7 +21,13 @@ import talon.models.loading as tm_loading
 from talon.config import ConfigError
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.device import resolve_device, resolve_dtype
-from talon.models.embedded import EmbeddedModel, GgufPart, assemble_gguf, embedded_parts, prepare_embedded
+from talon.models.embedded import (
+    EmbeddedModel,
+    GgufPart,
+    assemble_gguf,
+    embedded_parts,
+    prepare_embedded,
+)
 from talon.models.loading import load_model
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, ENV_VARS, Settings

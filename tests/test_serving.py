@@ -8,8 +8,20 @@ import shlex
 
 import pytest
 
-from talon.config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
-from talon.serving import SGLANG_FLAGS, VLLM_KEYS, ServingConfig, serving_config, tree_shape
+from talon.config import (
+    ConfigError,
+    RetrievalConfig,
+    RunConfig,
+    SamplingConfig,
+    TreeConfig,
+)
+from talon.serving import (
+    SGLANG_FLAGS,
+    VLLM_KEYS,
+    ServingConfig,
+    serving_config,
+    tree_shape,
+)
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 TARGET = "Qwen/Qwen2.5-7B-Instruct"

@@ -2,6 +2,7 @@
 
 import torch
 
+from talon.shape import ancestor_rows, layer_width
 from talon.tree import DraftTree
 
 
@@ -28,9 +29,9 @@ def test_depths_positions_paths():
     assert t.depths == [0, 1, 1, 2, 2, 2, 3]
     assert t.positions(10).tolist() == [10, 11, 11, 12, 12, 12, 13]
     assert t.path(6) == [0, 1, 3, 6]
-    assert sorted(t.paths()) == [[0, 1, 3, 6], [0, 1, 4], [0, 2, 5]]
+    assert sorted(t.path(leaf) for leaf in t.leaves()) == [[0, 1, 3, 6], [0, 1, 4], [0, 2, 5]]
     assert t.leaves() == [4, 5, 6]
-    assert t.num_draft == 6 and t.max_depth() == 3 and t.width() == 3
+    assert t.num_draft == 6 and max(t.depths) == 3 and layer_width(t.depths) == 3
 
 
 def test_ancestor_mask():
@@ -54,3 +55,9 @@ def test_parent_must_precede_child():
     except AssertionError:
         return
     raise AssertionError("adding a child of a missing node must fail")
+
+
+def test_one_shape_helper_serves_tree_trace_and_figures():
+    t = hand_tree()
+    assert ancestor_rows(t.parents) == t.ancestor_mask().tolist()
+    assert layer_width([0]) == 0 and layer_width([0, 1, 1, 2]) == 2

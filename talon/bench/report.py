@@ -10,7 +10,14 @@ from pathlib import Path
 
 from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
 from talon.bench.config import ALL_SUITES_ROW
-from talon.bench.results import TIME_PARTS, BenchReport, ResultRow, fmt, methods_of, suites_of
+from talon.bench.results import (
+    TIME_PARTS,
+    BenchReport,
+    ResultRow,
+    fmt,
+    methods_of,
+    suites_of,
+)
 
 log = logging.getLogger("talon.bench")
 

@@ -67,7 +67,6 @@ from talon.figures.run import (
 )
 from talon.figures.step import (
     THRESHOLD_LINES,
-    ancestor_mask,
     gate_figure,
     mask_figure,
     mask_row_label,
@@ -123,7 +122,6 @@ __all__ = [
     "acceptance_by_depth",
     "acceptance_by_depth_figure",
     "accepted_per_step_figure",
-    "ancestor_mask",
     "clean_text",
     "committed_sources",
     "committed_tokens",

@@ -77,13 +77,6 @@ def committed_tokens(step: StepTrace) -> list[Committed]:
     return out[: len(step.new_tokens)]
 
 
-def _layer_width(step: StepTrace) -> int:
-    counts: dict[int, int] = {}
-    for d in step.depths[1:]:
-        counts[d] = counts.get(d, 0) + 1
-    return max(counts.values(), default=0)
-
-
 # ---------------------------------------------------------------------------------------------
 # Figure plumbing: traces are plain dicts, validated once by the tests, not on every render
 # ---------------------------------------------------------------------------------------------
@@ -91,21 +84,21 @@ def _layer_width(step: StepTrace) -> int:
 Trace = dict[str, Any]
 
 
-def _figure(traces: list[Trace], layout: dict[str, Any]) -> go.Figure:
+def make_figure(traces: list[Trace], layout: dict[str, Any]) -> go.Figure:
     """A figure from plain trace/layout dicts, skipping plotly's per-call validation (which
     costs ~50 ms a figure, more than a decoding step of a small model). The tests check every
     builder's output against the schema."""
     return go.Figure(data=traces, layout=layout, _validate=False)
 
 
-def _axis(title: str = "", **extra: Any) -> dict[str, Any]:
+def axis_style(title: str = "", **extra: Any) -> dict[str, Any]:
     axis: dict[str, Any] = dict(gridcolor="#ececec", zerolinecolor="#d0d0d0", linecolor="#c8c8c8", automargin=True)
     if title:
         axis["title"] = dict(text=html.escape(title))
     return {**axis, **extra}
 
 
-def _base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
+def base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = dict(
         title=dict(
             text=html.escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)
@@ -119,13 +112,13 @@ def _base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
         autosize=True,
         uirevision="talon",  # a constant: the user's zoom and pan survive every update of this plot
         template=dict(layout=dict(colorway=list(SOURCE_COLORS.values()))),
-        xaxis=_axis(),
-        yaxis=_axis(),
+        xaxis=axis_style(),
+        yaxis=axis_style(),
     )
     return {**layout, **extra}
 
 
-def _legend_top() -> dict[str, Any]:
+def legend_top() -> dict[str, Any]:
     """A horizontal legend between the title and the plot (never over an axis title)."""
     return dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom", font=dict(size=12))
 
@@ -135,5 +128,5 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
     note = dict(
         text=esc(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14, color="#666")
     )
-    layout = _base_layout("", height, xaxis=dict(visible=False), yaxis=dict(visible=False), annotations=[note])
-    return _figure([], layout)
+    layout = base_layout("", height, xaxis=dict(visible=False), yaxis=dict(visible=False), annotations=[note])
+    return make_figure([], layout)

@@ -16,7 +16,15 @@ from typing import Any
 import plotly.graph_objects as go
 
 from talon.curve import GRID, Curve
-from talon.figures.common import PATH_COLOR, SOURCE_COLORS, Trace, _axis, _base_layout, _figure, empty_figure
+from talon.figures.common import (
+    PATH_COLOR,
+    SOURCE_COLORS,
+    Trace,
+    axis_style,
+    base_layout,
+    empty_figure,
+    make_figure,
+)
 from talon.trace import StepTrace
 
 VERIFY_COLOR, DRAFT_COLOR, RATE_COLOR = SOURCE_COLORS["bonus"], SOURCE_COLORS["model"], "#D55E00"
@@ -75,17 +83,17 @@ def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace]
                            name=f"step {chosen.step}", marker=dict(color=PATH_COLOR, size=13, symbol="circle-open",
                                                                    line=dict(width=3)), hoverinfo="skip"))
         traces += _rate_traces(chosen, verify, other_s)
-    layout = _base_layout(
+    layout = base_layout(
         "Cost model on this hardware" + (f" · step {chosen.step}" if chosen is not None else ""),
         440,
-        xaxis=_axis("nodes (verify) · width (draft)", domain=[0, 0.44]),
-        yaxis=_axis("ms", rangemode="tozero"),
-        xaxis2=_axis("draft nodes kept, best first", domain=[0.58, 1], anchor="y2"),
-        yaxis2=_axis("expected tokens/s", anchor="x2", rangemode="tozero"),
+        xaxis=axis_style("nodes (verify) · width (draft)", domain=[0, 0.44]),
+        yaxis=axis_style("ms", rangemode="tozero"),
+        xaxis2=axis_style("draft nodes kept, best first", domain=[0.58, 1], anchor="y2"),
+        yaxis2=axis_style("expected tokens/s", anchor="x2", rangemode="tozero"),
         legend=dict(orientation="h", y=-0.3, yanchor="top", x=0, font=dict(size=11)),
         margin=dict(l=50, r=20, t=70, b=150),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 def _rate_traces(step: StepTrace, verify: Curve, other_s: float) -> list[Trace]:

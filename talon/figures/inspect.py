@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 
 from talon.figures.common import SOURCE_NAMES, node_status
-from talon.figures.text import _fmt, esc, token_label, token_vocab
+from talon.figures.text import esc, fmt_number, token_label, token_vocab
 from talon.trace import StepTrace
 
 NEAR_TIE_LOGITS = 0.125  # one bf16 rounding step for logits of magnitude 16 to 32
@@ -64,15 +64,15 @@ def node_inspector_html(step: StepTrace, node: int, vocab: Mapping[int, str] | N
     if node < len(step.positions):
         facts.append(f"position id {step.positions[node]}")
     if node:
-        facts.append(f"q {_fmt(step.q_draft[node])} · c {_fmt(step.path_conf[node])}")
+        facts.append(f"q {fmt_number(step.q_draft[node])} · c {fmt_number(step.path_conf[node])}")
     if node < len(step.p_accept_est):
-        facts.append(f"planner's P(accepted) {_fmt(step.p_accept_est[node])}")
+        facts.append(f"planner's P(accepted) {fmt_number(step.p_accept_est[node])}")
     parts = [" · ".join(facts), f'<div class="verdict v-{status}">{VERDICT_WORDS[status]}</div>']
     if node and node < len(step.p_target) and step.p_target[node] is not None:
         p_accept = step.p_accept[node] if node < len(step.p_accept) else None
         parts.append(
-            f"<div>sampling: the target's probability of this token p = {_fmt(step.p_target[node])}; "
-            f"acceptance probability {_fmt(p_accept)} (p renormalised after the siblings tried before it "
+            f"<div>sampling: the target's probability of this token p = {fmt_number(step.p_target[node])}; "
+            f"acceptance probability {fmt_number(p_accept)} (p renormalised after the siblings tried before it "
             "were rejected)</div>"
         )
     parent = step.parents[node]

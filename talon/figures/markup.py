@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from talon.figures.common import SOURCE_NAMES, Committed, _layer_width, committed_tokens
+from talon.figures.common import SOURCE_NAMES, Committed, committed_tokens
 from talon.figures.run import step_end_times
-from talon.figures.text import _fmt, esc
+from talon.figures.text import esc, fmt_number
+from talon.shape import layer_width
 from talon.trace import RunSummary, StepTrace
 
 # ---------------------------------------------------------------------------------------------
@@ -21,11 +22,11 @@ def _token_title(st: StepTrace, tok: Committed) -> str:
     parts = [
         f"step {st.step}",
         f"{SOURCE_NAMES.get(tok.source, tok.source)} draft, depth {st.depths[tok.node]}",
-        f"q {_fmt(st.q_draft[tok.node])}",
-        f"c {_fmt(st.path_conf[tok.node])}",
+        f"q {fmt_number(st.q_draft[tok.node])}",
+        f"c {fmt_number(st.path_conf[tok.node])}",
     ]
     if tok.node < len(st.p_target) and st.p_target[tok.node] is not None:
-        parts.append(f"p_target {_fmt(st.p_target[tok.node])}")
+        parts.append(f"p_target {fmt_number(st.p_target[tok.node])}")
     return " · ".join(parts)
 
 
@@ -78,7 +79,7 @@ def step_caption_html(steps: Sequence[StepTrace], index: int) -> str:
     retrieval = f", retrieval match {st.match_len} tokens" if st.match_len else ""
     return (
         f'<div class="talon-caption"><b>Step {st.step}</b> ({index + 1} of {len(steps)}): drafted '
-        f"{len(st.tokens) - 1} nodes (depth {max(st.depths)}, widest layer {_layer_width(st)}{retrieval}); "
+        f"{len(st.tokens) - 1} nodes (depth {max(st.depths)}, widest layer {layer_width(st.depths)}{retrieval}); "
         f"the target accepted {st.accept_len} and {_last_token_words(st)} → {len(tokens)} committed: "
         f'<span class="talon-committed">{committed}</span> · draft {st.draft_s * 1e3:.0f} ms '
         f"({st.draft_forwards} draft forward{'s' if st.draft_forwards != 1 else ''}), "

@@ -13,12 +13,12 @@ from talon.figures.common import (
     SOURCE_COLORS,
     SOURCE_NAMES,
     Trace,
-    _axis,
-    _base_layout,
-    _figure,
-    _legend_top,
+    axis_style,
+    base_layout,
     committed_tokens,
     empty_figure,
+    legend_top,
+    make_figure,
 )
 from talon.trace import StepTrace
 
@@ -66,16 +66,16 @@ def accepted_per_step_figure(steps: Sequence[StepTrace], selected: int | None = 
                 line=dict(color=GATED_COLOR, width=2, dash="dot"),
             )
         )
-    layout = _base_layout(
+    layout = base_layout(
         f"Tokens committed per step (MAT {running[-1]:.2f})",
         300,
         barmode="stack",
-        xaxis=_axis("step"),
-        yaxis=_axis("tokens", rangemode="tozero"),
-        legend=_legend_top(),
+        xaxis=axis_style("step"),
+        yaxis=axis_style("tokens", rangemode="tozero"),
+        legend=legend_top(),
         shapes=shapes,
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
@@ -103,13 +103,13 @@ def acceptance_by_depth_figure(steps: Sequence[StepTrace]) -> go.Figure:
         hovertext=[f"depth {d}: accepted in {a} of {n} steps that drafted this deep" for d, n, a in rows],
         hoverinfo="text",
     )
-    layout = _base_layout(
+    layout = base_layout(
         "Acceptance by depth",
         300,
-        xaxis=_axis("depth", dtick=1),
-        yaxis=_axis("accepted share", range=[0, 1.15], tickformat=".0%"),
+        xaxis=axis_style("depth", dtick=1),
+        yaxis=axis_style("accepted share", range=[0, 1.15], tickformat=".0%"),
     )
-    return _figure([bar], layout)
+    return make_figure([bar], layout)
 
 
 def source_share_figure(steps: Sequence[StepTrace]) -> go.Figure:
@@ -131,7 +131,7 @@ def source_share_figure(steps: Sequence[StepTrace]) -> go.Figure:
         textinfo="percent",
         hoverinfo="label+value+percent",
     )
-    return _figure([pie], _base_layout("Committed tokens by source", 300))
+    return make_figure([pie], base_layout("Committed tokens by source", 300))
 
 
 def step_end_times(steps: Sequence[StepTrace]) -> list[float]:
@@ -160,11 +160,11 @@ def throughput_figure(steps: Sequence[StepTrace]) -> go.Figure:
         dict(type="bar", x=x, y=per_step, name="this step", marker=dict(color="#9ecae1")),
         dict(type="scatter", x=x, y=overall, mode="lines", name="since start", line=dict(color=PATH_COLOR, width=2)),
     ]
-    layout = _base_layout(
+    layout = base_layout(
         f"Tokens per second ({overall[-1]:.1f} overall)",
         300,
-        xaxis=_axis("step"),
-        yaxis=_axis("tokens / s", rangemode="tozero"),
-        legend=_legend_top(),
+        xaxis=axis_style("step"),
+        yaxis=axis_style("tokens / s", rangemode="tozero"),
+        legend=legend_top(),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)

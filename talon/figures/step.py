@@ -15,13 +15,14 @@ from talon.figures.common import (
     PATH_COLOR,
     SOURCE_COLORS,
     Trace,
-    _axis,
-    _base_layout,
-    _figure,
-    _legend_top,
+    axis_style,
+    base_layout,
     empty_figure,
+    legend_top,
+    make_figure,
 )
-from talon.figures.text import _fmt, token_label
+from talon.figures.text import fmt_number, token_label
+from talon.shape import ancestor_rows
 from talon.trace import StepTrace
 
 # ---------------------------------------------------------------------------------------------
@@ -74,14 +75,14 @@ def gate_figure(step: StepTrace) -> go.Figure:
                 hoverinfo="text",
             )
         )
-    layout = _base_layout(
+    layout = base_layout(
         f"Confidence gates, step {step.step}",
         340,
-        xaxis=_axis("layer (depth)", dtick=1),
-        yaxis=_axis("path confidence c (log)", type="log", exponentformat="power"),
-        legend=_legend_top(),
+        xaxis=axis_style("layer (depth)", dtick=1),
+        yaxis=axis_style("path confidence c (log)", type="log", exponentformat="power"),
+        legend=legend_top(),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 def _threshold_traces(step: StepTrace, node: int, depth: int) -> list[Trace]:
@@ -95,7 +96,7 @@ def _threshold_traces(step: StepTrace, node: int, depth: int) -> list[Trace]:
             mode="lines",
             line=dict(color=color, dash=dash, width=2),
             showlegend=False,
-            hovertext=[f"layer {depth}: {name} = {_fmt(value)}"] * 2,
+            hovertext=[f"layer {depth}: {name} = {fmt_number(value)}"] * 2,
             hoverinfo="text",
         )
         for value, (name, dash, color) in zip(values, THRESHOLD_LINES)
@@ -107,8 +108,8 @@ def _gate_hover(step: StepTrace, node: int) -> str:
     passed = step.gate_passed[node]
     return (
         f"<b>{token_label(step.texts[node])}</b> (node {node}, depth {step.depths[node]})<br>"
-        f"c = {_fmt(step.path_conf[node])}<br>"
-        f"layer max = {_fmt(step.gate_layer_max[node])} · threshold = {_fmt(step.gate_threshold[node])}<br>"
+        f"c = {fmt_number(step.path_conf[node])}<br>"
+        f"layer max = {fmt_number(step.gate_layer_max[node])} · threshold = {fmt_number(step.gate_threshold[node])}<br>"
         + ("expanded: proposes children" if passed else "gated out: too unsure to expand")
     )
 
@@ -118,22 +119,12 @@ def _gate_hover(step: StepTrace, node: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def ancestor_mask(parents: Sequence[int]) -> list[list[bool]]:
-    """(T, T) bool as nested lists: row i is True at i and at every ancestor of i."""
-    rows: list[list[bool]] = []
-    for node, parent in enumerate(parents):
-        row = list(rows[parent]) if parent >= 0 else [False] * len(parents)
-        row[node] = True
-        rows.append(row)
-    return rows
-
-
 def mask_figure(step: StepTrace) -> go.Figure:
     """The tree attention mask of the verification forward: row = query node, column = key node;
     a node attends to itself and its ancestors (and to the whole committed prefix, not drawn)."""
     n = len(step.tokens)
     on_path = set(step.accepted)
-    mask = ancestor_mask(step.parents)
+    mask = ancestor_rows(step.parents)
     z = [[(2 if i in on_path else 1) if mask[i][j] else 0 for j in range(n)] for i in range(n)]
     heat: Trace = dict(
         type="heatmap",
@@ -169,13 +160,13 @@ def mask_figure(step: StepTrace) -> go.Figure:
         showgrid=False,
     )
     rows = dict(ticks, ticktext=[mask_row_label(step, i) for i in range(n)])
-    layout = _base_layout(
+    layout = base_layout(
         f"Tree attention mask, step {step.step} ({n}×{n})",
         max(320, min(760, 16 * n + 160)),
-        xaxis=_axis("key node (attended to)", **ticks),
-        yaxis=_axis("query node @ position id", autorange="reversed", scaleanchor="x", **rows),
+        xaxis=axis_style("key node (attended to)", **ticks),
+        yaxis=axis_style("query node @ position id", autorange="reversed", scaleanchor="x", **rows),
     )
-    return _figure([heat], layout)
+    return make_figure([heat], layout)
 
 
 def mask_row_label(step: StepTrace, node: int) -> str:
@@ -213,16 +204,16 @@ def timeline_figure(steps: Sequence[StepTrace], selected: int | None = None, win
             ("verifier", "verifier_busy", SOURCE_COLORS["bonus"]),
         )
     ]
-    layout = _base_layout(
+    layout = base_layout(
         f"Drafter / verifier timeline, steps {shown[0].step}–{shown[-1].step}",
         250,
         barmode="overlay",
         showlegend=False,
         margin=dict(l=70, r=20, t=50, b=40),
-        xaxis=_axis("ms since the run started"),
-        yaxis=_axis(categoryorder="array", categoryarray=["verifier", "drafter"]),
+        xaxis=axis_style("ms since the run started"),
+        yaxis=axis_style(categoryorder="array", categoryarray=["verifier", "drafter"]),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 def _lane_trace(lane: str, bars: list[tuple[StepTrace, float, float]], color: str, current: int) -> Trace:

@@ -13,11 +13,11 @@ from talon.figures.common import (
     GATED_COLOR,
     SOURCE_COLORS,
     Trace,
-    _axis,
-    _base_layout,
-    _figure,
-    _legend_top,
+    axis_style,
+    base_layout,
     empty_figure,
+    legend_top,
+    make_figure,
 )
 from talon.figures.run import step_end_times
 from talon.figures.text import esc
@@ -56,16 +56,16 @@ def compare_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]]) -> go.Figure
                 yaxis="y2",
             )
         )
-    layout = _base_layout(
+    layout = base_layout(
         "Compare: tokens per step (left) and committed tokens over time (right)",
         330,
-        xaxis=_axis("step", domain=[0, 0.45]),
-        yaxis=_axis("tokens per step", rangemode="tozero"),
-        xaxis2=_axis("seconds", domain=[0.55, 1], anchor="y2"),
-        yaxis2=_axis("committed tokens", rangemode="tozero", anchor="x2"),
-        legend=_legend_top(),
+        xaxis=axis_style("step", domain=[0, 0.45]),
+        yaxis=axis_style("tokens per step", rangemode="tozero"),
+        xaxis2=axis_style("seconds", domain=[0.55, 1], anchor="y2"),
+        yaxis2=axis_style("committed tokens", rangemode="tozero", anchor="x2"),
+        legend=legend_top(),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,10 +127,10 @@ def sweep_heatmap(rows: Sequence[SweepRow], metric: str, title: str = "") -> go.
         colorbar=dict(title=dict(text=esc(short)), thickness=14),
         hovertemplate="μ = %{y}, N = %{x}<br>" + esc(label) + " = %{z:.3f}<extra></extra>",
     )
-    layout = _base_layout(
+    layout = base_layout(
         title or label,
         max(280, 48 * len(mus) + 150),
-        xaxis=_axis("budget N", type="category"),
-        yaxis=_axis("gate μ", type="category"),
+        xaxis=axis_style("budget N", type="category"),
+        yaxis=axis_style("gate μ", type="category"),
     )
-    return _figure([heat], layout)
+    return make_figure([heat], layout)

@@ -69,7 +69,7 @@ def token_vocab(steps: Iterable[StepTrace]) -> dict[int, str]:
     return vocab
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def fmt_number(value: float | None, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "–"
     return f"{value:.{digits}g}"

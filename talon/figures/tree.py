@@ -16,13 +16,13 @@ from talon.figures.common import (
     SOURCE_NAMES,
     STATUS_OPACITY,
     Trace,
-    _axis,
-    _base_layout,
-    _figure,
-    _legend_top,
+    axis_style,
+    base_layout,
+    legend_top,
+    make_figure,
     node_status,
 )
-from talon.figures.text import _fmt, esc, token_label, token_vocab
+from talon.figures.text import esc, fmt_number, token_label, token_vocab
 from talon.trace import StepTrace
 
 # ---------------------------------------------------------------------------------------------
@@ -88,15 +88,15 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
     traces.append(_bonus_trace(step, pos[bonus], vocab))
     leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
     title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
-    layout = _base_layout(
+    layout = base_layout(
         title,
         max(340, min(1400, 30 * leaves + 150)),
-        xaxis=_axis("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
+        xaxis=axis_style("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
         yaxis=dict(visible=False),
-        legend=_legend_top(),
+        legend=legend_top(),
         margin=dict(l=20, r=20, t=110, b=20),
     )
-    return _figure(traces, layout)
+    return make_figure(traces, layout)
 
 
 def _edge_trace(pairs: list[tuple[int, int]], pos: Mapping[int, tuple[float, float]], line: dict) -> Trace:
@@ -147,18 +147,18 @@ def _node_hover(step: StepTrace, node: int, status: str, vocab: Mapping[int, str
         lines.append("root: the last committed token")
     else:
         lines.append(f"source: {SOURCE_NAMES.get(step.sources[node], esc(step.sources[node]))}")
-        lines.append(f"q = {_fmt(step.q_draft[node])} · path confidence c = {_fmt(step.path_conf[node])}")
+        lines.append(f"q = {fmt_number(step.q_draft[node])} · path confidence c = {fmt_number(step.path_conf[node])}")
         wanted = step.target_top1[step.parents[node]]
         if status != "unreached":
             lines.append(f"target's top-1 here: {token_label(vocab.get(wanted, f'#{wanted}'))}")
         lines.append(VERDICTS[status])
         if node < len(step.p_target) and step.p_target[node] is not None:
             p_accept = step.p_accept[node] if node < len(step.p_accept) else None
-            lines.append(f"p_target = {_fmt(step.p_target[node])} · p_accept = {_fmt(p_accept)}")
+            lines.append(f"p_target = {fmt_number(step.p_target[node])} · p_accept = {fmt_number(p_accept)}")
     passed = step.gate_passed[node]
     if passed is not None:
         verdict = "expanded" if passed else "gated out (not expanded)"
-        lines.append(f"gate: c {'≥' if passed else '<'} threshold {_fmt(step.gate_threshold[node])} → {verdict}")
+        lines.append(f"gate: c {'≥' if passed else '<'} threshold {fmt_number(step.gate_threshold[node])} → {verdict}")
     if status != "unreached" and node < len(step.target_topk_ids):
         lines.append("target's next-token top 5 after it: " + topk_line(step, node, vocab))
     return "<br>".join(lines)

@@ -28,7 +28,15 @@ from __future__ import annotations
 
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import MARKER_FILE, convert_gguf, prepare_gguf_file
-from talon.models.device import DTYPES, bf16_pays, cpu_model, hardware_name, resolve_device, resolve_dtype, time_linear
+from talon.models.device import (
+    DTYPES,
+    bf16_pays,
+    cpu_model,
+    hardware_name,
+    resolve_device,
+    resolve_dtype,
+    time_linear,
+)
 from talon.models.embedded import (
     EMBEDDED_MODELS,
     EmbeddedModel,
@@ -39,7 +47,12 @@ from talon.models.embedded import (
     prepare_embedded,
 )
 from talon.models.loading import EMBEDDED_PREFIX, NO_DRAFT, load_model, load_pair
-from talon.models.quant import DRAFT_QUANTS, Int8Linear, quantize_draft, resolve_draft_quant
+from talon.models.quant import (
+    DRAFT_QUANTS,
+    Int8Linear,
+    quantize_draft,
+    resolve_draft_quant,
+)
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 

@@ -44,7 +44,7 @@ def _read_marker(out_dir: Path) -> dict | None:
         return None
 
 
-def _is_converted(out_dir: Path, source_sha256: str) -> bool:
+def is_converted(out_dir: Path, source_sha256: str) -> bool:
     marker = _read_marker(out_dir)
     return marker is not None and marker.get("source_sha256") == source_sha256
 
@@ -150,7 +150,7 @@ def convert_gguf(
 
 
 @contextlib.contextmanager
-def _conversion_lock(lock_path: Path) -> Iterator[None]:
+def conversion_lock(lock_path: Path) -> Iterator[None]:
     """Hold a file lock so that only one process converts a given model at a time."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(lock_path))
@@ -165,7 +165,7 @@ def _conversion_lock(lock_path: Path) -> Iterator[None]:
         lock.release()
 
 
-def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir is not None else Settings.from_env().cache_dir
 
 
@@ -176,9 +176,9 @@ def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:
         f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     ).hexdigest()
     out_dir = cache_dir / "gguf" / f"{gguf_path.stem}-{source_key[:12]}"
-    if _is_converted(out_dir, source_key):
+    if is_converted(out_dir, source_key):
         return out_dir
-    with _conversion_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if not _is_converted(out_dir, source_key):
+    with conversion_lock(out_dir.with_name(out_dir.name + ".lock")):
+        if not is_converted(out_dir, source_key):
             convert_gguf(gguf_path, out_dir, source_key)
     return out_dir

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.models.base import ModelLoadError
-from talon.models.convert import _cache_dir, _conversion_lock, _is_converted, convert_gguf
+from talon.models.convert import (
+    conversion_lock,
+    convert_gguf,
+    is_converted,
+    resolve_cache_dir,
+)
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 logger = logging.getLogger(__name__)
@@ -190,10 +195,10 @@ def prepare_embedded(
     ``parts`` defaults to the installed packages' chunks (``embedded_parts``).
     """
     out_dir = cache_dir / embedded.dir_name
-    if _is_converted(out_dir, embedded.sha256):
+    if is_converted(out_dir, embedded.sha256):
         return out_dir
-    with _conversion_lock(cache_dir / f"{embedded.dir_name}.lock"):
-        if _is_converted(out_dir, embedded.sha256):  # another process finished while we waited
+    with conversion_lock(cache_dir / f"{embedded.dir_name}.lock"):
+        if is_converted(out_dir, embedded.sha256):  # another process finished while we waited
             return out_dir
         gguf_path = cache_dir / f"{embedded.dir_name}.gguf"
         try:
@@ -209,7 +214,7 @@ def prepare_embedded(
 
 def embedded_pair_paths(cache_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:
     """(target_dir, draft_dir) of the embedded pair, converting on first use."""
-    root = _cache_dir(cache_dir)
+    root = resolve_cache_dir(cache_dir)
     target = prepare_embedded(EMBEDDED_MODELS[EMBEDDED_TARGET], root)
     draft = prepare_embedded(EMBEDDED_MODELS[EMBEDDED_DRAFT], root)
     return str(target), str(draft)

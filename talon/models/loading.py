@@ -19,10 +19,15 @@ from urllib.parse import urlparse
 
 import torch
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from talon.models.base import LoadedModel, ModelLoadError
-from talon.models.convert import _cache_dir, prepare_gguf_file
+from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded
 from talon.models.quant import quantize_draft, resolve_draft_quant
@@ -166,7 +171,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     start = time.perf_counter()
-    local = _local_checkpoint(spec, _cache_dir(cache_dir))
+    local = _local_checkpoint(spec, resolve_cache_dir(cache_dir))
     offline_reason = None if local is not None else _offline_reason()
     try:
         model, tokenizer = _from_pretrained(

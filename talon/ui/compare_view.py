@@ -18,7 +18,7 @@ from talon.trace import StepTrace
 from talon.ui.controls import Controls
 from talon.ui.device import DeviceRun
 from talon.ui.session import CompareSession
-from talon.ui.stream import _stream
+from talon.ui.stream import stream_run
 
 
 @dataclass
@@ -91,7 +91,7 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         for label, run in zip("AB", runs):
             steps: list[StepTrace] = []
             cmp.runs.append((f"{label}: {describe(run.cfg)}", steps))
-            for _ in _stream(run, steps.append):
+            for _ in stream_run(run, steps.append):
                 yield view.updates(cmp, f"running {label}… step {len(steps)}")
             cmp.summaries.append(run.summary)
         yield view.updates(cmp)

@@ -12,7 +12,14 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.config import DRAFTER_KINDS, ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.config import (
+    DRAFTER_KINDS,
+    ConfigError,
+    RetrievalConfig,
+    RunConfig,
+    SamplingConfig,
+    TreeConfig,
+)
 from talon.decode import PromptError
 from talon.examples import DEFAULT_PRESET
 from talon.settings import DRAFT_QUANTS, Settings

@@ -17,12 +17,18 @@ import gradio as gr
 
 from talon import figures as F
 from talon.settings import Settings
-from talon.trace import RunSummary, StepTrace, TraceFileError, parse_trace, read_json_upload
+from talon.trace import (
+    RunSummary,
+    StepTrace,
+    TraceFileError,
+    parse_trace,
+    read_json_upload,
+)
 from talon.ui.controls import Controls, user_error
 from talon.ui.device import DeviceRun
-from talon.ui.files import _upload_path, write_trace
+from talon.ui.files import upload_path, write_trace
 from talon.ui.session import Session
-from talon.ui.stream import _stream
+from talon.ui.stream import stream_run
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +145,7 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         run = DeviceRun(settings, prompt, values, cancel)
         session.begin(bool(step_through), cancel)
         yield session.unsent(view.live_updates(session, "running…"))
-        for full in _stream(run, session.steps.append):
+        for full in stream_run(run, session.steps.append):
             yield session.unsent(view.live_updates(session, f"running… step {len(session.steps)}", full))
         session.summary = run.summary
         if compare_ar and not cancel.is_set():
@@ -170,7 +176,7 @@ def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
         if not trace_file:
             raise gr.Error("no file: upload a trace JSON downloaded from this app")
         try:
-            summary, steps = parse_trace(read_json_upload(_upload_path(trace_file)))
+            summary, steps = parse_trace(read_json_upload(upload_path(trace_file)))
         except (TraceFileError, OSError) as error:
             raise user_error(f"cannot replay this trace: {error}") from error
         session.begin(step_through=False, cancel=None)

@@ -37,7 +37,7 @@ def write_trace(summary: RunSummary, steps: list[StepTrace]) -> str:
     return str(path)
 
 
-def _upload_path(value: Any) -> str:
+def upload_path(value: Any) -> str:
     """The local path of an uploaded file (gr.File gives a path; API clients may send a dict)."""
     if isinstance(value, Mapping):
         return str(value.get("path") or value.get("name") or "")

@@ -27,7 +27,12 @@ from talon.ui.decode_view import (
 from talon.ui.device import initial_preset, presets
 from talon.ui.serving_view import make_serving_config
 from talon.ui.session import CompareSession, Session, stop
-from talon.ui.sweep_view import SweepView, make_filter_sweep, make_load_sweep, make_sweep
+from talon.ui.sweep_view import (
+    SweepView,
+    make_filter_sweep,
+    make_load_sweep,
+    make_sweep,
+)
 
 MODEL_CONCURRENCY_ID = "model"
 
@@ -235,7 +240,7 @@ def _run_plot(key: str, label: str) -> gr.Plot:
     return plot
 
 
-def _decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
+def decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
     summary = gr.HTML(F.summary_html(None, []), label="summary", elem_id="talon-summary")
     gr.HTML(TEXT_LEGEND)
     text = gr.HTML(F.text_html([]), label="text", elem_id="talon-text", autoscroll=True, max_height=420)
@@ -403,7 +408,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
             with gr.Column(scale=3, min_width=480):
                 with gr.Tabs():
                     with gr.Tab("Decode", id="decode"):
-                        view, buttons = _decode_tab()
+                        view, buttons = decode_tab()
                     with gr.Tab("Compare", id="compare"):
                         compare = _compare_tab(panel, settings)
                     with gr.Tab("Threshold explorer", id="sweep"):

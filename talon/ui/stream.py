@@ -15,7 +15,7 @@ LIGHT_UPDATE_S = 0.5
 FULL_UPDATE_S = 3.0
 
 
-def _stream(run: Iterable[StepTrace], on_step: Callable[[StepTrace], None]) -> Iterator[bool]:
+def stream_run(run: Iterable[StepTrace], on_step: Callable[[StepTrace], None]) -> Iterator[bool]:
     """Iterate a run, calling ``on_step``; yields when a UI update is due: True for a full
     update (every figure), False for a light one (text, tree, summary)."""
     last = last_full = -math.inf

@@ -14,10 +14,10 @@ import gradio as gr
 
 from talon import figures as F
 from talon.settings import Settings
-from talon.trace import TraceFileError, _is_num, read_json_upload
+from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.controls import Controls, user_error
 from talon.ui.device import DeviceRun
-from talon.ui.files import _upload_path
+from talon.ui.files import upload_path
 
 MAX_SWEEP_CELLS = 30
 
@@ -28,10 +28,10 @@ def parse_sweep(data: Any) -> list[F.SweepRow]:
         raise TraceFileError('not a sweep results file: expected a JSON object with a "results" list')
     rows = []
     for i, row in enumerate(data["results"]):
-        if not isinstance(row, dict) or not _is_num(row.get("mu")) or not _is_num(row.get("budget")):
+        if not isinstance(row, dict) or not is_number(row.get("mu")) or not is_number(row.get("budget")):
             raise TraceFileError(f"results[{i}] needs numeric 'mu' and 'budget'")
         metrics = {
-            k: row.get(k) if _is_num(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")
+            k: row.get(k) if is_number(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")
         }
         rows.append(
             F.SweepRow(
@@ -137,7 +137,7 @@ def make_load_sweep(view: SweepView) -> Callable[[Any], dict[Any, Any]]:
         if not results_file:
             raise gr.Error("no file: upload the results.json of a sweep")
         try:
-            rows = parse_sweep(read_json_upload(_upload_path(results_file)))
+            rows = parse_sweep(read_json_upload(upload_path(results_file)))
         except (TraceFileError, OSError) as error:
             raise user_error(f"cannot read these results: {error}") from error
         return sweep_updates(view, rows, None, None, f"loaded {len(rows)} results")
