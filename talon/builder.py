@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from talon.config import TreeConfig
+from talon.run_config import TreeConfig
 from talon.tree import DraftTree, Gate
 
 Expand = Callable[[DraftTree, list[int], int], list[list[tuple[int, float]]]]

@@ -25,7 +25,6 @@ from talon.accept import (
     target_topk,
     warp_probs,
 )
-from talon.config import ConfigError, RunConfig
 from talon.cost import CostModel, load_or_probe
 from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
 from talon.drafters.model import ModelDrafter
@@ -33,6 +32,7 @@ from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
+from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTrace, summarize_steps
 from talon.verify import forward_hidden, verify_tree
 

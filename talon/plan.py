@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from talon.builder import prune
-from talon.config import TreeConfig
 from talon.cost import CostModel
+from talon.run_config import TreeConfig
 from talon.tree import DraftTree
 
 Q_EDGES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)  # 11 bins

@@ -28,7 +28,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from talon.config import ConfigError, RunConfig, TreeConfig
+from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 SGLANG_VERSION = "0.5.23"

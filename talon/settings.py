@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.config import ConfigError
+from talon.run_config import ConfigError
 
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
 EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"

@@ -19,10 +19,10 @@ import pytest
 from gradio_client import Client, handle_file
 
 import talon.trace
-import talon.ui.device as ui_device
-from talon.config import ConfigError, RunConfig
+import talon.ui.backend as ui_device
 from talon.decode import Engine, PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
+from talon.run_config import ConfigError, RunConfig
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,

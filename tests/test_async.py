@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from talon.config import RunConfig, SamplingConfig, TreeConfig
 from talon.decode import Engine, generate
+from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from tests.test_engine import PROMPTS, noisy_copy, reference
 from tests.tiny import tiny_loaded
 

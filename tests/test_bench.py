@@ -23,8 +23,8 @@ from talon.bench import (
     talon_variant,
     tie_tolerance,
 )
-from talon.config import ConfigError, RunConfig, TreeConfig
 from talon.decode import Engine, generate
+from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded

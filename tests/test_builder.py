@@ -7,7 +7,7 @@ import math
 import pytest
 
 from talon.builder import build_tree
-from talon.config import TreeConfig
+from talon.run_config import TreeConfig
 from talon.shape import layer_width
 from talon.tree import DraftTree
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from talon.builder import build_tree
-from talon.config import RunConfig, TreeConfig
 from talon.cost import (
     GRID,
     MIN_REPS,
@@ -38,6 +37,7 @@ from talon.plan import (
     Planner,
     drafting_without_catch_up,
 )
+from talon.run_config import RunConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference

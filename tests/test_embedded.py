@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from talon.config import RunConfig, TreeConfig
 from talon.decode import Engine, generate
 from talon.models import Int8Linear, LoadedModel, quantize_draft
+from talon.run_config import RunConfig, TreeConfig
 
 pytestmark = pytest.mark.embedded
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from talon.config import RunConfig, TreeConfig
 from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.drafters.hybrid import Draft
 from talon.kv import keep_entries
+from talon.run_config import RunConfig, TreeConfig
 from talon.tree import DraftTree
 from talon.verify import forward_hidden, verify_tree
 from tests.tiny import VOCAB, tiny_loaded, tiny_model
@@ -181,8 +181,8 @@ def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None
 
 
 def test_bad_input_is_refused_clearly(pair) -> None:
-    from talon.config import ConfigError
     from talon.decode import PromptError
+    from talon.run_config import ConfigError
 
     target, draft = pair
     engine = Engine(target, draft)

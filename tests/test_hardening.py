@@ -29,13 +29,11 @@ from gradio_client.utils import Status
 
 import app
 import talon.decode
-import talon.ui.device as ui_device
+import talon.ui.backend as ui_device
 from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
-from talon.ui.controls import Controls
-from talon.ui.decode_view import DecodeView, make_generate
-from talon.ui.device import (
+from talon.ui.backend import (
     GPU_BASE_S,
     GPU_MAX_S,
     DeviceRun,
@@ -49,6 +47,8 @@ from talon.ui.device import (
     presets,
     warm_up,
 )
+from talon.ui.controls import Controls
+from talon.ui.decode_view import DecodeView, make_generate
 from talon.ui.layout import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session
 from talon.ui.sweep_view import MAX_SWEEP_CELLS

@@ -18,7 +18,6 @@ import talon.models.convert as tm_convert
 import talon.models.device as tm_device
 import talon.models.embedded as tm_embedded
 import talon.models.loading as tm_loading
-from talon.config import ConfigError
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import (
@@ -30,6 +29,7 @@ from talon.models.embedded import (
 )
 from talon.models.loading import load_model
 from talon.models.tokenizer_check import check_tokenizers_match
+from talon.run_config import ConfigError
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, ENV_VARS, Settings
 
 CPU = torch.device("cpu")

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talon.config import RetrievalConfig
-from talon.drafters.retrieval import (
+from talon.drafters import (
     CorpusIndex,
     RetrievalDrafter,
     RetrievalProposal,
     SuffixIndex,
     build_trie,
 )
+from talon.run_config import RetrievalConfig
 
 WORDS = "a b c d e f g h p q r s x y z the quick brown fox jumps over lazy dog i saw it".split()
 VOCAB = {w: i for i, w in enumerate(WORDS)}

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from talon.accept import accept_sampling, warp_probs
-from talon.config import RunConfig, SamplingConfig, TreeConfig
 from talon.decode import Engine
 from talon.models import LoadedModel
+from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.tiny import byte_tokenizer, tiny_model
 

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from talon.config import (
+from talon.run_config import (
     ConfigError,
     RetrievalConfig,
     RunConfig,

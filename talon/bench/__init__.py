@@ -22,15 +22,27 @@ Measures, per suite and method (and over all suites, suite ``"all"``):
   the run for Talon methods and is only reported for HF methods. ``hf-greedy``
   (``generate(do_sample=False)``) is checked the same way: an independent greedy reference.
 
-The package reads in pipeline order: ``config`` (what a run is asked to do), ``data`` (the
+The package reads in pipeline order: ``options`` (what a run is asked to do), ``data`` (the
 prompts), ``runners`` (one per method), ``judge`` (losslessness), ``env`` (the machine and versions),
-``run`` (the interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
+``loop`` (the interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
 written), ``cli`` (the command line; ``__main__`` runs it).
 """
 
 from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
 from talon.bench.cli import main, parser
-from talon.bench.config import (
+from talon.bench.data import ALL_SUITES, Prompt, default_data_dir, load_prompts
+from talon.bench.env import BenchEnv
+from talon.bench.judge import (
+    Mismatch,
+    OutputCheck,
+    TieJudge,
+    TokenCheck,
+    default_tie_tol,
+    first_divergence,
+    tie_tolerance,
+)
+from talon.bench.loop import run_bench
+from talon.bench.options import (
     ALL_SUITES_ROW,
     DEFAULT_LIMIT,
     DEFAULT_MAX_NEW_TOKENS,
@@ -43,20 +55,8 @@ from talon.bench.config import (
     SweepCell,
     SweepConfig,
 )
-from talon.bench.data import ALL_SUITES, Prompt, default_data_dir, load_prompts
-from talon.bench.env import BenchEnv
-from talon.bench.judge import (
-    Mismatch,
-    OutputCheck,
-    TieJudge,
-    TokenCheck,
-    default_tie_tol,
-    first_divergence,
-    tie_tolerance,
-)
 from talon.bench.report import markdown, speed_table, write_report
 from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
-from talon.bench.run import run_bench
 from talon.bench.runners import (
     HfRunner,
     MethodSpec,

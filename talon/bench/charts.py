@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from talon.bench.config import ALL_SUITES_ROW
+from talon.bench.options import ALL_SUITES_ROW
 from talon.bench.results import TIME_PARTS, ResultRow, fmt, methods_of
 
 

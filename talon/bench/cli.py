@@ -12,7 +12,9 @@ from typing import Any
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from talon.bench.config import (
+from talon.bench.data import ALL_SUITES, default_data_dir, load_prompts
+from talon.bench.loop import run_bench
+from talon.bench.options import (
     DEFAULT_LIMIT,
     DEFAULT_MAX_NEW_TOKENS,
     METHODS,
@@ -21,13 +23,11 @@ from talon.bench.config import (
     BenchConfig,
     SweepConfig,
 )
-from talon.bench.data import ALL_SUITES, default_data_dir, load_prompts
 from talon.bench.report import speed_table
-from talon.bench.run import run_bench
 from talon.bench.runners import talon_variant
 from talon.cli import add_model_args
-from talon.config import RunConfig
 from talon.models import ModelLoadError, load_pair, resolve_device
+from talon.run_config import RunConfig
 from talon.settings import Settings
 
 log = logging.getLogger("talon.bench")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from talon.bench.config import SPECBENCH_SUITES, BenchError
+from talon.bench.options import SPECBENCH_SUITES, BenchError
 from talon.examples import SPECBENCH_DIR
 
 log = logging.getLogger("talon.bench")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from talon.bench.config import EngineKind
+from talon.bench.options import EngineKind
 from talon.models import LoadedModel
 
 log = logging.getLogger("talon.bench")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
-from talon.bench.config import ALL_SUITES_ROW
+from talon.bench.options import ALL_SUITES_ROW
 from talon.bench.results import (
     TIME_PARTS,
     BenchReport,

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from talon.bench.config import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig
 from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck
+from talon.bench.options import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig
 from talon.bench.runners import MethodSpec, Outcome, Runner
 from talon.trace import serving_metrics
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from talon.bench.config import (
+from talon.bench.options import (
     ASSISTANT_PRESETS,
     DRAFT_MODEL_METHODS,
     EQUAL_BUDGET,
@@ -22,10 +22,10 @@ from talon.bench.config import (
     SweepCell,
     SweepConfig,
 )
-from talon.config import ConfigError, RetrievalConfig, RunConfig, TreeConfig
 from talon.decode import Engine, eos_ids
 from talon.decode import generate as talon_generate
 from talon.models import LoadedModel
+from talon.run_config import ConfigError, RetrievalConfig, RunConfig, TreeConfig
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,21 @@
+"""The drafters: who proposes the tokens of a draft tree.
+
+* ``model``: :class:`ModelDrafter`, a small causal LM expanding a frontier per forward;
+* ``suffix``: :class:`SuffixIndex`, an online suffix automaton over token ids;
+* ``trie``: :func:`build_trie`, continuations of a match as a frequency trie (``RetrievalProposal``);
+* ``corpus``: :class:`CorpusIndex`, a static datastore from a jsonl or text file;
+* ``retrieval``: :class:`RetrievalDrafter`, context and corpus matches as proposals;
+* ``hybrid``: :class:`HybridDrafter`, retrieval grafts first, the model's gated tree fills the rest.
+"""
+
+from talon.drafters.corpus import CorpusIndex
+from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
+from talon.drafters.model import ModelDrafter
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.suffix import SuffixIndex, SuffixMatch
+from talon.drafters.trie import RetrievalProposal, build_trie
+
+__all__ = [
+    "CorpusIndex", "Draft", "HybridDrafter", "ModelDrafter", "PreDraft", "RetrievalDrafter",
+    "RetrievalProposal", "SuffixIndex", "SuffixMatch", "build_trie",
+]

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from talon.builder import Expand, build_tree, keep_best
-from talon.config import RetrievalConfig, TreeConfig
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
+from talon.run_config import RetrievalConfig, TreeConfig
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:

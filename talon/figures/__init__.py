@@ -11,7 +11,7 @@ The package, one job per module:
 * ``text``: control characters made visible, then HTML-escaped (``esc``, ``token_label``);
 * ``common``: the palette, node status and committed tokens of a step, Plotly plumbing;
 * ``tree``: the draft tree of one step;
-* ``step``: the other per-step figures: confidence gates, attention mask, timeline;
+* ``gates``, ``mask``, ``timeline``: the other per-step figures (confidence gates, tree attention mask, async timeline);
 * ``run``: run-level figures (tokens per step, acceptance by depth, sources, tokens/s);
 * ``sweep``: figures over several runs: Compare and the mu x N heatmaps;
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
@@ -42,6 +42,7 @@ from talon.figures.common import (
     node_status,
 )
 from talon.figures.cost import cost_figure, expected_rate
+from talon.figures.gates import THRESHOLD_LINES, gate_figure
 from talon.figures.inspect import (
     NEAR_TIE_LOGITS,
     default_node,
@@ -55,6 +56,7 @@ from talon.figures.markup import (
     summary_html,
     text_html,
 )
+from talon.figures.mask import mask_figure, mask_row_label
 from talon.figures.run import (
     COMMIT_SOURCES,
     acceptance_by_depth,
@@ -64,13 +66,6 @@ from talon.figures.run import (
     source_share_figure,
     step_end_times,
     throughput_figure,
-)
-from talon.figures.step import (
-    THRESHOLD_LINES,
-    gate_figure,
-    mask_figure,
-    mask_row_label,
-    timeline_figure,
 )
 from talon.figures.sweep import (
     SWEEP_METRICS,
@@ -88,6 +83,7 @@ from talon.figures.text import (
     token_vocab,
     visible_ws,
 )
+from talon.figures.timeline import timeline_figure
 from talon.figures.tree import (
     BONUS_SYMBOLS,
     VERDICTS,

@@ -24,8 +24,8 @@ import warnings
 import torch
 from torch import nn
 
-from talon.config import ConfigError
 from talon.models.base import LoadedModel
+from talon.run_config import ConfigError
 from talon.settings import DRAFT_QUANTS
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ The package, one job per module:
 from __future__ import annotations
 
 from talon.trace import MAX_UPLOAD_BYTES
-from talon.ui.device import warm_up
+from talon.ui.backend import warm_up
 from talon.ui.layout import build_ui, queue_limits, theme
 
 __all__ = ["MAX_UPLOAD_BYTES", "build_ui", "queue_limits", "theme", "warm_up"]

@@ -12,11 +12,11 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.config import RunConfig
+from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.trace import StepTrace
+from talon.ui.backend import DeviceRun
 from talon.ui.controls import Controls
-from talon.ui.device import DeviceRun
 from talon.ui.session import CompareSession
 from talon.ui.stream import stream_run
 

@@ -12,7 +12,9 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.config import (
+from talon.decode import PromptError
+from talon.examples import DEFAULT_PRESET
+from talon.run_config import (
     DRAFTER_KINDS,
     ConfigError,
     RetrievalConfig,
@@ -20,8 +22,6 @@ from talon.config import (
     SamplingConfig,
     TreeConfig,
 )
-from talon.decode import PromptError
-from talon.examples import DEFAULT_PRESET
 from talon.settings import DRAFT_QUANTS, Settings
 
 UI_DRAFTERS = tuple(d for d in DRAFTER_KINDS if d != "none")

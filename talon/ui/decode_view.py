@@ -24,8 +24,8 @@ from talon.trace import (
     parse_trace,
     read_json_upload,
 )
+from talon.ui.backend import DeviceRun
 from talon.ui.controls import Controls, user_error
-from talon.ui.device import DeviceRun
 from talon.ui.files import upload_path, write_trace
 from talon.ui.session import Session
 from talon.ui.stream import stream_run

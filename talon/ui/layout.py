@@ -10,9 +10,10 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.config import TREE_MODES
 from talon.examples import Example, load_examples
+from talon.run_config import TREE_MODES
 from talon.settings import Settings
+from talon.ui.backend import initial_preset, presets
 from talon.ui.compare_view import CompareView, compare_summary_html, make_compare
 from talon.ui.controls import UI_DRAFTERS, Controls
 from talon.ui.decode_view import (
@@ -24,7 +25,6 @@ from talon.ui.decode_view import (
     make_show_recording,
     make_show_step,
 )
-from talon.ui.device import initial_preset, presets
 from talon.ui.serving_view import make_serving_config
 from talon.ui.session import CompareSession, Session, stop
 from talon.ui.sweep_view import (

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from talon.config import ConfigError
 from talon.models.loading import NO_DRAFT
+from talon.run_config import ConfigError
 from talon.serving import serving_config
 from talon.settings import Settings
+from talon.ui.backend import find_preset
 from talon.ui.controls import Controls, user_error
-from talon.ui.device import find_preset
 
 
 def make_serving_config(settings: Settings) -> Callable[..., tuple[str, dict[str, Any]]]:

@@ -15,8 +15,8 @@ import gradio as gr
 from talon import figures as F
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
+from talon.ui.backend import DeviceRun
 from talon.ui.controls import Controls, user_error
-from talon.ui.device import DeviceRun
 from talon.ui.files import upload_path
 
 MAX_SWEEP_CELLS = 30

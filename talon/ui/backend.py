@@ -20,10 +20,10 @@ from typing import Any
 import gradio as gr
 import torch
 
-from talon.config import ConfigError, RunConfig
 from talon.decode import Engine, PromptError, Run
 from talon.examples import ModelPreset, available_presets, startup_preset
 from talon.models import ModelLoadError, load_pair
+from talon.run_config import ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import RunSummary, StepTrace
 from talon.ui.controls import Controls, check_prompt, user_error

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from talon.bench.config import BenchConfig
 from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
+from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
