@@ -161,7 +161,8 @@ class Engine:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
-        model = ModelDrafter(self.draft.model, cfg.draft_vocab) if use_model else None
+        target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
+        model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab) if use_model else None
         corpus = self.corpus(cfg.retrieval.corpus) if use_retrieval and cfg.retrieval.corpus else None
         retrieval = RetrievalDrafter(cfg.retrieval, corpus) if use_retrieval else None
         return HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)

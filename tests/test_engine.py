@@ -15,10 +15,11 @@ from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.drafters.hybrid import Draft
 from talon.kv import keep_entries
-from talon.run_config import RunConfig, TreeConfig
+from talon.models import LoadedModel
+from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
 from talon.verify import forward_hidden, verify_tree
-from tests.tiny import VOCAB, tiny_loaded, tiny_model
+from tests.tiny import VOCAB, byte_tokenizer, tiny_loaded, tiny_model
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
 
@@ -194,3 +195,36 @@ def test_bad_input_is_refused_clearly(pair) -> None:
         Engine(target, None).run("hi", RunConfig(drafter="model"))
     with pytest.raises(PromptError, match="context window"):
         engine.run("x" * 600, RunConfig(max_new_tokens=8))
+
+
+def unequal_pair(target_rows: int, draft_rows: int) -> tuple[LoadedModel, LoadedModel]:
+    """One tokenizer, embeddings padded to different sizes (as Qwen2.5-7B's 152,064 rows against
+    Qwen2.5-0.5B's 151,936). The padding rows of the larger model are made likely, so that the
+    target emits ids the draft cannot embed, or the draft proposes ids the target cannot."""
+    def loaded(rows: int, seed: int) -> LoadedModel:
+        model = tiny_model("llama", seed, vocab=rows)
+        with torch.no_grad():
+            model.get_output_embeddings().weight[VOCAB:].mul_(3.0)
+        return LoadedModel(model, byte_tokenizer(), f"tiny-{rows}", torch.float32, torch.device("cpu"))
+
+    return loaded(target_rows, 31), loaded(draft_rows, 32)
+
+
+@pytest.mark.parametrize("rows", [(VOCAB + 8, VOCAB), (VOCAB, VOCAB + 8)])
+@pytest.mark.parametrize("drafter", ["hybrid", "model"])
+def test_unequal_vocabulary_sizes_stay_lossless(rows: tuple[int, int], drafter: str) -> None:
+    target, draft = unequal_pair(*rows)
+    engine = Engine(target, draft)
+    cfg = RunConfig(drafter=drafter, max_new_tokens=40, draft_vocab=0,
+                    tree=TreeConfig(budget=8, root_k=3, top_k=2, min_conf=0.0, cost_aware=False))
+    emitted = []
+    for prompt in PROMPTS[:3]:
+        summary, steps = generate(engine, prompt, cfg)
+        assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40)
+        assert all(t < rows[0] for s in steps for t in s.tokens), "a draft the target cannot embed"
+        emitted += summary.token_ids
+        sampled = RunConfig(drafter=drafter, max_new_tokens=24, sampling=SamplingConfig(temperature=1.0, seed=7))
+        again = [generate(engine, prompt, sampled)[0].token_ids for _ in range(2)]
+        assert again[0] == again[1] and len(again[0]) >= 1
+    if rows[0] > rows[1]:
+        assert any(t >= VOCAB for t in emitted), "the target must emit ids the draft cannot embed"

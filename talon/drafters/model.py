@@ -28,10 +28,18 @@ def path_key(tree: DraftTree, node: int) -> PathKey:
 
 
 class ModelDrafter:
-    def __init__(self, model: PreTrainedModel, vocab_size: int = 0) -> None:
+    def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0) -> None:
+        """``vocab_size``: draft logits over the first V ids (0 = all); ``target_vocab``: rows of
+        the target's embedding, when the pair's sizes differ (Qwen2.5-7B has 152,064 rows,
+        Qwen2.5-0.5B 151,936: one tokenizer, padded differently). The draft never proposes an id
+        the target cannot embed, and is fed a stand-in for a committed id it cannot embed (an
+        id above its own rows, which only a padding row of the target can produce): drafts
+        are guesses, so this changes speed, never the output."""
         self.model = model
         full = model.get_output_embeddings().weight.shape[0]
-        self.vocab_size = vocab_size if 0 < vocab_size < full else 0
+        self.embed_rows = model.get_input_embeddings().weight.shape[0]
+        limit = min(v for v in (vocab_size, target_vocab, full) if v > 0)
+        self.vocab_size = limit if limit < full else 0
         self.context: list[int] = []  # committed tokens, root (last) included
         self.cache = DynamicCache(config=model.config)
         self.fed = 0  # committed tokens whose KV is in the cache
@@ -47,7 +55,7 @@ class ModelDrafter:
         self.slots = {}
         self.timings = []
         if prefill and len(prompt_ids) > 1:  # all but the root; the root goes with the first expansion
-            ids = torch.tensor(prompt_ids[:-1])
+            ids = self._ids(prompt_ids[:-1])
             forward_hidden(self.model, self.cache, ids, torch.arange(len(ids)), None)
             self.fed = len(ids)
 
@@ -86,12 +94,17 @@ class ModelDrafter:
         taken, self.timings = self.timings, []
         return taken
 
+    def _ids(self, tokens: list[int]) -> torch.Tensor:
+        """(L,) long: token ids as the draft can embed them (a stand-in, id 0, for any it cannot)."""
+        ids = torch.tensor(tokens, dtype=torch.long)
+        return torch.where(ids < self.embed_rows, ids, torch.zeros_like(ids))
+
     def _feed_context(self) -> torch.Tensor:
         """Feed the committed tokens not yet in the cache (they end with the root)."""
         if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
             self.fed -= 1
             gather_entries(self.cache, list(range(self.fed)))
-        pending = torch.tensor(self.context[self.fed :])
+        pending = self._ids(self.context[self.fed :])
         positions = torch.arange(self.fed, len(self.context))
         hidden = forward_hidden(self.model, self.cache, pending, positions, None)
         self.fed = len(self.context)
@@ -110,7 +123,7 @@ class ModelDrafter:
             self.slots[path_key(tree, node)] = old + row
         root_pos = len(self.context) - 1
         positions = torch.tensor([root_pos + tree.depths[n] for n in nodes])
-        ids = torch.tensor([tree.tokens[n] for n in nodes])
+        ids = self._ids([tree.tokens[n] for n in nodes])
         return forward_hidden(self.model, self.cache, ids, positions, visible)
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
