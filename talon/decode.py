@@ -57,8 +57,12 @@ def encode_prompt(
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt)["input_ids"]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise PromptError("the tokenizer turns this prompt into no tokens at all: try other text")
+    return ids
 
 
 def eos_ids(lm: LoadedModel) -> set[int]:

@@ -102,6 +102,7 @@ class ModelPreset:
     dtype: str | None = None
     preload: bool = False
     draft_quant: str | None = None  # None: TALON_DRAFT_QUANT
+    gpu_gib: float | None = None  # the GPU memory the pair is meant for (the memory guard names it)
 
     @property
     def repos(self) -> tuple[str, ...]:
@@ -121,6 +122,7 @@ PRESETS: tuple[ModelPreset, ...] = (
         needs_cuda=True,
         dtype="bfloat16",
         preload=True,
+        gpu_gib=24,
     ),
     ModelPreset(
         "qwen2.5-coder-7b",
@@ -130,6 +132,7 @@ PRESETS: tuple[ModelPreset, ...] = (
         needs_cuda=True,
         dtype="bfloat16",
         preload=True,
+        gpu_gib=24,
     ),
     ModelPreset(
         "llama-3.1-8b",
@@ -138,6 +141,7 @@ PRESETS: tuple[ModelPreset, ...] = (
         "meta-llama/Llama-3.2-1B-Instruct",
         needs_cuda=True,
         dtype="bfloat16",
+        gpu_gib=24,
     ),
     ModelPreset(
         "qwen2.5-14b",
@@ -146,6 +150,7 @@ PRESETS: tuple[ModelPreset, ...] = (
         "Qwen/Qwen2.5-0.5B-Instruct",
         needs_cuda=True,
         dtype="bfloat16",
+        gpu_gib=40,
     ),
 )
 

@@ -41,6 +41,9 @@ def _float_in(name: str, value: object, lo: float, hi: float) -> None:
     )
 
 
+MAX_BUDGET = 256  # draft nodes one verification may hold
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """Shape of the draft tree.
@@ -71,7 +74,7 @@ class TreeConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.cost_aware, bool), f"cost_aware must be true or false, got {self.cost_aware!r}")
         _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
-        _int_in("budget", self.budget, 1, 256)
+        _int_in("budget", self.budget, 1, MAX_BUDGET)
         _int_in("root_k", self.root_k, 1, 64)
         _int_in("top_k", self.top_k, 1, 16)
         _float_in("mu", self.mu, 0.0, 1.0)

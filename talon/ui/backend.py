@@ -22,8 +22,9 @@ import torch
 
 from talon.decode import Engine, PromptError, Run
 from talon.examples import ModelPreset, available_presets, startup_preset
-from talon.models import ModelLoadError, load_pair
-from talon.run_config import ConfigError, RunConfig
+from talon.models import ModelLoadError, load_pair, resolve_device
+from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
+from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import RunSummary, StepTrace
 from talon.ui.controls import Controls, check_prompt, user_error
@@ -57,6 +58,25 @@ def _cached_engine(
     return Engine(target_lm, draft_lm, cost_cache=Path(cost_cache) if cost_cache else None)
 
 
+_LOADED: dict[str, Any] = {}  # the pair held now ("key") and its weights' bytes, freed on a switch
+
+
+def engine_bytes(engine: Engine) -> int:
+    models = [lm.model for lm in (engine.target, engine.draft) if lm is not None]
+    return sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+
+
+def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, available: int) -> None:
+    """Refuse, before loading, a GPU preset whose pair would not fit in ``available`` bytes at
+    this server's largest settings (longest prompt + most new tokens + the largest tree)."""
+    target, draft = KNOWN_SHAPES.get(preset.target or ""), KNOWN_SHAPES.get(preset.draft or "")
+    if target is None:
+        return  # not a pair whose shape is known without a download
+    tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
+    estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens)
+    check_fits(estimate, available, preset.label, preset.gpu_gib)
+
+
 def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
     """The engine for a preset, loaded once and kept (one pair at a time; loads are serialised).
     TALON_DTYPE, when it names a dtype, wins over the preset's."""
@@ -64,10 +84,17 @@ def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
     dtype = settings.dtype if settings.dtype != "auto" else preset.dtype or "auto"
     quant = preset.draft_quant or settings.draft_quant
     with _LOAD_LOCK:
-        return _cached_engine(
+        key = (target, draft, dtype, settings.device)
+        if key != _LOADED.get("key") and preset.needs_cuda and cuda_available():
+            free, _ = torch.cuda.mem_get_info(resolve_device(settings.device))
+            check_preset_memory(settings, preset, dtype, free + _LOADED.get("bytes", 0))
+        engine = _cached_engine(
             target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir), quant,
             str(settings.cost_cache_dir),
         )
+        if key != _LOADED.get("key"):
+            _LOADED.update(key=key, bytes=engine_bytes(engine))
+        return engine
 
 
 def warm_up(settings: Settings) -> None:

@@ -1,0 +1,137 @@
+"""Will a model pair fit? Parameter and KV-cache bytes from a model's shape, checked against a
+device's memory before anything is loaded.
+
+The shapes of the GPU presets' models are written here from their published ``config.json``
+files, so the check needs no download; any other model is described from its config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from talon.models.base import ModelLoadError
+
+GIB = 1024**3
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+OVERHEAD = 1.15  # activations, the LM head's logits over a tree, CUDA context and allocator slack
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on: a decoder-only transformer (Llama / Qwen2 family)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool
+    qkv_bias: bool = False  # Qwen2 has biases on q, k and v
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def parameters(self) -> int:
+        kv = self.kv_heads * self.head_dim
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv
+        if self.qkv_bias:
+            attention += self.hidden + 2 * kv
+        layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        return self.layers * layer + embeddings + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def config_kwargs(self) -> dict[str, Any]:
+        """``LlamaConfig`` / ``Qwen2Config`` arguments for a random model of this shape."""
+        return dict(
+            hidden_size=self.hidden, num_hidden_layers=self.layers, num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads, intermediate_size=self.intermediate,
+            vocab_size=self.vocab, tie_word_embeddings=self.tie_embeddings,
+        )
+
+    @staticmethod
+    def from_config(config: Any) -> "ModelShape":
+        return ModelShape(
+            hidden=config.hidden_size, layers=config.num_hidden_layers, heads=config.num_attention_heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            intermediate=config.intermediate_size, vocab=config.vocab_size,
+            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=config.model_type == "qwen2",
+        )
+
+
+# Published config.json values (hidden, layers, heads, kv heads, intermediate, vocab, tied).
+_QWEN_05B = ModelShape(896, 24, 14, 2, 4864, 151_936, True, True)
+_QWEN_7B = ModelShape(3584, 28, 28, 4, 18_944, 152_064, False, True)
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": _QWEN_05B,
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct": _QWEN_05B,
+    "Qwen/Qwen2.5-7B-Instruct": _QWEN_7B,
+    "Qwen/Qwen2.5-Coder-7B-Instruct": _QWEN_7B,
+    "Qwen/Qwen2.5-14B-Instruct": ModelShape(5120, 48, 40, 8, 13_824, 152_064, False, True),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelShape(2048, 16, 32, 8, 8192, 128_256, True),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelShape(4096, 32, 32, 8, 14_336, 128_256, False),
+}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a pair needs at ``tokens`` of context (prompt + new tokens + one tree), both caches."""
+
+    weights: int
+    kv_cache: int
+    tokens: int
+    dtype: str
+
+    @property
+    def total(self) -> int:
+        return int((self.weights + self.kv_cache) * OVERHEAD)
+
+    def describe(self) -> str:
+        return (f"about {self.total / GIB:.1f} GiB in {self.dtype} (weights {self.weights / GIB:.1f} GiB, "
+                f"KV caches {self.kv_cache / GIB:.2f} GiB at {self.tokens:,} tokens, plus "
+                f"{round(100 * (OVERHEAD - 1))} % for activations and the allocator)")
+
+
+def estimate_pair(target: ModelShape, draft: ModelShape | None, dtype: str, tokens: int) -> MemoryEstimate:
+    """What loading ``target`` and ``draft`` in ``dtype`` and running ``tokens`` of context costs."""
+    size = DTYPE_BYTES[dtype]
+    models = [m for m in (target, draft) if m is not None]
+    return MemoryEstimate(
+        weights=sum(m.parameters for m in models) * size,
+        kv_cache=sum(m.kv_bytes_per_token(size) for m in models) * tokens,
+        tokens=tokens,
+        dtype=dtype,
+    )
+
+
+def check_fits(estimate: MemoryEstimate, available: int, what: str, gpu_gib: float | None = None) -> None:
+    """ModelLoadError, before anything is loaded, when ``estimate`` exceeds ``available`` bytes."""
+    if estimate.total <= available:
+        return
+    need = f" (this preset is meant for a GPU with {gpu_gib:g} GB or more)" if gpu_gib else ""
+    raise ModelLoadError(
+        f"{what} needs {estimate.describe()}, but this device has {available / GIB:.1f} GiB free{need}. "
+        "Choose a smaller pair, lower the longest prompt (TALON_MAX_PROMPT_TOKENS) or "
+        "max_new_tokens (TALON_MAX_NEW_TOKENS_LIMIT), or use a larger GPU."
+    )
+
+
+def scaled(shape: ModelShape, factor: int) -> ModelShape:
+    """The same architecture shrunk ``factor`` times in width and depth (vocabulary kept apart:
+    the caller chooses it), for CPU-sized checks of the same code paths."""
+    heads = max(shape.heads // factor, 2)
+    kv = max(min(shape.kv_heads, heads) // max(factor // 4, 1), 1)
+    while heads % kv:
+        kv -= 1
+    return dataclasses.replace(
+        shape, hidden=heads * 16, layers=max(shape.layers // factor, 2), heads=heads, kv_heads=kv,
+        intermediate=max(shape.intermediate // (factor * 8), 32),
+    )

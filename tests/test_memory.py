@@ -1,0 +1,58 @@
+"""The memory guard: parameter counts from the presets' shapes, and a pair that would not fit is
+refused with a clear message before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaConfig, Qwen2Config
+
+from talon.examples import PRESETS
+from talon.models import ModelLoadError
+from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estimate_pair
+from talon.settings import Settings
+from talon.ui.backend import check_preset_memory
+
+# Published parameter counts (model cards), in billions.
+PUBLISHED = {
+    "Qwen/Qwen2.5-0.5B-Instruct": 0.494, "Qwen/Qwen2.5-7B-Instruct": 7.62,
+    "Qwen/Qwen2.5-14B-Instruct": 14.7, "meta-llama/Llama-3.2-1B-Instruct": 1.24,
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_model_cards(name: str) -> None:
+    assert KNOWN_SHAPES[name].parameters / 1e9 == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_a_shape_reads_a_config_and_counts_what_the_model_holds() -> None:
+    from transformers import AutoModelForCausalLM
+
+    for config in (LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False),
+                   Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True)):
+        model = AutoModelForCausalLM.from_config(config)
+        assert ModelShape.from_config(config).parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_every_gpu_preset_fits_the_gpu_it_names_and_no_smaller_one() -> None:
+    settings = Settings()
+    for preset in (p for p in PRESETS if p.needs_cuda):
+        assert preset.gpu_gib, preset.key
+        check_preset_memory(settings, preset, "bfloat16", int(preset.gpu_gib * GIB * 0.95))  # fits
+        with pytest.raises(ModelLoadError, match=f"meant for a GPU with {preset.gpu_gib:g} GB"):
+            check_preset_memory(settings, preset, "bfloat16", int(preset.gpu_gib * GIB * 0.45))
+
+
+def test_the_refusal_says_what_it_needs_and_what_to_do() -> None:
+    big = next(p for p in PRESETS if p.key == "qwen2.5-14b")
+    with pytest.raises(ModelLoadError) as caught:
+        check_preset_memory(Settings(), big, "bfloat16", 22 * GIB)  # an A10G's free memory
+    text = str(caught.value)
+    assert "Qwen2.5-14B" in text and "GiB in bfloat16" in text and "22.0 GiB free" in text
+    assert "TALON_MAX_PROMPT_TOKENS" in text and "smaller pair" in text
+    longer = estimate_pair(KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], None, "bfloat16", 32_000)
+    shorter = estimate_pair(KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], None, "bfloat16", 1_000)
+    assert longer.kv_cache > 30 * shorter.kv_cache and longer.weights == shorter.weights
+    check_fits(shorter, shorter.total, "x")  # exactly enough is enough
