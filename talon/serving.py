@@ -15,7 +15,14 @@ Every flag and key was checked against the engines' source, never guessed:
   the EAGLE tree worker with a separate draft model), speculative/adaptive_spec_params.py,
   sglang/kernels/jit/csrc/ngram_corpus/{param.h,trie.cpp} (num_draft_tokens - 1 drafts; PROB
   match type; windows of max_trie_depth tokens), speculative/cpp_ngram/external_corpus.py.
-* vLLM 0.33.0 (PyPI sdist vllm-0.33.0.tar.gz): vllm/config/speculative.py (SpeculativeConfig),
+  speculative/standalone_worker_v2.py ``_validate_vocab_compatibility`` (STANDALONE refuses a
+  draft whose vocab_size differs from the target's), speculative/eagle_worker_v2.py
+  (``hot_token_id[topk_index]``: --speculative-token-map indexes the draft's top-k ids through
+  the map, so a map shorter than the draft's output layer indexes past its end).
+* vLLM 0.33.0 (PyPI sdist vllm-0.33.0.tar.gz and wheel vllm-0.33.0-cp38-abi3-manylinux_2_28):
+  vllm/config/speculative.py (SpeculativeConfig; ``verify_equal_vocab_size_if_draft_model``
+  unless ``use_heterogeneous_vocab``, which needs method draft_model and greedy draft sampling;
+  suffix decoding raises unless ``arctic-inference==0.1.1`` is installed),
   vllm/engine/arg_utils.py (--speculative-config), vllm/v1/spec_decode/{ngram_proposer,
   suffix_decoding}.py (one token list per request: no tree),
   docs/features/speculative_decoding/{draft_model,n_gram,suffix}.md.
@@ -28,6 +35,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from talon.models.memory import KNOWN_SHAPES
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
@@ -43,7 +51,22 @@ SGLANG_FLAGS: tuple[str, ...] = (
 )
 VLLM_KEYS: tuple[str, ...] = (
     "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-    "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "use_heterogeneous_vocab",
+)
+ARCTIC_INFERENCE = "arctic-inference==0.1.1"  # what vLLM 0.33.0's suffix decoding asks for
+
+# How Talon's serving_metrics map onto what the engines report (vllm/v1/metrics, SGLang's logs).
+METRICS_MAPPING: tuple[str, ...] = (
+    "num_draft_tokens: Talon counts every tree node it verified; vLLM counts the tokens of its one "
+    "chain per step (spec_decode num_draft_tokens), so a tree's count is larger for the same depth",
+    "num_accepted_tokens and num_drafts: the same meaning in both (steps that drafted nothing are "
+    "not drafts)",
+    "mean_acceptance_length (1 + accepted / drafts, over steps that drafted): vLLM's mean "
+    "acceptance length",
+    "SGLang's spec_accept_length counts every verify step, including steps that drafted nothing: "
+    "it matches Talon's mean_accepted_tokens (MAT, tokens per target forward), not "
+    "mean_acceptance_length",
+    "per_position_acceptance_rate: vLLM's per-position acceptance rate, position i = depth i + 1",
 )
 
 # Talon's embedded pair is a dequantized GGUF copy of these Hub checkpoints.
@@ -64,6 +87,8 @@ class ServingConfig:
     not_carried: list[str]
     notes: list[str]
     versions: dict[str, str]
+    refused: list[str] = field(default_factory=list)  # what an engine would reject, and why
+    metrics: list[str] = field(default_factory=lambda: list(METRICS_MAPPING))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,8 +99,13 @@ class ServingConfig:
         sections = [  # blank lines between them, or a heading would continue the list above it
             f"**SGLang {self.versions['sglang']}**\n```bash\n{self.sglang_command}\n```",
             f"**vLLM {self.versions['vllm']}**\n```bash\n{self.vllm_command}\n```",
+        ]
+        if self.refused:
+            sections.append("**Refused by the engine**\n" + "\n".join(f"- {r}" for r in self.refused))
+        sections += [
             "**How it mapped**\n" + "\n".join(f"- {note}" for note in self.notes),
             "**Does not carry over**\n" + "\n".join(f"- {gap}" for gap in gaps),
+            "**Reading the engines' metrics**\n" + "\n".join(f"- {m}" for m in self.metrics),
         ]
         return "\n\n".join(sections)
 
@@ -124,14 +154,15 @@ def tree_shape(tree: TreeConfig) -> TreeShape:
 
     SGLang keeps the best ``draft_tokens - 1`` of ``topk + (steps - 1) * topk**2`` candidates,
     so N is capped there; with topk 1 it forces ``draft_tokens = steps + 1``, a chain as long as
-    Talon's (``min(N, max_depth)``).
+    Talon's (``min(N, max_depth)``). The depth is ``min(max_depth, N)`` with any topk: a draft
+    forward whose nodes cannot fit the budget drafts nodes that are never verified.
     """
     topk = 1 if tree.mode == "chain" else tree.top_k
+    steps = min(tree.budget, tree.max_depth)  # a layer deeper than N nodes could never be verified
     if topk == 1:
-        steps = min(tree.budget, tree.max_depth)
         return TreeShape(steps, 1, steps + 1)
-    candidates = topk + (tree.max_depth - 1) * topk * topk
-    return TreeShape(tree.max_depth, topk, min(tree.budget, candidates) + 1)
+    candidates = topk + (steps - 1) * topk * topk
+    return TreeShape(steps, topk, min(tree.budget, candidates) + 1)
 
 
 def _model_half(cfg: RunConfig, draft: str) -> _Half:
@@ -168,8 +199,8 @@ def _model_gaps(cfg: RunConfig, shape: TreeShape) -> list[str]:
     if tree.mode == "adaptive":
         gaps.append(
             f"the adaptive confidence gate (mu={tree.mu}): TALON grows deep where the drafter is "
-            "sure and wide where it is not; both servers draft the same static shape every step, "
-            "here the adaptive tree's limits"
+            "sure and wide where it is not; SGLang drafts a static EAGLE-2-style tree at the "
+            "adaptive tree's limits every step, an approximation of its limits, not the same tree"
         )
     if tree.mode != "static" and tree.min_conf > 0:
         gaps.append(f"the confidence stop min_conf={tree.min_conf}: the servers always draft to full depth")
@@ -180,14 +211,16 @@ def _model_gaps(cfg: RunConfig, shape: TreeShape) -> list[str]:
         )
     if shape.topk > 1:
         gaps.append(
-            f"the tree in vLLM: vLLM {VLLM_VERSION} verifies one chain of draft tokens per request, "
-            f"so it drafts a chain of {shape.chain_len} tokens"
+            f"the tree in vLLM: vLLM {VLLM_VERSION} has no tree for draft_model, ngram or suffix: "
+            f"it verifies one chain per request, here a chain of {shape.chain_len} tokens"
         )
     if cfg.draft_vocab:
         gaps.append(
-            f"the draft head cut to the first {cfg.draft_vocab} ids (draft_vocab): SGLang's nearest, "
-            f"--speculative-token-map, wants a torch-saved id list (torch.arange({cfg.draft_vocab})) "
-            "you would create; vLLM has no such key"
+            f"the draft head cut to the first {cfg.draft_vocab} ids (draft_vocab): no equivalent. "
+            "SGLang's --speculative-token-map is for EAGLE heads trained on a reduced vocabulary: "
+            "it maps every drafted id through the table, and STANDALONE keeps the draft's full "
+            "output layer, so a table of the first ids (torch.arange) would be indexed past its "
+            "end and break the server; vLLM has no such key"
         )
     if cfg.async_draft:
         gaps.append("async pre-drafting (drafting the next tree while the target verifies)")
@@ -226,7 +259,8 @@ def _retrieval_half(cfg: RunConfig) -> _Half:
         f"max_branches={r.max_branches} -> --speculative-ngram-max-bfs-breadth {r.max_branches}",
         f"min_match + max_continuation = {window} -> --speculative-ngram-max-trie-depth and vLLM "
         "suffix_decoding_max_tree_depth (both bound match + continuation)",
-        "retrieval -> vLLM method suffix (pip install arctic-inference): a suffix tree over "
+        f"retrieval -> vLLM method suffix (pip install {ARCTIC_INFERENCE}, the version vLLM "
+        f"{VLLM_VERSION} asks for): a suffix tree over "
         "prompt and output with frequency-ranked continuations, the nearest to Talon's "
         f"retrieval; the plain prompt-lookup alternative (matches of min_match to {window} tokens) "
         f"is {json.dumps(ngram)}",
@@ -289,14 +323,43 @@ def _run_notes(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return notes, gaps
 
 
-def serving_config(cfg: RunConfig, target: str, draft: str | None) -> ServingConfig:
-    """The nearest SGLang and vLLM launch for ``cfg`` with ``target`` (and ``draft``) as loaded."""
+def vocab_sizes_of(target_id: str, draft_id: str | None) -> tuple[int, int] | None:
+    """Embedding rows of a pair whose shapes are known without a download (the GPU presets)."""
+    target, draft = KNOWN_SHAPES.get(target_id), KNOWN_SHAPES.get(draft_id or "")
+    return (target.vocab, draft.vocab) if target is not None and draft is not None else None
+
+
+def _unequal_vocab(half: _Half, sizes: tuple[int, int]) -> tuple[_Half, list[str]]:
+    """Both engines check the draft's vocab_size against the target's: SGLang STANDALONE refuses
+    the pair; vLLM accepts it with use_heterogeneous_vocab (token-level intersection)."""
+    target, draft = sizes
+    refused = [
+        f"SGLang {SGLANG_VERSION} STANDALONE refuses this pair: target vocab_size {target:,}, draft "
+        f"{draft:,} (one tokenizer, embeddings padded differently); it has no option for it. Use a "
+        "draft with the target's vocabulary size, or the retrieval mapping (NGRAM), which needs no draft"
+    ]
+    vllm = {**half.vllm_config, "use_heterogeneous_vocab": True}
+    note = (f"vocab_size {target:,} against {draft:,}: vLLM {VLLM_VERSION} refuses a draft_model with "
+            "another vocab_size unless use_heterogeneous_vocab (set here; draft_model only, greedy "
+            "draft sampling, which is vLLM's default)")
+    return dataclasses.replace(half, vllm_config=vllm, notes=[*half.notes, note]), refused
+
+
+def serving_config(
+    cfg: RunConfig, target: str, draft: str | None, vocab_sizes: tuple[int, int] | None = None
+) -> ServingConfig:
+    """The nearest SGLang and vLLM launch for ``cfg`` with ``target`` (and ``draft``) as loaded.
+    ``vocab_sizes``: (target, draft) embedding rows when known (else looked up for known models)."""
     target_id, notes = hub_id(target)
     draft_id = None
     if draft is not None and cfg.drafter in ("model", "hybrid"):
         draft_id, draft_notes = hub_id(draft)
         notes += draft_notes
     half = _draft_half(cfg, draft_id)
+    refused: list[str] = []
+    sizes = vocab_sizes or vocab_sizes_of(target_id, draft_id)
+    if draft_id is not None and sizes is not None and sizes[0] != sizes[1]:
+        half, refused = _unequal_vocab(half, sizes)
     run_notes, run_gaps = _run_notes(cfg)
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", target_id, *half.sglang_flags]
     vllm = ["vllm", "serve", target_id]
@@ -310,4 +373,5 @@ def serving_config(cfg: RunConfig, target: str, draft: str | None) -> ServingCon
         not_carried=[*half.not_carried, *run_gaps],
         notes=[*notes, *half.notes, *run_notes],
         versions={"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION},
+        refused=refused,
     )

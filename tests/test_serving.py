@@ -24,8 +24,9 @@ from talon.serving import (
 )
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
-TARGET = "Qwen/Qwen2.5-7B-Instruct"
-DRAFT = "Qwen/Qwen2.5-0.5B-Instruct"
+TARGET = "meta-llama/Llama-3.1-8B-Instruct"  # one vocabulary size (128,256) for both
+DRAFT = "meta-llama/Llama-3.2-1B-Instruct"
+QWEN_TARGET, QWEN_DRAFT = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"  # 152,064 and 151,936 rows
 
 
 def _flag_values(flags: list[str]) -> dict[str, str]:
@@ -151,6 +152,7 @@ def _check_accepted(cfg: RunConfig, out: ServingConfig) -> None:
     assert set(flags) <= set(SGLANG_FLAGS) and set(out.vllm_config) <= set(VLLM_KEYS)
     if cfg.drafter in ("model", "hybrid"):
         steps, topk = int(flags["--speculative-num-steps"]), int(flags["--speculative-eagle-topk"])
+        assert steps <= min(cfg.tree.budget, cfg.tree.max_depth)  # no draft forward beyond the budget
         drafts = int(flags["--speculative-num-draft-tokens"]) - 1
         if topk == 1:  # speculative_hook: topk 1 forces num_draft_tokens = num_steps + 1
             assert drafts == steps == min(cfg.tree.budget, cfg.tree.max_depth)
@@ -214,5 +216,47 @@ def test_markdown_and_dict() -> None:
 
 
 def test_tree_shape_limits() -> None:
+    """SGLang 0.5.23, speculative/eagle_worker_v2.py: one draft forward per --speculative-num-steps;
+    with budget 3 a fourth layer's nodes could never be verified, so the depth is min(depth, N)."""
     shape = tree_shape(TreeConfig(mode="static", budget=3, top_k=4, max_depth=8))
-    assert (shape.steps, shape.topk, shape.draft_tokens, shape.chain_len) == (8, 4, 4, 3)
+    assert (shape.steps, shape.topk, shape.draft_tokens, shape.chain_len) == (3, 4, 4, 3)
+
+
+def test_unequal_vocabularies_are_refused_by_sglang_and_flagged_for_vllm() -> None:
+    """SGLang 0.5.23, speculative/standalone_worker_v2.py ``_validate_vocab_compatibility``:
+    STANDALONE raises when the draft's vocab_size differs from the target's. vLLM 0.33.0,
+    vllm/config/speculative.py ``verify_equal_vocab_size_if_draft_model``: refused unless
+    ``use_heterogeneous_vocab``, which needs method draft_model and greedy draft sampling."""
+    out = serving_config(RunConfig(drafter="model"), QWEN_TARGET, QWEN_DRAFT)
+    assert out.refused and "STANDALONE refuses" in out.refused[0] and "152,064" in out.refused[0]
+    assert out.vllm_config["use_heterogeneous_vocab"] is True and out.vllm_config["method"] == "draft_model"
+    assert "Refused by the engine" in out.markdown()
+    same = serving_config(RunConfig(drafter="model"), TARGET, DRAFT)
+    assert not same.refused and "use_heterogeneous_vocab" not in same.vllm_config
+    given = serving_config(RunConfig(drafter="model"), "my/target", "my/draft", vocab_sizes=(100, 90))
+    assert given.refused and given.vllm_config["use_heterogeneous_vocab"]
+    retrieval = serving_config(RunConfig(drafter="retrieval"), QWEN_TARGET, QWEN_DRAFT)
+    assert not retrieval.refused  # no draft model, nothing to compare
+
+
+def test_a_reduced_draft_vocabulary_has_no_token_map_equivalent() -> None:
+    """SGLang 0.5.23, speculative/eagle_worker_v2.py: ``topk_index = self.hot_token_id[topk_index]``
+    maps every drafted id through --speculative-token-map; STANDALONE keeps the draft's full output
+    layer, so a map of the first N ids would be indexed past its end. Talon must not suggest it."""
+    out = serving_config(RunConfig(drafter="model", draft_vocab=32768), TARGET, DRAFT)
+    gap = next(g for g in out.not_carried if "draft_vocab" in g)
+    assert "no equivalent" in gap and "past its end" in gap
+    assert "--speculative-token-map" not in out.sglang_command
+
+
+def test_suffix_names_the_arctic_inference_version_and_metrics_are_mapped() -> None:
+    """vLLM 0.33.0, vllm/config/speculative.py: suffix decoding raises "Install via
+    `pip install arctic-inference==0.1.1`" when it is missing."""
+    out = serving_config(RunConfig(drafter="retrieval"), TARGET, DRAFT)
+    assert any("arctic-inference==0.1.1" in n for n in out.notes)
+    md = out.markdown()
+    assert "spec_accept_length" in md and "mean_accepted_tokens" in md and "one chain per step" in md
+    tree = serving_config(RunConfig(drafter="model", tree=TreeConfig(mode="static", top_k=2)), TARGET, DRAFT)
+    assert any("no tree for draft_model, ngram or suffix" in g for g in tree.not_carried)
+    adaptive = serving_config(RunConfig(drafter="model"), TARGET, DRAFT)
+    assert any("approximation of its limits, not the same tree" in g for g in adaptive.not_carried)
