@@ -14,11 +14,10 @@ import gradio as gr
 from talon import figures as F
 from talon.run_config import RunConfig
 from talon.settings import Settings
-from talon.trace import StepTrace
 from talon.ui.backend import DeviceRun
 from talon.ui.controls import Controls
 from talon.ui.session import CompareSession
-from talon.ui.stream import stream_run
+from talon.ui.stream import run_variants
 
 
 @dataclass
@@ -88,12 +87,14 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         cancel = threading.Event()
         runs = [DeviceRun(settings, prompt, c, cancel) for c in (a, b)]
         cmp.runs, cmp.summaries, cmp.cancel = [], [], cancel
-        for label, run in zip("AB", runs):
-            steps: list[StepTrace] = []
-            cmp.runs.append((f"{label}: {describe(run.cfg)}", steps))
-            for _ in stream_run(run, steps.append):
+        for index, steps, finished in run_variants(runs):
+            label, run = "AB"[index], runs[index]
+            if len(cmp.runs) == index:
+                cmp.runs.append((f"{label}: {describe(run.cfg)}", steps))
+            if finished:
+                cmp.summaries.append(run.summary)
+            else:
                 yield view.updates(cmp, f"running {label}… step {len(steps)}")
-            cmp.summaries.append(run.summary)
         yield view.updates(cmp)
 
     return compare

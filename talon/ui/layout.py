@@ -4,6 +4,7 @@ tabs' behaviour lives in ``decode_view``, ``compare_view`` and ``sweep_view``.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,6 +328,14 @@ def _wire_decode(
     )
 
 
+def _run_on_click(button: gr.Button, fn: Callable[..., Any], panel: ControlPanel, extra: dict[str, Any],
+                  outputs: list[Any], api_name: str, settings: Settings) -> None:
+    """Wire a tab's run button: the prompt and every control in, the tab's outputs out, queued
+    like a model run."""
+    button.click(fn, inputs=[panel.prompt], inputs_kwargs={**panel.components, **extra}, outputs=outputs,
+                 api_name=api_name, **_model_event(settings))
+
+
 def _compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
     gr.Markdown(EXPLAIN["compare"], elem_classes=["talon-explain"])
     with gr.Row():
@@ -344,15 +353,8 @@ def _compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
             text_b = gr.HTML(F.text_html([]), max_height=260)
             tree_b_plot = gr.Plot(show_label=False)
     view = CompareView(summary, text_a, text_b, tree_a, tree_b_plot, chart, gr.State(CompareSession()))
-    kwargs = {**panel.components, "tree_mode_b": tree_b, "drafter_b": drafter_b, "mu_b": mu_b, "cmp": view.state}
-    go_button.click(
-        make_compare(view, settings),
-        inputs=[panel.prompt],
-        inputs_kwargs=kwargs,
-        outputs=view.outputs(),
-        api_name="compare",
-        **_model_event(settings),
-    )
+    extra = {"tree_mode_b": tree_b, "drafter_b": drafter_b, "mu_b": mu_b, "cmp": view.state}
+    _run_on_click(go_button, make_compare(view, settings), panel, extra, view.outputs(), "compare", settings)
     return view
 
 
@@ -373,15 +375,8 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
         mat = gr.Plot(show_label=False)
         speed = gr.Plot(show_label=False)
     view = SweepView(progress, mat, speed, suite, method, gr.State([]))
-    kwargs = {**panel.components, "mus": mus, "budgets": budgets, "sweep_tokens": tokens, "rows_state": view.state}
-    go_button.click(
-        make_sweep(view, settings),
-        inputs=[panel.prompt],
-        inputs_kwargs=kwargs,
-        outputs=view.outputs(),
-        api_name="sweep",
-        **_model_event(settings),
-    )
+    extra = {"mus": mus, "budgets": budgets, "sweep_tokens": tokens, "rows_state": view.state}
+    _run_on_click(go_button, make_sweep(view, settings), panel, extra, view.outputs(), "sweep", settings)
     results.upload(make_load_sweep(view), [results], view.outputs(), api_name="load_sweep")
     filter_sweep = make_filter_sweep(view)
     for box in (suite, method):

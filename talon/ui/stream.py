@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from talon.trace import StepTrace
 
@@ -28,3 +28,16 @@ def stream_run(run: Iterable[StepTrace], on_step: Callable[[StepTrace], None]) -
         elif now - last >= LIGHT_UPDATE_S:
             last = now
             yield False
+
+
+def run_variants(
+    runs: Sequence[Iterable[StepTrace]],
+) -> Iterator[tuple[int, list[StepTrace], bool]]:
+    """Run several already validated runs of one prompt in turn (Compare's A and B, the sweep's
+    cells): yields ``(index, steps so far, finished)`` after each streamed update of run
+    ``index`` and once more when it ends."""
+    for index, run in enumerate(runs):
+        steps: list[StepTrace] = []
+        for _ in stream_run(run, steps.append):
+            yield index, steps, False
+        yield index, steps, True

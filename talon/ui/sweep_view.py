@@ -18,6 +18,7 @@ from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.backend import DeviceRun
 from talon.ui.controls import Controls, user_error
 from talon.ui.files import upload_path
+from talon.ui.stream import run_variants
 
 MAX_SWEEP_CELLS = 30
 
@@ -107,25 +108,15 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
         base = dataclasses.replace(Controls(**controls), tree_mode="adaptive", max_new_tokens=sweep_tokens)
         rows: list[F.SweepRow] = []
         cancel = threading.Event()
-        for mu in mu_values:
-            for budget in budget_values:
-                run = DeviceRun(settings, prompt, dataclasses.replace(base, mu=mu, budget=budget), cancel)
-                for _ in run:
-                    pass
-                s = run.summary
-                rows.append(
-                    F.SweepRow(
-                        "this prompt",
-                        f"{run.cfg.drafter} · adaptive",
-                        mu,
-                        budget,
-                        s.mean_accepted_tokens,
-                        s.tokens_per_second,
-                    )
-                )
-                yield sweep_updates(
-                    view, rows, None, None, f"{len(rows)} of {len(mu_values) * len(budget_values)} runs done"
-                )
+        cells = [(mu, budget) for mu in mu_values for budget in budget_values]
+        runs = [DeviceRun(settings, prompt, dataclasses.replace(base, mu=mu, budget=n), cancel) for mu, n in cells]
+        for index, _, finished in run_variants(runs):
+            if not finished:
+                continue
+            (mu, budget), s = cells[index], runs[index].summary
+            rows.append(F.SweepRow("this prompt", f"{runs[index].cfg.drafter} · adaptive", mu, budget,
+                                   s.mean_accepted_tokens, s.tokens_per_second))
+            yield sweep_updates(view, rows, None, None, f"{len(rows)} of {len(cells)} runs done")
         yield sweep_updates(view, rows, None, None, f"sweep done: {len(rows)} runs of {int(sweep_tokens)} tokens")
 
     return sweep
