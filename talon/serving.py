@@ -260,7 +260,8 @@ def _retrieval_half(cfg: RunConfig) -> _Half:
         f"min_match + max_continuation = {window} -> --speculative-ngram-max-trie-depth and vLLM "
         "suffix_decoding_max_tree_depth (both bound match + continuation)",
         f"retrieval -> vLLM method suffix (pip install {ARCTIC_INFERENCE}, the version vLLM "
-        f"{VLLM_VERSION} asks for): a suffix tree over "
+        f"{VLLM_VERSION} asks for; without it vLLM refuses the method, and PyPI had no 0.1.1 wheel "
+        "for CPython 3.11 when this was checked, so there use the prompt-lookup config below): a suffix tree over "
         "prompt and output with frequency-ranked continuations, the nearest to Talon's "
         f"retrieval; the plain prompt-lookup alternative (matches of min_match to {window} tokens) "
         f"is {json.dumps(ngram)}",
