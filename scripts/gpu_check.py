@@ -19,17 +19,13 @@ Prints one JSON report (also written to ``--out``) and a short table; exits 1 on
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +51,7 @@ from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, estimate_pair, sc
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 from talon.ui.backend import check_preset_memory  # noqa: E402
+from talon.ui.launch import serve_app  # noqa: E402
 
 DRAFTERS = ("hybrid", "model", "retrieval")
 MODES = ("adaptive", "static", "chain")
@@ -305,39 +302,11 @@ def memory(spec: PairSpec, device: torch.device, tiny: bool) -> Check:
 # ------------------------------------------------------------------------------------ the app
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def app_on(target_dir: Path, draft_dir: Path, device: torch.device, timeout: float = 180.0) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "TALON_TARGET": str(target_dir), "TALON_DRAFT": str(draft_dir),
-           "TALON_DEVICE": device.type, "TALON_DTYPE": "float32", "GRADIO_SERVER_NAME": "127.0.0.1",
-           "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "TALON_CACHE": str(target_dir.parent / "cache")}
-    log = target_dir.parent / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited: {log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.25)
-        else:
-            raise TimeoutError(f"the app did not open port {port}: {log.read_text()[-2000:]}")
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
-        if proc.poll() is None:
-            proc.kill()
+def app_on(target_dir: Path, draft_dir: Path, device: torch.device, timeout: float = 180.0):
+    """``app.py`` on 127.0.0.1 serving the saved pair on ``device``."""
+    env = {**os.environ, "TALON_TARGET": str(target_dir), "TALON_DRAFT": str(draft_dir), "TALON_DEVICE": device.type,
+           "TALON_DTYPE": "float32", "TALON_CACHE": str(target_dir.parent / "cache")}
+    return serve_app(env, target_dir.parent / "app.log", timeout)
 
 
 def app_check(spec: PairSpec, device: torch.device) -> Check:

@@ -6,10 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,13 +29,13 @@ from talon.trace import (
 )
 from talon.ui.controls import Controls, check_prompt, user_error
 from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
+from talon.ui.launch import serve_app
 from talon.ui.layout import decode_tab
 from talon.ui.session import Session, stop
 from talon.ui.sweep_view import parse_sweep
 from tests.test_figures import make_step
 from tests.tiny import tiny_loaded
 
-REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 150
 RUN_TIMEOUT_S = 90
 # Output order of /generate and /replay (DecodeView.outputs() without the State).
@@ -63,55 +59,13 @@ def save_tiny_pair(root: Path) -> tuple[Path, Path]:
     return dirs[0], dirs[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"app exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.25)
-    raise TimeoutError(f"app did not open port {port} in {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-
-
 @contextlib.contextmanager
 def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
     """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL;
     always stops it."""
-    port = free_port()
-    full_env = {
-        **os.environ,
-        "TALON_CACHE": str(root / "cache"),
-        "TALON_DEVICE": "cpu",
-        "TALON_DTYPE": "float32",
-        "GRADIO_SERVER_NAME": "127.0.0.1",
-        "GRADIO_SERVER_PORT": str(port),
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **env,
-    }
-    log = root / "app.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        wait_for_port(proc, port, log, START_TIMEOUT_S)
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+    defaults = {"TALON_CACHE": str(root / "cache"), "TALON_DEVICE": "cpu", "TALON_DTYPE": "float32"}
+    with serve_app({**os.environ, **defaults, **env}, root / "app.log", START_TIMEOUT_S) as url:
+        yield url
 
 
 @contextlib.contextmanager
