@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
