@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import REPO, launch_app
+from talon.ui.launch import REPO
+from tests.test_app import launch_app
 
 pytestmark = pytest.mark.browser
 
