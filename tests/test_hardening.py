@@ -468,7 +468,11 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     assert initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
 
     loads: list[tuple] = []
-    monkeypatch.setattr(ui_device, "_cached_engine", lambda *args: loads.append(args))
+    def fake_engine(*args: object) -> SimpleNamespace:
+        loads.append(args)
+        return SimpleNamespace(target=None, draft=None)
+
+    monkeypatch.setattr(ui_device, "_cached_engine", fake_engine)
     warm_up(Settings())
     load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
     load_engine(Settings(), find_preset(Settings(), DEFAULT_PRESET))
@@ -494,7 +498,7 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
         return SimpleNamespace(), None
 
     monkeypatch.setattr(ui_device, "load_pair", fake_load_pair)
-    monkeypatch.setattr(ui_device, "Engine", lambda target, draft, **kwargs: SimpleNamespace())
+    monkeypatch.setattr(ui_device, "Engine", lambda target, draft, **kwargs: SimpleNamespace(target=None, draft=None))
     ui_device._cached_engine.cache_clear()
     try:
         for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):

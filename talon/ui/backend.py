@@ -85,8 +85,9 @@ def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
     quant = preset.draft_quant or settings.draft_quant
     with _LOAD_LOCK:
         key = (target, draft, dtype, settings.device)
-        if key != _LOADED.get("key") and preset.needs_cuda and cuda_available():
-            free, _ = torch.cuda.mem_get_info(resolve_device(settings.device))
+        device = resolve_device(settings.device)
+        if key != _LOADED.get("key") and preset.needs_cuda and device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
             check_preset_memory(settings, preset, dtype, free + _LOADED.get("bytes", 0))
         engine = _cached_engine(
             target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir), quant,
