@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     prompt = load_examples()[args.prompt_index].prompt
     with gr.Blocks():
-        view, _ = decode_tab()
+        view, _, _ = decode_tab()
     session = Measured(view)
     updates = list(make_generate(view, Settings.from_env())(prompt, session, max_new_tokens=args.max_new_tokens))
     streamed = session.payload[1:]  # the first update (no step yet) is the same either way

@@ -14,3 +14,24 @@
     }
   });
 })();
+
+// The guided walk: light up the figure the walk's card points at (data-focus), scroll it into
+// view once per stop, and clear the light when the walk ends.
+(() => {
+  let shown = "";
+  const update = () => {
+    const card = document.querySelector("#talon-walk .talon-walk-card[data-focus]");
+    const visible = card && card.offsetParent !== null;
+    const key = visible ? `${card.dataset.focus}/${card.dataset.stop}` : "";
+    if (key === shown) return;
+    shown = key;
+    document.querySelectorAll(".talon-focus").forEach((el) => el.classList.remove("talon-focus"));
+    if (!visible) return;
+    const target = document.getElementById(card.dataset.focus);
+    if (target) {
+      target.classList.add("talon-focus");
+      target.scrollIntoView({ behavior: "smooth", block: "center" });
+    }
+  };
+  new MutationObserver(update).observe(document.documentElement, { childList: true, subtree: true, attributes: true, attributeFilter: ["style", "class", "data-stop"] });
+})();

@@ -335,7 +335,7 @@ def tiny_engine() -> Engine:
 def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
     monkeypatch.setattr(ui_device, "load_engine", lambda settings, preset: tiny_engine)
     with gr.Blocks():
-        decode_view, _ = decode_tab()
+        decode_view, _, _ = decode_tab()
     return decode_view
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from talon.ui.decode_view import load_recording
 from talon.ui.launch import REPO
 from tests.test_app import launch_app
 
@@ -82,17 +83,30 @@ def wait_for_recording(page) -> None:
     page.wait_for_function("document.querySelector('#talon-summary').textContent.includes('RECORDING')")
 
 
+TREE_DATA = "document.querySelector('#talon-tree .js-plotly-plot').data"
+
+
 def test_first_view_is_a_recording_that_works_before_any_run(page) -> None:
     wait_for_recording(page)
     page.wait_for_function(f"document.querySelectorAll('{TREE_POINTS}').length > 2")
     assert page.locator("#talon-text .tk").count() >= 16
     assert page.locator("#talon-inspector table").count() >= 1  # the inspector shows a node already
-    last = tree_step(page)
+    # it opens on a step that teaches: a branching tree from both sources, a gate, a rejection
+    names = set(page.evaluate(f"{TREE_DATA}.map(t => t.name)"))
+    assert "draft model" in names and names & {"retrieval", "model + retrieval"}, names
+    assert "target token after a rejection" in names
+    symbols = page.evaluate(f"{TREE_DATA}.flatMap(t => (t.marker && Array.isArray(t.marker.symbol)) ? t.marker.symbol : [])")
+    assert "circle-x" in symbols, "a node the gate cut"
+    parents = page.evaluate(f"{TREE_DATA}.filter(t => t.customdata).flatMap(t => t.customdata)")
+    assert len(parents) >= 4
+    summary, _ = load_recording()
+    assert page.input_value("#talon-prompt textarea") == summary.prompt, "Run repeats the recording"
+    first = tree_step(page)
     slider = page.locator("#talon-slider input[type=range]")
     slider.focus()
     page.keyboard.press("Home")
     page.wait_for_function(f"/step 0:/.test(document.querySelector('{TREE_TITLE}').textContent)")
-    assert last > 0
+    assert first > 0, "the opening step is not the first one here"
     pick_node(page, 1)
     page.wait_for_function("/node 1/.test(document.querySelector('#talon-inspector').textContent)")
     assert "position id" in (page.locator("#talon-inspector").text_content() or "")
@@ -107,8 +121,12 @@ def pick_node(page, index: int) -> None:
     page.locator("ul[role=listbox] li").nth(index).click()
 
 
+TINY_PROMPT = "Repeat: one two three, one two three, one two three."  # the tiny models' context is short
+
+
 def test_run_streams_text_and_tree_and_the_slider_replots(page) -> None:
     wait_for_recording(page)
+    page.fill("#talon-prompt textarea", TINY_PROMPT)
     # every step drafts a tree (cost-aware planning may rightly skip drafting on tiny models)
     page.locator("#talon-cost-aware input[type=checkbox]").uncheck()
     page.click("#talon-run")
@@ -146,6 +164,54 @@ def test_hostile_prompt_renders_as_text(page) -> None:
     assert "<script>window.__pwned = 1</script>" in (page.locator("#talon-summary").text_content() or ""), \
         "the summary shows the prompt, as text"
     assert page.locator("#talon-text script, #talon-text img, #talon-summary script, #talon-summary img").count() == 0
+
+
+WALK_HEAD = "#talon-walk .talon-walk-head"
+
+
+def test_the_guided_walk_goes_through_every_stop_and_back(page) -> None:
+    from talon.figures import WALK
+
+    wait_for_recording(page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.click("#talon-walk-start")
+    for i, stop in enumerate(WALK):
+        if i:
+            page.click("#talon-walk-next")
+        page.wait_for_function(f"(document.querySelector('{WALK_HEAD}') || {{}}).textContent?.startsWith('{i + 1} / 6')")
+        page.wait_for_function(f"document.getElementById('{stop.focus}').classList.contains('talon-focus')")
+        assert page.locator(".talon-focus").count() == 1
+        assert page.locator("#talon-walk").is_visible(), "the card stays in view"
+        if i == 1:
+            page.screenshot(path=str(SCREENSHOTS / "walk.png"))
+    for i in range(len(WALK) - 2, -1, -1):
+        page.click("#talon-walk-back")
+        page.wait_for_function(f"document.querySelector('{WALK_HEAD}').textContent.startsWith('{i + 1} / 6')")
+        page.wait_for_function(f"document.getElementById('{WALK[i].focus}').classList.contains('talon-focus')")
+    page.click("#talon-walk-leave")
+    page.wait_for_function("!document.querySelector('#talon-walk .talon-walk-card')"
+                           " || document.querySelector('#talon-walk').offsetParent === null")
+    page.wait_for_function("document.querySelectorAll('.talon-focus').length === 0")
+
+
+def test_a_run_that_skipped_the_draft_model_offers_the_full_tree(page) -> None:
+    """Tiny random models accept almost nothing, so cost-aware planning skips the draft model on
+    most steps: the summary says so and one click runs again with cost-aware planning off."""
+    wait_for_recording(page)
+    assert not page.locator("#talon-full-tree").is_visible()
+    page.fill("#talon-prompt textarea", TINY_PROMPT)
+    cost_aware = page.locator("#talon-cost-aware input[type=checkbox]")
+    cost_aware.check()  # the recording was made with planning off; the page set the box so
+    page.click("#talon-run")
+    page.wait_for_function(RUN_FINISHED)
+    page.wait_for_selector("#talon-full-tree", state="visible")
+    assert "skipped the draft model" in (page.locator("#talon-summary").text_content() or "")
+    page.click("#talon-full-tree")
+    page.wait_for_function("!document.querySelector('#talon-summary').textContent.includes('skipped the draft model')"
+                           " && document.querySelector('#talon-summary .detail') !== null")
+    assert not cost_aware.is_checked(), "the re-run turned cost-aware planning off"
+    assert not page.locator("#talon-full-tree").is_visible()
+    assert "steps without the draft model 0" in (page.locator("#talon-summary").text_content() or "")
 
 
 def test_serve_tab_translates_the_controls(page) -> None:

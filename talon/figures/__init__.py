@@ -16,7 +16,8 @@ The package, one job per module:
 * ``sweep``: figures over several runs: Compare and the mu x N heatmaps;
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
-* ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position).
+* ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position);
+* ``walk``: HTML: the guided walk's six stops through one step, with that step's numbers.
 
 Every public name is re-exported here, so ``from talon import figures as F; F.tree_figure(...)``
 works.
@@ -52,6 +53,7 @@ from talon.figures.inspect import (
     node_inspector_html_empty,
 )
 from talon.figures.markup import (
+    model_skipped_most,
     step_caption_html,
     summary_html,
     text_html,
@@ -92,17 +94,18 @@ from talon.figures.tree import (
     tree_figure,
     tree_graph,
 )
+from talon.figures.walk import WALK, WalkStop, walk_html
 
 __all__ = [
     "BONUS_SYMBOLS",
     "COMMIT_SOURCES",
-    "NEAR_TIE_LOGITS",
     "EDGE_COLOR",
     "FONT",
     "GATED_COLOR",
     "INVISIBLE",
     "MAX_MASK_HOVER",
     "MAX_NODE_LABELS",
+    "NEAR_TIE_LOGITS",
     "PASS_COLOR",
     "PATH_COLOR",
     "SOURCE_COLORS",
@@ -111,10 +114,12 @@ __all__ = [
     "SWEEP_METRICS",
     "THRESHOLD_LINES",
     "VERDICTS",
+    "WALK",
     "WHITESPACE",
     "Committed",
     "SweepRow",
     "Trace",
+    "WalkStop",
     "acceptance_by_depth",
     "acceptance_by_depth_figure",
     "accepted_per_step_figure",
@@ -130,6 +135,7 @@ __all__ = [
     "gate_figure",
     "mask_figure",
     "mask_row_label",
+    "model_skipped_most",
     "near_tie",
     "node_choices",
     "node_inspector_html",
@@ -151,4 +157,5 @@ __all__ = [
     "tree_figure",
     "tree_graph",
     "visible_ws",
+    "walk_html",
 ]

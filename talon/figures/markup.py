@@ -149,6 +149,22 @@ def summary_html(
     return f'<div class="talon-summary"><div class="stats">{stats}</div>{detail}{note}</div>'
 
 
+def model_skipped_most(summary: RunSummary | None, steps: Sequence[StepTrace]) -> bool:
+    """Cost-aware planning skipped the draft model on most steps of a run that uses it: its
+    trees were mostly retrieval chains or nothing (the run can be repeated with planning off)."""
+    if summary is None or len(steps) < 2:
+        return False
+    cost_aware = (summary.config.get("tree") or {}).get("cost_aware", False)
+    uses_model = summary.config.get("drafter") in ("hybrid", "model")
+    return bool(cost_aware and uses_model and 2 * sum(bool(st.model_skipped) for st in steps) > len(steps))
+
+
+SKIPPED_MOST_NOTE = (
+    "The planner skipped the draft model on {skipped} of {steps} steps: on this hardware its trees did not pay, "
+    "so most steps verified retrieval guesses or one token. Press “Show the full TALON tree” to run again with "
+    "cost-aware planning off (slower here, every step drafts a tree)."
+)
+
 PROMPT_SHOWN = 200  # characters of the prompt the summary repeats
 
 
@@ -165,6 +181,9 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
         f"time: draft {draft_s / total:.0%} · verify {verify_s / total:.0%} · other {other_s / total:.0%}",
         f"stopped: {esc(summary.stop_reason or '–')}",
     ]
+    if model_skipped_most(summary, steps):
+        skipped = sum(bool(st.model_skipped) for st in steps)
+        parts.append(f'<span class="talon-skipped">{esc(SKIPPED_MOST_NOTE.format(skipped=skipped, steps=len(steps)))}</span>')
     if summary.tree_stops:
         stops = ", ".join(f"{k} {v}" for k, v in sorted(summary.tree_stops.items(), key=lambda kv: -kv[1]))
         parts.append(f"trees stopped by: {esc(stops)} · draft forwards {summary.draft_forwards}"

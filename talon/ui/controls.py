@@ -68,6 +68,31 @@ class Controls:
     cost_aware: bool = TreeConfig.cost_aware
     draft_quant: str = "auto"
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Controls:
+        """The controls that reproduce a run from its summary's ``config`` (a RunConfig as a
+        dict: a trace's ``summary.config``); what it does not name keeps its default."""
+        tree, retrieval, sampling = (config.get(key) or {} for key in ("tree", "retrieval", "sampling"))
+        defaults = cls()
+        return cls(
+            preset=preset,
+            drafter=config.get("drafter", defaults.drafter),
+            tree_mode=tree.get("mode", defaults.tree_mode),
+            budget=tree.get("budget", defaults.budget),
+            root_k=tree.get("root_k", defaults.root_k),
+            top_k=tree.get("top_k", defaults.top_k),
+            mu=tree.get("mu", defaults.mu),
+            max_depth=tree.get("max_depth", defaults.max_depth),
+            min_conf=tree.get("min_conf", defaults.min_conf),
+            retrieval_threshold=retrieval.get("graft_threshold", defaults.retrieval_threshold),
+            temperature=sampling.get("temperature", defaults.temperature),
+            top_p=sampling.get("top_p", defaults.top_p),
+            seed=sampling.get("seed", defaults.seed),
+            max_new_tokens=config.get("max_new_tokens", defaults.max_new_tokens),
+            async_draft=config.get("async_draft", defaults.async_draft),
+            cost_aware=tree.get("cost_aware", defaults.cost_aware),
+        )
+
     def run_config(self, max_new_tokens_limit: int) -> RunConfig:
         """The validated RunConfig; raises ConfigError with a message a user can act on."""
         if self.draft_quant not in DRAFT_QUANTS:

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
+from talon.recording import opening_step
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,
@@ -213,6 +214,8 @@ def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[S
         session.begin(step_through=False, cancel=None)
         session.steps, session.summary = list(steps), summary
         updates = final_updates(view, session, write=False)
+        session.follow = False
+        updates.update(view.step_updates(session, opening_step(steps)))  # the step that shows the most
         updates[view.summary] = F.summary_html(summary, session.steps, None, RECORDING_NOTE)
         return updates
 
@@ -220,7 +223,26 @@ def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[S
 
 
 RECORDING_NOTE = ("RECORDING: a run of the default pair on a 2-core CPU, shipped with the app so you can explore "
-                  "before a model loads. Press Run to decode live; the recording is replaced.")
+                  "before a model loads; it opens on its most instructive step. The prompt box and the controls are "
+                  "set as it was made: press Run to decode it live (trees may differ on other hardware).")
+
+
+def recording_controls(prompt: gr.Textbox, components: dict[str, Any],
+                       path: Path = RECORDING) -> Callable[[], dict[Any, Any]]:
+    def set_controls() -> dict[Any, Any]:
+        """At page load: the prompt and controls that made the recording (nothing if absent)."""
+        recording = load_recording(path)
+        if recording is None or not recording[0].prompt:
+            return {}
+        summary = recording[0]
+        values = Controls.from_config(summary.config)
+        updates: dict[Any, Any] = {prompt: summary.prompt}
+        for key, component in components.items():
+            if key not in ("preset", "draft_quant"):  # the server's pair and weights stay
+                updates[component] = getattr(values, key)
+        return updates
+
+    return set_controls
 
 
 def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:

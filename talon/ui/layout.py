@@ -25,6 +25,7 @@ from talon.ui.decode_view import (
     make_replay,
     make_show_recording,
     make_show_step,
+    recording_controls,
 )
 from talon.ui.serving_view import make_serving_config
 from talon.ui.session import CompareSession, Session, stop
@@ -33,6 +34,13 @@ from talon.ui.sweep_view import (
     make_filter_sweep,
     make_load_sweep,
     make_sweep,
+)
+from talon.ui.walk_view import (
+    WalkView,
+    full_tree_button,
+    make_offer_full_tree,
+    walk_panel,
+    wire_walk,
 )
 
 MODEL_CONCURRENCY_ID = "model"
@@ -241,8 +249,11 @@ def _run_plot(key: str, label: str) -> gr.Plot:
     return plot
 
 
-def decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
+def decode_tab() -> tuple[DecodeView, WalkView, dict[str, gr.Button]]:
     summary = gr.HTML(F.summary_html(None, []), label="summary", elem_id="talon-summary")
+    with gr.Row(elem_id="talon-offers"):
+        walk = walk_panel()
+        full_tree = full_tree_button()
     gr.HTML(TEXT_LEGEND)
     text = gr.HTML(F.text_html([]), label="text", elem_id="talon-text", autoscroll=True, max_height=420)
     with gr.Row(elem_id="talon-stepper"):
@@ -291,7 +302,7 @@ def decode_tab() -> tuple[DecodeView, dict[str, gr.Button]]:
         cost,
         gr.State(Session()),
     )
-    return view, {"prev": prev, "next": nxt, "latest": latest, "upload": upload}
+    return view, walk, {"prev": prev, "next": nxt, "latest": latest, "upload": upload, "full_tree": full_tree}
 
 
 def _model_event(settings: Settings) -> dict[str, Any]:
@@ -313,8 +324,15 @@ def _wire_decode(
     }
     run_inputs: dict[str, Any] = dict(inputs=[panel.prompt], inputs_kwargs=kwargs, outputs=view.outputs())
     generate = make_generate(view, settings)
-    panel.run.click(generate, **run_inputs, api_name="generate", **model_events)
-    panel.prompt.submit(generate, **run_inputs, api_visibility="private", **model_events)
+    full_tree = buttons["full_tree"]
+    offer = dict(fn=make_offer_full_tree(full_tree), inputs=[view.state], outputs=[full_tree],
+                 concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    panel.run.click(generate, **run_inputs, api_name="generate", **model_events).then(**offer)
+    panel.prompt.submit(generate, **run_inputs, api_visibility="private", **model_events).then(**offer)
+    # the offer's one click: the same run with cost-aware planning off, everything else kept
+    full_tree.click(lambda: (False, gr.update(visible=False)), None, [panel.components["cost_aware"], full_tree],
+                    api_visibility="private", concurrency_limit=None, show_progress="hidden").then(
+        generate, **run_inputs, api_visibility="private", **model_events).then(**offer)
     quick = dict(outputs=view.outputs(), concurrency_limit=None, show_progress="hidden", api_visibility="private")
     panel.stop.click(stop, [view.state, compare.state], None, concurrency_limit=None, api_visibility="private")
     view.slider.input(make_show_step(view), [view.slider, view.state], trigger_mode="always_last", **quick)
@@ -325,7 +343,7 @@ def _wire_decode(
     buttons["latest"].click(make_nudge(view, 0), [view.state], **quick)
     buttons["upload"].upload(
         make_replay(view), [buttons["upload"], view.state], view.outputs(), api_name="replay", concurrency_limit=None
-    )
+    ).then(**offer)
 
 
 def _run_on_click(button: gr.Button, fn: Callable[..., Any], panel: ControlPanel, extra: dict[str, Any],
@@ -400,17 +418,20 @@ def build_ui(settings: Settings) -> gr.Blocks:
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300, elem_id="talon-controls"):
                 panel = _controls(settings, examples)
-            with gr.Column(scale=3, min_width=480):
-                with gr.Tabs():
-                    with gr.Tab("Decode", id="decode"):
-                        view, buttons = decode_tab()
-                    with gr.Tab("Compare", id="compare"):
-                        compare = _compare_tab(panel, settings)
-                    with gr.Tab("Threshold explorer", id="sweep"):
-                        _sweep_tab(panel, settings)
-                    with gr.Tab("Serve it", id="serve"):
-                        _serving_tab(panel, settings)
+            with gr.Column(scale=3, min_width=480), gr.Tabs():
+                with gr.Tab("Decode", id="decode"):
+                    view, walk, buttons = decode_tab()
+                with gr.Tab("Compare", id="compare"):
+                    compare = _compare_tab(panel, settings)
+                with gr.Tab("Threshold explorer", id="sweep"):
+                    _sweep_tab(panel, settings)
+                with gr.Tab("Serve it", id="serve"):
+                    _serving_tab(panel, settings)
         _wire_decode(view, panel, buttons, compare, settings)
+        wire_walk(walk, view.state)
         demo.load(make_show_recording(view), [view.state], view.outputs(), api_visibility="private",
                   concurrency_limit=None, show_progress="hidden")
+        # the prompt box and the controls as the recording was made, so Run repeats it
+        demo.load(recording_controls(panel.prompt, panel.components), None, [panel.prompt, *panel.components.values()],
+                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
     return demo
