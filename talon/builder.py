@@ -5,16 +5,25 @@ returns the drafter's top-k children of each, as (token, q) pairs. The model dra
 each call with one batched forward, so a tree costs one draft forward per layer. The tree may
 arrive with nodes already grafted (retrieval); a proposed child that already exists is marked
 ``both`` and costs no budget.
+
+Which nodes take the budget is decided by a ``Scores`` function of the tree: by default the
+path confidence ``c`` (the raw product of q), and in the engine the acceptance model's calibrated
+P(node accepted) (``talon.plan.AcceptanceModel.node_probs``), so that expected accepted length,
+not raw confidence, fills the budget. Either way a node's score never exceeds its parent's, which
+keeps every best-N set ancestor closed. TALON's gates (mu x the layer's best ``c``) and the
+``min_conf`` stop stay on path confidence: they limit what may expand, the scores rank it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, Protocol
 
 from talon.run_config import TreeConfig
 from talon.tree import DraftTree, Gate
 
 Expand = Callable[[DraftTree, list[int], int], list[list[tuple[int, float]]]]
+Scores = Callable[[DraftTree], Sequence[float]]  # (T,) per node, never above the parent's; root first
 UNLIMITED = 10**9
 
 # Why a tree stopped growing (DraftTree.stop): the budget is full and no frontier node can place a
@@ -29,6 +38,11 @@ class LayerPlanner(Protocol):
     def worth_layer(self, tree: DraftTree, frontier: list[int], k: int, budget: int, match_len: int) -> bool: ...
 
 
+def path_confidence(tree: DraftTree) -> list[float]:
+    """The raw ranking: c = prod(q along the path)."""
+    return tree.path_conf
+
+
 def build_tree(
     tree: DraftTree,
     expand: Expand,
@@ -36,17 +50,19 @@ def build_tree(
     budget: int,
     planner: LayerPlanner | None = None,
     match_len: int = 0,
+    scores: Scores = path_confidence,
 ) -> DraftTree:
     """Grow ``tree`` with model proposals up to ``budget`` draft nodes; ``tree.stop`` says why it
-    stopped. With a ``planner`` (cost-aware), a layer is drafted only if it is expected to pay."""
+    stopped. With a ``planner`` (cost-aware), a layer is drafted only if it is expected to pay.
+    ``scores`` ranks the nodes that compete for the budget (adaptive and static)."""
     if budget <= tree.num_draft:
         tree.stop = "budget"
         return tree
     if cfg.mode == "chain":
         return _build_chain(tree, expand, cfg, budget, planner, match_len)
     if cfg.mode == "static":
-        return _build_static(tree, expand, cfg, budget)
-    return _build_adaptive(tree, expand, cfg, budget, planner, match_len)
+        return _build_static(tree, expand, cfg, budget, scores)
+    return _build_adaptive(tree, expand, cfg, budget, planner, match_len, scores)
 
 
 def _admit(
@@ -92,23 +108,27 @@ def _gate_layer(tree: DraftTree, layer: list[int], mu: float) -> list[int]:
     return passing
 
 
-def _keep_best_layer(tree: DraftTree, layer: list[int], budget: int) -> tuple[DraftTree, list[int]]:
+def _keep_best_layer(
+    tree: DraftTree, layer: list[int], budget: int, scores: Scores
+) -> tuple[DraftTree, list[int]]:
     """Cut ``tree`` to its best ``budget`` nodes (``keep_best``); returns it and the surviving
     ids of ``layer``, in their new numbering."""
     if tree.num_draft <= budget:
         return tree, layer
-    kept, new_id = _prune_ids(tree, _best_ids(tree, budget))
+    kept, new_id = _prune_ids(tree, _best_ids(tree, budget, scores))
     return kept, [new_id[n] for n in layer if n in new_id]
 
 
 def _build_adaptive(
-    tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int, planner: LayerPlanner | None, match_len: int
+    tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int, planner: LayerPlanner | None, match_len: int,
+    scores: Scores,
 ) -> DraftTree:
     """TALON: an ungated top-K root layer, then confidence-gated layers. The budget is filled
     best-first across the whole tree, not layer by layer: after each layer only the ``budget``
-    most confident nodes stay, and a frontier node expands only if it passes the gate and could
-    still place a child among them (a child is never more confident than its parent)."""
-    tree, layer = _keep_best_layer(tree, _admit(tree, _proposals(tree, expand, [0], cfg.root_k), UNLIMITED), budget)
+    best-scored nodes stay, and a frontier node expands only if it passes the gate and could
+    still place a child among them (a child never scores above its parent)."""
+    root_layer = _admit(tree, _proposals(tree, expand, [0], cfg.root_k), UNLIMITED)
+    tree, layer = _keep_best_layer(tree, root_layer, budget, scores)
     depth, stop = 1, "depth"
     while True:
         if not layer:
@@ -123,8 +143,9 @@ def _build_adaptive(
             break
         frontier = passing
         if tree.num_draft >= budget:
-            floor = min(tree.path_conf[i] for i in range(1, len(tree)) if tree.sources[i] == "model")
-            frontier = [n for n in passing if tree.path_conf[n] > floor]
+            score = scores(tree)
+            floor = min(score[i] for i in range(1, len(tree)) if tree.sources[i] == "model")
+            frontier = [n for n in passing if score[n] > floor]
         if not frontier:
             stop = "budget"
             break
@@ -132,26 +153,30 @@ def _build_adaptive(
             stop = "cost"
             break
         added = _admit(tree, _proposals(tree, expand, frontier, cfg.top_k), UNLIMITED)
-        tree, layer = _keep_best_layer(tree, added, budget)
+        tree, layer = _keep_best_layer(tree, added, budget, scores)
         depth += 1
     tree.stop = stop
     return tree
 
 
-def _build_static(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int) -> DraftTree:
-    """EAGLE-2: expand the top-k nodes of every layer to a fixed depth, then keep the best N."""
+def _build_static(tree: DraftTree, expand: Expand, cfg: TreeConfig, budget: int, scores: Scores) -> DraftTree:
+    """The static baseline (EAGLE-2's shape): expand the top-k nodes of every layer to a fixed
+    depth, then keep the best N, both ranked by ``scores`` like the adaptive tree, so that an
+    equal-budget comparison sets shape against shape. The gate record holds path confidences:
+    ``layer_max`` the layer's best c, ``threshold`` the lowest c among the nodes expanded."""
     layer = _admit(tree, _proposals(tree, expand, [0], cfg.root_k), UNLIMITED)
     for _ in range(cfg.max_depth - 1):
-        best = sorted(layer, key=lambda n: -tree.path_conf[n])[: cfg.top_k]
+        score = scores(tree)
+        best = sorted(layer, key=lambda n: -score[n])[: cfg.top_k]  # stable: ties keep the order of c
         if not best:
             break
-        cutoff = tree.path_conf[best[-1]]
-        layer_max = tree.path_conf[best[0]]
+        cutoff = min(tree.path_conf[n] for n in best)
+        layer_max = max(tree.path_conf[n] for n in layer)
         for n in layer:
             tree.gates[n] = Gate(layer_max=layer_max, threshold=cutoff, passed=n in best)
         layer = _admit(tree, _proposals(tree, expand, best, cfg.top_k), UNLIMITED)
     tree.stop = "depth"
-    return keep_best(tree, budget)
+    return keep_best(tree, budget, scores)
 
 
 def _build_chain(
@@ -177,22 +202,23 @@ def _build_chain(
     return tree
 
 
-def _best_ids(tree: DraftTree, budget: int) -> set[int]:
-    """Grafted (non-model) nodes plus the best model nodes by path confidence, ``budget`` in all.
+def _best_ids(tree: DraftTree, budget: int, scores: Scores) -> set[int]:
+    """Grafted (non-model) nodes plus the best model nodes by score, ``budget`` in all.
 
-    path_conf never grows along a path (q <= 1), and ties break by node id, so the set contains
-    every member's parent."""
+    A score never grows along a path, and ties break by node id, so the set contains every
+    member's parent."""
+    score = scores(tree)
     fixed = [i for i in range(1, len(tree)) if tree.sources[i] != "model"]
     ranked = sorted(
         (i for i in range(1, len(tree)) if tree.sources[i] == "model"),
-        key=lambda i: (-tree.path_conf[i], i),
+        key=lambda i: (-score[i], i),
     )
     return set(fixed) | set(ranked[: max(budget - len(fixed), 0)])
 
 
-def keep_best(tree: DraftTree, budget: int) -> DraftTree:
-    """Keep grafted (non-model) nodes plus the best model nodes by path confidence, N in all."""
-    kept = prune(tree, _best_ids(tree, budget))
+def keep_best(tree: DraftTree, budget: int, scores: Scores = path_confidence) -> DraftTree:
+    """Keep grafted (non-model) nodes plus the best model nodes by score, N in all."""
+    kept = prune(tree, _best_ids(tree, budget, scores))
     kept.stop = tree.stop
     return kept
 

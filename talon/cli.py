@@ -11,7 +11,7 @@ from pathlib import Path
 from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
-from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.run_config import ADMISSIONS, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.settings import Settings
 from talon.trace import dump_trace
 
@@ -46,6 +46,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    "calibrated per source stop the tree when the next layer does not pay, trim "
                    "unprofitable nodes and skip the draft model (and its prefill) on steps where "
                    "retrieval alone is expected to be faster; off = pure TALON budget fill (%(default)s)")
+    p.add_argument("--admission", choices=list(ADMISSIONS), default=t.admission,
+                   help="what ranks the nodes competing for the budget (adaptive and static trees): "
+                   "calibrated = the acceptance model's P(node accepted), learnt per source during the "
+                   "run; confidence = the raw product of q (%(default)s)")
     p.add_argument("--cost-model", choices=["fixed", "learn"], default=run.cost_model,
                    help="fixed = plan on the measured curves as read at start (probe or cache) and on "
                    "predicted times only, so the same command gives the same trees; learn = refine "
@@ -74,7 +78,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def run_config(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
         drafter=a.drafter,
-        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth, a.min_conf, a.cost_aware == "on"),
+        tree=TreeConfig(a.tree, a.budget, a.root_k, a.top_k, a.mu, a.max_depth, a.min_conf, a.cost_aware == "on",
+                        a.admission),
         retrieval=RetrievalConfig(
             a.retrieval_min_match, a.retrieval_max_continuation, a.graft_threshold,
             a.retrieval_branches, a.corpus,

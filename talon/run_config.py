@@ -13,9 +13,11 @@ from typing import Literal
 
 TreeMode = Literal["adaptive", "static", "chain"]
 DrafterKind = Literal["hybrid", "model", "retrieval", "none"]
+Admission = Literal["calibrated", "confidence"]
 
 TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
 DRAFTER_KINDS: tuple[str, ...] = ("hybrid", "model", "retrieval", "none")
+ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
 
 
 class ConfigError(ValueError):
@@ -60,6 +62,11 @@ class TreeConfig:
         accepted tokens do not pay for its draft forward and extra verification on this
         hardware, trim unprofitable nodes, and skip the draft model on steps where retrieval
         alone is expected to do better per second. Off = pure TALON budget fill.
+    admission: what ranks the nodes competing for the budget (adaptive and static trees):
+        ``calibrated`` = the acceptance model's P(node accepted), learnt per source during the
+        run, so expected accepted length fills the budget; ``confidence`` = the raw path
+        confidence prod(q), as in TALON and EAGLE-2. The gates (mu, min_conf) stay on path
+        confidence either way.
     """
 
     mode: TreeMode = "adaptive"
@@ -70,9 +77,11 @@ class TreeConfig:
     max_depth: int = 8
     min_conf: float = 0.2
     cost_aware: bool = True
+    admission: Admission = "calibrated"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.cost_aware, bool), f"cost_aware must be true or false, got {self.cost_aware!r}")
+        _check(self.admission in ADMISSIONS, f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
         _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
         _int_in("budget", self.budget, 1, MAX_BUDGET)
         _int_in("root_k", self.root_k, 1, 64)
