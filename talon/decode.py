@@ -205,6 +205,7 @@ class Run:
             self.costs = engine.cost_snapshot(cfg.draft_vocab).copy()
             self.planner = Planner(
                 self.costs, cfg.tree, cfg.max_new_tokens, predicted=self.fixed_costs,
+                acceptance=self.drafter.acceptance,
             )
         self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
         self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
@@ -281,9 +282,11 @@ class Run:
         )
         keep_entries(cache, prefix_len, [prefix_len + n for n in acc.accepted])
         forwards = draft.forwards
-        self.drafter.commit(tree, acc.accepted, new_tokens)
+        p_accept_est = self._estimates(draft)  # before the drafter learns from this step
+        self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len)
         self.generated.extend(new_tokens)
         step = self._trace(draft, top1, acc, new_tokens, topk, positions.tolist())
+        step.p_accept_est = p_accept_est
         step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
         step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
         step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
@@ -314,7 +317,7 @@ class Run:
             step_s = sum(s for _, s in timed) + step.predicted_verify_s + costs.other_s
         model_s = drafting_without_catch_up(timed, costs)
         planner.record_step(
-            draft.tree, step.accepted, draft.match_len, len(step.new_tokens),
+            draft.tree, step.accepted, len(step.new_tokens),
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
         )
 
@@ -362,14 +365,13 @@ class Run:
             tree_stop=tree.stop,
             model_skipped=draft.model_skipped,
             trimmed=draft.trimmed,
-            p_accept_est=self._node_probs(draft),
         )
 
-    def _node_probs(self, draft: Draft) -> list[float]:
-        """The planner's P(node accepted) for every node (empty without a planner)."""
-        if self.planner is None:
+    def _estimates(self, draft: Draft) -> list[float]:
+        """The acceptance model's P(node accepted) for every node (none for autoregressive runs)."""
+        if self.cfg.drafter == "none":
             return []
-        return self.planner.acceptance.node_probs(draft.tree, draft.match_len)
+        return self.drafter.acceptance.node_probs(draft.tree, draft.match_len)
 
     def _summarize(self, seconds: float, reason: str) -> RunSummary:
         eng = self.engine

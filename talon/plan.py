@@ -3,10 +3,13 @@
 Two measured models meet here:
 
 * :class:`AcceptanceModel`: the probability that a node is accepted given that its parent is,
-  calibrated per source from the run's own history (Beta counts with a prior). Model nodes are
-  binned by their draft probability ``q``; retrieval nodes by the suffix match length, times the
-  branch frequency ``q``. A node's probability of being accepted is the product along its path,
-  so the expected number of accepted draft tokens of any tree is ``sum(node_probs(tree))``.
+  calibrated per source from the run's own history (Beta counts with a prior scaled by the
+  source's pooled observed / expected ratio, so it learns fast when guesses keep failing). Model
+  nodes are binned by their draft probability ``q``; retrieval nodes by the suffix match length,
+  times the branch frequency ``q``. A node's probability of being accepted is the product along
+  its path, so the expected number of accepted draft tokens of any tree is
+  ``sum(node_probs(tree))``. The drafter owns it (it learns as the drafter commits) and ranks its
+  trees' nodes by it (``TreeConfig.admission``); the planner plans with it.
 * :class:`talon.cost.CostModel`: what verification and drafting cost at each size.
 
 :class:`Planner` maximises a step's goodput, (expected accepted + 1) / (draft + verify + other
@@ -31,6 +34,10 @@ from talon.tree import DraftTree
 Q_EDGES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)  # 11 bins
 MATCH_EDGES: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)  # 8 bins: <2, 2, 3, 4-5, 6-7, 8-11, 12-15, 16+
 PRIOR_STRENGTH = 3.0
+# The pooled observed/expected ratio of a source carries this many pseudo-counts: few, so that a
+# handful of failed guesses is enough to stop sending them where they cost verification time.
+POOL_STRENGTH = 1.0
+PRIOR_CAP = 0.95  # no prior, however scaled, promises more than this
 EMA = 0.3
 EXPLORE_MODEL_STEPS = 3  # an engaged draft model runs this many steps before it may be skipped
 LOOKAHEAD = 4  # layers a cost stop looks ahead
@@ -70,8 +77,46 @@ def _q_centres() -> list[float]:
 
 
 def _retrieval_prior(bin_index: int) -> float:
-    """Longer suffix matches continue more reliably (SAM-Decoding's observation)."""
+    """Longer suffix matches continue more reliably (SAM-Decoding's observation); a one-token
+    match (bin 0, proposed only under a planner) is a weak guess."""
+    if bin_index == 0:
+        return 0.2
     return min(0.35 + 0.07 * bin_index, 0.85)
+
+
+@dataclass
+class Calibration:
+    """P(node accepted | parent accepted) for one source's nodes, in bins (by q, or by match
+    length). Each bin is a Beta posterior whose prior mean is the bin's prior times the source's
+    pooled observed / expected ratio: hits over all the source's trials, against the hits the
+    priors predicted for them (``POOL_STRENGTH`` pseudo-counts on each side). So failures in any
+    bin lower every bin at once: after a few rejected guesses a bin never tried does not start
+    from its optimistic prior, and a guess that keeps failing stops being sent within a few steps."""
+
+    priors: list[float]
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+    observed: float = 0.0  # hits, all bins
+    expected: float = 0.0  # hits the priors predicted for the same trials
+
+    def __post_init__(self) -> None:
+        self.hits = self.hits or [0.0] * len(self.priors)
+        self.trials = self.trials or [0.0] * len(self.priors)
+
+    @property
+    def ratio(self) -> float:
+        return (self.observed + POOL_STRENGTH) / (self.expected + POOL_STRENGTH)
+
+    def rate(self, i: int) -> float:
+        prior = min(self.priors[i] * self.ratio, PRIOR_CAP)
+        return (self.hits[i] + PRIOR_STRENGTH * prior) / (self.trials[i] + PRIOR_STRENGTH)
+
+    def add(self, i: int, hit: bool, predicted: float) -> None:
+        """One trial of bin ``i``; ``predicted``: the priors' P(hit) for it."""
+        self.hits[i] += hit
+        self.trials[i] += 1.0
+        self.observed += hit
+        self.expected += predicted
 
 
 @dataclass
@@ -79,26 +124,27 @@ class AcceptanceModel:
     """P(node accepted | parent accepted) per source, from this run's accepted/rejected nodes.
 
     The draft model is over-confident, so its prior is 0.8 q; retrieval's prior grows with the
-    match length. ``continues`` is P(one of an accepted node's model children is accepted): what
-    the planner expects of a layer it has not drafted yet.
+    match length and is multiplied by the branch frequency q. ``continues`` is P(one of an
+    accepted node's model children is accepted): what the planner expects of a layer it has not
+    drafted yet.
     """
 
-    model: list[Beta] = field(default_factory=lambda: [Beta.prior(0.8 * c) for c in _q_centres()])
-    both: list[Beta] = field(default_factory=lambda: [Beta.prior(min(0.9 * c + 0.1, 0.95)) for c in _q_centres()])
-    retrieval: list[Beta] = field(
-        default_factory=lambda: [Beta.prior(_retrieval_prior(i)) for i in range(len(MATCH_EDGES) + 1)]
+    model: Calibration = field(default_factory=lambda: Calibration([0.8 * c for c in _q_centres()]))
+    both: Calibration = field(default_factory=lambda: Calibration([min(0.9 * c + 0.1, 0.95) for c in _q_centres()]))
+    retrieval: Calibration = field(
+        default_factory=lambda: Calibration([_retrieval_prior(i) for i in range(len(MATCH_EDGES) + 1)])
     )
     continues: Beta = field(default_factory=lambda: Beta.prior(0.6))
     observed: int = 0
 
-    def _bin(self, source: str, q: float, match_len: int) -> Beta:
+    def _bin(self, source: str, q: float, match_len: int) -> tuple[Calibration, int]:
         if source == "retrieval":
-            return self.retrieval[bisect.bisect_right(MATCH_EDGES, match_len)]
-        bins = self.both if source == "both" else self.model
-        return bins[bisect.bisect_right(Q_EDGES, q)]
+            return self.retrieval, bisect.bisect_right(MATCH_EDGES, match_len)
+        return (self.both if source == "both" else self.model), bisect.bisect_right(Q_EDGES, q)
 
     def p_cond(self, source: str, q: float, match_len: int) -> float:
-        rate = self._bin(source, q, match_len).mean
+        calibration, i = self._bin(source, q, match_len)
+        rate = calibration.rate(i)
         return min(rate * q, 1.0) if source == "retrieval" else rate
 
     def node_probs(self, tree: DraftTree, match_len: int) -> list[float]:
@@ -114,12 +160,25 @@ class AcceptanceModel:
         on_path = set(accepted)
         for node in range(1, len(tree)):
             if tree.parents[node] in on_path:
-                self._bin(tree.sources[node], tree.q_draft[node], match_len).add(node in on_path)
+                source, q = tree.sources[node], tree.q_draft[node]
+                calibration, i = self._bin(source, q, match_len)
+                predicted = calibration.priors[i] * (q if source == "retrieval" else 1.0)
+                calibration.add(i, node in on_path, predicted)
                 self.observed += 1
         for node in on_path:
             kids = [c for c in tree.children(node) if tree.sources[c] in ("model", "both")]
             if kids and node != 0:
                 self.continues.add(any(c in on_path for c in kids))
+
+
+@dataclass(frozen=True)
+class BestPrefix:
+    """The goodput-best prefix of a tree's nodes ranked by acceptance probability."""
+
+    order: list[int]  # draft nodes, most likely first (parents before children)
+    nodes: int  # how many of ``order`` to keep
+    expected: float  # their expected accepted tokens
+    rate: float  # (expected + 1) / predicted step time, tokens/s
 
 
 @dataclass
@@ -151,12 +210,15 @@ class Planner:
     the same trees and a sampled run with a fixed seed, whose random draws depend on the tree, is
     reproducible (the caller also freezes ``costs``)."""
 
-    def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int, predicted: bool = False) -> None:
+    def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int, predicted: bool = False,
+                 acceptance: AcceptanceModel | None = None) -> None:
+        """``acceptance``: the drafter's acceptance model (it learns as the drafter commits); a
+        fresh one when not given."""
         self.costs = costs
         self.predicted = predicted
         self.step_widths: list[int] = []  # widths of this step's draft forwards so far
         self.cfg = cfg
-        self.acceptance = AcceptanceModel()
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.remaining = max_new_tokens
         layers = min(cfg.max_depth, 3)
         self.outlook = ModelOutlook(
@@ -222,63 +284,74 @@ class Planner:
                 return True
         return False
 
-    def trim(self, tree: DraftTree, match_len: int) -> tuple[DraftTree, int]:
-        """Keep the nodes that maximise (expected accepted + 1) / step time, best first.
-        Returns the tree and how many nodes were cut."""
+    def best_prefix(self, tree: DraftTree, match_len: int) -> BestPrefix:
+        """The nodes by acceptance probability (parents first) and how many of them maximise
+        (expected accepted + 1) / step time. A node stays only if its expected acceptance pays
+        for what it adds to the verification on this host."""
         probs = self.acceptance.node_probs(tree, match_len)
         order = sorted(range(1, len(tree)), key=lambda n: (-probs[n], n))  # parents first
-        best_n, best_rate, expected = 0, 1.0 / self.step_time(0), 0.0
+        best = BestPrefix(order, 0, 0.0, 1.0 / self.step_time(0))
+        expected = 0.0
         for i, node in enumerate(order, 1):
             expected += probs[node]
             rate = (expected + 1.0) / self.step_time(i)
-            if rate > best_rate:
-                best_n, best_rate = i, rate
-        cut = tree.num_draft - best_n
+            if rate > best.rate:
+                best = BestPrefix(order, i, expected, rate)
+        return best
+
+    def trim(self, tree: DraftTree, match_len: int) -> tuple[DraftTree, int]:
+        """Keep the nodes that maximise (expected accepted + 1) / step time, best first.
+        Returns the tree and how many nodes were cut."""
+        best = self.best_prefix(tree, match_len)
+        cut = tree.num_draft - best.nodes
         if cut <= 0:
             return tree, 0
-        trimmed = prune(tree, set(order[:best_n]))
+        trimmed = prune(tree, set(best.order[: best.nodes]))
         trimmed.stop = tree.stop
         return trimmed, cut
 
     # --- the draft model on or off ---------------------------------------------------------
 
-    def model_decision(self, tree: DraftTree, match_len: int, pending: int, engaged: bool) -> str:
-        """"" to run the draft model this step, else why not. ``tree`` holds the retrieval graft
-        (or only the root); ``pending`` committed tokens the model has not seen yet."""
-        probs = self.acceptance.node_probs(tree, match_len)
-        alone_tokens = sum(probs[1:])
-        n = tree.num_draft
-        alone = (alone_tokens + 1.0) / self.step_time(n)
+    def model_decision(self, shared: DraftTree, match_len: int, pending: int, engaged: bool,
+                       alone: DraftTree | None = None) -> str:
+        """"" to run the draft model this step, else why not. ``shared`` holds the retrieval graft
+        the model's tree would start from (its share of the budget, or only the root); ``alone``
+        the graft retrieval sends when the model does not run (the full budget; ``shared`` when
+        not given), as the trim would cut it; ``pending`` committed tokens the model has not seen."""
+        best = self.best_prefix(alone if alone is not None else shared, match_len)
+        n, alone_tokens, alone_rate = best.nodes, best.expected, best.rate
+        shared_tokens = sum(self.acceptance.node_probs(shared, match_len)[1:])
         o = self.outlook
         catch_up = self.costs.prefill_s(pending) if pending > 1 else 0.0
-        with_tokens = alone_tokens + o.accepted
-        with_model = (with_tokens + 1.0) / self.step_time(n + o.nodes, o.draft_s + (catch_up if engaged else 0.0))
+        with_tokens = shared_tokens + o.accepted
+        with_model = (with_tokens + 1.0) / self.step_time(
+            shared.num_draft + o.nodes, o.draft_s + (catch_up if engaged else 0.0))
         if not engaged:
             long_prefill = catch_up > LONG_PREFILL_STEPS * self.costs.verify_s(1)
             if long_prefill and self.steps_without_model < WATCH_STEPS:
                 return (f"draft model not engaged yet: its {pending}-token prefill ({catch_up:.2f} s) waits "
                         f"until retrieval alone has run {WATCH_STEPS} steps ({self.steps_without_model} so far)")
-            without = o.goodput_without or alone
+            without = o.goodput_without or alone_rate
             saved = self.remaining / without - self.remaining / max(with_model, 1e-9)
             if saved <= catch_up:
                 return (f"draft model not engaged: its {pending}-token prefill ({catch_up:.2f} s) would "
                         f"not pay back over the {self.remaining} tokens left ({saved:.2f} s saved)")
             return ""
         explored = self.model_steps >= EXPLORE_MODEL_STEPS  # the prior alone never skips it
-        if explored and alone >= with_model and self.skips_in_a_row < MAX_SKIPS_IN_A_ROW:
+        if explored and alone_rate >= with_model and self.skips_in_a_row < MAX_SKIPS_IN_A_ROW:
             if n:
-                return (f"retrieval first: {n} retrieved nodes, {alone_tokens:.1f} expected -> {alone:.1f} "
+                return (f"retrieval first: {n} retrieved nodes, {alone_tokens:.1f} expected -> {alone_rate:.1f} "
                         f"tok/s expected alone vs {with_model:.1f} with the draft model")
-            return (f"plain step: no retrieval match, and the draft model is expected to give "
-                    f"{with_model:.1f} tok/s against {alone:.1f} without it")
+            return (f"plain step: no retrieval guess pays, and the draft model is expected to give "
+                    f"{with_model:.1f} tok/s against {alone_rate:.1f} without it")
         return ""
 
-    def record_step(self, tree: DraftTree, accepted: list[int], match_len: int, new_tokens: int,
+    def record_step(self, tree: DraftTree, accepted: list[int], new_tokens: int,
                     model_ran: bool, model_draft_s: float, step_s: float) -> None:
-        """Learn from the finished step: calibration, and the running outlook of model steps.
-        ``model_draft_s`` is the model's drafting time with its catch-up left out (the root
-        forward charged at width 1): ``model_decision`` adds the catch-up of the step at hand."""
-        self.acceptance.observe(tree, accepted, match_len)
+        """Learn from the finished step: the running outlook of model steps (the acceptance
+        model learns as the drafter commits). ``model_draft_s`` is the model's drafting time with
+        its catch-up left out (the root forward charged at width 1): ``model_decision`` adds the
+        catch-up of the step at hand."""
         self.remaining = max(self.remaining - new_tokens, 0)
         o = self.outlook
         if model_ran:

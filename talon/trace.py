@@ -64,7 +64,7 @@ class StepTrace:
     model_skipped: str = ""  # why the draft model did not run this step ("" = it ran / absent)
     trimmed: int = 0  # nodes cut by the goodput trim
     draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
-    p_accept_est: list[float] = field(default_factory=list)  # planner's P(node accepted), per node
+    p_accept_est: list[float] = field(default_factory=list)  # the acceptance model's P(node accepted), per node
     predicted_verify_s: float | None = None  # the cost model's verify time for this tree
     # --- the node inspector ---
     # The target's top 5 after each node (its sampling distribution under sampling, else the

@@ -286,11 +286,11 @@ def test_a_long_prefill_waits_for_evidence_from_retrieval() -> None:
     assert planner.model_decision(root, 0, pending=40, engaged=False) == ""
     for i in range(WATCH_STEPS):
         assert "waits until retrieval alone has run" in planner.model_decision(root, 0, pending=800, engaged=False)
-        planner.record_step(root, [0], 0, 1, model_ran=False, model_draft_s=0.0, step_s=0.2)
+        planner.record_step(root, [0], 1, model_ran=False, model_draft_s=0.0, step_s=0.2)
     assert planner.model_decision(root, 0, pending=800, engaged=False) == ""  # retrieval alone: 5 tok/s
     fast = Planner(costs, TreeConfig(), 512)
     for i in range(WATCH_STEPS):
-        fast.record_step(root, [0], 0, 8, model_ran=False, model_draft_s=0.0, step_s=0.25)  # 32 tok/s
+        fast.record_step(root, [0], 8, model_ran=False, model_draft_s=0.0, step_s=0.25)  # 32 tok/s
     assert "would not pay back" in fast.model_decision(root, 0, pending=800, engaged=False)
 
 

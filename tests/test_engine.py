@@ -161,7 +161,7 @@ class OracleTreeDrafter:
             node = child if child is not None else tree.add(node, token, 0.9, "retrieval")
         return Draft(tree=tree)
 
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
         self.pos += len(new_tokens)
 
 

@@ -3,6 +3,17 @@
 One class serves every drafter kind: ``hybrid`` (both sources), ``model`` (no retrieval),
 ``retrieval`` (no model) and ``none`` (autoregressive: the tree is the root alone). The decode
 loop only sees ``reset`` / ``draft`` / ``commit``.
+
+Retrieval proposes once per step at the full budget. When the draft model runs, retrieval's
+share of the budget is grafted first (the head of that proposal); when it does not (the planner
+chose retrieval first, or there is no model), the whole proposal is grafted: the chain prompt
+lookup would send, or the trie's best branches. Under a planner, one-token matches propose too
+(``SHORT_MATCH``) on steps without the model; the trim keeps such a guess only where its
+calibrated acceptance pays for the extra verification on this host.
+
+The drafter owns the run's :class:`~talon.plan.AcceptanceModel`: it learns from every commit,
+ranks the nodes of every tree the builder fills (``TreeConfig.admission``), and the planner
+plans with it.
 """
 
 from __future__ import annotations
@@ -13,14 +24,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from talon.builder import Expand, build_tree, keep_best
+from talon.builder import Expand, Scores, build_tree, keep_best, path_confidence
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
+from talon.plan import AcceptanceModel
 from talon.run_config import RetrievalConfig, TreeConfig
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
     from talon.plan import Planner
+
+SHORT_MATCH = 1  # under a planner, steps without the draft model let matches this short propose
 
 
 @dataclass
@@ -79,11 +93,13 @@ class HybridDrafter:
         retrieval: RetrievalDrafter | None,
         retrieval_cfg: RetrievalConfig,
     ) -> None:
+        """One drafter per run: its acceptance model learns over the run's steps."""
         self.tree_cfg = tree_cfg
         self.model = model
         self.retrieval = retrieval
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
+        self.acceptance = AcceptanceModel()
 
     def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
         """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed."""
@@ -96,21 +112,45 @@ class HybridDrafter:
     def draft(self, root_token: int, planner: Planner | None = None) -> Draft:
         """Retrieval graft first; then, unless the planner says retrieval alone does better per
         second, the model's tree fills the rest; finally the planner trims unprofitable nodes."""
-        tree = DraftTree.with_root(root_token)
         budget = self.tree_cfg.budget
-        match_len = self._graft(tree, budget) if self.retrieval is not None else 0
+        proposal = self._propose(budget, short=planner is not None)
+        match_len = proposal.match_len
+        shared = self._graft(DraftTree.with_root(root_token), self._shared_head(proposal))
         skipped = ""
         if self.model is not None and planner is not None:
-            skipped = planner.model_decision(tree, match_len, self.model.pending, self.model.engaged)
+            alone = self._graft(DraftTree.with_root(root_token), proposal)
+            skipped = planner.model_decision(shared, match_len, self.model.pending, self.model.engaged, alone)
         if self.model is not None and not skipped:
-            tree = build_tree(tree, self._expand_for(planner), self.tree_cfg, budget, planner, match_len)
-        else:
+            scores = self.scores(match_len)
+            tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)
+        else:  # retrieval at full strength: the whole proposal
+            tree = self._graft(DraftTree.with_root(root_token), proposal)
             tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")
         trimmed = 0
         if planner is not None and tree.num_draft:
             tree, trimmed = planner.trim(tree, match_len)
         forwards = self.model.take_timings() if self.model is not None else []
         return Draft(tree=tree, match_len=match_len, model_skipped=skipped, trimmed=trimmed, forwards=forwards)
+
+    def scores(self, match_len: int) -> Scores:
+        """What ranks the nodes competing for the budget (``TreeConfig.admission``)."""
+        if self.tree_cfg.admission == "confidence":
+            return path_confidence
+        return lambda tree: self.acceptance.node_probs(tree, match_len)
+
+    def _propose(self, budget: int, short: bool) -> RetrievalProposal:
+        """Retrieval's proposal at the full budget (empty without retrieval); ``short``: from a
+        one-token match up (under a planner), else from ``min_match``."""
+        if self.retrieval is None:
+            return RetrievalProposal()
+        return self.retrieval.propose(budget, SHORT_MATCH if short else None)
+
+    def _shared_head(self, proposal: RetrievalProposal) -> RetrievalProposal:
+        """What retrieval grafts when the draft model runs too: nothing below ``graft_threshold``,
+        else its share of the budget, the head of the proposal."""
+        if self.model is None or proposal.match_len < self.retrieval_cfg.graft_threshold:
+            return proposal.head(0)
+        return proposal.head(max(1, round(self.tree_cfg.budget * self.stats.retrieval_share())))
 
     def _expand_for(self, planner: Planner | None) -> Expand:
         """The model's ``expand``, reporting each forward to the planner's clock."""
@@ -126,15 +166,10 @@ class HybridDrafter:
 
         return expand
 
-    def _graft(self, tree: DraftTree, budget: int) -> int:
-        """Graft the retrieval trie under the root when its match is long enough; a node the
-        tree already holds is marked ``both``. Returns the match length."""
-        alone = self.model is None
-        cap = budget if alone else max(1, round(budget * self.stats.retrieval_share()))
-        proposal: RetrievalProposal = self.retrieval.propose(cap)
-        threshold = self.retrieval_cfg.min_match if alone else self.retrieval_cfg.graft_threshold
-        if proposal.match_len < threshold:
-            return proposal.match_len
+    @staticmethod
+    def _graft(tree: DraftTree, proposal: RetrievalProposal) -> DraftTree:
+        """Graft ``proposal``'s trie under the root of ``tree``; a node the tree already holds is
+        marked ``both``. Returns ``tree``."""
         ids: list[int] = []
         for token, parent, q in zip(proposal.tokens, proposal.parents, proposal.q):
             at = 0 if parent < 0 else ids[parent]
@@ -144,7 +179,7 @@ class HybridDrafter:
             elif tree.sources[node] == "model":
                 tree.sources[node] = "both"
             ids.append(node)
-        return proposal.match_len
+        return tree
 
     # --- asynchronous pre-drafting -------------------------------------------------------
 
@@ -186,13 +221,17 @@ class HybridDrafter:
             return None
         pre.drafter.adopt_subtree(pre.tree, node, pre.tree.descendants(node))
         self.model = pre.drafter
-        tree = pre.tree.subtree(node)
-        match_len = self._graft(tree, self.tree_cfg.budget) if self.retrieval is not None else 0
-        return Draft(tree=keep_best(tree, self.tree_cfg.budget), match_len=match_len,
+        proposal = self._propose(self.tree_cfg.budget, short=False)
+        tree = self._graft(pre.tree.subtree(node), self._shared_head(proposal))
+        scores = self.scores(proposal.match_len)
+        return Draft(tree=keep_best(tree, self.tree_cfg.budget, scores), match_len=proposal.match_len,
                      forwards=pre.drafter.take_timings())
 
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
+        """Learn from the verdict (per-source rates, the acceptance model), then advance the
+        draft model and the retrieval index by the committed tokens."""
         self.stats.record(tree, accepted)
+        self.acceptance.observe(tree, accepted, match_len)
         if self.model is not None:
             self.model.commit(tree, accepted, new_tokens)
         if self.retrieval is not None:

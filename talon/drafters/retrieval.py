@@ -72,22 +72,24 @@ class RetrievalDrafter:
                     self._corpus_state, self._corpus_len, token
                 )
 
-    def propose(self, max_nodes: int) -> RetrievalProposal:
+    def propose(self, max_nodes: int, min_match: int | None = None) -> RetrievalProposal:
         """The proposal of the source with the longer match (ties: context). A source whose
-        occurrences have no continuation (corpus document ends) does not compete."""
-        best = self._propose_from(self.context, self.context.longest_match(), "context", max_nodes)
+        occurrences have no continuation (corpus document ends) does not compete. ``min_match``
+        overrides ``cfg.min_match`` (the planner lets one-token matches propose)."""
+        shortest = self.cfg.min_match if min_match is None else min_match
+        best = self._propose_from(self.context, self.context.longest_match(), "context", max_nodes, shortest)
         if self.corpus is not None:
             ends = self.corpus.index.ends_before(self._corpus_state, len(self.corpus.index))
             match = SuffixMatch(self._corpus_len, ends)
-            other = self._propose_from(self.corpus.index, match, "corpus", max_nodes)
+            other = self._propose_from(self.corpus.index, match, "corpus", max_nodes, shortest)
             if other.tokens and (not best.tokens or other.match_len > best.match_len):
                 best = other
         return best
 
     def _propose_from(
-        self, index: SuffixIndex, match: SuffixMatch, source: str, max_nodes: int
+        self, index: SuffixIndex, match: SuffixMatch, source: str, max_nodes: int, min_match: int
     ) -> RetrievalProposal:
-        if match.length < self.cfg.min_match or max_nodes <= 0 or not match.ends:
+        if match.length < max(min_match, 1) or max_nodes <= 0 or not match.ends:
             return RetrievalProposal(match_len=match.length)
         conts = [index.continuation(end, self.cfg.max_continuation) for end in match.ends]
         tokens, parents, q = build_trie(

@@ -29,6 +29,13 @@ class RetrievalProposal:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def head(self, nodes: int) -> "RetrievalProposal":
+        """The first ``nodes`` nodes: the trie ``build_trie`` would have built with that cap
+        (it admits nodes best first, so a smaller cap stops the same sequence earlier)."""
+        n = max(nodes, 0)
+        return RetrievalProposal(self.match_len, self.tokens[:n], self.parents[:n], self.q[:n],
+                                 self.source, self.num_occurrences)
+
     @property
     def depths(self) -> list[int]:
         """Depth of each node; the root's children have depth 1."""

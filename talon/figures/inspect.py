@@ -66,7 +66,7 @@ def node_inspector_html(step: StepTrace, node: int, vocab: Mapping[int, str] | N
     if node:
         facts.append(f"q {fmt_number(step.q_draft[node])} · c {fmt_number(step.path_conf[node])}")
     if node < len(step.p_accept_est):
-        facts.append(f"planner's P(accepted) {fmt_number(step.p_accept_est[node])}")
+        facts.append(f"calibrated P(accepted) {fmt_number(step.p_accept_est[node])}")
     parts = [" · ".join(facts), f'<div class="verdict v-{status}">{VERDICT_WORDS[status]}</div>']
     if node and node < len(step.p_target) and step.p_target[node] is not None:
         p_accept = step.p_accept[node] if node < len(step.p_accept) else None
