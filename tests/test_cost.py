@@ -28,6 +28,8 @@ from talon.cost import (
 )
 from talon.curve import isotonic
 from talon.decode import Engine, generate
+from talon.drafters.hybrid import SHORT_MATCH, HybridDrafter
+from talon.drafters.retrieval import RetrievalDrafter
 from talon.models import cpu_model
 from talon.plan import (
     EXPLORE_MODEL_STEPS,
@@ -37,7 +39,7 @@ from talon.plan import (
     Planner,
     drafting_without_catch_up,
 )
-from talon.run_config import RunConfig, TreeConfig
+from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
 from tests.test_engine import noisy_copy, reference
@@ -326,3 +328,85 @@ def test_the_suite_keeps_away_from_the_users_cost_cache() -> None:
 
     folder = Settings.from_env().cost_cache_dir
     assert folder.name.startswith("talon-test-costs-") and folder != Path.home() / ".cache/talon/costs"
+
+
+# --- retrieval at full strength, and guesses that must pay -----------------------------------
+
+INTEL_F32 = {1: 0.518, 4: 0.954, 8: 1.386, 16: 1.566, 32: 1.942}  # target forwards measured on a Xeon (s)
+
+
+def test_a_retrieval_first_step_verifies_the_full_budget_proposal(pair) -> None:
+    """When the draft model does not run, retrieval sends what it proposes at the full budget
+    (not its share of a shared tree): every verified tree is exactly the proposal an independent
+    retrieval drafter makes over the same context, and the long chain fills the budget."""
+    target, draft = pair
+    costs = synthetic_costs({1: 0.01, 128: 0.01}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)
+    engine = Engine(target, draft, costs=costs)
+    cfg = RunConfig(drafter="hybrid", max_new_tokens=24, cost_model="fixed")  # verification stays free
+    prompt = "abcdefghijklmnopqrstuvwxyz " * 6
+    summary, steps = generate(engine, prompt, cfg)
+    assert summary.token_ids == reference(engine, summary.prompt_token_ids, 24)
+    shadow = RetrievalDrafter(cfg.retrieval)
+    shadow.reset(summary.prompt_token_ids)
+    for step in steps:
+        assert step.model_skipped and step.draft_forwards == 0
+        proposal = shadow.propose(cfg.tree.budget, SHORT_MATCH)
+        assert step.tokens[1:] == proposal.tokens
+        assert step.parents[1:] == [p + 1 for p in proposal.parents]
+        shadow.extend(step.new_tokens)
+    budget = cfg.tree.budget
+    assert len(steps[0].tokens) - 1 == budget > round(0.75 * budget)  # more than any shared graft
+
+
+def test_the_share_of_a_shared_tree_is_the_head_of_the_full_proposal() -> None:
+    """One proposal per step serves both: the share grafted under the model's tree is what a
+    proposal capped at that share would have been."""
+    drafter = RetrievalDrafter(RetrievalConfig(max_continuation=6, max_branches=3))
+    drafter.reset([1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3, 4, 8, 1, 2, 3])
+    full = drafter.propose(16)
+    assert len(full) > 6
+    for cap in range(len(full) + 1):
+        capped = drafter.propose(cap)
+        head = full.head(cap)
+        assert (head.tokens, head.parents, head.q) == (capped.tokens, capped.parents, capped.q)
+
+
+def failing_guesses(verify: dict[int, float], steps: int, seed: int = 0) -> list[int]:
+    """Run a retrieval-only drafter under a planner on a random stream over 4 letters (suffix
+    matches of every length, 1 to several tokens, at every step) whose next token is never one
+    the tree guessed: every guess fails. Returns the draft nodes sent per step."""
+    rng = random.Random(seed)
+    letters = [10, 11, 12, 13]
+    cfg = TreeConfig()
+    drafter = HybridDrafter(cfg, None, RetrievalDrafter(RetrievalConfig()), RetrievalConfig())
+    context = [rng.choice(letters) for _ in range(300)]
+    drafter.reset(context)
+    planner = Planner(synthetic_costs(verify), cfg, steps, predicted=True, acceptance=drafter.acceptance)
+    sent = []
+    for _ in range(steps):
+        planner.begin_step()
+        draft = drafter.draft(context[-1], planner)
+        guessed = {draft.tree.tokens[c] for c in draft.tree.children(0)}
+        token = rng.choice([t for t in letters if t not in guessed])
+        drafter.commit(draft.tree, [0], [token], draft.match_len)
+        planner.record_step(draft.tree, [0], 1, model_ran=False, model_draft_s=0.0, step_s=0.5)
+        context.append(token)
+        sent.append(draft.tree.num_draft)
+    return sent
+
+
+def test_failing_guesses_stop_being_sent_where_they_cost_verification() -> None:
+    """Verification of 2 tokens costs 28 % more than of 1 (the Xeon's float32 curve): guesses that
+    keep failing stop within a few steps, whatever match length the next one comes with (the
+    acceptance model pools the evidence), so retrieval costs nothing against plain decoding."""
+    sent = failing_guesses(INTEL_F32, 60)
+    assert sent[0] > 0, "a long match's first guess is worth sending on the prior"
+    assert sum(1 for n in sent if n) <= 6
+    assert not any(sent[10:])
+
+
+def test_cheap_guesses_ride_free_where_extra_nodes_cost_nothing() -> None:
+    """Where a 1-token forward costs what a 4-token one does (the isotonic fit of the AMD host),
+    a guess costs nothing: even after many failures a few nodes still go with every step."""
+    sent = failing_guesses({1: 0.2, 4: 0.2, 8: 0.3, 16: 0.45, 32: 0.8}, 60)
+    assert all(1 <= n <= 3 for n in sent[20:])
