@@ -7,6 +7,7 @@ import math
 import pytest
 
 from talon.builder import build_tree
+from talon.plan import AcceptanceModel
 from talon.run_config import TreeConfig
 from talon.shape import layer_width
 from talon.tree import DraftTree
@@ -111,3 +112,86 @@ def test_min_conf_stops_drafting_when_the_best_guess_is_unlikely() -> None:
     assert len(expand.calls) == 4 and max(tree.depths) == 4
     chain = TreeConfig(mode="chain", budget=10, max_depth=10, min_conf=0.5)
     assert build_tree(DraftTree.with_root(3), synthetic(0.8), chain, 10).num_draft == 4
+
+
+# --- admission by calibrated acceptance ------------------------------------------------------
+
+FAVOURED, SHUNNED = 0.3, 0.6  # the drafter's q for the child the target takes / refuses
+
+
+def two_children(tree: DraftTree, nodes: list[int], k: int):
+    """Every node proposes the same two children: q = 0.6 first, then q = 0.3."""
+    return [[((tree.tokens[n] * 3 + 1) % 250, SHUNNED), ((tree.tokens[n] * 3 + 2) % 250, FAVOURED)][:k]
+            for n in nodes]
+
+
+def calibrated_model() -> AcceptanceModel:
+    """A run's acceptance model after 40 steps in which the draft's 0.3-children were always
+    accepted and its 0.6-children never: raw q ranks them the wrong way round."""
+    model = AcceptanceModel()
+    tree = DraftTree.with_root(0)
+    shunned = tree.add(0, 1, SHUNNED, "model")
+    favoured = tree.add(0, 2, FAVOURED, "model")
+    for _ in range(40):
+        model.observe(tree, [0, favoured], 0)
+    assert model.p_cond("model", FAVOURED, 0) > 0.9 > 0.1 > model.p_cond("model", SHUNNED, 0)
+    assert tree.sources[shunned] == "model"
+    return model
+
+
+def build_both(cfg: TreeConfig) -> tuple[DraftTree, DraftTree, AcceptanceModel]:
+    """The same tree built ranked by raw path confidence and by calibrated acceptance."""
+    model = calibrated_model()
+    raw = build_tree(DraftTree.with_root(3), two_children, cfg, cfg.budget)
+    cal = build_tree(DraftTree.with_root(3), two_children, cfg, cfg.budget,
+                     scores=lambda tree: model.node_probs(tree, 0))
+    return raw, cal, model
+
+
+def expected_accepted(model: AcceptanceModel, tree: DraftTree) -> float:
+    return sum(model.node_probs(tree, 0)[1:])
+
+
+def test_the_adaptive_fill_admits_by_calibrated_acceptance() -> None:
+    """Ranked by calibrated P(accepted), the budget goes to the chain the target keeps taking
+    (q = 0.3 all the way down); ranked by raw q, most of it goes to the 0.6-children it refuses."""
+    cfg = TreeConfig(mode="adaptive", budget=8, root_k=2, top_k=2, mu=0.1, max_depth=10, min_conf=0.0)
+    raw, cal, model = build_both(cfg)
+    assert cal.num_draft == raw.num_draft == 8
+    assert cal.parents == list(range(-1, 8)) and set(cal.q_draft[1:]) == {FAVOURED}
+    assert sum(q == SHUNNED for q in raw.q_draft[1:]) >= 4
+    assert expected_accepted(model, cal) > 2 * expected_accepted(model, raw)
+    check_order(cal)
+
+
+def favoured_path(tree: DraftTree, node: int) -> bool:
+    return all(tree.q_draft[n] == FAVOURED for n in tree.path(node)[1:])
+
+
+def test_the_static_baseline_expands_the_calibrated_best() -> None:
+    """The static tree (EAGLE-2's shape) ranked the same way expands, at every layer, the node
+    the target keeps taking (its path all 0.3-children), which raw q ranks last from layer 2 on,
+    and keeps that chain in its best N."""
+    cfg = TreeConfig(mode="static", budget=8, root_k=2, top_k=2, mu=0.1, max_depth=5, min_conf=0.0)
+    raw, cal, model = build_both(cfg)
+    for tree in (raw, cal):
+        check_order(tree)
+        assert tree.num_draft == cfg.budget
+    chain = [n for n in range(1, len(cal)) if favoured_path(cal, n)]
+    assert [cal.depths[n] for n in chain] == list(range(1, cfg.max_depth + 1))
+    assert all(cal.gates[n].passed for n in chain if cal.depths[n] < cfg.max_depth)
+    raw_chain = [n for n in range(1, len(raw)) if favoured_path(raw, n)]
+    assert max(raw.depths[n] for n in raw_chain) <= 2  # raw q never expands it past layer 1
+    assert expected_accepted(model, cal) > 2 * expected_accepted(model, raw)
+
+
+def test_the_gates_stay_limits_under_calibrated_admission() -> None:
+    """A favoured node that fails TALON's gate (c < mu x the layer's best c) is not expanded,
+    however likely the acceptance model finds it."""
+    cfg = TreeConfig(mode="adaptive", budget=8, root_k=2, top_k=2, mu=0.9, max_depth=10, min_conf=0.0)
+    _, cal, _ = build_both(cfg)
+    for n in range(1, len(cal)):
+        if cal.q_draft[n] == FAVOURED and cal.depths[n] == 1:
+            assert cal.gates[n] is not None and not cal.gates[n].passed
+            assert not cal.children(n)
+    assert max(cal.depths) >= 2  # the 0.6-chain passes the gate and grows
