@@ -127,6 +127,26 @@ def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int, cost_awa
         assert max(mats) > 1.2, "a close draft model must get drafts accepted"
 
 
+@pytest.mark.parametrize("mode", ["static", "adaptive"])
+def test_both_admissions_are_lossless_and_rank_differently(pair, mode: str) -> None:
+    """Ranked by calibrated acceptance (the default) or by raw path confidence, the output is the
+    target's; the run's own acceptance model changes which nodes take the budget."""
+    target, draft = pair
+    engine = Engine(target, draft)
+    trees = {}
+    for admission in ("calibrated", "confidence"):
+        tree = TreeConfig(mode=mode, budget=8, root_k=3, top_k=2, mu=0.05, max_depth=6, min_conf=0.0,
+                          cost_aware=False, admission=admission)
+        cfg = RunConfig(drafter="model", tree=tree, max_new_tokens=40)
+        trees[admission] = []
+        for prompt in PROMPTS:
+            summary, steps = generate(engine, prompt, cfg)
+            assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, admission)
+            assert all(len(s.tokens) - 1 <= 8 for s in steps)
+            trees[admission].append([(s.tokens, s.parents) for s in steps])
+    assert trees["calibrated"] != trees["confidence"]
+
+
 def test_autoregressive_baseline_is_lossless(pair) -> None:
     target, _ = pair
     engine = Engine(target, None)
