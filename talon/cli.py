@@ -11,7 +11,13 @@ from pathlib import Path
 from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
-from talon.run_config import ADMISSIONS, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.run_config import (
+    ADMISSIONS,
+    RetrievalConfig,
+    RunConfig,
+    SamplingConfig,
+    TreeConfig,
+)
 from talon.settings import Settings
 from talon.trace import dump_trace
 

@@ -23,6 +23,7 @@ from talon.bench import (
     talon_variant,
     tie_tolerance,
 )
+from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.tree import DraftTree
@@ -36,7 +37,7 @@ SUITE_TEXTS = {
 }
 ROW_KEYS = {
     "suite", "method", "prompts", "new_tokens", "mat", "tokens_per_second", "speedup_vs_ar", "lossless",
-    "near_ties", "mismatches", "draft_s", "verify_s", "other_s", "settings",
+    "near_ties", "mismatches", "draft_s", "verify_s", "other_s", "settings", "free_draft_bound", "bound_share",
 }
 FAST = {"max_new_tokens": 12, "hf_assistant_tokens": ("4", "default"), "warmup_tokens": 2}
 
@@ -79,6 +80,13 @@ def test_every_method_runs_and_the_report_matches_the_schema(full_run) -> None:
     assert all(r["prompts"] == (4 if r["suite"] == "all" else 2) for r in rows)
     md = (out / "results.md").read_text()
     assert "| **all** |" in md and "Biggest remaining cost" in md
+    assert "talon bound | share |" in md and "## How close to the limit" in md
+    for r in rows:  # every drafting Talon method has a bound; HF methods have none
+        talon_engine = not r["method"].startswith("hf-")
+        assert (r["free_draft_bound"] is not None) == talon_engine
+        if talon_engine:
+            assert r["bound_share"] == pytest.approx(r["speedup_vs_ar"] / r["free_draft_bound"])
+    assert all(r["free_draft_bound"] == pytest.approx(1.0) for r in rows if r["method"] == "ar")
     assert (out / "speedup.html").is_file() and (out / "time_split.html").is_file()
 
 
@@ -320,6 +328,36 @@ def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
     assert best.speedup_vs_ar == pytest.approx(1.25)
     assert best.settings["variants"] == {"n=2": 0.8, "n=3": 1.25}
     assert rows[("all", "ar")].speedup_vs_ar == pytest.approx(1.0)
+
+
+def test_the_free_drafting_bound_matches_a_hand_computation() -> None:
+    """bound = MAT x t_verify(1) / mean t_verify(tree tokens), per suite and over all suites, on a
+    synthetic verify curve: 0.5 s for 1 token, 0.9 for 4, 1.4 for 8, 1.6 for 16 (linear between)."""
+    from talon.bench.data import Prompt
+    from talon.bench.results import Sample, aggregate
+    from talon.bench.runners import MethodSpec, Outcome
+
+    class Fixed:
+        def __init__(self, spec: MethodSpec) -> None:
+            self.spec = spec
+
+    verify = synthetic_costs({1: 0.5, 4: 0.9, 8: 1.4, 16: 1.6}).verify_s
+    ar, talon = Fixed(MethodSpec("ar", "ar", "talon", {})), Fixed(MethodSpec("talon", "talon", "talon", {}))
+    qa, summ = Prompt("qa", 0, "q"), Prompt("sum", 0, "s")
+    samples = [
+        Sample(qa, ar.spec, Outcome(list(range(9)), 4.5, 9, draft_sizes=[0] * 9)),  # 2 tok/s
+        Sample(qa, talon.spec, Outcome(list(range(9)), 3.0, 3, draft_sizes=[3, 5, 0])),  # 3 tok/s
+        Sample(summ, ar.spec, Outcome(list(range(8)), 4.0, 8, draft_sizes=[0] * 8)),
+        Sample(summ, talon.spec, Outcome(list(range(8)), 2.0, 2, draft_sizes=[15, 3])),
+    ]
+    rows = {(r.suite, r.method): r for r in aggregate(samples, [], [ar, talon], verify)}
+    # qa: trees of 4, 6 and 1 tokens verify in 0.9, 1.15 (between 0.9 and 1.4) and 0.5 s
+    assert rows[("qa", "talon")].free_draft_bound == pytest.approx(9 * 0.5 / (0.9 + 1.15 + 0.5))
+    assert rows[("qa", "talon")].bound_share == pytest.approx(1.5 / (9 * 0.5 / 2.55))
+    assert rows[("sum", "talon")].free_draft_bound == pytest.approx(8 * 0.5 / (1.6 + 0.9))
+    assert rows[("all", "talon")].free_draft_bound == pytest.approx(17 * 0.5 / (2.55 + 2.5))
+    assert rows[("all", "ar")].free_draft_bound == pytest.approx(1.0)
+    assert aggregate(samples, [], [ar, talon])[0].free_draft_bound is None  # no curve, no bound
 
 
 def test_the_same_command_twice_gives_the_same_trees(pair, data_dir: Path, tmp_path: Path) -> None:

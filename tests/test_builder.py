@@ -134,7 +134,7 @@ def calibrated_model() -> AcceptanceModel:
     favoured = tree.add(0, 2, FAVOURED, "model")
     for _ in range(40):
         model.observe(tree, [0, favoured], 0)
-    assert model.p_cond("model", FAVOURED, 0) > 0.9 > 0.1 > model.p_cond("model", SHUNNED, 0)
+    assert model.p_cond("model", FAVOURED, 0) > 0.9 and model.p_cond("model", SHUNNED, 0) < 0.1
     assert tree.sources[shunned] == "model"
     return model
 

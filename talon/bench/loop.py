@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,6 +20,7 @@ from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
 from talon.decode import Engine, encode_prompt, eos_ids
 from talon.models import LoadedModel
+from talon.run_config import RunConfig
 
 log = logging.getLogger("talon.bench")
 
@@ -55,12 +56,26 @@ def run_bench(
             samples += ran
             checks += check_prompt(judge, ids, ran, cfg.max_new_tokens, eos)
     judge.release()
-    rows = aggregate(samples, checks, runners)
+    rows = aggregate(samples, checks, runners, verify_curve(engine, runners))
     costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
     report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples, costs)
     if out is not None:
         write_report(report, out)
     return report
+
+
+def verify_curve(engine: Engine, runners: Sequence[Runner]) -> Callable[[int], float] | None:
+    """The verify curve the Talon runs planned on (the default draft vocabulary's snapshot, else
+    any), for the free-drafting bound; read (cache or probe) if no Talon run needed one. None
+    when no method ran on the Talon engine."""
+    if not any(r.spec.engine == "talon" and r.spec.name != "ar" for r in runners):
+        return None
+    snapshots = engine.cost_snapshots()
+    default_vocab = RunConfig().draft_vocab
+    costs = snapshots.get(default_vocab) or next(iter(snapshots.values()), None)
+    if costs is None:
+        costs = engine.cost_snapshot(default_vocab)
+    return costs.verify_s
 
 
 def warm_up(runners: Sequence[Runner], prompt_ids: list[int], tokens: int) -> None:

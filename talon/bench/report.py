@@ -47,9 +47,12 @@ def markdown(report: BenchReport) -> str:
     )
     main_rows = [r for r in report.rows if not r.is_sweep]
     sweep_rows = [r for r in report.rows if r.is_sweep]
-    parts = [head, speed_table(main_rows), variants_note(main_rows), lossless_section(report)]
+    parts = [head, speed_table(main_rows), variants_note(main_rows), bound_section(main_rows), lossless_section(report)]
     parts += [time_split_section(main_rows), sweep_section(sweep_rows)]
     return "\n".join(p for p in parts if p)
+
+
+BOUND_METHOD = "talon"  # the method whose free-drafting bound the speed table shows
 
 
 def speed_table(rows: Sequence[ResultRow]) -> str:
@@ -57,18 +60,64 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
         return ""
     methods = methods_of(rows)
     cell = {(r.suite, r.method): r for r in rows}
+    bounded = any(r.method == BOUND_METHOD and r.free_draft_bound is not None for r in rows)
+    extra = [f"{BOUND_METHOD} bound", "share"] if bounded else []
+    legend = "Each cell: speedup vs ar · MAT (tokens per target forward) · tokens/s."
+    if bounded:
+        legend += (f" `{BOUND_METHOD} bound`: the speedup free drafting would give `{BOUND_METHOD}`'s "
+                   "trees on this host, MAT × t_verify(1) / mean t_verify(tree); `share`: the part of it "
+                   "reached (see below).")
     lines = [
-        "## Speed\n\nEach cell: speedup vs ar · MAT (tokens per target forward) · tokens/s.\n",
-        "| suite | prompts | " + " | ".join(methods) + " |",
-        "| --- | ---: | " + " | ".join("---:" for _ in methods) + " |",
+        f"## Speed\n\n{legend}\n",
+        "| suite | prompts | " + " | ".join(methods + extra) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in methods + extra) + " |",
     ]
     for suite in suites_of(rows):
         texts = []
         for m in methods:
             r = cell[(suite, m)]
             texts.append(f"{r.speedup_vs_ar:.2f}x · {fmt(r.mat, '.2f')} · {r.tokens_per_second:.1f}")
+        if bounded:
+            r = cell[(suite, BOUND_METHOD)]
+            texts += [f"{fmt(r.free_draft_bound, '.2f')}x", _percent(r.bound_share)]
         label = f"**{suite}**" if suite == ALL_SUITES_ROW else suite
         lines.append(f"| {label} | {cell[(suite, 'ar')].prompts} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _percent(share: float | None) -> str:
+    return "–" if share is None else f"{100 * share:.0f}%"
+
+
+def bound_section(rows: Sequence[ResultRow]) -> str:
+    """Every drafting Talon method against its free-drafting bound, per suite."""
+    methods = [m for m in methods_of(rows) if m != "ar"
+               and any(r.method == m and r.free_draft_bound is not None for r in rows)]
+    if not methods:
+        return ""
+    cell = {(r.suite, r.method): r for r in rows}
+    intro = (
+        "With free drafting and no per-step overhead a step would cost one verification, so a "
+        "method's speedup over ar is at most MAT × t_verify(1) / mean over its steps of "
+        "t_verify(tree tokens), t_verify being the measured verify curve the runs planned on "
+        "(`cost_models`). Each cell: speedup · bound · share of the bound reached. The rest of the "
+        "gap is drafting, per-step overhead and setup (prompt prefill: ar pays it too, the bound "
+        "leaves it out).\n"
+    )
+    lines = [
+        "## How close to the limit\n",
+        intro,
+        "| suite | " + " | ".join(methods) + " |",
+        "| --- | " + " | ".join("---:" for _ in methods) + " |",
+    ]
+    for suite in suites_of(rows):
+        texts = []
+        for m in methods:
+            r = cell.get((suite, m))
+            texts.append("–" if r is None else
+                         f"{r.speedup_vs_ar:.2f}x · {fmt(r.free_draft_bound, '.2f')}x · {_percent(r.bound_share)}")
+        label = f"**{suite}**" if suite == ALL_SUITES_ROW else suite
+        lines.append(f"| {label} | " + " | ".join(texts) + " |")
     return "\n".join(lines) + "\n"
 
 

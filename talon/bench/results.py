@@ -1,9 +1,21 @@
-"""Aggregation: per (suite, method) rows of speed, MAT and time split, and the report they make."""
+"""Aggregation: per (suite, method) rows of speed, MAT and time split, and the report they make.
+
+How close to the limit: with free drafting and no overhead, a step costs one verification, so a
+Talon method's speedup over ``ar`` on this host is at most its *free-drafting bound*
+
+    bound = MAT x t_verify(1) / mean over steps of t_verify(tree tokens of the step)
+
+from the measured verify curve the Talon runs planned on (``ar`` verifies the root alone, 1
+token per step). With every step the same size this is MAT x t_verify(1) / t_verify(mean tree
+size); averaging t_verify over the steps instead of taking it at the mean size keeps it a bound
+when sizes vary (t_verify is concave on a CPU, so t_verify(mean) overstates the mean cost). The
+share reached, speedup / bound, says how much of the gap is drafting and per-step overhead.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +74,8 @@ class ResultRow:
     setup_s: float | None
     settings: dict[str, Any]
     serving_metrics: dict[str, Any] | None = None  # Talon methods: talon.trace.serving_metrics
+    free_draft_bound: float | None = None  # Talon methods: the speedup free drafting would reach (module doc)
+    bound_share: float | None = None  # speedup_vs_ar / free_draft_bound
     mu: float | None = None
     budget: int | None = None
     root_k: int | None = None
@@ -79,9 +93,11 @@ class ResultRow:
 
 
 def aggregate(
-    samples: Sequence[Sample], checks: Sequence[OutputCheck], runners: Sequence[Runner]
+    samples: Sequence[Sample], checks: Sequence[OutputCheck], runners: Sequence[Runner],
+    verify_s: Callable[[int], float] | None = None,
 ) -> list[ResultRow]:
-    """Rows per suite (in prompt order) and over all suites; best-of variants collapsed."""
+    """Rows per suite (in prompt order) and over all suites; best-of variants collapsed.
+    ``verify_s``: the measured verify curve (seconds for T tree tokens), for the bound."""
     suites = list(dict.fromkeys(s.prompt.suite for s in samples)) + [ALL_SUITES_ROW]
     rows: list[ResultRow] = []
     for suite in suites:
@@ -92,7 +108,7 @@ def aggregate(
         cells = []
         for spec in (r.spec for r in runners):
             outcomes = [s.outcome for s in chosen if s.spec.name == spec.name]
-            cells.append((spec, result_row(suite, spec, outcomes, mine, ar_rate)))
+            cells.append((spec, result_row(suite, spec, outcomes, mine, ar_rate, verify_s)))
         rows += collapse_variants(cells)
     return rows
 
@@ -102,8 +118,21 @@ def tokens_per_second(outcomes: Sequence[Outcome]) -> float:
     return sum(len(o.token_ids) for o in outcomes) / seconds if seconds > 0 else 0.0
 
 
+def free_draft_bound(outcomes: Sequence[Outcome], verify_s: Callable[[int], float] | None) -> float | None:
+    """MAT x t_verify(1) / mean t_verify(tree tokens) over every step of ``outcomes`` (root
+    included in a step's tree tokens); None without a verify curve or per-step tree sizes."""
+    if verify_s is None or not outcomes or any(o.draft_sizes is None for o in outcomes):
+        return None
+    sizes = [n for o in outcomes for n in o.draft_sizes or []]
+    if not sizes:
+        return None
+    tokens = sum(len(o.token_ids) for o in outcomes)
+    return tokens * verify_s(1) / sum(verify_s(n + 1) for n in sizes)
+
+
 def result_row(
-    suite: str, spec: MethodSpec, outcomes: Sequence[Outcome], checks: Sequence[OutputCheck], ar_rate: float
+    suite: str, spec: MethodSpec, outcomes: Sequence[Outcome], checks: Sequence[OutputCheck], ar_rate: float,
+    verify_s: Callable[[int], float] | None = None,
 ) -> ResultRow:
     """Speedup is the ratio of tokens per second (prefill included) to ar's over the same prompts:
     where a bf16 near-tie sends a method down another, longer or shorter, continuation, a ratio
@@ -116,6 +145,8 @@ def result_row(
     mismatches = sum(not c.lossless for c in mine)
     split = TimeSplit.of(outcomes, seconds)
     cell = spec.cell
+    speedup = rate / ar_rate if ar_rate > 0 else 0.0
+    bound = free_draft_bound(outcomes, verify_s)
     return ResultRow(
         suite=suite,
         method=spec.method,
@@ -124,7 +155,7 @@ def result_row(
         seconds=seconds,
         mat=tokens / sum(forwards) if forwards and all(forwards) else None,  # None: forwards not counted
         tokens_per_second=rate,
-        speedup_vs_ar=rate / ar_rate if ar_rate > 0 else 0.0,
+        speedup_vs_ar=speedup,
         lossless=mismatches == 0,
         near_ties=sum(len(c.near_ties) for c in mine),
         mismatches=mismatches,
@@ -134,6 +165,8 @@ def result_row(
         setup_s=split.setup_s,
         settings=dict(spec.settings),
         serving_metrics=_serving_metrics(outcomes),
+        free_draft_bound=bound,
+        bound_share=speedup / bound if bound else None,
         mu=cell.mu if cell else None,
         budget=cell.budget if cell else None,
         root_k=cell.root_k if cell else None,

@@ -29,7 +29,7 @@ class RetrievalProposal:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def head(self, nodes: int) -> "RetrievalProposal":
+    def head(self, nodes: int) -> RetrievalProposal:
         """The first ``nodes`` nodes: the trie ``build_trie`` would have built with that cap
         (it admits nodes best first, so a smaller cap stops the same sequence earlier)."""
         n = max(nodes, 0)
