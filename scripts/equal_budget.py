@@ -1,11 +1,13 @@
 """TALON's claim at an equal budget: MAT of the adaptive tree against the static (EAGLE-2) tree.
 
 Both trees come from the draft model alone, at the same budget N, depth limit and K/k, with
-min_conf 0 and no cost planning (the bench's ``static`` and ``adaptive`` methods). Under greedy
-decoding and without cost planning a run's tree does not depend on timing, so MAT (tokens per
-target forward) is the same on a busy machine as on a quiet one: this script measures only MAT,
-and leaves speed to ``python -m talon.bench``. Extra ``--mu`` values add adaptive variants.
-Usage:
+min_conf 0 and no cost planning (the bench's ``static`` and ``adaptive`` methods), each ranked
+both ways (``TreeConfig.admission``): by calibrated acceptance (the default) and by raw path
+confidence, so the table shows per suite what the shape and what the ranking are worth. Under
+greedy decoding and without cost planning a run's tree does not depend on timing, so MAT (tokens
+per target forward) is the same on a busy machine as on a quiet one: this script measures only
+MAT, and leaves speed to ``python -m talon.bench``. Extra ``--mu`` values add adaptive variants
+(ranked by the first ``--admission``). Usage:
 
     .venv/bin/python scripts/equal_budget.py --limit 5 --max-new-tokens 64 --out bench-equal
 """
@@ -26,6 +28,7 @@ from talon.bench.options import EQUAL_BUDGET, SPECBENCH_SUITES  # noqa: E402
 from talon.bench.runners import talon_run_config, talon_variant  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair  # noqa: E402
+from talon.run_config import ADMISSIONS  # noqa: E402
 
 
 def main() -> int:
@@ -34,15 +37,23 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=5, help="prompts per suite (5)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--mu", default="", help="extra adaptive gates, comma list (default: only the default mu)")
+    parser.add_argument("--admission", default=",".join(ADMISSIONS),
+                        help="rankings to compare, comma list of calibrated, confidence (default: both)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--draft-quant", default="auto")
     parser.add_argument("--out", type=Path, default=Path("bench-equal"))
     args = parser.parse_args()
     target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, args.dtype, draft_quant=args.draft_quant)
     engine = Engine(target, draft)
-    configs = {m: talon_run_config(m, talon_async=False) for m in ("static", "adaptive")}
+    admissions = [a.strip() for a in args.admission.split(",") if a.strip()]
+    configs = {
+        f"{mode}[{admission}]": talon_variant(talon_run_config(mode, talon_async=False), f"admission={admission}")
+        for admission in admissions
+        for mode in ("static", "adaptive")
+    }
     for mu in (float(x) for x in args.mu.split(",") if x.strip()):
-        configs[f"adaptive[mu={mu:g}]"] = talon_variant(configs["adaptive"], f"mu={mu}")
+        configs[f"adaptive[{admissions[0]},mu={mu:g}]"] = talon_variant(
+            configs[f"adaptive[{admissions[0]}]"], f"mu={mu}")
     prompts = load_prompts(default_data_dir(), args.suites.split(","), args.limit)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     steps: dict[tuple[str, str], int] = defaultdict(int)
@@ -55,13 +66,20 @@ def main() -> int:
             print(f"{prompt.suite}#{prompt.index} {name}: MAT {len(summary.token_ids) / summary.steps:.2f}",
                   file=sys.stderr, flush=True)
     names = list(configs)
-    lines = [f"| suite | {' | '.join(names)} | adaptive / static |", "| --- |" + " ---: |" * (len(names) + 1)]
+    ratios = [f"adaptive / static [{a}]" for a in admissions]
+    if len(admissions) > 1:
+        ratios += [f"{mode} {admissions[0]} / {admissions[1]}" for mode in ("static", "adaptive")]
+    lines = [f"| suite | {' | '.join(names + ratios)} |", "| --- |" + " ---: |" * (len(names) + len(ratios))]
     table = {}
     for suite in list(dict.fromkeys(p.suite for p in prompts)) + ["all"]:
         mats = {n: tokens[(suite, n)] / steps[(suite, n)] for n in names}
         table[suite] = mats
-        cells = " | ".join(f"{mats[n]:.2f}" for n in names)
-        lines.append(f"| {suite} | {cells} | {mats['adaptive'] / mats['static']:.2f}x |")
+        shares = [mats[f"adaptive[{a}]"] / mats[f"static[{a}]"] for a in admissions]
+        if len(admissions) > 1:
+            shares += [mats[f"{mode}[{admissions[0]}]"] / mats[f"{mode}[{admissions[1]}]"]
+                       for mode in ("static", "adaptive")]
+        cells = " | ".join([f"{mats[n]:.2f}" for n in names] + [f"{r:.2f}x" for r in shares])
+        lines.append(f"| {suite} | {cells} |")
     args.out.mkdir(parents=True, exist_ok=True)
     tree = {n: dataclasses.asdict(configs[n].tree) for n in names}
     (args.out / "equal_budget.json").write_text(json.dumps({"budget": EQUAL_BUDGET, "trees": tree, "mat": table,

@@ -155,8 +155,10 @@ def talon_run_config(method: str, talon_async: bool, cost_model: str = "fixed") 
     """The RunConfig of a Talon-engine method; ``talon`` is the full default RunConfig().
 
     chain, static and adaptive are the pure tree baselines at equal budget and depth (N = 24,
-    min_conf 0, no cost-aware planning), so their MAT compares the tree shapes alone; hybrid is
-    the default configuration without cost-aware planning (pure TALON budget fill)."""
+    min_conf 0, no cost-aware planning), so their MAT compares the tree shapes alone: static is
+    EAGLE-2's shape ranked, like adaptive, by calibrated acceptance (``TreeConfig.admission``;
+    ``--talon-variant admission=confidence`` ranks by raw path confidence); hybrid is the default
+    configuration without cost-aware planning (pure TALON budget fill)."""
     pure = {"budget": EQUAL_BUDGET, "min_conf": 0.0, "cost_aware": False}
     configs = {
         "ar": RunConfig(drafter="none"),
