@@ -115,16 +115,16 @@ class HybridDrafter:
         budget = self.tree_cfg.budget
         proposal = self._propose(budget, short=planner is not None)
         match_len = proposal.match_len
-        shared = self._graft(DraftTree.with_root(root_token), self._shared_head(proposal))
+        shared = self._graft(DraftTree.with_root(root_token), self._shared_head(proposal))  # with the model
+        alone = self._graft(DraftTree.with_root(root_token), proposal)  # without: retrieval at full strength
         skipped = ""
         if self.model is not None and planner is not None:
-            alone = self._graft(DraftTree.with_root(root_token), proposal)
             skipped = planner.model_decision(shared, match_len, self.model.pending, self.model.engaged, alone)
         if self.model is not None and not skipped:
             scores = self.scores(match_len)
             tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)
-        else:  # retrieval at full strength: the whole proposal
-            tree = self._graft(DraftTree.with_root(root_token), proposal)
+        else:
+            tree = alone
             tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")
         trimmed = 0
         if planner is not None and tree.num_draft:
