@@ -204,6 +204,11 @@ def _model_gaps(cfg: RunConfig, shape: TreeShape) -> list[str]:
         )
     if tree.mode != "static" and tree.min_conf > 0:
         gaps.append(f"the confidence stop min_conf={tree.min_conf}: the servers always draft to full depth")
+    if tree.mode != "chain" and tree.admission == "calibrated":
+        gaps.append(
+            "calibrated admission: Talon ranks the nodes competing for the budget by the acceptance "
+            "it learns per source during the run; the servers rank by the draft's path confidence"
+        )
     if tree.mode != "chain" and tree.root_k != shape.topk:
         gaps.append(
             f"root width K={tree.root_k}: SGLang uses one --speculative-eagle-topk for every "
