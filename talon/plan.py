@@ -105,7 +105,9 @@ class Calibration:
 
     @property
     def ratio(self) -> float:
-        return (self.observed + POOL_STRENGTH) / (self.expected + POOL_STRENGTH)
+        """The pooled observed / expected ratio, at most 1: pooled evidence only ever makes the
+        priors more cautious; a bin becomes more optimistic than its prior on its own hits."""
+        return min((self.observed + POOL_STRENGTH) / (self.expected + POOL_STRENGTH), 1.0)
 
     def rate(self, i: int) -> float:
         prior = min(self.priors[i] * self.ratio, PRIOR_CAP)
