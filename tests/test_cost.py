@@ -410,3 +410,21 @@ def test_cheap_guesses_ride_free_where_extra_nodes_cost_nothing() -> None:
     a guess costs nothing: even after many failures a few nodes still go with every step."""
     sent = failing_guesses({1: 0.2, 4: 0.2, 8: 0.3, 16: 0.45, 32: 0.8}, 60)
     assert all(1 <= n <= 3 for n in sent[20:])
+
+
+def test_pooled_evidence_only_makes_other_bins_more_cautious() -> None:
+    """Failures in one match-length bin lower the others at once; successes raise only their own
+    bin: a bin never tried keeps its prior, so a lucky streak of short guesses cannot send a long
+    chain on borrowed optimism."""
+    model = AcceptanceModel()
+    tree = DraftTree.with_root(0)
+    node = tree.add(0, 5, 1.0, "retrieval")
+    untried = model.p_cond("retrieval", 1.0, 20)
+    for _ in range(10):
+        model.observe(tree, [0, node], match_len=1)  # one-token matches, always accepted
+    assert model.p_cond("retrieval", 1.0, 1) > 0.7
+    assert model.p_cond("retrieval", 1.0, 20) == pytest.approx(untried)
+    failing = AcceptanceModel()
+    for _ in range(5):
+        failing.observe(tree, [0], match_len=3)  # three-token matches, always rejected
+    assert failing.p_cond("retrieval", 1.0, 20) < 0.5 * untried
