@@ -335,27 +335,46 @@ def test_the_suite_keeps_away_from_the_users_cost_cache() -> None:
 INTEL_F32 = {1: 0.518, 4: 0.954, 8: 1.386, 16: 1.566, 32: 1.942}  # target forwards measured on a Xeon (s)
 
 
+def skipped_steps_send_the_full_proposal(steps, prompt_ids: list[int], cfg: RunConfig) -> int:
+    """Replay the context through an independent retrieval drafter: on every step the draft model
+    skipped, the verified tree is exactly its proposal at the full budget. Returns those steps."""
+    shadow = RetrievalDrafter(cfg.retrieval)
+    shadow.reset(prompt_ids)
+    skipped = 0
+    for step in steps:
+        if step.model_skipped:
+            assert step.draft_forwards == 0
+            proposal = shadow.propose(cfg.tree.budget, SHORT_MATCH)
+            assert step.tokens[1:] == proposal.tokens
+            assert step.parents[1:] == [p + 1 for p in proposal.parents]
+            skipped += 1
+        shadow.extend(step.new_tokens)
+    return skipped
+
+
 def test_a_retrieval_first_step_verifies_the_full_budget_proposal(pair) -> None:
     """When the draft model does not run, retrieval sends what it proposes at the full budget
-    (not its share of a shared tree): every verified tree is exactly the proposal an independent
-    retrieval drafter makes over the same context, and the long chain fills the budget."""
+    (not its share of a shared tree): every such tree is exactly the proposal an independent
+    retrieval drafter makes over the same context, and a long chain fills the budget. Both ways
+    the model sits out: not engaged (its drafting too dear), and engaged but skipped for a step
+    because retrieval alone is expected to do better (retrieval first)."""
     target, draft = pair
-    costs = synthetic_costs({1: 0.01, 128: 0.01}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)
-    engine = Engine(target, draft, costs=costs)
-    cfg = RunConfig(drafter="hybrid", max_new_tokens=24, cost_model="fixed")  # verification stays free
+    cfg = RunConfig(drafter="hybrid", max_new_tokens=32, cost_model="fixed")  # verification stays free
     prompt = "abcdefghijklmnopqrstuvwxyz " * 6
-    summary, steps = generate(engine, prompt, cfg)
-    assert summary.token_ids == reference(engine, summary.prompt_token_ids, 24)
-    shadow = RetrievalDrafter(cfg.retrieval)
-    shadow.reset(summary.prompt_token_ids)
-    for step in steps:
-        assert step.model_skipped and step.draft_forwards == 0
-        proposal = shadow.propose(cfg.tree.budget, SHORT_MATCH)
-        assert step.tokens[1:] == proposal.tokens
-        assert step.parents[1:] == [p + 1 for p in proposal.parents]
-        shadow.extend(step.new_tokens)
-    budget = cfg.tree.budget
-    assert len(steps[0].tokens) - 1 == budget > round(0.75 * budget)  # more than any shared graft
+    dear = synthetic_costs({1: 0.01, 128: 0.01}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)
+    cheap = synthetic_costs({1: 0.01, 128: 0.01}, {1: 0.002, 128: 0.003}, prefill_per_token_s=0.00001)
+    runs = {}
+    for name, costs in (("dear", dear), ("cheap", cheap)):
+        engine = Engine(target, draft, costs=costs)
+        summary, steps = generate(engine, prompt, cfg)
+        assert summary.token_ids == reference(engine, summary.prompt_token_ids, 32)
+        assert skipped_steps_send_the_full_proposal(steps, summary.prompt_token_ids, cfg) > 0
+        budget = cfg.tree.budget
+        assert len(steps[0].tokens) - 1 == budget > round(0.75 * budget)  # more than any shared graft
+        runs[name] = steps
+    assert all(s.model_skipped for s in runs["dear"])
+    assert any(s.draft_forwards for s in runs["cheap"])
+    assert any(s.model_skipped.startswith("retrieval first") for s in runs["cheap"])
 
 
 def test_the_share_of_a_shared_tree_is_the_head_of_the_full_proposal() -> None:
