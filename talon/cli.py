@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from talon.atlas.cli import add_atlas_parser, atlas_command
 from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
@@ -122,15 +123,19 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     add_model_args(c, settings)
     c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
                    help="draft logits over the first V token ids (as in generate; default: %(default)s)")
+    add_atlas_parser(sub, settings, add_model_args, add_run_args)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
-    args = parser(settings).parse_args(argv)
+    p = parser(settings)
+    args = p.parse_args(argv)
     if args.command == "costs":
         return costs_command(args, settings)
+    if args.command == "atlas":
+        return atlas_command(args, settings, p._subparsers._group_actions[0].choices["generate"], run_config)
     if args.draft.lower() == "none" and args.drafter == "hybrid":
         log.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"

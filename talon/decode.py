@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -32,8 +33,9 @@ from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
-from talon.run_config import ConfigError, RunConfig
+from talon.run_config import ConfigError, RunConfig, SamplingConfig
 from talon.trace import RunSummary, StepTrace, summarize_steps
+from talon.tree import DraftTree
 from talon.verify import forward_hidden, verify_tree
 
 log = logging.getLogger(__name__)
@@ -178,54 +180,145 @@ class Engine:
             return self._token_text[token]
 
     def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
-        return Run(self, prompt, cfg, cancel)
+        """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad)."""
+        tok = self.target.tokenizer
+        vocab = self.target.model.get_output_embeddings().weight.shape[0]
+        prompt_ids = encode_prompt(tok, prompt, cfg.chat_template, vocab)
+        limit = getattr(self.target.model.config, "max_position_embeddings", None)
+        if limit and len(prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
+            raise PromptError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
+                f"+ budget ({cfg.tree.budget}) exceeds the model's context window ({limit} tokens)"
+            )
+        costs = None
+        if cfg.tree.cost_aware and cfg.drafter != "none":
+            costs = self.cost_snapshot(cfg.draft_vocab).copy()
+        parts = RunParts(
+            prompt_ids=prompt_ids,
+            prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
+            drafter=self.make_drafter(cfg),
+            verifier=TargetVerifier(self.target.model, cfg.sampling),
+            stop=StopCheck(tok, eos_ids(self.target), cfg.stop_strings, cfg.max_new_tokens),
+            token_text=self.token_text,
+            detokenize=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            models=RunModels(
+                target=self.target.name,
+                draft=self.draft.name if self.draft is not None else "none",
+                dtype=str(self.target.dtype).removeprefix("torch."),
+                device=str(self.target.device),
+            ),
+            costs=costs,
+        )
+        return Run(cfg, parts, cancel, engine=self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verifying one tree told: the target's argmax after each node, the accepted path
+    with its bonus token, the target's top 5 per node, and each node's position id."""
+
+    top1: list[int]  # (T,) -1 where unknown (a replay knows the target only along its text)
+    acceptance: Acceptance
+    topk: tuple[list[list[int]], list[list[float]]]
+    positions: list[int]
+
+
+class TargetVerifier:
+    """Verification by the target model: its KV cache holds every committed token but the
+    root; one forward scores the whole tree through the 4D tree mask."""
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.generator = torch.Generator().manual_seed(sampling.seed)
+        self.cache = DynamicCache(config=model.config)
+
+    def prefill(self, ids: list[int]) -> None:
+        if len(ids) > 1:
+            forward_hidden(self.model, self.cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
+
+    def verify(self, tree: DraftTree) -> Verdict:
+        prefix_len = self.cache.get_seq_length()
+        positions = tree.positions(prefix_len)  # (T,)
+        logits = verify_tree(self.model, self.cache, tree.tokens, tree.ancestor_mask(), positions)
+        top1 = logits.argmax(dim=-1).tolist()  # (T,)
+        s = self.sampling
+        if s.greedy:
+            acc, topk = accept_greedy(tree, top1), target_topk(logits, are_probs=False)
+        else:
+            p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
+            acc, topk = accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
+        return Verdict(top1, acc, topk, positions.tolist())
+
+    def commit(self, verdict: Verdict) -> None:
+        """Keep the KV of the accepted nodes (the root's included), drop the rest of the tree's."""
+        prefix_len = verdict.positions[0]
+        keep_entries(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])
+
+
+@dataclass(frozen=True)
+class RunModels:
+    """Which models a run used, as its summary names them."""
+
+    target: str
+    draft: str
+    dtype: str
+    device: str
+
+
+@dataclass
+class RunParts:
+    """Everything a run needs besides its configuration: built by ``Engine.run`` around the real
+    models, or by ``talon.atlas.replay`` around a recorded draft atlas and the target's text."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    drafter: HybridDrafter
+    verifier: TargetVerifier | Any  # anything with prefill / verify / commit
+    stop: StopCheck
+    token_text: Callable[[int], str]
+    detokenize: Callable[[list[int]], str]
+    models: RunModels
+    costs: CostModel | None = None  # this run's own copy of the cost snapshot (cost-aware runs)
+    predicted_times: CostModel | None = None  # step times from this cost model, not the clock (replays)
 
 
 class Run:
     """Iterate to get StepTraces as they happen; ``summary`` is set when the iteration ends."""
 
-    def __init__(self, engine: Engine, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None) -> None:
+    def __init__(self, cfg: RunConfig, parts: RunParts, cancel: threading.Event | None = None,
+                 engine: Engine | None = None) -> None:
         self.engine = engine
         self.cfg = cfg
+        self.parts = parts
         self.cancel = cancel or threading.Event()
-        tok = engine.target.tokenizer
-        vocab = engine.target.model.get_output_embeddings().weight.shape[0]
-        self.prompt_ids = encode_prompt(tok, prompt, cfg.chat_template, vocab)
-        self.prompt_text = prompt if isinstance(prompt, str) else tok.decode(prompt)
-        limit = getattr(engine.target.model.config, "max_position_embeddings", None)
-        if limit and len(self.prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
-            raise PromptError(
-                f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
-                f"+ budget ({cfg.tree.budget}) exceeds the model's context window ({limit} tokens)"
-            )
-        self.drafter = engine.make_drafter(cfg)
+        self.prompt_ids = parts.prompt_ids
+        self.prompt_text = parts.prompt_text
+        self.drafter = parts.drafter
+        self.verifier = parts.verifier
+        self.stop = parts.stop
+        self.costs = parts.costs
         self.planner: Planner | None = None
-        self.costs: CostModel | None = None  # this run's own copy of the engine's snapshot
-        if cfg.tree.cost_aware and cfg.drafter != "none":
-            self.costs = engine.cost_snapshot(cfg.draft_vocab).copy()
+        if self.costs is not None:
             self.planner = Planner(
                 self.costs, cfg.tree, cfg.max_new_tokens, predicted=self.fixed_costs,
                 acceptance=self.drafter.acceptance,
             )
-        self.stop = StopCheck(tok, eos_ids(engine.target), cfg.stop_strings, cfg.max_new_tokens)
-        self.generator = torch.Generator().manual_seed(cfg.sampling.seed)
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
 
     @property
     def fixed_costs(self) -> bool:
-        """Plan on the snapshot and predicted times alone (``cost_model="fixed"``, and every
-        sampled run: its random draws depend on the tree, so a seed must reproduce the tree)."""
-        return self.cfg.cost_model == "fixed" or not self.cfg.sampling.greedy
+        """Plan on the snapshot and predicted times alone (``cost_model="fixed"``, every replay,
+        and every sampled run: its random draws depend on the tree, so a seed must reproduce the
+        tree)."""
+        return self.cfg.cost_model == "fixed" or not self.cfg.sampling.greedy or self.parts.predicted_times is not None
 
     def __iter__(self) -> Iterator[StepTrace]:
         t0 = time.perf_counter()
-        target = self.engine.target.model
-        cache = DynamicCache(config=target.config)
         ids = self.prompt_ids
-        if len(ids) > 1:
-            forward_hidden(target, cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
+        self.verifier.prefill(ids)
         if self.planner is not None and self.cfg.drafter == "hybrid" and not self.cfg.async_draft:
             self.drafter.reset(ids, lazy_model=True)  # the planner decides when the model's prefill pays
         else:
@@ -234,14 +327,17 @@ class Run:
         root, reason, ahead = ids[-1], "", None
         try:
             while not reason and not self.cancel.is_set():
-                step, reason, ahead = self._step(cache, root, t0, pool, ahead)
+                step, reason, ahead = self._step(root, t0, pool, ahead)
                 self.steps.append(step)
                 root = step.new_tokens[-1]
                 yield step
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-        self.summary = self._summarize(time.perf_counter() - t0, reason or "cancelled")
+        seconds = time.perf_counter() - t0
+        if self.parts.predicted_times is not None:
+            seconds = sum(s.draft_s + s.verify_s + s.other_s for s in self.steps)
+        self.summary = self._summarize(seconds, reason or "cancelled")
 
     def _next_draft(self, root: int, ahead: Future | None) -> tuple[Draft, bool | None, list]:
         """This step's tree: the pre-draft when it bet right, else a fresh draft."""
@@ -260,10 +356,8 @@ class Run:
         return self.drafter.draft(root, self.planner)
 
     def _step(
-        self, cache: DynamicCache, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future | None
+        self, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future | None
     ) -> tuple[StepTrace, str, Future | None]:
-        target = self.engine.target.model
-        prefix_len = cache.get_seq_length()
         t_start = time.perf_counter()
         draft, reused, pre_busy = self._next_draft(root, ahead)
         tree = draft.tree
@@ -272,20 +366,18 @@ class Run:
         if pool is not None and (pre := self.drafter.begin_predraft(tree)) is not None:
             ahead = pool.submit(self.drafter.grow, pre, t0)
         t_verify_start = time.perf_counter()
-        positions = tree.positions(prefix_len)  # (T,)
-        logits = verify_tree(target, cache, tree.tokens, tree.ancestor_mask(), positions)
+        verdict = self.verifier.verify(tree)
         t_verify = time.perf_counter()
-        top1 = logits.argmax(dim=-1).tolist()  # (T,)
-        acc, topk = self._accept(tree, logits, top1)
+        acc = verdict.acceptance
         new_tokens, reason = self.stop.cut(
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
-        keep_entries(cache, prefix_len, [prefix_len + n for n in acc.accepted])
+        self.verifier.commit(verdict)
         forwards = draft.forwards
         p_accept_est = self._estimates(draft)  # before the drafter learns from this step
         self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len)
         self.generated.extend(new_tokens)
-        step = self._trace(draft, top1, acc, new_tokens, topk, positions.tolist())
+        step = self._trace(draft, verdict, new_tokens)
         step.p_accept_est = p_accept_est
         step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
         step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
@@ -293,11 +385,22 @@ class Run:
         step.predraft_reused = reused
         step.draft_forwards = len(forwards)
         step.other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
+        if self.parts.predicted_times is not None:
+            self._predict_times(step, forwards, self.parts.predicted_times)
         if self.planner is not None:
             self._learn(step, draft, forwards)
         if reason and ahead is not None:
             ahead.cancel()
         return step, reason, ahead
+
+    def _predict_times(self, step: StepTrace, forwards: list[tuple[int, float]], costs: CostModel) -> None:
+        """A replay's step times: what the cost model predicts for its forwards and tree."""
+        step.draft_s = sum(costs.draft_s(w) for w, _ in forwards)
+        step.verify_s = costs.verify_s(len(step.tokens))
+        step.other_s = costs.other_s
+        start = sum(s.draft_s + s.verify_s + s.other_s for s in self.steps)
+        step.drafter_busy = [(start, start + step.draft_s)]
+        step.verifier_busy = [(start + step.draft_s, start + step.draft_s + step.verify_s)]
 
     def _learn(self, step: StepTrace, draft: Draft, forwards: list[tuple[int, float]]) -> None:
         """Fold the step's timings into the cost model and its outcome into the planner (a
@@ -321,20 +424,11 @@ class Run:
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
         )
 
-    def _accept(self, tree, logits: torch.Tensor, top1: list[int]) -> tuple[Acceptance, tuple[list, list]]:
-        """The verdict, and the target's top 5 per node in the distribution that decided it."""
-        s = self.cfg.sampling
-        if s.greedy:
-            return accept_greedy(tree, top1), target_topk(logits, are_probs=False)
-        p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
-        return accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
-
-    def _trace(
-        self, draft, top1: list[int], acc: Acceptance, new_tokens: list[int], topk: tuple[list, list], positions: list[int]
-    ) -> StepTrace:
+    def _trace(self, draft: Draft, verdict: Verdict, new_tokens: list[int]) -> StepTrace:
         tree = draft.tree
-        text = self.engine.token_text
-        topk_ids, topk_probs = topk
+        text = self.parts.token_text
+        acc, top1, positions = verdict.acceptance, verdict.top1, verdict.positions
+        topk_ids, topk_probs = verdict.topk
         gates = tree.gates
         return StepTrace(
             step=len(self.steps),
@@ -374,19 +468,19 @@ class Run:
         return self.drafter.acceptance.node_probs(draft.tree, draft.match_len)
 
     def _summarize(self, seconds: float, reason: str) -> RunSummary:
-        eng = self.engine
+        models = self.parts.models
         agg = summarize_steps(self.steps)
         return RunSummary(
-            text=eng.target.tokenizer.decode(self.generated, skip_special_tokens=True),
+            text=self.parts.detokenize(self.generated),
             token_ids=list(self.generated),
             prompt_token_ids=list(self.prompt_ids),
             steps=len(self.steps),
             tokens_per_second=len(self.generated) / seconds if seconds > 0 else 0.0,
             seconds=seconds,
-            target=eng.target.name,
-            draft=eng.draft.name if eng.draft is not None else "none",
-            dtype=str(eng.target.dtype).removeprefix("torch."),
-            device=str(eng.target.device),
+            target=models.target,
+            draft=models.draft,
+            dtype=models.dtype,
+            device=models.device,
             config=self.cfg.to_dict(),
             stop_reason=reason,
             cost_model=self._cost_record(),

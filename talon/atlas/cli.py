@@ -1,0 +1,134 @@
+"""``python -m talon atlas record ...`` and ``python -m talon atlas sweep ATLAS... --grid KEY=V1,V2``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from talon.atlas.data import Atlas, parse_atlas
+from talon.atlas.record import record_atlas
+from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
+from talon.decode import Engine
+from talon.models import ModelLoadError, load_pair
+from talon.run_config import ConfigError
+from talon.settings import Settings
+from talon.trace import TraceFileError, read_json_upload
+
+log = logging.getLogger("talon")
+
+
+def add_atlas_parser(sub: argparse._SubParsersAction, settings: Settings, add_model_args, add_run_args) -> None:
+    a = sub.add_parser("atlas", help="record a draft atlas, or sweep configurations over atlases (no model)",
+                       description="A draft atlas holds one prompt's greedy text and the draft model's "
+                       "proposals around it; any greedy configuration replays from it exactly, in "
+                       "milliseconds, with no model loaded.")
+    verbs = a.add_subparsers(dest="atlas_command", required=True)
+    r = verbs.add_parser("record", help="record atlases (runs the models once per prompt)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    src.add_argument("--suites", help="comma list of bundled Spec-Bench suites (mt_bench, humaneval, gsm8k, "
+                     "alpaca, sum, qa): one atlas per prompt")
+    r.add_argument("--limit", type=int, default=5, help="with --suites: prompts per suite (default: %(default)s)")
+    r.add_argument("--start", type=int, default=0, help="with --suites: skip this many prompts of each suite")
+    r.add_argument("--out", type=Path, required=True,
+                   help="the atlas file (one prompt), or a folder for one file per prompt (--suites)")
+    add_model_args(r, settings)
+    add_run_args(r)
+    s = verbs.add_parser("sweep", help="replay a grid of configurations on atlases, no model needed")
+    s.add_argument("atlases", nargs="+", type=Path, help="atlas files or folders of them")
+    s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help=f"repeatable; KEY one of {', '.join(GRID_KEYS)}")
+    s.add_argument("--json", action="store_true", help="print every row (configuration, MAT, ...) as JSON")
+    s.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
+    add_run_args(s)
+
+
+def atlas_command(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser, build) -> int:
+    if args.atlas_command == "record":
+        return _record(args, settings, build)
+    return _sweep(args, parser, build)
+
+
+def _record(args: argparse.Namespace, settings: Settings, build) -> int:
+    from talon.bench.data import default_data_dir, load_prompts  # talon.bench imports talon.cli
+
+    try:
+        cfg = build(args)
+        if args.suites:
+            prompts = [(f"{p.suite}-{p.index}", p.text, p.suite) for p in
+                       load_prompts(default_data_dir(), [s.strip() for s in args.suites.split(",")], args.limit, args.start)]
+        else:
+            text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
+            prompts = [("atlas", text, "")]
+        target, draft = load_pair(args.target, args.draft, args.dtype, args.device, settings.allow_remote_code,
+                                  draft_quant=args.draft_quant)
+        engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
+        for name, text, suite in prompts:
+            atlas = record_atlas(engine, text, cfg, suite=suite,
+                                 progress=lambda f, what: log.info("%3.0f%% %s", 100 * f, what))
+            path = args.out / f"{name}.json" if args.suites else args.out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
+            rec = atlas.record
+            log.info("%s: %d tokens, %d nodes; run %.1f s + atlas %.1f s = %.2fx the run",
+                     path, len(atlas.output), len(atlas.children), rec["run_s"], rec["atlas_s"], rec["ratio"])
+    except (ValueError, ModelLoadError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    return 0
+
+
+def load_atlases(paths: list[Path]) -> list[Atlas]:
+    """Atlas files, folders expanded to their *.json files (TraceFileError names a bad file)."""
+    files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    if not files:
+        raise TraceFileError("no atlas files found")
+    atlases = []
+    for f in files:
+        try:
+            atlases.append(parse_atlas(read_json_upload(f)))
+        except TraceFileError as error:
+            raise TraceFileError(f"{f}: {error}") from None
+    return atlases
+
+
+def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, build) -> int:
+    try:
+        atlases = load_atlases(args.atlases)
+        configs = grid_configs(args, parse_grid(args.grid, parser), build)
+    except (ConfigError, TraceFileError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    start = time.perf_counter()
+    try:
+        rows = run_sweep(atlases, configs, args.workers)
+    except ConfigError as err:
+        log.error("%s", err)
+        return 2
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"atlases": [{"prompt": a.prompt[:200], "suite": a.suite, "tokens": len(a.output)}
+                                      for a in atlases], "seconds": seconds, "rows": [r.to_dict() for r in rows]}))
+    else:
+        print(sweep_table(rows))
+        best = best_row(rows)
+        print(f"\nbest by predicted tokens/s: {best.values or 'the base command'} "
+              f"(MAT {best.mat:.2f}, {best.tokens_per_s:.2f} tok/s predicted)")
+    log.info("%d configurations x %d atlases replayed in %.1f s", len(rows), len(atlases), seconds)
+    return 0
+
+
+def sweep_table(rows: list[SweepRow]) -> str:
+    keys = list(rows[0].values) if rows else []
+    head = keys + ["MAT", "tok/s (pred.)", "step ms (pred.)", "coverage"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        cover = "exact" if r.exact else f"{100 * r.coverage:.1f} %"
+        lines.append(" | ".join([str(r.values[k]) for k in keys]
+                                + [f"{r.mat:.3f}", f"{r.tokens_per_s:.2f}", f"{1e3 * r.step_s:.0f}", cover]))
+    return "\n".join(lines)

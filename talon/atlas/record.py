@@ -1,0 +1,292 @@
+"""Recording a draft atlas: one real run for the target's greedy text, then the draft model's
+children of every node of a generous superset tree at every position, batched.
+
+The superset at position ``p`` (``p`` generated tokens committed) is the retrieval graft (as
+generous as ``AtlasSpec.retrieval``) plus ``n_nodes`` model nodes admitted best first by path
+confidence: the root offers its top ``root_k`` children, every other node its top ``top_k``,
+down to ``max_depth``. Best-first needs a node's children before its grandchildren compete, so
+the positions of a chunk grow together in rounds: each round admits what the known children
+allow and asks one batched draft forward for the children of every admitted node not yet
+known (keys shared between positions are asked once). The children of every node on the greedy
+text come from a single forward over prompt + output.
+
+The draft forward reads the cache of prompt + output (every position's committed context is a
+prefix of it) plus the chunk's own node entries, through a 4D mask: a node sees the context up
+to its root, its ancestors and itself, at position root + depth, exactly as in a decoding step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from talon.atlas.data import Atlas, AtlasSpec, Children, Key
+from talon.decode import Engine, eos_ids, generate
+from talon.drafters.model import ModelDrafter
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.kv import gather_entries
+from talon.run_config import ConfigError, RunConfig
+from talon.verify import forward_hidden, lm_logits
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float, str], None]  # (fraction done, what is happening)
+MAX_ROWS = 192  # tree nodes per batched draft forward
+
+
+@dataclass
+class _Superset:
+    """One position's superset tree as far as the known children allow."""
+
+    p: int
+    admitted: list[tuple[tuple[int, ...], float]]  # (path, path confidence), model and retrieval nodes
+    wanted: list[Key]  # canonical keys of admitted nodes whose children are not known yet
+
+
+def record_atlas(
+    engine: Engine,
+    prompt: str | list[int],
+    cfg: RunConfig,
+    spec: AtlasSpec | None = None,
+    progress: Progress | None = None,
+    suite: str = "",
+) -> Atlas:
+    """Record the atlas of ``prompt``: a greedy run with ``cfg`` (cost-aware planning off, so it
+    is the reference run too), then the draft's proposals around its text."""
+    spec = spec or AtlasSpec()
+    if engine.draft is None:
+        raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
+    report = progress or (lambda fraction, what: None)
+    run_cfg = cfg.replace(
+        tree=cfg.tree.__class__(**{**cfg.tree.__dict__, "cost_aware": False}),
+        sampling=cfg.sampling.__class__(), async_draft=False, cost_model="fixed",
+    )
+    report(0.0, "running the target for its greedy text")
+    t0 = time.perf_counter()
+    summary, steps = generate(engine, prompt, run_cfg)
+    run_s = time.perf_counter() - t0
+    prompt_ids, output = summary.prompt_token_ids, summary.token_ids
+    report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
+    t1 = time.perf_counter()
+    target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
+    drafter = ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab)
+    recorder = _Recorder(drafter, prompt_ids, output, spec)
+    recorder.record(lambda f, what: report(0.25 + 0.75 * f, what))
+    atlas_s = time.perf_counter() - t1
+    costs = engine.cost_snapshot(cfg.draft_vocab)
+    tokens = set(prompt_ids) | set(output) | {t for kids in recorder.children.values() for t, _ in kids}
+    atlas = Atlas(
+        prompt_ids=prompt_ids,
+        output=output,
+        children=recorder.children,
+        spec=spec,
+        prompt=summary.prompt,
+        stop_reason=summary.stop_reason,
+        eos=sorted(eos_ids(engine.target)),
+        token_texts={t: engine.token_text(t) for t in sorted(tokens)},
+        models={"target": engine.target.name, "draft": engine.draft.name,
+                "dtype": str(engine.target.dtype).removeprefix("torch."),
+                "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
+                "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
+                "draft_quant": getattr(engine.draft, "quant", "") or "none",
+                "chat_template": cfg.chat_template},
+        costs=costs.to_dict(),
+        record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),
+                "run_config": run_cfg.to_dict(), "run_mat": summary.mean_accepted_tokens,
+                "run_accept_lens": [len(s.accepted) for s in steps],
+                "entries": len(recorder.children), "rows": recorder.rows, "forwards": recorder.forwards},
+        suite=suite,
+    )
+    report(1.0, f"atlas recorded: {len(atlas.children)} nodes in {atlas_s:.1f} s (the run took {run_s:.1f} s)")
+    return atlas
+
+
+class _Recorder:
+    """Grows every position's superset and asks the draft model for missing children."""
+
+    def __init__(self, drafter: ModelDrafter, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
+        self.drafter = drafter
+        self.prompt_ids, self.output, self.spec = prompt_ids, output, spec
+        self.seq = prompt_ids + output  # (S,) the committed context of every position is a prefix
+        self.root_index = len(prompt_ids) - 1  # seq index of the root at p = 0
+        self.children: dict[Key, Children] = {}
+        self.cache = DynamicCache(config=drafter.model.config)
+        self.slots: dict[Key, int] = {}  # keys fed into the cache in this chunk -> cache index
+        self.rows = 0
+        self.forwards = 0
+
+    # --- keys ------------------------------------------------------------------------------
+
+    def canonical(self, p: int, path: tuple[int, ...]) -> Key:
+        out, m = self.output, 0
+        while m < len(path) and p + m < len(out) and path[m] == out[p + m]:
+            m += 1
+        return p + m, path[m:]
+
+    def _k(self, key: Key) -> int:
+        return max(self.spec.root_k, self.spec.top_k) if not key[1] else self.spec.top_k
+
+    # --- the draft model -------------------------------------------------------------------
+
+    def _topk(self, hidden: torch.Tensor, keys: list[Key]) -> None:
+        """Record the top children of each of ``keys`` from its last hidden state ``(T, H)``."""
+        probs = torch.softmax(lm_logits(self.drafter.model, hidden, self.drafter.vocab_size), dim=-1)  # (T, V)
+        k = max(self.spec.root_k, self.spec.top_k)
+        q, tokens = probs.topk(k, dim=-1)  # (T, k)
+        for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
+            self.children[key] = list(zip(toks, qs))[: self._k(key)]
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        """One causal forward over prompt + output: the children of every greedy-text node."""
+        ids = self.drafter._ids(self.seq)
+        hidden = forward_hidden(self.drafter.model, self.cache, ids, torch.arange(len(ids)), None)  # (S, H)
+        self.forwards += 1
+        first = self.root_index
+        for start in range(first, len(self.seq), 256):
+            stop = min(start + 256, len(self.seq))
+            self._topk(hidden[start:stop], [(p - first, ()) for p in range(start, stop)])
+
+    @torch.inference_mode()
+    def _feed(self, keys: list[Key]) -> None:
+        """Children of ``keys`` (off-text nodes), with their ancestors fed first where this chunk's
+        cache lacks them; batched, each node seeing its root's context, its ancestors, itself."""
+        order: list[Key] = []
+        seen = set(self.slots)
+        for p, path in keys:
+            for i in range(1, len(path) + 1):
+                key = (p, path[:i])
+                if key not in seen:
+                    seen.add(key)
+                    order.append(key)
+        order.sort(key=lambda key: len(key[1]))  # ancestors first
+        for start in range(0, len(order), MAX_ROWS):
+            batch = order[start:start + MAX_ROWS]
+            hidden = self._forward(batch)
+            fresh = [(i, key) for i, key in enumerate(batch) if key not in self.children]
+            if fresh:
+                self._topk(hidden[[i for i, _ in fresh]], [key for _, key in fresh])
+
+    def _forward(self, batch: list[Key]) -> torch.Tensor:
+        old = self.cache.get_seq_length()
+        visible = torch.zeros(len(batch), old + len(batch), dtype=torch.bool)  # (T, S + T)
+        positions = []
+        for row, (p, path) in enumerate(batch):
+            root = self.root_index + p
+            visible[row, : root + 1] = True
+            for i in range(1, len(path)):
+                visible[row, self.slots[(p, path[:i])]] = True
+            visible[row, old + row] = True
+            self.slots[(p, path)] = old + row
+            positions.append(root + len(path))
+        ids = self.drafter._ids([path[-1] for _, path in batch])
+        self.forwards += 1
+        self.rows += len(batch)
+        return forward_hidden(self.drafter.model, self.cache, ids, torch.tensor(positions), visible)
+
+    # --- the superset ----------------------------------------------------------------------
+
+    def _grow(self, p: int, graft: list[tuple[tuple[int, ...], float]]) -> _Superset:
+        """Position ``p``'s superset as far as the known children allow: the graft, then model
+        nodes best first, then the static beam; admitted nodes whose children are unknown are
+        wanted."""
+        spec = self.spec
+        admitted: list[tuple[tuple[int, ...], float]] = []
+        wanted: list[Key] = []
+        in_tree = {(): 1.0}
+        in_tree.update(graft)
+        heap: list[tuple[float, int, tuple[int, ...]]] = []
+        tick = 0
+
+        def offer(path: tuple[int, ...], conf: float) -> None:
+            nonlocal tick
+            if len(path) >= spec.max_depth:
+                return
+            key = self.canonical(p, path)
+            kids = self.children.get(key)
+            if kids is None:
+                wanted.append(key)
+                return
+            for token, q in kids[: spec.root_k if not path else spec.top_k]:
+                child = path + (token,)
+                if child not in in_tree:
+                    heapq.heappush(heap, (-conf * q, tick, child))
+                    tick += 1
+
+        offer((), 1.0)
+        for path, conf in graft:
+            admitted.append((path, conf))
+            offer(path, conf)
+        model_nodes = 0
+        while heap and model_nodes < spec.n_nodes:
+            neg_conf, _, path = heapq.heappop(heap)
+            if path in in_tree:
+                continue
+            in_tree[path] = -neg_conf
+            admitted.append((path, -neg_conf))
+            model_nodes += 1
+            offer(path, -neg_conf)
+        self._beam(p, in_tree, admitted, wanted)
+        return _Superset(p, admitted, list(dict.fromkeys(wanted)))
+
+    def _beam(self, p: int, in_tree: dict[tuple[int, ...], float], admitted: list, wanted: list[Key]) -> None:
+        """Add the static tree's beam: the ``top_k`` most confident nodes of every layer expand,
+        to ``max_depth``, however low their confidence (the static baseline drafts them)."""
+        spec = self.spec
+        layer = [((), 1.0)]
+        for depth in range(spec.max_depth):
+            nxt = []
+            for path, conf in layer:
+                kids = self.children.get(self.canonical(p, path))
+                if kids is None:
+                    wanted.append(self.canonical(p, path))
+                    continue
+                for token, q in kids[: spec.root_k if not path else spec.top_k]:
+                    nxt.append((path + (token,), conf * q))
+            layer = sorted(nxt, key=lambda node: -node[1])
+            for path, conf in layer:
+                if path not in in_tree:
+                    in_tree[path] = conf
+                    admitted.append((path, conf))
+            layer = layer[: spec.top_k] if depth + 1 < spec.max_depth else []
+
+    def _grafts(self) -> list[list[tuple[tuple[int, ...], float]]]:
+        """The generous retrieval graft at every position: (path, path confidence) per node."""
+        retrieval = RetrievalDrafter(self.spec.retrieval)
+        retrieval.reset(self.prompt_ids)
+        grafts = []
+        for p in range(len(self.output)):
+            proposal = retrieval.propose(self.spec.n_nodes)
+            confs: list[float] = []
+            nodes = []
+            for i, (parent, q) in enumerate(zip(proposal.parents, proposal.q)):
+                confs.append((1.0 if parent < 0 else confs[parent]) * q)
+                nodes.append((tuple(proposal.path(i)), confs[-1]))
+            grafts.append(nodes)
+            retrieval.extend(self.output[p:p + 1])
+        return grafts
+
+    def record(self, progress: Progress) -> None:
+        self._prefill()
+        grafts = self._grafts()
+        prefix = len(self.seq)
+        positions = len(self.output)
+        for start in range(0, positions, self.spec.chunk):
+            chunk = range(start, min(start + self.spec.chunk, positions))
+            while True:
+                wanted = list(dict.fromkeys(
+                    key for p in chunk for key in self._grow(p, grafts[p]).wanted if key not in self.children))
+                if not wanted:
+                    break
+                self._feed(wanted)
+            gather_entries(self.cache, list(range(prefix)))  # drop the chunk's node entries
+            self.slots = {}
+            done = chunk.stop / positions
+            progress(done, f"positions {chunk.stop} of {positions}: {len(self.children)} nodes, "
+                           f"{self.rows} drafted in {self.forwards} forwards")

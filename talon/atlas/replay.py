@@ -1,0 +1,213 @@
+"""Exact replay: the real decode loop (``talon.decode.Run``) with the draft model answered from an
+atlas and verification by matching the target's greedy text. No model is loaded.
+
+* :class:`AtlasModel` stands in for :class:`~talon.drafters.model.ModelDrafter` inside the real
+  :class:`~talon.drafters.hybrid.HybridDrafter`: the same ``reset`` / ``expand`` / ``commit``
+  bookkeeping (which tokens a forward feeds, when the prompt prefill is paid), children read from
+  the atlas. A request the atlas cannot answer (deeper, wider, beyond its superset) is counted,
+  never treated as a rejection: the replay reports its coverage.
+* :class:`TextVerifier`: the target's argmax after a node is the next token of the greedy text
+  wherever the node's path follows the text (unknown, -1, elsewhere), which is all greedy
+  acceptance needs: the accepted path is the longest that follows the text, plus the bonus.
+* The real retrieval drafter reads the known text; cost-aware planning runs on the atlas's
+  fixed cost model, and every step's times are that model's predictions.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from talon.atlas.data import Atlas
+from talon.cost import CostModel
+from talon.decode import Run, RunModels, RunParts, StopCheck, Verdict
+from talon.accept import accept_greedy
+from talon.drafters.hybrid import HybridDrafter
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.run_config import ConfigError, RunConfig
+from talon.trace import RunSummary, StepTrace
+from talon.tree import DraftTree
+
+
+@dataclass
+class Coverage:
+    """How many draft-model expansions the atlas answered."""
+
+    requests: int = 0
+    misses: int = 0
+    first_miss: str = ""  # the first request it could not answer, in words
+
+    @property
+    def share(self) -> float:
+        return 1.0 - self.misses / self.requests if self.requests else 1.0
+
+
+class AtlasModel:
+    """The draft model's part of the hybrid drafter, read from an atlas (the same bookkeeping as
+    ``ModelDrafter``: committed context, what the next root forward must feed, per-forward widths)."""
+
+    def __init__(self, atlas: Atlas, costs: CostModel, coverage: Coverage) -> None:
+        self.atlas = atlas
+        self.costs = costs
+        self.coverage = coverage
+        self.prompt_len = len(atlas.prompt_ids)
+        self.context: list[int] = []
+        self.fed = 0
+        self.slots: set[tuple[int, ...]] = set()  # paths expanded this step (ModelDrafter's cache slots)
+        self.timings: list[tuple[int, float]] = []
+
+    def reset(self, prompt_ids: list[int], prefill: bool = True) -> None:
+        self.context = list(prompt_ids)
+        self.fed = len(prompt_ids) - 1 if prefill and len(prompt_ids) > 1 else 0
+        self.slots, self.timings = set(), []
+
+    @property
+    def engaged(self) -> bool:
+        return self.fed > 0 or len(self.context) <= 1
+
+    @property
+    def pending(self) -> int:
+        return len(self.context) - self.fed
+
+    @property
+    def last_width(self) -> int:
+        return self.timings[-1][0] if self.timings else 0
+
+    def take_timings(self) -> list[tuple[int, float]]:
+        taken, self.timings = self.timings, []
+        return taken
+
+    def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
+        p = len(self.context) - self.prompt_len
+        if nodes == [0]:
+            width = max(self.pending, 1)
+            self.fed = len(self.context)
+        else:
+            width = len(nodes)
+        out = []
+        for node in nodes:
+            path = tuple(tree.tokens[n] for n in tree.path(node)[1:])
+            self.slots.add(path)
+            kids = self.atlas.lookup(p, path, k)
+            self.coverage.requests += 1
+            if kids is None:
+                self.coverage.misses += 1
+                if not self.coverage.first_miss:
+                    self.coverage.first_miss = (f"at token {p}, depth {len(path)}: {k} children asked, "
+                                                f"the atlas holds {self._held(p, path)}")
+                kids = []
+            out.append(kids)
+        self.timings.append((width, self.costs.draft_s(width)))
+        return out
+
+    def _held(self, p: int, path: tuple[int, ...]) -> str:
+        kids = self.atlas.children.get(self.atlas.canonical(p, path))
+        return "no entry for this node (outside the recorded superset)" if kids is None else f"{len(kids)}"
+
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
+        kept = 0
+        for node in accepted[1:]:
+            if tuple(tree.tokens[n] for n in tree.path(node)[1:]) not in self.slots:
+                break
+            kept += 1
+        if self.slots:
+            self.fed += kept
+        self.slots = set()
+        self.context.extend(new_tokens)
+
+
+class TextVerifier:
+    """Greedy verification against the target's recorded text."""
+
+    def __init__(self, atlas: Atlas) -> None:
+        self.output = atlas.output
+        self.prompt_len = len(atlas.prompt_ids)
+        self.p = 0  # generated tokens committed
+
+    def prefill(self, ids: list[int]) -> None:
+        self.p = 0
+
+    def verify(self, tree: DraftTree) -> Verdict:
+        out, p = self.output, self.p
+        follows = [True]  # does the node's path follow the text?
+        top1 = [out[p] if p < len(out) else -1]
+        for n in range(1, len(tree)):
+            at = p + tree.depths[n] - 1
+            ok = follows[tree.parents[n]] and at < len(out) and tree.tokens[n] == out[at]
+            follows.append(ok)
+            top1.append(out[at + 1] if ok and at + 1 < len(out) else -1)
+        positions = [self.prompt_len - 1 + p + d for d in tree.depths]
+        return Verdict(top1, accept_greedy(tree, top1), ([], []), positions)
+
+    def commit(self, verdict: Verdict) -> None:
+        self.p += len(verdict.acceptance.accepted)
+
+
+@dataclass
+class ReplayResult:
+    """A replayed run: the same summary and steps a real run gives, MAT exactly, time predicted
+    by the atlas's cost model, and how much of it the atlas covered."""
+
+    summary: RunSummary
+    steps: list[StepTrace]
+    coverage: Coverage = field(default_factory=Coverage)
+
+    @property
+    def exact(self) -> bool:
+        return self.coverage.misses == 0
+
+    @property
+    def predicted_s(self) -> float:
+        return self.summary.seconds
+
+    @property
+    def mat(self) -> float:
+        return self.summary.mean_accepted_tokens
+
+
+def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:
+    """ConfigError when ``cfg`` cannot be replayed from ``atlas`` at all."""
+    if not cfg.sampling.greedy:
+        raise ConfigError("exact replay is greedy only: set the temperature to 0 (sampled output depends on "
+                          "the target's probabilities, which the atlas does not hold)")
+    if cfg.retrieval.corpus:
+        raise ConfigError("replay reads retrieval from the prompt and the text only: remove the corpus")
+    if cfg.draft_vocab != atlas.models.get("draft_vocab", cfg.draft_vocab):
+        raise ConfigError(f"the atlas was recorded with draft_vocab {atlas.models.get('draft_vocab')}, "
+                          f"not {cfg.draft_vocab}: the draft's q depends on it")
+
+
+def replay_run(atlas: Atlas, cfg: RunConfig, cancel: threading.Event | None = None) -> tuple[Run, Coverage]:
+    """A ``Run`` of ``cfg`` over ``atlas`` (iterate it for steps), and its coverage record."""
+    check_replayable(atlas, cfg)
+    cfg = cfg.replace(async_draft=False, cost_model="fixed")
+    costs = atlas.cost_model()
+    coverage = Coverage()
+    model = AtlasModel(atlas, costs, coverage) if cfg.drafter in ("hybrid", "model") else None
+    retrieval = RetrievalDrafter(cfg.retrieval) if cfg.drafter in ("hybrid", "retrieval") else None
+    drafter = HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)  # type: ignore[arg-type]
+    limit = min(cfg.max_new_tokens, len(atlas.output))
+    models = atlas.models
+    parts = RunParts(
+        prompt_ids=list(atlas.prompt_ids),
+        prompt_text=atlas.prompt,
+        drafter=drafter,
+        verifier=TextVerifier(atlas),
+        stop=StopCheck(None, set(atlas.eos), (), limit),  # type: ignore[arg-type]
+        token_text=atlas.text,
+        detokenize=lambda ids: "".join(atlas.text(t) for t in ids if t not in atlas.eos),
+        models=RunModels(target=str(models.get("target", "")), draft=str(models.get("draft", "")),
+                         dtype=str(models.get("dtype", "")), device="atlas replay"),
+        costs=costs.copy() if cfg.tree.cost_aware and cfg.drafter != "none" else None,
+        predicted_times=costs,
+    )
+    return Run(cfg, parts, cancel), coverage
+
+
+def replay(atlas: Atlas, cfg: RunConfig) -> ReplayResult:
+    """Replay ``cfg`` over ``atlas`` to the end of its text."""
+    run, coverage = replay_run(atlas, cfg)
+    for _ in run:
+        pass
+    assert run.summary is not None
+    return ReplayResult(run.summary, run.steps, coverage)
