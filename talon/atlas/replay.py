@@ -211,3 +211,47 @@ def replay(atlas: Atlas, cfg: RunConfig) -> ReplayResult:
         pass
     assert run.summary is not None
     return ReplayResult(run.summary, run.steps, coverage)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How a replay compares with a real run of the same configuration."""
+
+    equal: bool  # every step accepted as many tokens, and the text is the same
+    step: int | None = None  # the first step that differs
+    near_tie: bool = False  # that difference is a floating-point near-tie of the draft's q
+    reason: str = ""
+
+
+def _nodes(step: StepTrace) -> dict[tuple[int, ...], tuple[float, float]]:
+    """path -> (q, path confidence) of every drafted node of a step's tree."""
+    paths: list[tuple[int, ...]] = [()]
+    for n in range(1, len(step.tokens)):
+        paths.append(paths[step.parents[n]] + (step.tokens[n],))
+    return {paths[n]: (step.q_draft[n], step.path_conf[n]) for n in range(1, len(step.tokens))}
+
+
+def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 1e-4) -> Agreement:
+    """Compare a replay with the real run step by step. Where they part, name why: the draft's
+    q in the real run and in the atlas differ (batched forwards round differently), and a
+    decision (gate, rank, top-k order) that rests on a gap no larger than that is a near-tie."""
+    for i, (a, b) in enumerate(zip(real, replayed)):
+        if a.new_tokens == b.new_tokens and a.tokens == b.tokens and a.parents == b.parents:
+            continue
+        real_nodes, replay_nodes = _nodes(a), _nodes(b)
+        shared = real_nodes.keys() & replay_nodes.keys()
+        drift = max((abs(real_nodes[p][0] - replay_nodes[p][0]) for p in shared), default=0.0)
+        apart = (real_nodes.keys() | replay_nodes.keys()) - shared
+        confs = sorted({v[1] for v in real_nodes.values()} | {v[1] for v in replay_nodes.values()}
+                       | {g for g in a.gate_threshold + b.gate_threshold if g is not None})
+        gap = min((abs(x - y) for x, y in zip(confs, confs[1:])), default=1.0)
+        same_verdict = a.new_tokens == b.new_tokens
+        near = bool(apart) and gap <= max(10 * drift, tol * 1e-2)
+        what = (f"step {i}: trees differ in {len(apart)} node(s); draft q drifts by at most {drift:.1e} between "
+                f"the real run and the atlas, and the closest competing path confidences are {gap:.1e} apart")
+        if same_verdict and len(real) == len(replayed):
+            continue  # the trees differ, the verdicts agree: keep comparing
+        return Agreement(False, i, near, what + (" (a near-tie)" if near else ""))
+    if [s.new_tokens for s in real] != [s.new_tokens for s in replayed]:
+        return Agreement(False, min(len(real), len(replayed)), False, "the runs have different lengths")
+    return Agreement(True)

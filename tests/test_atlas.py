@@ -1,0 +1,206 @@
+"""The draft atlas on tiny random models (float32): replayed runs equal real runs step for step,
+coverage is reported (never a silent rejection), files round-trip and bad files are refused,
+and the sweep command prints what replays give."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from talon.atlas.data import Atlas, AtlasSpec, parse_atlas
+from talon.atlas.record import record_atlas
+from talon.atlas.replay import compare_runs, replay
+from talon.atlas.sweep import best_row, pareto, run_sweep
+from talon.cli import main
+from talon.cost import synthetic_costs
+from talon.decode import Engine, generate
+from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.trace import TraceFileError
+from tests.tiny import tiny_loaded
+
+PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b):", "one two three, one two three, one"]
+# A host where trees pay a little: verification grows with the tree, drafting is cheap.
+COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
+
+
+def noisy_copy(target, seed: int, scale: float):
+    draft = dataclasses.replace(copy.deepcopy(target), name=f"{target.name}-noisy-{seed}")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.model.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std())
+    return draft
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    target = tiny_loaded("llama", 11)
+    return Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+
+
+@pytest.fixture(scope="module")
+def atlases(engine: Engine) -> list[Atlas]:
+    base = RunConfig(max_new_tokens=40, draft_vocab=0)
+    return [record_atlas(engine, prompt, base) for prompt in PROMPTS]
+
+
+def configs() -> list[RunConfig]:
+    out = []
+    for drafter in ("hybrid", "model", "retrieval"):
+        for mode in ("adaptive", "static", "chain"):
+            for cost_aware in (False, True):
+                tree = TreeConfig(mode=mode, cost_aware=cost_aware)
+                out.append(RunConfig(drafter=drafter, tree=tree, max_new_tokens=40, draft_vocab=0, cost_model="fixed"))
+    wide = TreeConfig(budget=24, root_k=6, top_k=3, mu=0.02, max_depth=10, min_conf=0.0, cost_aware=False)
+    out.append(RunConfig(tree=wide, max_new_tokens=40, draft_vocab=0))
+    out.append(RunConfig(tree=TreeConfig(budget=6, mu=0.5, admission="confidence", cost_aware=False),
+                         retrieval=RetrievalConfig(min_match=1, graft_threshold=1), max_new_tokens=40, draft_vocab=0))
+    return out
+
+
+@pytest.mark.parametrize("cfg", configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-N{c.tree.budget}-"
+                         f"{'cost' if c.tree.cost_aware else 'nocost'}-{c.tree.admission}")
+def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: RunConfig) -> None:
+    """Same trees, same accepted lengths, same text, for every drafter and tree mode, with and
+    without cost-aware planning (planned on the same fixed cost model)."""
+    for prompt, atlas in zip(PROMPTS, atlases):
+        summary, steps = generate(engine, prompt, cfg)
+        result = replay(atlas, cfg)
+        assert result.summary.token_ids == summary.token_ids == atlas.output
+        if not result.exact:
+            # a request outside the recorded superset: counted, never a silent rejection; the
+            # trees and accepted lengths may still agree (the missing node is cut later anyway)
+            assert cfg.tree.mode == "static" or cfg.tree.budget > 16, "default-sized trees lie inside the atlas"
+            assert result.coverage.first_miss
+            continue
+        agreement = compare_runs(steps, result.steps)
+        assert agreement.equal, agreement.reason
+        # accepted lengths as committed (past the end of the text the atlas cannot verify, and the
+        # real run's last step is cut at max_new_tokens anyway)
+        assert [len(s.new_tokens) for s in steps] == [len(s.new_tokens) for s in result.steps]
+        assert [s.tokens for s in steps] == [s.tokens for s in result.steps], "the same trees"
+        assert result.mat == pytest.approx(summary.mean_accepted_tokens)
+
+
+def test_a_static_beam_outside_the_atlas_is_counted(engine: Engine, atlases: list[Atlas]) -> None:
+    cfg = RunConfig(drafter="model", tree=TreeConfig(mode="static", cost_aware=False), max_new_tokens=40, draft_vocab=0)
+    for prompt, atlas in zip(PROMPTS, atlases):
+        _, steps = generate(engine, prompt, cfg)
+        result = replay(atlas, cfg)
+        if [s.tokens for s in steps] != [s.tokens for s in result.steps]:
+            assert result.coverage.misses > 0 and result.coverage.first_miss
+
+
+def test_the_atlas_is_the_reference_run(engine: Engine, atlases: list[Atlas]) -> None:
+    """The recording run is greedy and lossless: its text is the target's generate()."""
+    for prompt, atlas in zip(PROMPTS, atlases):
+        ids = torch.tensor([atlas.prompt_ids])
+        with torch.inference_mode():
+            out = engine.target.model.generate(ids, do_sample=False, max_new_tokens=40,
+                                               attention_mask=torch.ones_like(ids))
+        assert out[0, len(atlas.prompt_ids):].tolist() == atlas.output
+        assert atlas.record["entries"] == len(atlas.children) > len(atlas.output)
+
+
+def test_predicted_time_is_the_cost_model(atlases: list[Atlas]) -> None:
+    atlas = atlases[0]
+    costs = atlas.cost_model()
+    alone = replay(atlas, RunConfig(drafter="retrieval", tree=TreeConfig(cost_aware=False), max_new_tokens=40,
+                                    draft_vocab=0))
+    expected = sum(costs.verify_s(len(s.tokens)) + costs.other_s for s in alone.steps)
+    assert alone.predicted_s == pytest.approx(expected)
+    assert alone.summary.tokens_per_second == pytest.approx(len(atlas.output) / expected)
+    hybrid = replay(atlas, RunConfig(tree=TreeConfig(cost_aware=False), max_new_tokens=40, draft_vocab=0))
+    for step in hybrid.steps:
+        assert step.verify_s == pytest.approx(costs.verify_s(len(step.tokens)))
+        assert step.draft_s >= step.draft_forwards * costs.draft_s(1) > 0
+    assert hybrid.predicted_s == pytest.approx(sum(s.draft_s + s.verify_s + s.other_s for s in hybrid.steps))
+
+
+def test_requests_beyond_the_atlas_are_counted_not_rejected(engine: Engine) -> None:
+    small = AtlasSpec(n_nodes=4, root_k=2, top_k=1, max_depth=3)
+    atlas = record_atlas(engine, PROMPTS[1], RunConfig(max_new_tokens=24, draft_vocab=0), spec=small)
+    inside = replay(atlas, RunConfig(drafter="model", tree=TreeConfig(mode="chain", budget=2, max_depth=2,
+                                                                        cost_aware=False), max_new_tokens=24, draft_vocab=0))
+    assert inside.exact and inside.coverage.requests > 0
+    wide = RunConfig(drafter="model", tree=TreeConfig(budget=16, root_k=4, top_k=2, max_depth=8, cost_aware=False),
+                     max_new_tokens=24, draft_vocab=0)
+    outside = replay(atlas, wide)
+    assert not outside.exact and outside.coverage.misses > 0 and outside.coverage.share < 1
+    assert "children asked" in outside.coverage.first_miss
+    assert outside.summary.token_ids == atlas.output, "a miss never changes the text"
+
+
+def test_atlas_file_round_trip(atlases: list[Atlas], tmp_path: Path) -> None:
+    atlas = atlases[0]
+    again = parse_atlas(json.loads(json.dumps(atlas.to_dict())))
+    assert again.children == atlas.children, "q reads back as the very float32 the draft produced"
+    assert again.output == atlas.output and again.prompt_ids == atlas.prompt_ids
+    assert again.spec == atlas.spec and again.costs == atlas.costs
+    cfg = RunConfig(max_new_tokens=40, draft_vocab=0, cost_model="fixed")
+    assert [s.tokens for s in replay(again, cfg).steps] == [s.tokens for s in replay(atlas, cfg).steps]
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: d.update(format="talon-trace/1"), "not a draft atlas"),
+    (lambda d: d.update(output=[-1]), "non-negative token ids"),
+    (lambda d: d["children"][0].__setitem__(3, [2.0] * len(d["children"][0][2])), "probability"),
+    (lambda d: d["children"][0].__setitem__(0, 10**6), "p must be"),
+    (lambda d: d.update(children="x"), "'children'"),
+    (lambda d: d.update(token_texts={"1": 5}), "token_texts"),
+    (lambda d: d.update(spec={"n_nodes": 0}), "spec"),
+])
+def test_bad_atlas_files_are_refused_with_a_reason(atlases: list[Atlas], breakage, message: str) -> None:
+    data = json.loads(json.dumps(atlases[0].to_dict()))
+    breakage(data)
+    with pytest.raises(TraceFileError, match=message):
+        parse_atlas(data)
+
+
+def test_replay_refuses_what_it_cannot_replay(atlases: list[Atlas]) -> None:
+    with pytest.raises(ConfigError, match="greedy only"):
+        replay(atlases[0], RunConfig(sampling=SamplingConfig(temperature=0.7), draft_vocab=0))
+    with pytest.raises(ConfigError, match="draft_vocab"):
+        replay(atlases[0], RunConfig(draft_vocab=1000))
+
+
+def test_sweep_rows_are_replays(atlases: list[Atlas]) -> None:
+    grid = [({"mu": mu, "budget": n}, RunConfig(tree=TreeConfig(mu=mu, budget=n, cost_aware=True), max_new_tokens=40,
+                                                draft_vocab=0)) for mu in (0.05, 0.3) for n in (4, 16)]
+    rows = run_sweep(atlases, grid, workers=2)
+    for row, (_, cfg) in zip(rows, grid):
+        results = [replay(a, cfg) for a in atlases]
+        tokens = sum(len(r.summary.token_ids) for r in results)
+        assert row.mat == pytest.approx(tokens / sum(r.summary.steps for r in results))
+        assert row.predicted_s == pytest.approx(sum(r.predicted_s for r in results))
+    best = best_row(rows)
+    assert best.tokens_per_s == max(r.tokens_per_s for r in rows)
+    front = pareto(rows)
+    assert best in front or any(r.mat >= best.mat and r.step_s <= best.step_s for r in front)
+    for r in rows:
+        dominated = any(o.mat > r.mat and o.step_s < r.step_s for o in rows)
+        assert (r in front) != dominated or not dominated
+
+
+def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> None:
+    for i, atlas in enumerate(atlases):
+        (tmp_path / f"a{i}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
+    rc = main(["atlas", "sweep", str(tmp_path), "--grid", "mu=0.05,0.3", "--grid", "budget=4,16",
+               "--draft-vocab", "0", "--max-new-tokens", "40", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["rows"]) == 4 and len(out["atlases"]) == 2
+    for row in out["rows"]:
+        cfg = RunConfig.from_dict(row["config"])
+        assert (cfg.tree.mu, cfg.tree.budget) == (row["values"]["mu"], row["values"]["budget"])
+        assert row["per_atlas"][0]["mat"] == pytest.approx(replay(atlases[0], cfg).mat)
+    assert main(["atlas", "sweep", str(tmp_path), "--grid", "colour=red"]) == 2
+    assert main(["atlas", "sweep", str(tmp_path), "--grid", "budget=0", "--draft-vocab", "0"]) == 2
+    assert main(["atlas", "sweep", str(tmp_path / "nothing.json")]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "KEY=V1,V2" in errors[0] and "budget must be" in errors[1] and "nothing.json" in errors[2]
