@@ -14,6 +14,7 @@ The package, one job per module:
 * ``gates``, ``mask``, ``timeline``: the other per-step figures (confidence gates, tree attention mask, async timeline);
 * ``run``: run-level figures (tokens per step, acceptance by depth, sources, tokens/s);
 * ``sweep``: figures over several runs: Compare and the mu x N heatmaps;
+* ``atlas``: the atlas explorer: heatmaps and a Pareto chart of replayed configurations, their score;
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
 * ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position);
@@ -25,6 +26,17 @@ works.
 
 from __future__ import annotations
 
+from talon.figures.atlas import (
+    ATLAS_METRICS,
+    KNOB_NAMES,
+    atlas_grid,
+    atlas_heatmap,
+    atlas_score_html,
+    best_words,
+    config_words,
+    coverage_words,
+    pareto_figure,
+)
 from talon.figures.common import (
     EDGE_COLOR,
     FONT,
@@ -97,12 +109,14 @@ from talon.figures.tree import (
 from talon.figures.walk import WALK, WalkStop, walk_html
 
 __all__ = [
+    "ATLAS_METRICS",
     "BONUS_SYMBOLS",
     "COMMIT_SOURCES",
     "EDGE_COLOR",
     "FONT",
     "GATED_COLOR",
     "INVISIBLE",
+    "KNOB_NAMES",
     "MAX_MASK_HOVER",
     "MAX_NODE_LABELS",
     "NEAR_TIE_LOGITS",
@@ -123,11 +137,17 @@ __all__ = [
     "acceptance_by_depth",
     "acceptance_by_depth_figure",
     "accepted_per_step_figure",
+    "atlas_grid",
+    "atlas_heatmap",
+    "atlas_score_html",
+    "best_words",
     "clean_text",
     "committed_sources",
     "committed_tokens",
     "compare_figure",
+    "config_words",
     "cost_figure",
+    "coverage_words",
     "default_node",
     "empty_figure",
     "esc",
@@ -141,6 +161,7 @@ __all__ = [
     "node_inspector_html",
     "node_inspector_html_empty",
     "node_status",
+    "pareto_figure",
     "source_share_figure",
     "step_caption_html",
     "step_end_times",

@@ -14,6 +14,7 @@ from talon import figures as F
 from talon.examples import Example, load_examples
 from talon.run_config import TREE_MODES
 from talon.settings import Settings
+from talon.ui.atlas_view import AtlasView, atlas_panel, make_record, wire_atlas
 from talon.ui.backend import initial_preset, presets
 from talon.ui.compare_view import CompareView, compare_summary_html, make_compare
 from talon.ui.controls import UI_DRAFTERS, Controls
@@ -142,8 +143,17 @@ EXPLAIN: dict[str, str] = {
         "both; what differs is how many target forwards it takes."
     ),
     "sweep": (
-        "**Threshold explorer.** Short runs of the current prompt for each gate μ and budget N "
-        "(other knobs from the left), or the `results.json` of `python -m talon.bench --sweep`. "
+        "**Threshold explorer.** *Record an atlas* of the prompt on the left: the models run once (a "
+        "greedy run, then the draft's proposals around its text). From then on every knob below "
+        "replays any greedy configuration exactly, with no model, in milliseconds: MAT is what a run "
+        "would accept, tokens/s and step time are predicted by the atlas's cost model of this "
+        "hardware. The heatmaps vary two knobs around the others (□ the knobs, ★ the best by "
+        "predicted tokens/s; * marks a cell that asked for more drafts than the atlas holds), the "
+        "Pareto chart weighs MAT against step time, and **Apply** sets the controls on the left."
+    ),
+    "real_sweep": (
+        "Short real runs of the current prompt for each gate μ and budget N (other knobs from the "
+        "left; slow: one run per cell), or the `results.json` of `python -m talon.bench --sweep`. "
         "MAT rewards big trees; tokens/s shows what they cost."
     ),
 }
@@ -376,22 +386,30 @@ def _compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
     return view
 
 
-def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
+def _sweep_tab(panel: ControlPanel, settings: Settings) -> AtlasView:
     gr.Markdown(EXPLAIN["sweep"], elem_classes=["talon-explain"])
-    with gr.Row():
-        mus = gr.Textbox(label="μ values", value="0.02, 0.1, 0.3")
-        budgets = gr.Textbox(label="Budgets N", value="8, 16, 32")
-        tokens = gr.Slider(4, 128, value=24, step=1, label="New tokens per run")
-    with gr.Row():
-        go_button = gr.Button("Sweep the current prompt", variant="primary")
-        results = gr.File(label="…or load results.json", file_types=[".json"])
-    with gr.Row():
-        suite = gr.Dropdown(label="Suite", choices=[], value=None, allow_custom_value=True)
-        method = gr.Dropdown(label="Method", choices=[], value=None, allow_custom_value=True)
-    progress = gr.HTML("")
-    with gr.Row():
-        mat = gr.Plot(show_label=False)
-        speed = gr.Plot(show_label=False)
+    atlas = atlas_panel()
+    record_extra = {"atlas_state": atlas.state, "min_match": atlas.knobs["retrieval_min_match"]}
+    _run_on_click(atlas.record, make_record(atlas, settings), panel, record_extra, atlas.all_outputs(),
+                  "record_atlas", settings)
+    wire_atlas(atlas, panel.components)
+    with gr.Accordion("Measure with real runs, or load benchmark results (python -m talon.bench --sweep)",
+                      open=False, elem_id="talon-real-sweep"):
+        gr.Markdown(EXPLAIN["real_sweep"], elem_classes=["talon-explain"])
+        with gr.Row():
+            mus = gr.Textbox(label="μ values", value="0.02, 0.1, 0.3")
+            budgets = gr.Textbox(label="Budgets N", value="8, 16, 32")
+            tokens = gr.Slider(4, 128, value=24, step=1, label="New tokens per run")
+        with gr.Row():
+            go_button = gr.Button("Sweep the current prompt with real runs", variant="secondary")
+            results = gr.File(label="…or load results.json", file_types=[".json"])
+        with gr.Row():
+            suite = gr.Dropdown(label="Suite", choices=[], value=None, allow_custom_value=True)
+            method = gr.Dropdown(label="Method", choices=[], value=None, allow_custom_value=True)
+        progress = gr.HTML("")
+        with gr.Row():
+            mat = gr.Plot(show_label=False)
+            speed = gr.Plot(show_label=False)
     view = SweepView(progress, mat, speed, suite, method, gr.State([]))
     extra = {"mus": mus, "budgets": budgets, "sweep_tokens": tokens, "rows_state": view.state}
     _run_on_click(go_button, make_sweep(view, settings), panel, extra, view.outputs(), "sweep", settings)
@@ -399,6 +417,7 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> None:
     filter_sweep = make_filter_sweep(view)
     for box in (suite, method):
         box.input(filter_sweep, [suite, method, view.state], view.outputs(), api_visibility="private")
+    return atlas
 
 
 def _serving_tab(panel: ControlPanel, settings: Settings) -> None:
