@@ -106,7 +106,7 @@ def atlas_heatmap(
         colorscale="Viridis", colorbar=dict(title=dict(text=esc(short)), thickness=14), showscale=True,
     )]
     if current is not None and _in_grid(current, cells):
-        traces.append(_marker(current.values[x_key], current.values[y_key], "sliders", "square-open", "white", 30))
+        traces.append(_marker(current.values[x_key], current.values[y_key], "sliders", "square-open", PATH_COLOR, 30))
     if best is not None and _in_grid(best, cells):
         traces.append(_marker(best.values[x_key], best.values[y_key], "best ★", "star", BEST_COLOR, 18))
     layout = base_layout(

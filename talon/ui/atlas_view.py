@@ -474,7 +474,8 @@ def make_apply(view: AtlasView, components: dict[str, Any], best: bool) -> Calla
         if best:
             knobs = best_knobs(atlas_state, knobs)
         words = apply_words(knobs, "the best configuration" if best else "the knobs")
-        return {**apply_controls(knobs, components), view.status: f'<div class="talon-applied">{F.esc(words)}</div>'}
+        applied = f'<div class="talon-applied">{F.esc(words)}</div>'
+        return {**apply_controls(knobs, components), view.status: applied + atlas_words(atlas_state.atlas)}
 
     return apply
 

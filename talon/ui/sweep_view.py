@@ -1,6 +1,6 @@
-"""The Threshold explorer's behaviour: sweep mu x N with short runs of the current prompt, or
-read a ``talon.bench --sweep`` results.json (``parse_sweep``), and render the heatmaps per
-suite and method."""
+"""The Threshold explorer's real-run part (the atlas explorer above it is ``atlas_view``): sweep
+mu x N with short real runs of the current prompt, or read a ``talon.bench --sweep`` results.json
+(``parse_sweep``), and render the heatmaps per suite and method."""
 
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""The Threshold explorer in a real browser: Playwright drives Debian's chromium against
+``python app.py`` on tiny models. Record an atlas of the prompt, move a knob and see the score and
+the heatmaps redraw (timed), move the knobs to the best, apply them to the controls on the left,
+and scrub the replayed steps' tree. A screenshot goes to /tmp/atlas_tab.png."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, TINY_PROMPT, require_chromium, wait_for_recording
+from tests.test_app import launch_app
+
+pytestmark = pytest.mark.browser
+log = logging.getLogger(__name__)
+
+SCREENSHOT = "/tmp/atlas_tab.png"
+RECORD_TIMEOUT_MS = 240_000  # tiny models on a loaded 2-core CPU
+SCORE = "#talon-atlas-score"
+STAT = f"{SCORE} .stat .v"
+PLOT = "document.querySelector('#talon-atlas-{}-mat .js-plotly-plot')"
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_chromium()
+    with launch_app(tmp_path_factory.mktemp("atlas-browser-app")) as url:
+        yield url
+
+
+@pytest.fixture()
+def page(app_url: str) -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(app_url)
+            page.wait_for_selector("#talon-run")
+            yield page
+        finally:
+            browser.close()
+
+
+def score(page) -> list[str]:
+    """The explorer's numbers: MAT, predicted tokens/s, step time, steps, coverage."""
+    return [v.strip() for v in page.locator(STAT).all_text_contents()]
+
+
+def slider(page, elem_id: str):
+    return page.locator(f"#{elem_id} input[type=range]")
+
+
+def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
+    wait_for_recording(page)  # the controls are set from the recording (48 new tokens)
+    page.fill("#talon-prompt textarea", TINY_PROMPT)
+    page.get_by_role("tab", name="Threshold explorer").click()
+    assert "No atlas yet" in (page.locator("#talon-atlas-status").text_content() or "")
+
+    page.click("#talon-atlas-record")
+    page.wait_for_selector("#talon-atlas-status .talon-progress")  # progress streams
+    page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('Atlas of')",
+                           timeout=RECORD_TIMEOUT_MS)
+    page.wait_for_function(f"document.querySelectorAll('{STAT}').length === 5")
+    assert page.locator("#talon-atlas-download a").count() >= 1, "the atlas downloads"
+    before = score(page)
+
+    # a knob moves: the score and the heatmaps redraw from the atlas, no model
+    budget = slider(page, "talon-atlas-budget")
+    budget.focus()
+    start = time.perf_counter()
+    page.keyboard.press("Home")  # N = 1
+    page.wait_for_function(f"{PLOT.format('mu')}.data[0].x.includes('1')")
+    page.wait_for_function(f"{PLOT.format('k')}.data.some(t => t.name === 'sliders')")
+    elapsed = time.perf_counter() - start
+    log.warning("knob move to redrawn score and heatmaps: %.2f s", elapsed)
+    print(f"\nknob move -> redrawn heatmaps: {elapsed:.2f} s")
+    after = score(page)
+    assert after != before, (before, after)
+    assert elapsed < 5.0, f"a knob move took {elapsed:.1f} s to redraw"
+
+    # the best, marked and in words; move the knobs there, then apply them on the left
+    assert "best found" in (page.locator(SCORE).text_content() or "")
+    page.click("#talon-atlas-to-best")
+    page.wait_for_function(f"document.querySelector('{SCORE}').textContent.includes('moved to the best')")
+    best_budget = budget.input_value()
+    page.click("#talon-atlas-apply")
+    page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('Applied the knobs')")
+    left_budget = page.locator("#talon-controls input[aria-label='range slider for Budget N (nodes verified per step)']")
+    assert left_budget.input_value() == best_budget
+
+    # a replayed step's tree
+    step = slider(page, "talon-atlas-step")
+    step.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("/step 1:/.test(document.querySelector('#talon-atlas-tree .gtitle').textContent)")
+    assert page.locator("#talon-atlas-tree .scatterlayer .trace .point").count() >= 2
+    page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
+    page.screenshot(path=SCREENSHOT, full_page=True)
