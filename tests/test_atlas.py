@@ -204,3 +204,25 @@ def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> 
     assert main(["atlas", "sweep", str(tmp_path / "nothing.json")]) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "KEY=V1,V2" in errors[0] and "budget must be" in errors[1] and "nothing.json" in errors[2]
+
+
+def test_bench_records_an_atlas_per_prompt(engine: Engine, tmp_path: Path) -> None:
+    """``python -m talon.bench --atlas``: one atlas per prompt, whose text is the ar row's output."""
+    from talon.bench import BenchConfig, load_prompts, run_bench
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for suite, texts in {"humaneval": ["def add(a, b):", "def fib(n):"], "qa": ["who wrote hamlet?"]}.items():
+        lines = [json.dumps({"question_id": i, "turns": [t]}) for i, t in enumerate(texts)]
+        (data / f"{suite}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prompts = load_prompts(data, ["humaneval", "qa"], limit=2)
+    cfg = BenchConfig(methods=("ar",), max_new_tokens=10, warmup_tokens=0, atlas=True)
+    report = run_bench(engine.target, engine.draft, prompts, cfg, out=tmp_path / "out")
+    files = sorted((tmp_path / "out" / "atlases").glob("*.json"))
+    assert [f.name for f in files] == ["humaneval-0.json", "humaneval-1.json", "qa-0.json"]
+    ar = {(s.prompt.suite, s.prompt.index): s.outcome.token_ids for s in report.samples if s.spec.method == "ar"}
+    for f in files:
+        atlas = parse_atlas(json.loads(f.read_text()))
+        assert atlas.suite == f.name.split("-")[0] and len(atlas.output) == 10
+        assert atlas.output == ar[(atlas.suite, int(f.stem.split("-")[1]))]
+        assert replay(atlas, RunConfig(max_new_tokens=10)).summary.token_ids == atlas.output

@@ -85,6 +85,10 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
                    "snapshot read at start (probe or cache) and predicted times only, so the same "
                    "command on the same host gives the same trees and every row plans alike; learn = "
                    "each run refines its own copy from its step timings (default: %(default)s)")
+    p.add_argument("--atlas", action="store_true",
+                   help="also record a draft atlas of every prompt into OUT/atlases/ (one more greedy run "
+                   "plus batched draft forwards per prompt); then `python -m talon atlas sweep OUT/atlases "
+                   "--grid ...` replays any configuration on them without the models")
     p.add_argument("--warmup-tokens", type=int, default=BenchConfig.warmup_tokens, help="0 = no warm-up")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = p.add_argument_group("sweep")
@@ -118,6 +122,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         tie_tol=args.tie_tol,
         warmup_tokens=args.warmup_tokens,
         cost_model=args.cost_model,
+        atlas=args.atlas,
     )
 
 

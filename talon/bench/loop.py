@@ -4,6 +4,7 @@ every output checked by the judge."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from talon.atlas.record import record_atlas
 from talon.bench.data import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
@@ -56,12 +58,25 @@ def run_bench(
             samples += ran
             checks += check_prompt(judge, ids, ran, cfg.max_new_tokens, eos)
     judge.release()
+    if cfg.atlas and out is not None:
+        record_atlases(engine, prompts, cfg, out / "atlases", progress)
     rows = aggregate(samples, checks, runners, verify_curve(engine, runners))
     costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
     report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples, costs)
     if out is not None:
         write_report(report, out)
     return report
+
+
+def record_atlases(engine: Engine, prompts: Sequence[Prompt], cfg: BenchConfig, folder: Path, progress: bool) -> None:
+    """A draft atlas of every prompt, recorded with the talon method's configuration."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = RunConfig(max_new_tokens=cfg.max_new_tokens)
+    for prompt in tqdm(prompts, desc="atlas", unit="prompt", file=sys.stderr, disable=not progress):
+        atlas = record_atlas(engine, prompt.text, base, suite=prompt.suite)
+        (folder / f"{prompt.suite}-{prompt.index}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
+        log.info("atlas %s-%d: run %.1f s + atlas %.1f s (%.2fx the run)", prompt.suite, prompt.index,
+                 atlas.record["run_s"], atlas.record["atlas_s"], atlas.record["ratio"])
 
 
 def verify_curve(engine: Engine, runners: Sequence[Runner]) -> Callable[[int], float] | None:

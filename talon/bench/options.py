@@ -77,6 +77,8 @@ class BenchConfig:
     talon_variants: extra ``talon[...]`` rows, each the default configuration with the given
     ``key=value[,key=value]`` changes (``talon.bench.runners.talon_variant``).
     tie_tol: absolute floor of the near-tie tolerance in logits; None = ``default_tie_tol``.
+    atlas: also record a draft atlas of every prompt (``talon.atlas``), written to the output
+    folder's ``atlases/``, so defaults can be tuned across the suites with no further model runs.
     cost_model: ``RunConfig.cost_model`` of every Talon method; ``fixed`` (the default) plans every
     run on the same snapshot of the measured curves, never on the wall clock, so rows and
     repeated runs are independent of each other and of the host's load.
@@ -93,6 +95,7 @@ class BenchConfig:
     tie_tol: float | None = None
     warmup_tokens: int = 8
     cost_model: str = "fixed"
+    atlas: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -120,7 +123,7 @@ class BenchConfig:
         return ("ar",) + tuple(dict.fromkeys(m for m in self.methods if m != "ar"))
 
     def needs_draft_model(self) -> bool:
-        extra = self.sweep is not None or bool(self.talon_variants)
+        extra = self.sweep is not None or bool(self.talon_variants) or self.atlas
         return extra or any(m in DRAFT_MODEL_METHODS for m in self.methods)
 
 
