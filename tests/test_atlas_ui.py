@@ -245,6 +245,10 @@ def test_temperature_above_zero_says_replay_is_greedy_only(ui, recorded) -> None
     session, _ = recorded
     with pytest.raises(gr.Error, match="budget must be an integer"):
         make_rescore(view)(session, 0, **{**Knobs().values(), "budget": 2.5})
+    with pytest.raises(gr.Error, match="budget must be an integer in"):
+        make_to_best(view)(session, **{**Knobs().values(), "budget": 10_000})
+    with pytest.raises(gr.Error, match="tree mode must be one of"):
+        make_rescore(view)(session, 0, **{**Knobs().values(), "tree": "<b>bushy</b>"})
 
 
 def test_without_an_atlas_the_explorer_says_what_to_do(ui) -> None:

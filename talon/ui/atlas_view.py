@@ -93,6 +93,8 @@ class Knobs:
             out[f.name] = value
         if out["drafter"] not in UI_DRAFTERS:
             raise ConfigError(f"drafter must be one of {UI_DRAFTERS}, got {out['drafter']!r}")
+        if out["tree"] not in TREE_MODES:
+            raise ConfigError(f"tree mode must be one of {TREE_MODES}, got {out['tree']!r}")
         return cls(**out)
 
     @classmethod
@@ -439,7 +441,10 @@ def best_knobs(atlas_state: AtlasSession, knobs: Knobs) -> Knobs:
     """The best configuration around ``knobs`` (most predicted tokens/s)."""
     if atlas_state.atlas is None:
         raise gr.Error("no atlas yet: record one for the prompt, or upload one")
-    return Knobs.from_ui(**explore(atlas_state, knobs).best.values)
+    try:
+        return Knobs.from_ui(**explore(atlas_state, knobs).best.values)
+    except ConfigError as error:
+        raise user_error(str(error)) from error
 
 
 def make_to_best(view: AtlasView) -> Callable[..., dict[Any, Any]]:
