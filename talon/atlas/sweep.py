@@ -145,36 +145,39 @@ def replay_one(atlas: Atlas, index: int, cfg: RunConfig) -> AtlasResult:
                        [len(step.accepted) for step in result.steps])
 
 
-_ATLASES: list[Atlas] = []  # the worker processes' atlases (inherited by fork)
+_ATLASES: list[Atlas] = []  # the worker processes' atlases (inherited by fork, set before the pool starts)
 
 
-def _replay_config(cfg: RunConfig) -> list[AtlasResult]:
-    return [replay_one(atlas, i, cfg) for i, atlas in enumerate(_ATLASES)]
+def _replay_config(cfg: RunConfig, atlases: Sequence[Atlas] | None = None) -> list[AtlasResult]:
+    return [replay_one(atlas, i, cfg) for i, atlas in enumerate(_ATLASES if atlases is None else atlases)]
 
 
 def run_sweep(
     atlases: Sequence[Atlas], configs: Sequence[tuple[dict[str, Any], RunConfig]], workers: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepRow]:
-    """Replay every configuration on every atlas; ``workers`` processes (0 = one per core)."""
+    """Replay every configuration on every atlas; ``workers`` processes (0 = one per core; 1 =
+    in this process, safe from any thread)."""
     global _ATLASES
     workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
     cfgs = [cfg for _, cfg in configs]
     results: list[list[AtlasResult]] = []
     if workers == 1 or len(cfgs) == 1:
-        _ATLASES = list(atlases)
         for i, cfg in enumerate(cfgs):
-            results.append(_replay_config(cfg))
+            results.append(_replay_config(cfg, atlases))
             if progress:
                 progress(i + 1, len(cfgs))
     else:
         _ATLASES = list(atlases)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            for i, res in enumerate(pool.map(_replay_config, cfgs, chunksize=max(1, len(cfgs) // (8 * workers)))):
-                results.append(res)
-                if progress:
-                    progress(i + 1, len(cfgs))
-    _ATLASES = []
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                chunk = max(1, len(cfgs) // (8 * workers))
+                for i, res in enumerate(pool.map(_replay_config, cfgs, chunksize=chunk)):
+                    results.append(res)
+                    if progress:
+                        progress(i + 1, len(cfgs))
+        finally:
+            _ATLASES = []
     return [SweepRow(values, cfg, res) for (values, cfg), res in zip(configs, results)]
 
 
