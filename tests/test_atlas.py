@@ -202,8 +202,19 @@ def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> 
     assert main(["atlas", "sweep", str(tmp_path), "--grid", "colour=red"]) == 2
     assert main(["atlas", "sweep", str(tmp_path), "--grid", "budget=0", "--draft-vocab", "0"]) == 2
     assert main(["atlas", "sweep", str(tmp_path / "nothing.json")]) == 2
+    slow = synthetic_costs({1: 1.0, 64: 2.0}, {1: 0.5, 64: 0.6}).to_dict()
+    (tmp_path / "costs.txt").write_text(json.dumps(slow), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["atlas", "sweep", str(tmp_path / "a0.json"), "--costs", str(tmp_path / "costs.txt"),
+                 "--draft-vocab", "0", "--max-new-tokens", "40", "--cost-aware", "off", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    atlas = dataclasses.replace(atlases[0], costs=slow)
+    assert row["predicted_s"] == pytest.approx(replay(atlas, RunConfig.from_dict(row["config"])).predicted_s)
+    assert row["predicted_s"] > 1.0 * row["steps"], "timed on the given host's curves"
+    assert main(["atlas", "sweep", str(tmp_path / "a0.json"), "--costs", str(tmp_path / "a1.json")]) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "KEY=V1,V2" in errors[0] and "budget must be" in errors[1] and "nothing.json" in errors[2]
+    assert "not a talon-cost/1 file" in errors[3]
 
 
 def test_bench_records_an_atlas_per_prompt(engine: Engine, tmp_path: Path) -> None:

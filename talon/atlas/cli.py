@@ -12,6 +12,7 @@ from pathlib import Path
 from talon.atlas.data import Atlas, parse_atlas
 from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
+from talon.cost import CostModel
 from talon.decode import Engine
 from talon.models import ModelLoadError, load_pair
 from talon.run_config import ConfigError
@@ -45,6 +46,9 @@ def add_atlas_parser(sub: argparse._SubParsersAction, settings: Settings, add_mo
                    help=f"repeatable; KEY one of {', '.join(GRID_KEYS)}")
     s.add_argument("--json", action="store_true", help="print every row (configuration, MAT, ...) as JSON")
     s.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
+    s.add_argument("--costs", type=Path, default=None,
+                   help="a talon-cost/1 file (e.g. from ~/.cache/talon/costs) that replaces every atlas's cost "
+                   "model: predict time and plan as on that host, from atlases recorded on this one")
     add_run_args(s)
 
 
@@ -100,6 +104,14 @@ def load_atlases(paths: list[Path]) -> list[Atlas]:
 def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, build) -> int:
     try:
         atlases = load_atlases(args.atlases)
+        if args.costs is not None:
+            costs = read_json_upload(args.costs)
+            try:
+                CostModel.from_dict(costs)
+            except (ValueError, KeyError, TypeError) as error:
+                raise TraceFileError(f"{args.costs}: not a talon-cost/1 file ({error})") from None
+            for atlas in atlases:
+                atlas.costs = costs
         configs = grid_configs(args, parse_grid(args.grid, parser), build)
     except (ConfigError, TraceFileError, OSError) as err:
         log.error("%s", err)

@@ -94,7 +94,7 @@ def record_atlas(
                 "dtype": str(engine.target.dtype).removeprefix("torch."),
                 "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
                 "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
-                "draft_quant": getattr(engine.draft, "quant", "") or "none",
+                "draft_quant": getattr(engine.draft.model, "talon_quant", "none"),
                 "chat_template": cfg.chat_template},
         costs=costs.to_dict(),
         record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),
