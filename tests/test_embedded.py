@@ -86,3 +86,40 @@ def test_int8_draft_keeps_greedy_output_the_targets(embedded_pair) -> None:
         summary, steps = generate(engine, first_prompt(suite, 2), cfg)
         assert summary.token_ids == target_greedy(target.model, summary.prompt_token_ids, 24)
         assert summary.steps < 24 and summary.draft_forwards > 0
+
+
+ATLAS_CONFIGS = [
+    RunConfig(tree=TreeConfig(cost_aware=False), max_new_tokens=20),
+    RunConfig(drafter="model", tree=TreeConfig(mode="chain", cost_aware=False), max_new_tokens=20),
+    RunConfig(tree=TreeConfig(mu=0.3, budget=8, cost_aware=False), max_new_tokens=20),
+    RunConfig(tree=TreeConfig(root_k=6, top_k=3, budget=24, min_conf=0.05, cost_aware=False), max_new_tokens=20),
+    RunConfig(tree=TreeConfig(cost_aware=True), max_new_tokens=20, cost_model="fixed"),
+]
+
+
+def test_atlas_replays_equal_real_runs(engine: Engine, tmp_path: Path) -> None:
+    """Record with the CLI (float32, draft not quantized: the engine's own settings), then every
+    configuration replayed from the atlas equals its real run step for step, or the difference
+    is a named near-tie of the draft's q. The cost-aware row plans on the engine's snapshot,
+    which the atlas stores."""
+    from talon.atlas.data import parse_atlas
+    from talon.atlas.replay import compare_runs, replay
+
+    prompt = first_prompt("humaneval")
+    out = tmp_path / "atlas.json"
+    cmd = [sys.executable, "-m", "talon", "atlas", "record", "--prompt", prompt, "--dtype", "float32",
+           "--draft-quant", "none", "--max-new-tokens", "20", "--cost-aware", "off", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    atlas = parse_atlas(json.loads(out.read_text()))
+    atlas.costs = engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
+    assert atlas.models["draft_quant"] == "none" and atlas.models["dtype"] == "float32"
+    for cfg in ATLAS_CONFIGS:
+        summary, steps = generate(engine, prompt, cfg)
+        result = replay(atlas, cfg)
+        assert result.summary.token_ids == summary.token_ids == atlas.output
+        agreement = compare_runs(steps, result.steps)
+        assert agreement.equal or agreement.near_tie, agreement.reason
+        if agreement.equal and result.exact:
+            assert [len(s.new_tokens) for s in steps] == [len(s.new_tokens) for s in result.steps]
+            assert result.mat == pytest.approx(summary.mean_accepted_tokens)

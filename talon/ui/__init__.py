@@ -2,8 +2,9 @@
 traces); models come from one cached loader; per-session data lives in ``gr.State``.
 
 Tabs: Decode (one run, streamed, with a step slider and a step-through mode), Compare (two
-configurations on one prompt), Threshold explorer (mu x N heatmaps from a small sweep or a
-``talon.bench --sweep`` results.json). A run's trace downloads as JSON and replays with no model.
+configurations on one prompt), Threshold explorer (a draft atlas of the prompt, recorded once,
+replayed exactly for every knob with no model; real-run mu x N sweeps and ``talon.bench --sweep``
+results.json folded below). A run's trace downloads as JSON and replays with no model.
 
 The package, one job per module:
 
@@ -12,7 +13,7 @@ The package, one job per module:
 * ``session``: per-session data kept in ``gr.State``, and Stop;
 * ``stream``: when a streamed UI update is due;
 * ``files``: trace downloads and upload paths (the trace format itself is ``talon.trace``);
-* ``decode_view``, ``compare_view``, ``sweep_view``: each tab's updates and handlers;
+* ``decode_view``, ``compare_view``, ``atlas_view``, ``sweep_view``: each tab's updates and handlers;
 * ``layout``: the Blocks layout, the theme and the event wiring (``build_ui``).
 
 ``app.py`` needs only what is re-exported here.
