@@ -7,7 +7,7 @@ can plan with it (``talon.cost`` measures the curves; this module only holds the
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GRID: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 LEARNING_RATE = 0.15  # online refinement: share of a step's prediction error folded back
@@ -19,6 +19,10 @@ class Curve:
     """Seconds against size: values on ``GRID`` sizes, linear in between, linear beyond."""
 
     values: list[float]  # one per GRID size
+    # the curve at sizes asked so far, for the values it was computed from (planners and replays
+    # ask the same few sizes thousands of times; any change of ``values`` starts a new memo)
+    _memo: tuple[tuple[float, ...], dict[float, float]] = field(default_factory=lambda: ((), {}), repr=False,
+                                                                compare=False)
 
     @staticmethod
     def fit(samples: dict[int, float]) -> "Curve":
@@ -38,8 +42,13 @@ class Curve:
 
     def __call__(self, size: float) -> float:
         size = max(float(size), 1.0)
-        monotone = _running_max(self.values)
-        return max(_interp([float(g) for g in GRID], monotone, size), 0.0)
+        key, memo = self._memo
+        if key != tuple(self.values):
+            key, memo = tuple(self.values), {}
+            self._memo = (key, memo)
+        if size not in memo:
+            memo[size] = max(_interp(_GRID_X, _running_max(self.values), size), 0.0)
+        return memo[size]
 
     def observe(self, size: int, seconds: float, rate: float = LEARNING_RATE) -> None:
         """Fold one timing into the two grid points around ``size`` (LMS on the linear basis)."""
@@ -57,6 +66,9 @@ class Curve:
         w_hi = (size - GRID[i]) / (GRID[i + 1] - GRID[i])
         self.values[i] += rate * (1.0 - w_hi) * error
         self.values[i + 1] += rate * w_hi * error
+
+
+_GRID_X = [float(g) for g in GRID]
 
 
 def isotonic(values: list[float]) -> list[float]:
