@@ -4,7 +4,6 @@ and the sweep command prints what replays give."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -21,20 +20,12 @@ from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.trace import TraceFileError
+from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded
 
 PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b):", "one two three, one two three, one"]
 # A host where trees pay a little: verification grows with the tree, drafting is cheap.
 COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
-
-
-def noisy_copy(target, seed: int, scale: float):
-    draft = dataclasses.replace(copy.deepcopy(target), name=f"{target.name}-noisy-{seed}")
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.model.parameters():
-            p.add_(torch.randn_like(p) * scale * p.std())
-    return draft
 
 
 @pytest.fixture(scope="module")

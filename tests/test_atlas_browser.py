@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, TINY_PROMPT, require_chromium, wait_for_recording
-from tests.test_app import launch_app
+from tests.test_browser import TINY_PROMPT, app_url, page, wait_for_recording  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 log = logging.getLogger(__name__)
@@ -22,29 +20,6 @@ RECORD_TIMEOUT_MS = 240_000  # tiny models on a loaded 2-core CPU
 SCORE = "#talon-atlas-score"
 STAT = f"{SCORE} .stat .v"
 PLOT = "document.querySelector('#talon-atlas-{}-mat .js-plotly-plot')"
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_chromium()
-    with launch_app(tmp_path_factory.mktemp("atlas-browser-app")) as url:
-        yield url
-
-
-@pytest.fixture()
-def page(app_url: str) -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(app_url)
-            page.wait_for_selector("#talon-run")
-            yield page
-        finally:
-            browser.close()
 
 
 def score(page) -> list[str]:

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
 from talon.cost import CostModel
-from talon.decode import Run, RunModels, RunParts, StopCheck, Verdict
 from talon.accept import accept_greedy
+from talon.decode import Run, RunModels, RunParts, StopCheck, Verdict
 from talon.drafters.hybrid import HybridDrafter
+from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTrace
@@ -42,7 +43,7 @@ class Coverage:
         return 1.0 - self.misses / self.requests if self.requests else 1.0
 
 
-class AtlasModel:
+class AtlasModel(DraftLedger):
     """The draft model's part of the hybrid drafter, read from an atlas (the same bookkeeping as
     ``ModelDrafter``: committed context, what the next root forward must feed, per-forward widths)."""
 
@@ -60,22 +61,6 @@ class AtlasModel:
         self.context = list(prompt_ids)
         self.fed = len(prompt_ids) - 1 if prefill and len(prompt_ids) > 1 else 0
         self.slots, self.timings = set(), []
-
-    @property
-    def engaged(self) -> bool:
-        return self.fed > 0 or len(self.context) <= 1
-
-    @property
-    def pending(self) -> int:
-        return len(self.context) - self.fed
-
-    @property
-    def last_width(self) -> int:
-        return self.timings[-1][0] if self.timings else 0
-
-    def take_timings(self) -> list[tuple[int, float]]:
-        taken, self.timings = self.timings, []
-        return taken
 
     def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
         p = len(self.context) - self.prompt_len

@@ -27,7 +27,37 @@ def path_key(tree: DraftTree, node: int) -> PathKey:
     return tuple(tree.tokens[n] for n in tree.path(node)[1:])
 
 
-class ModelDrafter:
+class DraftLedger:
+    """What a model drafter has seen: the committed context (root last), how much of it is in
+    its cache (``fed``), and its forwards' (tokens fed, seconds) since last taken. Shared by the
+    real drafter and the atlas's stand-in, so both report the same forwards to the planner."""
+
+    context: list[int]
+    fed: int
+    timings: list[tuple[int, float]]
+
+    @property
+    def engaged(self) -> bool:
+        """Has the model seen the prompt (paid its prefill)?"""
+        return self.fed > 0 or len(self.context) <= 1
+
+    @property
+    def pending(self) -> int:
+        """Committed tokens (root included) the next expansion must feed first."""
+        return len(self.context) - self.fed
+
+    @property
+    def last_width(self) -> int:
+        """Tokens fed to the latest forward."""
+        return self.timings[-1][0] if self.timings else 0
+
+    def take_timings(self) -> list[tuple[int, float]]:
+        """(tokens fed, seconds) of the forwards since the last call; clears the record."""
+        taken, self.timings = self.timings, []
+        return taken
+
+
+class ModelDrafter(DraftLedger):
     def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0) -> None:
         """``vocab_size``: draft logits over the first V ids (0 = all); ``target_vocab``: rows of
         the target's embedding, when the pair's sizes differ (Qwen2.5-7B has 152,064 rows,
@@ -59,16 +89,6 @@ class ModelDrafter:
             forward_hidden(self.model, self.cache, ids, torch.arange(len(ids)), None)
             self.fed = len(ids)
 
-    @property
-    def engaged(self) -> bool:
-        """Has the model seen the prompt (paid its prefill)?"""
-        return self.fed > 0 or len(self.context) <= 1
-
-    @property
-    def pending(self) -> int:
-        """Committed tokens (root included) the next expansion must feed first."""
-        return len(self.context) - self.fed
-
     def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
         """Top-k children (token, q) of each node in ``nodes``, with one draft forward."""
         start = time.perf_counter()
@@ -83,16 +103,6 @@ class ModelDrafter:
         out = [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
         self.timings.append((max(fed, 1), time.perf_counter() - start))
         return out
-
-    @property
-    def last_width(self) -> int:
-        """Tokens fed to the latest forward."""
-        return self.timings[-1][0] if self.timings else 0
-
-    def take_timings(self) -> list[tuple[int, float]]:
-        """(tokens fed, seconds) of the forwards since the last call; clears the record."""
-        taken, self.timings = self.timings, []
-        return taken
 
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         """(L,) long: token ids as the draft can embed them (a stand-in, id 0, for any it cannot)."""
