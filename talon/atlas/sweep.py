@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import replay
+from talon.atlas.replay import ReplayResult, replay
 from talon.run_config import ConfigError, RunConfig
 
 # generate's flags that a sweep may vary (argparse dests); the rest stay as the base command says
@@ -138,7 +138,11 @@ def grid_configs(
 
 
 def replay_one(atlas: Atlas, index: int, cfg: RunConfig) -> AtlasResult:
-    result = replay(atlas, cfg)
+    return result_of(replay(atlas, cfg), index)
+
+
+def result_of(result: ReplayResult, index: int = 0) -> AtlasResult:
+    """The sweep's record of one replay (atlas ``index`` of the sweep)."""
     s = result.summary
     return AtlasResult(index, len(s.token_ids), s.steps, result.predicted_s,
                        result.coverage.requests, result.coverage.misses,

@@ -25,7 +25,7 @@ from talon import figures as F
 from talon.atlas.data import Atlas, parse_atlas
 from talon.atlas.record import record_atlas
 from talon.atlas.replay import ReplayResult, replay
-from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one
+from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
 from talon.examples import ModelPreset
 from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig, RunConfig, TreeConfig
 from talon.settings import Settings
@@ -161,15 +161,17 @@ class AtlasSession:
     def load(self, atlas: Atlas, download: str | None) -> None:
         self.atlas, self.download, self.rows, self.result = atlas, download, {}, None
 
-    def score(self, knobs: Knobs) -> SweepRow:
-        """The replay of ``knobs``, remembered (a replay is deterministic)."""
+    def score(self, knobs: Knobs, result: ReplayResult | None = None) -> SweepRow:
+        """The replay of ``knobs`` (``result`` when already replayed), remembered (a replay is
+        deterministic)."""
         assert self.atlas is not None
         row = self.rows.get(knobs)
         if row is None:
             if len(self.rows) >= MAX_MEMO:
                 self.rows.clear()
             cfg = knobs.config(self.atlas)
-            row = self.rows[knobs] = SweepRow(knobs.values(), cfg, [replay_one(self.atlas, 0, cfg)])
+            done = result_of(result) if result is not None else replay_one(self.atlas, 0, cfg)
+            row = self.rows[knobs] = SweepRow(knobs.values(), cfg, [done])
         return row
 
 
@@ -201,7 +203,7 @@ def explore(session: AtlasSession, knobs: Knobs) -> Exploration:
     assert session.atlas is not None
     result = replay(session.atlas, knobs.config(session.atlas))
     session.result = result
-    current = session.score(knobs)
+    current = session.score(knobs, result)
     mu_budget = [session.score(k) for k in mu_budget_grid(knobs)]
     root_top = [session.score(k) for k in root_top_grid(knobs)]
     rows = unique_rows([current, *mu_budget, *root_top])
