@@ -45,6 +45,8 @@ class AtlasSpec:
     root_k: children recorded for the root (K up to this replays exactly).
     top_k: children recorded for every other node (k up to this).
     max_depth: deepest node recorded (its children are not needed: depth up to this).
+    beam: the static tree's beam: the ``beam`` most confident nodes of every layer expand, to
+        ``max_depth``, however unlikely (static trees with k up to this replay exactly).
     retrieval: the retrieval proposal grafted first (as generous as the sweeps need: short
         matches, long continuations, many branches), whose nodes' children are recorded too.
     chunk: positions grown together (one batched draft forward per layer of the chunk).
@@ -54,6 +56,7 @@ class AtlasSpec:
     root_k: int = 8
     top_k: int = 4
     max_depth: int = 12
+    beam: int = 2
     retrieval: RetrievalConfig = field(
         default_factory=lambda: RetrievalConfig(min_match=1, max_continuation=16, max_branches=4))
     chunk: int = 32
@@ -61,6 +64,7 @@ class AtlasSpec:
     def __post_init__(self) -> None:
         for name, value, hi in (("n_nodes", self.n_nodes, MAX_TREE_NODES), ("root_k", self.root_k, 64),
                                 ("top_k", self.top_k, 16), ("max_depth", self.max_depth, 64),
+                                ("beam", self.beam, 16),
                                 ("chunk", self.chunk, 4096)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
                 raise ConfigError(f"atlas {name} must be an integer in [1, {hi}], got {value!r}")

@@ -236,7 +236,7 @@ class _Recorder:
         return _Superset(p, admitted, list(dict.fromkeys(wanted)))
 
     def _beam(self, p: int, in_tree: dict[tuple[int, ...], float], admitted: list, wanted: list[Key]) -> None:
-        """Add the static tree's beam: the ``top_k`` most confident nodes of every layer expand,
+        """Add the static tree's beam: the ``beam`` most confident nodes of every layer expand,
         to ``max_depth``, however low their confidence (the static baseline drafts them)."""
         spec = self.spec
         layer = [((), 1.0)]
@@ -247,14 +247,14 @@ class _Recorder:
                 if kids is None:
                     wanted.append(self.canonical(p, path))
                     continue
-                for token, q in kids[: spec.root_k if not path else spec.top_k]:
+                for token, q in kids[: spec.root_k if not path else spec.beam]:
                     nxt.append((path + (token,), conf * q))
             layer = sorted(nxt, key=lambda node: -node[1])
             for path, conf in layer:
                 if path not in in_tree:
                     in_tree[path] = conf
                     admitted.append((path, conf))
-            layer = layer[: spec.top_k] if depth + 1 < spec.max_depth else []
+            layer = layer[: spec.beam] if depth + 1 < spec.max_depth else []
 
     def _grafts(self) -> list[list[tuple[tuple[int, ...], float]]]:
         """The generous retrieval graft at every position: (path, path confidence) per node."""
