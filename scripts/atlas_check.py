@@ -30,18 +30,19 @@ from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
 
 
 def grid(tokens: int) -> list[RunConfig]:
-    out = []
-    for drafter in ("hybrid", "model"):
-        for mode in ("adaptive", "chain", "static"):
-            out.append(RunConfig(drafter=drafter, tree=TreeConfig(mode=mode, cost_aware=False), max_new_tokens=tokens))
-    for mu, n in ((0.02, 8), (0.3, 32), (0.1, 24)):
-        out.append(RunConfig(tree=TreeConfig(mu=mu, budget=n, cost_aware=False), max_new_tokens=tokens))
-    out.append(RunConfig(tree=TreeConfig(root_k=8, top_k=4, max_depth=12, min_conf=0.0, budget=32, cost_aware=False),
-                         max_new_tokens=tokens))
-    out.append(RunConfig(tree=TreeConfig(cost_aware=False), retrieval=RetrievalConfig(min_match=1, graft_threshold=2),
-                         max_new_tokens=tokens))
-    out.append(RunConfig(tree=TreeConfig(cost_aware=True), max_new_tokens=tokens, cost_model="fixed"))
-    return out
+    """Every drafter and tree mode once, a narrow and a wide tree, short matches, and cost-aware
+    planning on the engine's fixed snapshot (which the atlas stores)."""
+    off = {"cost_aware": False}
+    return [
+        RunConfig(tree=TreeConfig(**off), max_new_tokens=tokens),
+        RunConfig(drafter="model", tree=TreeConfig(mode="chain", **off), max_new_tokens=tokens),
+        RunConfig(tree=TreeConfig(mode="static", **off), max_new_tokens=tokens),
+        RunConfig(tree=TreeConfig(mu=0.3, budget=8, **off), max_new_tokens=tokens,
+                  retrieval=RetrievalConfig(min_match=1, graft_threshold=2)),
+        RunConfig(drafter="model", tree=TreeConfig(root_k=8, top_k=4, max_depth=12, min_conf=0.0, budget=32, **off),
+                  max_new_tokens=tokens),
+        RunConfig(tree=TreeConfig(cost_aware=True), max_new_tokens=tokens, cost_model="fixed"),
+    ]
 
 
 def main() -> int:
