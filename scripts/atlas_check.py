@@ -80,12 +80,12 @@ def main() -> int:
         for cfg in grid(a.max_new_tokens):
             _, steps = generate(engine, prompt.text, cfg)
             result = replay(atlas, cfg)
-            agree = compare_runs(steps, result.steps)
+            agree = compare_runs(steps, result.steps, coverage=result.coverage)
             row = {"suite": prompt.suite, "drafter": cfg.drafter, "tree": cfg.tree.mode, "budget": cfg.tree.budget,
                    "mu": cfg.tree.mu, "root_k": cfg.tree.root_k, "top_k": cfg.tree.top_k,
                    "cost_aware": cfg.tree.cost_aware,
                    "real_mat": sum(len(s.new_tokens) for s in steps) / len(steps), "replay_mat": result.mat,
-                   "equal": agree.equal, "coverage": round(result.coverage.share, 4), "reason": agree.reason,
+                   "equal": agree.equal, "near_tie": agree.near_tie, "outside": agree.outside, "coverage": round(result.coverage.share, 4), "reason": agree.reason,
                    "first_miss": result.coverage.first_miss}
             report["pairs"].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

@@ -206,6 +206,7 @@ class Agreement:
     step: int | None = None  # the first step that differs
     near_tie: bool = False  # that difference is a floating-point near-tie of the draft's q
     reason: str = ""
+    outside: bool = False  # the replay asked the atlas for nodes it does not hold (see its coverage)
 
 
 def _nodes(step: StepTrace) -> dict[tuple[int, ...], tuple[float, float]]:
@@ -216,10 +217,12 @@ def _nodes(step: StepTrace) -> dict[tuple[int, ...], tuple[float, float]]:
     return {paths[n]: (step.q_draft[n], step.path_conf[n]) for n in range(1, len(step.tokens))}
 
 
-def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 1e-4) -> Agreement:
-    """Compare a replay with the real run step by step. Where they part, name why: the draft's
-    q in the real run and in the atlas differ (batched forwards round differently), and a
-    decision (gate, rank, top-k order) that rests on a gap no larger than that is a near-tie."""
+def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 1e-4,
+                 coverage: Coverage | None = None) -> Agreement:
+    """Compare a replay with the real run step by step. Where they part, name why: the replay
+    asked for nodes outside the atlas (``coverage``), or the draft's q in the real run and in the
+    atlas differ (batched forwards round differently) and a decision (gate, rank, top-k order)
+    rests on a gap no larger than that: a near-tie."""
     for i, (a, b) in enumerate(zip(real, replayed)):
         if a.new_tokens == b.new_tokens and a.tokens == b.tokens and a.parents == b.parents:
             continue
@@ -236,6 +239,9 @@ def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 
                 f"the real run and the atlas, and the closest competing path confidences are {gap:.1e} apart")
         if same_verdict and len(real) == len(replayed):
             continue  # the trees differ, the verdicts agree: keep comparing
+        if coverage is not None and coverage.misses:
+            return Agreement(False, i, False, f"{what}; the replay asked for nodes outside the atlas "
+                             f"({coverage.misses} of {coverage.requests}: {coverage.first_miss})", outside=True)
         return Agreement(False, i, near, what + (" (a near-tie)" if near else ""))
     if [s.new_tokens for s in real] != [s.new_tokens for s in replayed]:
         return Agreement(False, min(len(real), len(replayed)), False, "the runs have different lengths")
