@@ -175,12 +175,16 @@ def test_apply_gives_the_controls_that_run_that_configuration(ui, recorded) -> N
     session, _ = recorded
     knobs = Knobs(drafter="model", tree="static", budget=24, root_k=5, top_k=3, mu=0.2, max_depth=6,
                   min_conf=0.05, retrieval_min_match=2, graft_threshold=4, cost_aware=False)
-    applied = make_apply(view, components, best=False)(session, **knobs.values())
+    prompt = gr.Textbox()
+    applied = make_apply(view, components, best=False, prompt=prompt)(session, **knobs.values())
     by_name = {name: applied[c] for name, c in components.items() if c in applied}
     cfg = Controls(**by_name).run_config(1024)
     replayed = knobs.config(session.atlas)
     assert cfg.tree == replayed.tree and cfg.drafter == replayed.drafter
     assert cfg.retrieval.graft_threshold == replayed.retrieval.graft_threshold
+    # Run then decodes what was replayed: the atlas's prompt, its length, greedy
+    assert applied[prompt] == session.atlas.prompt
+    assert cfg.max_new_tokens == len(session.atlas.output) and cfg.sampling.greedy
     assert "Applied the knobs" in applied[view.status]
     # the best: the controls of best_row's configuration
     best = make_apply(view, components, best=True)(session, **knobs.values())

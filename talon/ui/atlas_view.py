@@ -460,9 +460,18 @@ def make_to_best(view: AtlasView) -> Callable[..., dict[Any, Any]]:
     return to_best
 
 
-def apply_controls(knobs: Knobs, components: dict[str, Any]) -> dict[Any, Any]:
-    """Updates that set the left panel's controls to ``knobs``."""
-    return {components[name]: value for name, value in knobs.controls().items()}
+def apply_controls(knobs: Knobs, components: dict[str, Any], atlas: Atlas | None = None,
+                   prompt: Any = None) -> dict[Any, Any]:
+    """Updates that set the left panel's controls to ``knobs``; with the ``atlas``, also the
+    prompt box (``prompt``), the length and greedy sampling, so that Run decodes for real exactly
+    what was replayed."""
+    updates: dict[Any, Any] = {components[name]: value for name, value in knobs.controls().items()}
+    if atlas is not None:
+        updates[components["max_new_tokens"]] = len(atlas.output)
+        updates[components["temperature"]] = 0.0
+        if prompt is not None and atlas.prompt:
+            updates[prompt] = atlas.prompt
+    return updates
 
 
 def apply_words(knobs: Knobs, what: str) -> str:
@@ -471,10 +480,11 @@ def apply_words(knobs: Knobs, what: str) -> str:
         words += (f" Min match {knobs.retrieval_min_match} has no control there (runs use "
                   f"{RetrievalConfig.min_match}); on the command line: --retrieval-min-match "
                   f"{knobs.retrieval_min_match}.")
-    return words + " Press Run to decode with them."
+    return words + (" The prompt box, the length and greedy sampling are the atlas's: press Run to decode it "
+                    "for real.")
 
 
-def make_apply(view: AtlasView, components: dict[str, Any], best: bool) -> Callable[..., dict[Any, Any]]:
+def make_apply(view: AtlasView, components: dict[str, Any], best: bool, prompt: Any = None) -> Callable[..., dict[Any, Any]]:
     def apply(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
         """Set the controls on the left to the knobs' configuration (or to the best one found)."""
         knobs = knobs_of(knob_values)
@@ -482,7 +492,8 @@ def make_apply(view: AtlasView, components: dict[str, Any], best: bool) -> Calla
             knobs = best_knobs(atlas_state, knobs)
         words = apply_words(knobs, "the best configuration" if best else "the knobs")
         applied = f'<div class="talon-applied">{F.esc(words)}</div>'
-        return {**apply_controls(knobs, components), view.status: applied + atlas_words(atlas_state.atlas)}
+        updates = apply_controls(knobs, components, atlas_state.atlas, prompt)
+        return {**updates, view.status: applied + atlas_words(atlas_state.atlas)}
 
     return apply
 
@@ -551,9 +562,9 @@ def atlas_panel() -> AtlasView:
                      gr.State(AtlasSession()))
 
 
-def wire_atlas(view: AtlasView, components: dict[str, Any]) -> None:
+def wire_atlas(view: AtlasView, components: dict[str, Any], prompt: Any = None) -> None:
     """Every handler but Record (a model run, wired with the other tabs' run buttons); ``components``
-    are the left panel's controls."""
+    are the left panel's controls, ``prompt`` its prompt box (Apply sets it to the atlas's)."""
     quick = dict(concurrency_limit=None, show_progress="hidden")
     knob_inputs = {**view.knobs, "atlas_state": view.state}
     rescore = make_rescore(view)
@@ -567,10 +578,11 @@ def wire_atlas(view: AtlasView, components: dict[str, Any]) -> None:
                        outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
     view.to_best.click(make_to_best(view), inputs_kwargs=knob_inputs,
                        outputs=[*view.knobs.values(), *view.score_outputs()], api_visibility="private", **quick)
-    apply_outputs = [*(components[name] for name in Knobs().controls()), view.status]
-    view.apply_knobs.click(make_apply(view, components, best=False), inputs_kwargs=knob_inputs,
+    apply_outputs = [*(components[name] for name in Knobs().controls()), components["max_new_tokens"],
+                     components["temperature"], view.status] + ([prompt] if prompt is not None else [])
+    view.apply_knobs.click(make_apply(view, components, best=False, prompt=prompt), inputs_kwargs=knob_inputs,
                            outputs=apply_outputs, api_visibility="private", **quick)
-    view.apply_best.click(make_apply(view, components, best=True), inputs_kwargs=knob_inputs,
+    view.apply_best.click(make_apply(view, components, best=True, prompt=prompt), inputs_kwargs=knob_inputs,
                           outputs=apply_outputs, api_visibility="private", **quick)
     components["temperature"].change(greedy_note, components["temperature"], view.note, api_visibility="private",
                                      **quick)

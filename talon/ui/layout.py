@@ -392,7 +392,7 @@ def _sweep_tab(panel: ControlPanel, settings: Settings) -> AtlasView:
     record_extra = {"atlas_state": atlas.state, "min_match": atlas.knobs["retrieval_min_match"]}
     _run_on_click(atlas.record, make_record(atlas, settings), panel, record_extra, atlas.all_outputs(),
                   "record_atlas", settings)
-    wire_atlas(atlas, panel.components)
+    wire_atlas(atlas, panel.components, panel.prompt)
     with gr.Accordion("Measure with real runs, or load benchmark results (python -m talon.bench --sweep)",
                       open=False, elem_id="talon-real-sweep"):
         gr.Markdown(EXPLAIN["real_sweep"], elem_classes=["talon-explain"])
