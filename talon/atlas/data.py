@@ -36,6 +36,14 @@ Key = tuple[int, tuple[int, ...]]  # (generated tokens committed, drafted path b
 Children = list[tuple[int, float]]  # the draft's top children, (token, q), most likely first
 
 
+def canonical_key(output: list[int], p: int, path: tuple[int, ...]) -> Key:
+    """Move the prefix of ``path`` that agrees with the greedy ``output`` from ``p`` into ``p``."""
+    m = 0
+    while m < len(path) and p + m < len(output) and path[m] == output[p + m]:
+        m += 1
+    return p + m, path[m:]
+
+
 @dataclass(frozen=True)
 class AtlasSpec:
     """How generous the recorded superset is, at every position of the text.
@@ -98,10 +106,7 @@ class Atlas:
 
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
         """Move the prefix of ``path`` that agrees with the greedy text into ``p``."""
-        out, m = self.output, 0
-        while m < len(path) and p + m < len(out) and path[m] == out[p + m]:
-            m += 1
-        return p + m, path[m:]
+        return canonical_key(self.output, p, path)
 
     def lookup(self, p: int, path: tuple[int, ...], k: int) -> Children | None:
         """The draft's top ``k`` children of the node ``path`` below the root after ``p``

@@ -17,6 +17,7 @@ to its root, its ancestors and itself, at position root + depth, exactly as in a
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -26,12 +27,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from talon.atlas.data import Atlas, AtlasSpec, Children, Key
+from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
 from talon.decode import Engine, eos_ids, generate
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.kv import gather_entries
-from talon.run_config import ConfigError, RunConfig
+from talon.run_config import ConfigError, RunConfig, SamplingConfig
 from talon.verify import forward_hidden, lm_logits
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def record_atlas(
         raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
     report = progress or (lambda fraction, what: None)
     run_cfg = cfg.replace(
-        tree=cfg.tree.__class__(**{**cfg.tree.__dict__, "cost_aware": False}),
-        sampling=cfg.sampling.__class__(), async_draft=False, cost_model="fixed",
+        tree=dataclasses.replace(cfg.tree, cost_aware=False),
+        sampling=SamplingConfig(), async_draft=False, cost_model="fixed",
     )
     report(0.0, "running the target for its greedy text")
     t0 = time.perf_counter()
@@ -124,10 +125,7 @@ class _Recorder:
     # --- keys ------------------------------------------------------------------------------
 
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
-        out, m = self.output, 0
-        while m < len(path) and p + m < len(out) and path[m] == out[p + m]:
-            m += 1
-        return p + m, path[m:]
+        return canonical_key(self.output, p, path)
 
     def _k(self, key: Key) -> int:
         return max(self.spec.root_k, self.spec.top_k) if not key[1] else self.spec.top_k
@@ -145,7 +143,7 @@ class _Recorder:
     @torch.inference_mode()
     def _prefill(self) -> None:
         """One causal forward over prompt + output: the children of every greedy-text node."""
-        ids = self.drafter._ids(self.seq)
+        ids = self.drafter.embeddable_ids(self.seq)
         hidden = forward_hidden(self.drafter.model, self.cache, ids, torch.arange(len(ids)), None)  # (S, H)
         self.forwards += 1
         first = self.root_index
@@ -185,7 +183,7 @@ class _Recorder:
             visible[row, old + row] = True
             self.slots[(p, path)] = old + row
             positions.append(root + len(path))
-        ids = self.drafter._ids([path[-1] for _, path in batch])
+        ids = self.drafter.embeddable_ids([path[-1] for _, path in batch])
         self.forwards += 1
         self.rows += len(batch)
         return forward_hidden(self.drafter.model, self.cache, ids, torch.tensor(positions), visible)

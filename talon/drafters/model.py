@@ -85,7 +85,7 @@ class ModelDrafter(DraftLedger):
         self.slots = {}
         self.timings = []
         if prefill and len(prompt_ids) > 1:  # all but the root; the root goes with the first expansion
-            ids = self._ids(prompt_ids[:-1])
+            ids = self.embeddable_ids(prompt_ids[:-1])
             forward_hidden(self.model, self.cache, ids, torch.arange(len(ids)), None)
             self.fed = len(ids)
 
@@ -104,7 +104,7 @@ class ModelDrafter(DraftLedger):
         self.timings.append((max(fed, 1), time.perf_counter() - start))
         return out
 
-    def _ids(self, tokens: list[int]) -> torch.Tensor:
+    def embeddable_ids(self, tokens: list[int]) -> torch.Tensor:
         """(L,) long: token ids as the draft can embed them (a stand-in, id 0, for any it cannot)."""
         ids = torch.tensor(tokens, dtype=torch.long)
         return torch.where(ids < self.embed_rows, ids, torch.zeros_like(ids))
@@ -114,7 +114,7 @@ class ModelDrafter(DraftLedger):
         if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
             self.fed -= 1
             gather_entries(self.cache, list(range(self.fed)))
-        pending = self._ids(self.context[self.fed :])
+        pending = self.embeddable_ids(self.context[self.fed :])
         positions = torch.arange(self.fed, len(self.context))
         hidden = forward_hidden(self.model, self.cache, pending, positions, None)
         self.fed = len(self.context)
@@ -133,7 +133,7 @@ class ModelDrafter(DraftLedger):
             self.slots[path_key(tree, node)] = old + row
         root_pos = len(self.context) - 1
         positions = torch.tensor([root_pos + tree.depths[n] for n in nodes])
-        ids = self._ids([tree.tokens[n] for n in nodes])
+        ids = self.embeddable_ids([tree.tokens[n] for n in nodes])
         return forward_hidden(self.model, self.cache, ids, positions, visible)
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
