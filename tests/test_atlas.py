@@ -18,6 +18,7 @@ from talon.atlas.sweep import best_row, pareto, run_sweep
 from talon.cli import main
 from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
+from talon.drafters.model import DraftLedger
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.trace import TraceFileError
 from tests.test_engine import noisy_copy
@@ -56,12 +57,22 @@ def configs() -> list[RunConfig]:
 
 @pytest.mark.parametrize("cfg", configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-N{c.tree.budget}-"
                          f"{'cost' if c.tree.cost_aware else 'nocost'}-{c.tree.admission}")
-def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: RunConfig) -> None:
-    """Same trees, same accepted lengths, same text, for every drafter and tree mode, with and
-    without cost-aware planning (planned on the same fixed cost model)."""
+def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: RunConfig, monkeypatch) -> None:
+    """Same trees, same draft forwards (widths), same accepted lengths, same text, for every
+    drafter and tree mode, with and without cost-aware planning (planned on the same fixed cost
+    model)."""
+    widths: list[list[int]] = []
+    taken = DraftLedger.take_timings
+    monkeypatch.setattr(DraftLedger, "take_timings",
+                        lambda self: widths.append([w for w, _ in self.timings]) or taken(self))
     for prompt, atlas in zip(PROMPTS, atlases):
+        widths.clear()
         summary, steps = generate(engine, prompt, cfg)
+        real_widths = list(widths)
+        widths.clear()
         result = replay(atlas, cfg)
+        if result.exact:
+            assert widths == real_widths, "the replay feeds the draft model as the real run does"
         assert result.summary.token_ids == summary.token_ids == atlas.output
         if not result.exact:
             # a request outside the recorded superset: counted, never a silent rejection; the
