@@ -33,7 +33,7 @@ from talon.run_config import RunConfig  # noqa: E402
 XEON_VERIFY = {1: 0.518, 4: 0.954, 8: 1.386, 16: 1.566, 32: 1.942}
 XEON_DRAFT = {w: 0.165 * s / XEON_VERIFY[1] for w, s in XEON_VERIFY.items()}
 PLAN_KEYS = ("EXPLORE_MODEL_STEPS", "MAX_SKIPS_IN_A_ROW", "LONG_PREFILL_STEPS", "WATCH_STEPS",
-             "PRIOR_STRENGTH", "POOL_STRENGTH")
+             "PRIOR_STRENGTH", "POOL_STRENGTH", "ENGAGE_MARGIN")
 
 
 def host_costs(spec: str) -> tuple[str, dict]:

@@ -47,6 +47,9 @@ MAX_SKIPS_IN_A_ROW = 16  # then it runs once more, so its outlook follows the te
 # decision weighs the model's prior against retrieval's measured goodput, not against a guess.
 LONG_PREFILL_STEPS = 4
 WATCH_STEPS = 4
+# The draft model's gain before it has run is the outlook's prior, not a measurement: its prompt
+# prefill is paid only when the predicted saving exceeds it this many times over.
+ENGAGE_MARGIN = 3.0
 
 
 @dataclass
@@ -139,13 +142,17 @@ class AcceptanceModel:
     continues: Beta = field(default_factory=lambda: Beta.prior(0.6))
     observed: int = 0
 
-    def _bin(self, source: str, q: float, match_len: int) -> tuple[Calibration, int]:
+    def _bin(self, source: str, q: float, match_len: int, depth: int = 1) -> tuple[Calibration, int]:
+        """A retrieval node at ``depth`` is binned by the match it continues once its parent is
+        accepted: ``match_len + depth - 1`` tokens (each accepted ancestor lengthens the suffix
+        that matched), so a long copied passage earns trust as it goes."""
         if source == "retrieval":
-            return self.retrieval, bisect.bisect_right(MATCH_EDGES, match_len)
+            return self.retrieval, bisect.bisect_right(MATCH_EDGES, match_len + depth - 1)
         return (self.both if source == "both" else self.model), bisect.bisect_right(Q_EDGES, q)
 
-    def p_cond(self, source: str, q: float, match_len: int) -> float:
-        calibration, i = self._bin(source, q, match_len)
+    def p_cond(self, source: str, q: float, match_len: int, depth: int = 1) -> float:
+        """P(a node accepted | its parent accepted); ``depth``: the node's depth in its tree."""
+        calibration, i = self._bin(source, q, match_len, depth)
         rate = calibration.rate(i)
         return min(rate * q, 1.0) if source == "retrieval" else rate
 
@@ -153,7 +160,7 @@ class AcceptanceModel:
         """(T,) P(node accepted); the root is 1. Never grows along a path."""
         probs = [1.0]
         for node in range(1, len(tree)):
-            p = self.p_cond(tree.sources[node], tree.q_draft[node], match_len)
+            p = self.p_cond(tree.sources[node], tree.q_draft[node], match_len, tree.depths[node])
             probs.append(probs[tree.parents[node]] * p)
         return probs
 
@@ -163,7 +170,7 @@ class AcceptanceModel:
         for node in range(1, len(tree)):
             if tree.parents[node] in on_path:
                 source, q = tree.sources[node], tree.q_draft[node]
-                calibration, i = self._bin(source, q, match_len)
+                calibration, i = self._bin(source, q, match_len, tree.depths[node])
                 predicted = calibration.priors[i] * (q if source == "retrieval" else 1.0)
                 calibration.add(i, node in on_path, predicted)
                 self.observed += 1
@@ -335,7 +342,7 @@ class Planner:
                         f"until retrieval alone has run {WATCH_STEPS} steps ({self.steps_without_model} so far)")
             without = o.goodput_without or alone_rate
             saved = self.remaining / without - self.remaining / max(with_model, 1e-9)
-            if saved <= catch_up:
+            if saved <= ENGAGE_MARGIN * catch_up:
                 return (f"draft model not engaged: its {pending}-token prefill ({catch_up:.2f} s) would "
                         f"not pay back over the {self.remaining} tokens left ({saved:.2f} s saved)")
             return ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from talon.drafters.hybrid import SHORT_MATCH, HybridDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.models import cpu_model
 from talon.plan import (
+    ENGAGE_MARGIN,
     EXPLORE_MODEL_STEPS,
     WATCH_STEPS,
     AcceptanceModel,
@@ -447,3 +449,46 @@ def test_pooled_evidence_only_makes_other_bins_more_cautious() -> None:
     for _ in range(5):
         failing.observe(tree, [0], match_len=3)  # three-token matches, always rejected
     assert failing.p_cond("retrieval", 1.0, 20) < 0.5 * untried
+
+
+def test_a_retrieval_chain_earns_trust_as_it_goes() -> None:
+    """Once its parent is accepted, a retrieval node continues a match one token longer: a node at
+    depth d is judged as a (match_len + d - 1)-token match, so the conditional acceptance rises
+    along a copied passage instead of staying at the first node's, and hits deep in a chain teach
+    the long-match bins, not the short one."""
+    model = AcceptanceModel()
+    tree = DraftTree.with_root(0)
+    parent = 0
+    for token in range(1, 9):
+        parent = tree.add(parent, token, 1.0, "retrieval")
+    probs = model.node_probs(tree, match_len=2)
+    conditional = [probs[n] / probs[tree.parents[n]] for n in range(1, len(tree))]
+    assert conditional == pytest.approx([model.p_cond("retrieval", 1.0, 2 + d) for d in range(8)])
+    assert conditional[-1] > conditional[0] + 0.2
+    assert all(b >= a for a, b in zip(conditional, conditional[1:]))
+    learnt = AcceptanceModel()
+    for _ in range(6):
+        learnt.observe(tree, list(range(len(tree))), match_len=2)  # the whole passage accepted
+    assert learnt.p_cond("retrieval", 1.0, 9) > model.p_cond("retrieval", 1.0, 9) + 0.05
+    assert learnt.p_cond("retrieval", 1.0, 9, depth=1) == pytest.approx(learnt.p_cond("retrieval", 1.0, 2, depth=8))
+
+
+def test_the_draft_models_prefill_needs_a_margin_over_its_prior() -> None:
+    """Before the draft model has run, the saving it promises is the outlook's prior: its prompt
+    prefill is paid only when that saving exceeds the prefill ENGAGE_MARGIN times over, so a
+    saving between one and ENGAGE_MARGIN prefills keeps retrieval alone (sum's articles)."""
+    costs = synthetic_costs({1: 0.2, 128: 0.6}, {1: 0.04, 128: 0.2}, prefill_per_token_s=0.003)
+    root = DraftTree.with_root(1)
+    held_back, engaged = [], 0
+    for tokens in range(1, 40):
+        planner = Planner(costs, TreeConfig(), 128)
+        for _ in range(WATCH_STEPS):
+            planner.record_step(root, [0], tokens, model_ran=False, model_draft_s=0.0, step_s=1.0)
+        why = planner.model_decision(root, 0, pending=800, engaged=False)
+        if not why:
+            engaged += 1
+            continue
+        saved, prefill = (float(x) for x in re.findall(r"\(([-\d.]+) s(?: saved)?\)", why)[::-1][:2])
+        held_back.append(saved / prefill)
+    assert ENGAGE_MARGIN > 1 and engaged > 0
+    assert any(1.0 < ratio <= ENGAGE_MARGIN for ratio in held_back), held_back
