@@ -47,7 +47,7 @@ from talon.verify import forward_hidden, lm_logits
 log = logging.getLogger(__name__)
 
 COST_FORMAT = "talon-cost/1"
-PROBE_VERSION = 3  # in the cache key: a better probe re-measures instead of reading an old one
+PROBE_VERSION = 4  # in the cache key: a better probe (or cheaper drafting: 4 = the int8 draft head) re-measures
 MAX_AGE_DAYS = 30  # a cached model older than this is measured again
 SPREAD_OK = 0.05  # a size is measured until its two best timings agree within this share
 MIN_REPS, MAX_REPS = 3, 6

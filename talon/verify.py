@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import Cache, PreTrainedModel
 
+from talon.models.quant import int8_head
+
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(T, S) bool -> (1, 1, T, S) float: 0 where visible, the dtype's min elsewhere."""
@@ -56,7 +58,10 @@ def forward_hidden(
 
 @torch.inference_mode()
 def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
-    """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads)."""
+    """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads).
+    An int8 draft (``talon_quant``) uses its int8 head (:func:`talon.models.quant.int8_head`)."""
+    if getattr(model, "talon_quant", None) == "int8":
+        return int8_head(model, vocab_size)(hidden.float())
     weight = model.get_output_embeddings().weight  # (V_full, H)
     bias = model.get_output_embeddings().bias
     if vocab_size:

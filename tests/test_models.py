@@ -409,3 +409,28 @@ def test_embedded_pair(embedded_pair: tuple[LoadedModel, LoadedModel]) -> None:
         out = target.model.generate(**inputs, max_new_tokens=20, do_sample=False)
     text = target.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "def add(a, b)" in text, text
+
+
+def test_the_int8_draft_head_is_the_float_head_quantized() -> None:
+    """An int8 draft also gets an int8 LM head, one per draft vocabulary size, built once: its
+    probabilities stay within int8 rounding of the float head's and never touch the tied
+    embedding it was copied from."""
+    from talon.models import quantize_draft
+    from talon.verify import lm_logits
+    from tests.tiny import tiny_loaded
+
+    lm = tiny_loaded("qwen2", seed=3)
+    float_head = lm.model.get_output_embeddings().weight.detach().clone()
+    hidden = torch.randn(5, float_head.shape[1])
+    exact = torch.softmax(torch.nn.functional.linear(hidden, float_head[:200]), dim=-1)
+    int8 = quantize_draft(lm).model
+    probs = torch.softmax(lm_logits(int8, hidden, 200), dim=-1)
+    assert probs.shape == (5, 200)
+    assert (probs - exact).abs().max() < 0.02
+    assert (probs.argmax(-1) == exact.argmax(-1)).all()
+    assert lm_logits(int8, hidden, 0).shape == (5, float_head.shape[0])
+    assert set(int8.talon_heads) == {200, 0}
+    head = int8.talon_heads[200]
+    lm_logits(int8, hidden, 200)
+    assert int8.talon_heads[200] is head, "built once per size"
+    assert torch.equal(int8.get_output_embeddings().weight, float_head)

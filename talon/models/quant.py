@@ -8,7 +8,10 @@ output channel to int8 once, activations quantized on the fly per call, and the 
 fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the kernel behind torch's dynamic
 quantization, used here directly rather than through the deprecated ``torch.ao.quantization``
 front end). Activations stay float32, so the quantized draft runs in float32 around its int8
-matmuls; embeddings, norms and the LM head are untouched.
+matmuls; embeddings and norms are untouched. The LM head gets an int8 copy too, one per draft
+vocabulary size asked for (:func:`int8_head`, built on first use): in float32 the first 32,768
+rows of Qwen's head cost 8 ms of a 30 ms draft forward at width 1 and 19 ms at width 4 (a
+117 MB weight read per call), in int8 0.5 ms; the embedding matrix it shares stays float32.
 
 Measured on the 2-core AMD EPYC (avx512, no AMX), Qwen2.5-Coder-0.5B, prefix 400 tokens: see
 ``docs/design.md`` (Cost-aware drafting). torchao's ``Int8DynamicActivationInt8WeightConfig`` and
@@ -19,6 +22,7 @@ Measured on the 2-core AMD EPYC (avx512, no AMX), Qwen2.5-Coder-0.5B, prefix 400
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 
 import torch
@@ -29,7 +33,7 @@ from talon.run_config import ConfigError
 from talon.settings import DRAFT_QUANTS
 
 log = logging.getLogger(__name__)
-
+_HEAD_LOCK = threading.Lock()
 
 
 class Int8Linear(nn.Module):
@@ -83,3 +87,22 @@ def quantize_draft(lm: LoadedModel) -> LoadedModel:
     model.talon_quant = "int8"
     log.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
     return LoadedModel(model, lm.tokenizer, lm.name, torch.float32, lm.device)
+
+
+def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
+    """The int8 copy of ``model``'s LM head over its first ``vocab_size`` rows (0 = all), built
+    once per size and kept on the model (``talon_heads``); safe to call from several runs."""
+    heads = model.__dict__.setdefault("talon_heads", {})
+    head = heads.get(vocab_size)
+    if head is None:
+        with _HEAD_LOCK:
+            head = heads.get(vocab_size)
+            if head is None:
+                out = model.get_output_embeddings()
+                rows = vocab_size or out.weight.shape[0]
+                linear = nn.Linear(out.weight.shape[1], rows, bias=out.bias is not None)
+                linear.weight = nn.Parameter(out.weight.detach()[:rows], requires_grad=False)
+                if out.bias is not None:
+                    linear.bias = nn.Parameter(out.bias.detach()[:rows], requires_grad=False)
+                head = heads[vocab_size] = Int8Linear(linear)
+    return head
