@@ -41,7 +41,7 @@ PRIOR_CAP = 0.95  # no prior, however scaled, promises more than this
 EMA = 0.3
 EXPLORE_MODEL_STEPS = 3  # an engaged draft model runs this many steps before it may be skipped
 LOOKAHEAD = 4  # layers a cost stop looks ahead
-MAX_SKIPS_IN_A_ROW = 16  # then it runs once more, so its outlook follows the text
+MAX_SKIPS_IN_A_ROW = 4  # then it runs once more, so its outlook follows the text (tuned on atlases)
 # A draft-model prefill dearer than this many one-token target steps (a long prompt: a document
 # to summarise) waits until retrieval alone has run WATCH_STEPS steps, so that the engage
 # decision weighs the model's prior against retrieval's measured goodput, not against a guess.
