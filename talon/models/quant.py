@@ -99,7 +99,7 @@ def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
             head = heads.get(vocab_size)
             if head is None:
                 out = model.get_output_embeddings()
-                rows = vocab_size or out.weight.shape[0]
+                rows = min(vocab_size or out.weight.shape[0], out.weight.shape[0])
                 linear = nn.Linear(out.weight.shape[1], rows, bias=out.bias is not None)
                 linear.weight = nn.Parameter(out.weight.detach()[:rows], requires_grad=False)
                 if out.bias is not None:
