@@ -61,7 +61,7 @@ def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0)
     """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads).
     An int8 draft (``talon_quant``) uses its int8 head (:func:`talon.models.quant.int8_head`)."""
     if getattr(model, "talon_quant", None) == "int8":
-        return int8_head(model, vocab_size)(hidden.float())
+        return int8_head(model, vocab_size)(hidden)  # float32 in and out
     weight = model.get_output_embeddings().weight  # (V_full, H)
     bias = model.get_output_embeddings().bias
     if vocab_size:
