@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 from talon import figures as F
+from talon.figures.tree import GATED_NAME
 from talon.trace import RunSummary, StepTrace
 
 HOSTILE = ["<script>alert(1)</script>", "\"quoted' & <b>bold", "\x07bell\x1b[31m", "\u202egnp.exe", "tab\there\nnl"]
@@ -125,6 +126,23 @@ def test_tree_marks_accepted_rejected_and_gated_nodes() -> None:
             assert trace.marker.line.width[k] == (3 if bold else 1)
             assert trace.marker.symbol[k] == ("circle-x" if st.gate_passed[node] is False else "circle")
             assert trace.marker.opacity[k] == F.STATUS_OPACITY[F.node_status(st)[node]]
+
+
+def test_tree_legend_keys_are_plain_not_the_first_nodes_marker() -> None:
+    st = make_step()
+    assert st.gate_passed[0] is not False and False in st.gate_passed  # a gated node, not first
+    st.gate_passed[1] = False  # the first retrieval node is crossed: its key must not be
+    fig = F.tree_figure(st)
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    keys = {t.name: t for t in shown if t.customdata is None and t.x == (None,)}
+    for trace in node_traces(fig):
+        assert trace.showlegend is False
+        key = keys[trace.name]
+        assert key.legendgroup == trace.legendgroup and key.marker.symbol == "circle"
+        assert key.marker.color == trace.marker.color
+    assert keys[GATED_NAME].marker.symbol == "circle-x"
+    st.gate_passed = [None if p is False else p for p in st.gate_passed]
+    assert GATED_NAME not in {t.name for t in F.tree_figure(st).data}
 
 
 def test_tree_draws_the_accepted_path_as_bold_edges() -> None:

@@ -85,6 +85,9 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         nodes = [i for i in range(n) if step.sources[i] == source]
         if nodes:
             traces.append(_node_trace(step, nodes, source, status, pos, vocab, labels))
+            traces.append(_legend_key(SOURCE_NAMES[source], source, SOURCE_COLORS[source], "circle"))
+    if any(passed is False for passed in step.gate_passed):
+        traces.append(_legend_key(GATED_NAME, "gated", "#888888", "circle-x"))
     traces.append(_bonus_trace(step, pos[bonus], vocab))
     leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
     title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
@@ -120,6 +123,8 @@ def _node_trace(
         y=[pos[i][1] for i in nodes],
         mode="markers+text" if labels else "markers",
         name=SOURCE_NAMES[source],
+        legendgroup=source,
+        showlegend=False,  # the legend draws a plain key (_legend_key), not the first node's marker
         textposition="top center",
         textfont=dict(size=11, color="#333"),
         hovertext=[_node_hover(step, i, status[i], vocab) for i in nodes],
@@ -136,6 +141,16 @@ def _node_trace(
     if labels:
         trace["text"] = [token_label(step.texts[i], 10) for i in nodes]
     return trace
+
+
+GATED_NAME = "gated out (⊗, not expanded)"
+
+
+def _legend_key(name: str, group: str, color: str, symbol: str) -> Trace:
+    """A legend entry with no points: a node trace's own entry would take the marker of its
+    first node (faded, or crossed when the gate cut it)."""
+    return dict(type="scatter", x=[None], y=[None], mode="markers", name=name, legendgroup=group,
+                hoverinfo="skip", marker=dict(color=color, size=13, symbol=symbol, line=dict(color="white", width=1)))
 
 
 def _node_hover(step: StepTrace, node: int, status: str, vocab: Mapping[int, str]) -> str:
