@@ -174,8 +174,8 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
     other_s = sum(st.other_s for st in steps)
     total = max(draft_s + verify_s + other_s, 1e-9)
     prompt = summary.prompt if len(summary.prompt) <= PROMPT_SHOWN else summary.prompt[:PROMPT_SHOWN] + "…"
+    shown = [f'prompt: <span class="talon-prompt">{esc(prompt)}</span>' if prompt else ""]
     parts = [
-        f'prompt: <span class="talon-prompt">{esc(prompt)}</span>' if prompt else "",
         f"target {esc(_short(summary.target))} · draft {esc(_short(summary.draft))}"
         f" · {esc(summary.dtype)} on {esc(summary.device)}",
         f"time: draft {draft_s / total:.0%} · verify {verify_s / total:.0%} · other {other_s / total:.0%}",
@@ -183,7 +183,7 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
     ]
     if model_skipped_most(summary, steps):
         skipped = sum(bool(st.model_skipped) for st in steps)
-        parts.append(f'<span class="talon-skipped">{esc(SKIPPED_MOST_NOTE.format(skipped=skipped, steps=len(steps)))}</span>')
+        shown.append(f'<span class="talon-skipped">{esc(SKIPPED_MOST_NOTE.format(skipped=skipped, steps=len(steps)))}</span>')
     if summary.tree_stops:
         stops = ", ".join(f"{k} {v}" for k, v in sorted(summary.tree_stops.items(), key=lambda kv: -kv[1]))
         parts.append(f"trees stopped by: {esc(stops)} · draft forwards {summary.draft_forwards}"
@@ -199,7 +199,11 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
             f"cost model ({esc(mode)}{esc(str(origin))}): verify 1 node {at.get(1, 0) * 1e3:.0f} ms, "
             f"16 nodes {at.get(16, 0) * 1e3:.0f} ms · draft layer {draft.get(1, 0) * 1e3:.0f} ms"
         )
-    return '<div class="detail">' + "<br>".join(p for p in parts if p) + "</div>"
+    # the prompt (and the planner's warning) stay in view; models, time split and cost model fold,
+    # so that on a 1080p screen the draft tree starts higher
+    folded = (f'<details class="talon-run-details"><summary>models, time split, tree stops, cost model'
+              f'</summary>{"<br>".join(p for p in parts if p)}</details>')
+    return '<div class="detail">' + "<br>".join(p for p in shown if p) + folded + "</div>"
 
 
 def _short(name: str) -> str:
