@@ -46,10 +46,10 @@ MAX_SKIPS_IN_A_ROW = 4  # then it runs once more, so its outlook follows the tex
 # to summarise) waits until retrieval alone has run WATCH_STEPS steps, so that the engage
 # decision weighs the model's prior against retrieval's measured goodput, not against a guess.
 LONG_PREFILL_STEPS = 4
-WATCH_STEPS = 4
+WATCH_STEPS = 6  # tuned on atlases (with ENGAGE_MARGIN): 4 engaged the model on sum's articles too early
 # The draft model's gain before it has run is the outlook's prior, not a measurement: its prompt
 # prefill is paid only when the predicted saving exceeds it this many times over.
-ENGAGE_MARGIN = 3.0
+ENGAGE_MARGIN = 4.0
 
 
 @dataclass
