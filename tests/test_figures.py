@@ -338,6 +338,7 @@ def hostile_summary() -> RunSummary:
         dtype="float32",
         device="cpu",
         stop_reason="<b>eos",
+        prompt="<img src=p onerror=alert(2)> \u202e<script>p</script>",  # the line that stays in view
     )
 
 
