@@ -10,10 +10,17 @@ import logging
 import threading
 from pathlib import Path
 
-import gradio as gr
+from talon import zerogpu
 
-from talon import ui
-from talon.settings import Settings
+ZEROGPU = zerogpu.active()  # first: on ZeroGPU, importing `spaces` patches torch before anything uses CUDA
+
+import gradio as gr  # noqa: E402
+
+from talon import ui  # noqa: E402
+from talon.models import gpu_health  # noqa: E402
+from talon.settings import Settings  # noqa: E402
+
+log = logging.getLogger("talon.app")
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -31,11 +38,29 @@ def build_app(settings: Settings) -> gr.Blocks:
     return demo.queue(default_concurrency_limit=concurrency, max_size=max_size)
 
 
+def start_models(settings: Settings) -> None:
+    """Load the start-up pair. On ZeroGPU: on this (the main) thread, before ``launch()``, on a
+    stack ZeroGPU supports (else ``ZeroGPUUnsupported``); elsewhere in a background thread, so
+    the page is up at once."""
+    if not ZEROGPU:
+        threading.Thread(target=ui.warm_up, args=(settings,), name="talon-warm-up", daemon=True).start()
+        return
+    for problem in zerogpu.check_supported():  # raises, unless TALON_ZEROGPU_UNSUPPORTED_OK=1
+        log.warning("ZeroGPU does not support %s; starting anyway (TALON_ZEROGPU_UNSUPPORTED_OK=1)", problem)
+    ui.warm_up(settings)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    if (unusable := gpu_health.unusable_gpu()) is not None:
+        log.warning("%s", unusable)
+    try:
+        start_models(settings)
+    except zerogpu.ZeroGPUUnsupported as error:
+        log.error("%s", error)
+        raise SystemExit(f"talon: {error}") from None
     demo = build_app(settings)
-    threading.Thread(target=ui.warm_up, args=(settings,), name="talon-warm-up", daemon=True).start()
     # No allowed_paths: the CSS and script are inlined, so the server hands out only the files the
     # app itself returns (trace downloads); uploads beyond the validators' limit are refused early.
     demo.launch(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from talon.rng import categorical, check_device, uniform
 from talon.tree import DraftTree
 
 TOPK = 5  # the target's alternatives recorded per node
@@ -82,6 +83,7 @@ def accept_sampling(tree: DraftTree, p_target: torch.Tensor, generator: torch.Ge
     the target's. Talon's drafts are all deterministic (top-k of the draft model, retrieval
     continuations), so the min(1, p/q) rule for sampled drafts is not needed.
     """
+    check_device(generator, p_target)  # before any draw: a mismatch fails the same way on every device
     n = len(tree)
     tried_p: list[float | None] = [None] * n
     tried_accept: list[float | None] = [None] * n
@@ -93,13 +95,13 @@ def accept_sampling(tree: DraftTree, p_target: torch.Tensor, generator: torch.Ge
             x = tree.tokens[child]
             px = float(residual[x])
             tried_p[child], tried_accept[child] = float(p_target[node, x]), px
-            if torch.rand((), generator=generator, dtype=torch.float64).item() < px:
+            if uniform(generator, residual) < px:
                 chosen = child
                 break
             residual[x] = 0.0
             residual = residual / residual.sum()
         if chosen is None:
-            bonus = int(torch.multinomial(residual, 1, generator=generator))
+            bonus = categorical(residual, generator)
             kind = bonus_kind(tree, node)
             top = residual.topk(min(TOPK, residual.shape[-1])) if kind == "resampled" else None
             left = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []

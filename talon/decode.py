@@ -33,10 +33,11 @@ from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
+from talon.rng import generator_for
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
 from talon.trace import RunSummary, StepTrace, summarize_steps
 from talon.tree import DraftTree
-from talon.verify import forward_hidden, verify_tree
+from talon.verify import forward_hidden, head_device, verify_tree
 
 log = logging.getLogger(__name__)
 
@@ -179,17 +180,28 @@ class Engine:
                 self._token_text[token] = self.target.tokenizer.decode([token])
             return self._token_text[token]
 
-    def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
-        """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad)."""
-        tok = self.target.tokenizer
-        vocab = self.target.model.get_output_embeddings().weight.shape[0]
-        prompt_ids = encode_prompt(tok, prompt, cfg.chat_template, vocab)
+    def prepare(self, prompt: str | list[int], cfg: RunConfig) -> list[int]:
+        """The prompt's token ids, after every check a run makes before touching a device: the
+        prompt, the context window, a drafter that needs a draft model (PromptError, ConfigError).
+        Tokenizer and configs only, so it may run where no device may be touched (ZeroGPU)."""
+        if cfg.drafter in ("hybrid", "model") and self.draft is None:
+            raise ConfigError(
+                f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
+            )
+        vocab = self.target.model.get_output_embeddings().weight.shape[0]  # a shape: no device touched
+        prompt_ids = encode_prompt(self.target.tokenizer, prompt, cfg.chat_template, vocab)
         limit = getattr(self.target.model.config, "max_position_embeddings", None)
         if limit and len(prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:
             raise PromptError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
                 f"+ budget ({cfg.tree.budget}) exceeds the model's context window ({limit} tokens)"
             )
+        return prompt_ids
+
+    def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
+        """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad)."""
+        tok = self.target.tokenizer
+        prompt_ids = self.prepare(prompt, cfg)
         costs = None
         if cfg.tree.cost_aware and cfg.drafter != "none":
             costs = self.cost_snapshot(cfg.draft_vocab).copy()
@@ -230,7 +242,7 @@ class TargetVerifier:
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
         self.model = model
         self.sampling = sampling
-        self.generator = torch.Generator().manual_seed(sampling.seed)
+        self.generator = generator_for(head_device(model), sampling.seed)  # where the target's probabilities live
         self.cache = DynamicCache(config=model.config)
 
     def prefill(self, ids: list[int]) -> None:

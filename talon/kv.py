@@ -9,17 +9,22 @@ from transformers import Cache
 
 
 def gather_entries(cache: Cache, idx: list[int]) -> None:
-    """Keep only the entries at ``idx`` (absolute sequence indices, in that order), every layer."""
+    """Keep only the entries at ``idx`` (absolute sequence indices, in that order), every layer.
+    The index goes to each layer's own device (a model spread over GPUs has several), and the
+    nothing-to-drop test is plain Python, so no op ever mixes a CPU tensor with a device's."""
+    identity = idx == list(range(len(idx)))
     index = torch.tensor(idx, dtype=torch.long)  # (S',)
+    on_device: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
             continue
-        seq = layer.keys.shape[-2]
-        if len(idx) == seq and torch.equal(index, torch.arange(seq)):
+        if identity and len(idx) == layer.keys.shape[-2]:
             continue  # nothing to drop
-        index = index.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)  # (B, H, S', D)
-        layer.values = layer.values.index_select(-2, index)  # (B, H, S', D)
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = index.to(device)
+        layer.keys = layer.keys.index_select(-2, on_device[device])  # (B, H, S', D)
+        layer.values = layer.values.index_select(-2, on_device[device])  # (B, H, S', D)
 
 
 def keep_entries(cache: Cache, keep_prefix: int, extra: list[int]) -> None:

@@ -56,6 +56,12 @@ def forward_hidden(
     return out.last_hidden_state[0]  # (T, H)
 
 
+def head_device(model: PreTrainedModel) -> torch.device:
+    """Where the LM head's weight lives, so where the logits (and every draw from them) are. With
+    accelerate's multi-GPU placement that may be another GPU than ``model.device`` (the first)."""
+    return model.get_output_embeddings().weight.device
+
+
 @torch.inference_mode()
 def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
     """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads).
@@ -67,7 +73,8 @@ def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0)
     if vocab_size:
         weight = weight[:vocab_size]
         bias = None if bias is None else bias[:vocab_size]
-    logits = torch.nn.functional.linear(hidden, weight, bias)
+    # F.linear bypasses accelerate's hooks: the hidden state goes to the head, not the other way
+    logits = torch.nn.functional.linear(hidden.to(weight.device), weight, bias)
     return logits.float()
 
 

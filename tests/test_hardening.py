@@ -30,6 +30,7 @@ from gradio_client.utils import Status
 import app
 import talon.decode
 import talon.ui.backend as ui_device
+import talon.zerogpu
 from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
@@ -37,6 +38,7 @@ from talon.ui.backend import (
     GPU_BASE_S,
     GPU_MAX_S,
     DeviceRun,
+    Job,
     decode_on_device,
     find_preset,
     gpu_seconds,
@@ -408,11 +410,11 @@ def test_other_runtime_errors_are_not_reported_as_out_of_memory(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_on_gpu_is_a_no_op_without_spaces_and_spaces_gpu_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_gpu_is_spaces_gpu_where_spaces_is_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     def fn(x: int) -> int:
         return x
 
-    assert ui_device.spaces is None  # not installed here
+    monkeypatch.setattr(talon.zerogpu, "spaces_module", lambda: None)
     assert on_gpu(gpu_seconds)(fn) is fn
     assert inspect.isgeneratorfunction(decode_on_device)
 
@@ -422,34 +424,43 @@ def test_on_gpu_is_a_no_op_without_spaces_and_spaces_gpu_with_it(monkeypatch: py
         calls.append(duration)
         return lambda task: ("reserved", task)
 
-    monkeypatch.setattr(ui_device, "spaces", SimpleNamespace(GPU=fake_gpu))
+    monkeypatch.setattr(talon.zerogpu, "spaces_module", lambda: SimpleNamespace(GPU=fake_gpu))
     assert on_gpu(gpu_seconds)(fn) == ("reserved", fn)
     assert calls == [gpu_seconds]
     # spaces calls duration with the decorated function's own arguments
     assert list(inspect.signature(gpu_seconds).parameters) == list(inspect.signature(decode_on_device).parameters)
 
 
-def test_gpu_seconds_grow_with_max_new_tokens() -> None:
+def test_gpu_seconds_grow_with_max_new_tokens_and_a_load() -> None:
     preset = PRESETS[0]
 
-    def seconds(tokens: int) -> int:
-        cfg = Controls(max_new_tokens=tokens).run_config(100_000)
-        return gpu_seconds(Settings(), preset, "abc", cfg, "id")
+    def seconds(*tokens: int) -> int:
+        jobs = [Job(preset, "abc", Controls(max_new_tokens=n).run_config(100_000)) for n in tokens]
+        return gpu_seconds(Settings(), jobs, "id")
 
-    assert seconds(10) == GPU_BASE_S + 1
-    assert seconds(100) < seconds(1000) <= GPU_MAX_S
-    assert seconds(100_000) == GPU_MAX_S
+    held = ui_device.SLOT.held
+    try:
+        ui_device.SLOT.held = ui_device.Held(ui_device.pair_key(Settings(), preset), None)
+        assert seconds(10) == GPU_BASE_S + 1
+        assert seconds(100) < seconds(1000) <= GPU_MAX_S
+        assert seconds(10, 10) == GPU_BASE_S + 2  # a Compare: one reservation for both runs
+        assert seconds(100_000) == GPU_MAX_S
+        ui_device.SLOT.held = None
+        assert seconds(10) == GPU_BASE_S + ui_device.GPU_LOAD_S + 1  # the pair loads inside the call
+    finally:
+        ui_device.SLOT.held = held
 
 
 def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> None:
     """On ZeroGPU the arguments and every yielded item cross a process boundary."""
     settings, preset = Settings(), PRESETS[0]
     cfg = Controls(max_new_tokens=8).run_config(1024)
-    pickle.dumps((settings, preset, "abc abc", cfg, "id"))
-    items = list(decode_on_device(settings, preset, "abc abc", cfg, "id"))
-    assert isinstance(items[-1], RunSummary) and len(items) >= 2
-    for item in pickle.loads(pickle.dumps(items)):
-        assert type(item) in (StepTrace, RunSummary)
+    jobs = [Job(preset, "abc abc", cfg), Job(preset, "abc abc", cfg.replace(drafter="none"))]
+    pickle.dumps((settings, jobs, "id"))
+    items = list(decode_on_device(settings, jobs, "id"))
+    assert [i for i, item in items[:-1] if isinstance(item, RunSummary)] == [0, 1] and len(items) >= 4
+    for item in pickle.loads(pickle.dumps(items[:-1])):
+        assert type(item[1]) in (StepTrace, RunSummary)
 
 
 def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
@@ -467,16 +478,16 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     assert initial_preset(Settings()) == STARTUP_GPU_PRESET
     assert initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
 
-    loads: list[tuple] = []
-    def fake_engine(*args: object) -> SimpleNamespace:
-        loads.append(args)
+    loads: list[ui_device.PairKey] = []
+    def fake_engine(key: ui_device.PairKey) -> SimpleNamespace:
+        loads.append(key)
         return SimpleNamespace(target=None, draft=None)
 
-    monkeypatch.setattr(ui_device, "_cached_engine", fake_engine)
+    monkeypatch.setattr(ui_device, "SLOT", ui_device.PairSlot(fake_engine, lambda: None, lambda device: None))
     warm_up(Settings())
     load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
     load_engine(Settings(), find_preset(Settings(), DEFAULT_PRESET))
-    assert [(target, dtype) for target, _, dtype, *_ in loads] == [
+    assert [(k.target, k.dtype) for k in loads] == [
         ("Qwen/Qwen2.5-7B-Instruct", "bfloat16"),
         ("Qwen/Qwen2.5-7B-Instruct", "float16"),  # TALON_DTYPE wins
         (EMBEDDED_TARGET, "auto"),
@@ -499,10 +510,7 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(ui_device, "load_pair", fake_load_pair)
     monkeypatch.setattr(ui_device, "Engine", lambda target, draft, **kwargs: SimpleNamespace(target=None, draft=None))
-    ui_device._cached_engine.cache_clear()
-    try:
-        for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
-            load_engine(Settings.from_env(env), PRESETS[0])
-    finally:
-        ui_device._cached_engine.cache_clear()
+    monkeypatch.setattr(ui_device, "SLOT", ui_device.PairSlot(ui_device.build_engine, lambda: None, lambda d: None))
+    for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
+        load_engine(Settings.from_env(env), PRESETS[0])
     assert seen == [False, True]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from talon.models.base import ModelLoadError
+from talon.rng import generator_for
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def time_linear(dtype: torch.dtype, rows: int = 8, dim: int = 4096, reps: int = 
     The weight (64 MB in float32) is larger than the CPU caches, as a decoder's weights are:
     decoding a few tokens is bound by memory traffic, which bfloat16 halves where the CPU has
     native bf16 kernels. A cache-resident weight would time the arithmetic only."""
-    generator = torch.Generator().manual_seed(0)
+    generator = generator_for("cpu", 0)  # this timing runs on the CPU only
     x = torch.randn(rows, dim, generator=generator).to(dtype)  # (rows, dim)
     weight = torch.randn(dim, dim, generator=generator).to(dtype)  # (dim, dim)
     times: list[float] = []

@@ -26,6 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from talon import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
@@ -133,29 +134,38 @@ def _offline_reason() -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _device_map(device: torch.device) -> str | dict[str, torch.device]:
-    """One device, or, on a machine with several GPUs and device "cuda", accelerate's "auto"
-    placement, so a model larger than one GPU spreads over all of them (the tree verifier only
-    feeds inputs to ``model.device`` and reads logits back; it is unchanged)."""
-    if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
+def device_map(device: torch.device, spread: bool) -> str | dict[str, torch.device]:
+    """Where a model's weights go. One device, except a model allowed to ``spread`` (the target)
+    on a machine with several GPUs and device "cuda": accelerate's "auto" placement, so a target
+    larger than one GPU spreads over all of them. The draft always stays whole on one device (a
+    split draft would pay a device hop per drafting layer for nothing). The verifier feeds inputs
+    to ``model.device`` and applies the LM head where its weight lives (``verify.lm_logits``)."""
+    if spread and device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
         return "auto"
+    if device.type == "cuda" and device.index is None:
+        return {"": torch.device("cuda", 0)}
     return {"": device}
 
 
 def _from_pretrained(
-    name: str, dtype: torch.dtype, device: torch.device, allow_remote_code: bool, local_only: bool
+    name: str, dtype: torch.dtype, device: torch.device, allow_remote_code: bool, local_only: bool, spread: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = AutoTokenizer.from_pretrained(
         name, trust_remote_code=allow_remote_code, local_files_only=local_only
     )
+    # On ZeroGPU, weights load on the CPU and move with .to("cuda"), which ZeroGPU records on the
+    # main thread and replays in its GPU worker (an accelerate device map would touch CUDA itself).
+    to_cuda_later = device.type == "cuda" and zerogpu.active()
     model = AutoModelForCausalLM.from_pretrained(
         name,
         dtype=dtype,
-        device_map=_device_map(device),
+        device_map={"": torch.device("cpu")} if to_cuda_later else device_map(device, spread),
         attn_implementation="sdpa",
         trust_remote_code=allow_remote_code,
         local_files_only=local_only,
     )
+    if to_cuda_later:
+        model = model.to(device)
     return model.eval(), tokenizer
 
 
@@ -165,8 +175,10 @@ def load_model(
     device: str = "auto",
     allow_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    spread: bool = False,
 ) -> LoadedModel:
-    """Load one model from an embedded name, a local directory, a .gguf file or a Hub id."""
+    """Load one model from an embedded name, a local directory, a .gguf file or a Hub id
+    (``spread``: may spread over several GPUs, see :func:`device_map`)."""
     spec = spec.strip()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -175,7 +187,7 @@ def load_model(
     offline_reason = None if local is not None else _offline_reason()
     try:
         model, tokenizer = _from_pretrained(
-            local or spec, torch_dtype, torch_device, allow_remote_code, offline_reason is not None
+            local or spec, torch_dtype, torch_device, allow_remote_code, offline_reason is not None, spread
         )
     except (OSError, ValueError, HfHubHTTPError) as error:
         raise _load_error(spec, local, error, offline_reason) from error
@@ -196,7 +208,7 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU); the target is never quantized."""
-    target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir)
+    target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
     quant = resolve_draft_quant(draft_quant, target_lm.device)

@@ -31,10 +31,11 @@ from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig, RunConfig
 from talon.settings import Settings
 from talon.trace import TraceFileError, read_json_upload
 from talon.ui.backend import (
-    GPU_BASE_S,
     GPU_MAX_S,
     GPU_PER_TOKEN_S,
     DeviceRun,
+    Job,
+    gpu_seconds,
     load_engine,
     on_gpu,
     out_of_memory_as_error,
@@ -216,8 +217,10 @@ def explore(session: AtlasSession, knobs: Knobs) -> Exploration:
 
 
 def record_seconds(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig) -> int:
-    """GPU seconds to reserve for a recording: a run plus the draft's batched forwards."""
-    return min(GPU_MAX_S, math.ceil(GPU_BASE_S + 2 * GPU_PER_TOKEN_S * cfg.max_new_tokens))
+    """GPU seconds to reserve for a recording: a run (and a load, where another pair is held) plus
+    the draft's batched forwards."""
+    run = gpu_seconds(settings, [Job(preset, prompt, cfg)])
+    return min(GPU_MAX_S, math.ceil(run + GPU_PER_TOKEN_S * cfg.max_new_tokens))
 
 
 @on_gpu(duration=record_seconds)
@@ -390,7 +393,7 @@ def make_record(view: AtlasView, settings: Settings) -> Callable[..., Iterator[d
         """Record the draft atlas of the prompt with the controls on the left (the models run
         once), then score the controls' configuration from it."""
         values = Controls(**controls)
-        run = DeviceRun(settings, prompt, values, threading.Event())  # validates, loads the models
+        run = DeviceRun(settings, prompt, values, threading.Event())  # validates (elsewhere than ZeroGPU: loads)
         yield {view.status: progress_html(0.0, "loading the models…")}
         atlas = None
         for item in record_on_device(settings, run.preset, prompt, run.cfg):

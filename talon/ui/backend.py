@@ -6,38 +6,38 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import logging
 import math
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import torch
 
+from talon import zerogpu
+from talon.cost import CostModel
 from talon.decode import Engine, PromptError, Run
 from talon.examples import ModelPreset, available_presets, startup_preset
-from talon.models import ModelLoadError, load_pair, resolve_device
+from talon.models import ModelLoadError, gpu_health, load_pair, resolve_device
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import RunSummary, StepTrace
 from talon.ui.controls import Controls, check_prompt, user_error
-
-try:  # Hugging Face ZeroGPU: installed on Spaces, absent elsewhere (see on_gpu)
-    import spaces
-except ImportError:
-    spaces = None
+from talon.ui.pair import Held, PairKey, PairSlot, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
-# ZeroGPU reservation per run: loading and prefill, then a generous per-token cost, capped.
+# ZeroGPU reservation per user action: prefill and the cost probe, a pair's load when another pair
+# is asked for, then a generous per-token cost, capped.
 GPU_BASE_S = 20
+GPU_LOAD_S = 60
 GPU_PER_TOKEN_S = 0.1
 GPU_MAX_S = 300
 
@@ -46,24 +46,30 @@ GPU_MAX_S = 300
 # Models: one cached loader
 # ---------------------------------------------------------------------------------------------
 
-_LOAD_LOCK = threading.Lock()
+def build_engine(key: PairKey) -> Engine:
+    target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
+                                    key.cache_dir, key.draft_quant)
+    return Engine(target_lm, draft_lm, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
 
 
-@functools.lru_cache(maxsize=1)
-def _cached_engine(
-    target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str,
-    draft_quant: str = "auto", cost_cache: str = "",
-) -> Engine:
-    target_lm, draft_lm = load_pair(target, draft, dtype, device, allow_remote_code, cache_dir, draft_quant)
-    return Engine(target_lm, draft_lm, cost_cache=Path(cost_cache) if cost_cache else None)
+def free_device_bytes(device: str) -> int | None:
+    """Bytes free on a CUDA device now (None on a CPU: the guard then has nothing to check)."""
+    resolved = resolve_device(device)
+    return torch.cuda.mem_get_info(resolved)[0] if resolved.type == "cuda" else None
 
 
-_LOADED: dict[str, Any] = {}  # the pair held now ("key") and its weights' bytes, freed on a switch
+# the pair this server holds (late-bound, so a test's tripwire or fake sees every call)
+SLOT = PairSlot(lambda key: build_engine(key), lambda: release_memory(), lambda device: free_device_bytes(device))
 
 
-def engine_bytes(engine: Engine) -> int:
-    models = [lm.model for lm in (engine.target, engine.draft) if lm is not None]
-    return sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
+    """What a preset loads on this server. TALON_DTYPE, when it names a dtype, wins over the preset's."""
+    return PairKey(
+        target=preset.target or settings.target, draft=preset.draft or settings.draft,
+        dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto", device=settings.device,
+        draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
+        cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
+    )
 
 
 def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, available: int) -> None:
@@ -78,28 +84,36 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
 
 
 def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
-    """The engine for a preset, loaded once and kept (one pair at a time; loads are serialised).
-    TALON_DTYPE, when it names a dtype, wins over the preset's."""
-    target, draft = preset.target or settings.target, preset.draft or settings.draft
-    dtype = settings.dtype if settings.dtype != "auto" else preset.dtype or "auto"
-    quant = preset.draft_quant or settings.draft_quant
-    with _LOAD_LOCK:
-        key = (target, draft, dtype, settings.device)
-        device = resolve_device(settings.device)
-        if key != _LOADED.get("key") and preset.needs_cuda and device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            check_preset_memory(settings, preset, dtype, free + _LOADED.get("bytes", 0))
-        engine = _cached_engine(
-            target, draft, dtype, settings.device, settings.allow_remote_code, str(settings.cache_dir), quant,
-            str(settings.cost_cache_dir),
-        )
-        if key != _LOADED.get("key"):
-            _LOADED.update(key=key, bytes=engine_bytes(engine))
-        return engine
+    """The engine for a preset: the pair held now, or, after releasing it, this one (one pair at a
+    time; loads are serialised). A pair that fails to load leaves the previous pair, or the
+    start-up pair, held again; the ModelLoadError says what happened."""
+    key = pair_key(settings, preset)
+
+    def guard(free: int | None) -> None:
+        if free is not None and preset.needs_cuda:
+            check_preset_memory(settings, preset, key.dtype, free)
+
+    fallback = pair_key(settings, find_preset(settings, initial_preset(settings)))
+    return SLOT.get(key, guard, fallback)
+
+
+def server_notices() -> list[str]:
+    """What every visitor should know about this server before a run (plain sentences): a GPU
+    that is present but unusable, and ZeroGPU's shared slots."""
+    notices = []
+    if (unusable := gpu_health.unusable_gpu()) is not None:
+        notices.append(unusable)
+    if zerogpu.active():
+        notices.append("This Space runs on ZeroGPU: each run (a decode with its baseline, a Compare, a sweep, "
+                       "a recording) waits for a shared GPU slot, then holds it for the seconds it asks for, "
+                       "counted against your daily GPU quota. Other model pairs than the start-up one load "
+                       "inside that slot, so their runs take longer.")
+    return notices
 
 
 def warm_up(settings: Settings) -> None:
-    """Load the start-up pair now (call from a background thread at start); errors are logged
+    """Load the start-up pair now: from a background thread at start, or on ZeroGPU on the main
+    thread before launch (ZeroGPU records the weights moved to cuda there). Errors are logged
     here and shown to the user on their first run."""
     try:
         load_engine(settings, find_preset(settings, initial_preset(settings)))
@@ -149,6 +163,11 @@ def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: A
         raise user_error(str(error)) from error
 
 
+def check_prompt_tokens(settings: Settings, tokens: int) -> None:
+    if tokens > settings.max_prompt_tokens:
+        raise gr.Error(f"the prompt has {tokens} tokens; this server accepts at most {settings.max_prompt_tokens}")
+
+
 def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event) -> Run:
     """Load the preset's models (cached) and start a run, before any forward: a model that cannot
     be loaded or a prompt the server refuses becomes a gr.Error that says why."""
@@ -156,10 +175,7 @@ def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfi
         run = load_engine(settings, preset).run(prompt, cfg, cancel)
     except (ConfigError, PromptError, ModelLoadError) as error:
         raise user_error(str(error)) from error
-    if len(run.prompt_ids) > settings.max_prompt_tokens:
-        raise gr.Error(
-            f"the prompt has {len(run.prompt_ids)} tokens; this server accepts at most {settings.max_prompt_tokens}"
-        )
+    check_prompt_tokens(settings, len(run.prompt_ids))
     return run
 
 
@@ -168,29 +184,38 @@ def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfi
 # ---------------------------------------------------------------------------------------------
 
 
-def on_gpu(duration: Callable[..., int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``spaces.GPU(duration=duration)`` where the ``spaces`` package is importable: on ZeroGPU it
-    reserves a GPU for each call, for the seconds ``duration`` computes from the call's own
-    arguments. Elsewhere the function is returned unchanged."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return fn if spaces is None else spaces.GPU(duration=duration)(fn)
-
-    return decorate
+on_gpu = zerogpu.gpu  # spaces.GPU(duration=...) where spaces is importable; see talon.zerogpu
 
 
-def gpu_seconds(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel_id: str) -> int:
-    """GPU seconds to reserve for one run (same arguments as ``decode_on_device``): a base for
-    loading and prefill plus a per-token cost of max_new_tokens, capped at GPU_MAX_S."""
-    return min(GPU_MAX_S, math.ceil(GPU_BASE_S + GPU_PER_TOKEN_S * cfg.max_new_tokens))
+@dataclass(frozen=True)
+class Job:
+    """One run of a user action, validated: what ``decode_on_device`` runs (picklable)."""
+
+    preset: ModelPreset
+    prompt: str
+    cfg: RunConfig
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """A device (or host) allocation failure: torch's OutOfMemoryError or a RuntimeError saying so."""
-    text = str(error).lower()
-    return isinstance(error, torch.cuda.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
-    )
+@dataclass(frozen=True)
+class Learned:
+    """What a device call learned, handed back as plain data (on ZeroGPU the call runs in a
+    forked worker whose Python state never comes back): the pair's cost curves by draft vocabulary."""
+
+    key: PairKey
+    costs: dict[int, dict[str, Any]]
+
+
+def held_key() -> PairKey | None:
+    return SLOT.held.key if SLOT.held is not None else None
+
+
+def gpu_seconds(settings: Settings, jobs: list[Job], cancel_id: str = "") -> int:
+    """GPU seconds to reserve for one user action (same arguments as ``decode_on_device``): a base
+    for prefill and the cost probe, a per-token cost of each run's max_new_tokens, and a load
+    when a run needs a pair other than the one held, capped at GPU_MAX_S."""
+    tokens = sum(job.cfg.max_new_tokens for job in jobs)
+    load = any(pair_key(settings, job.preset) != held_key() for job in jobs)
+    return min(GPU_MAX_S, math.ceil(GPU_BASE_S + GPU_LOAD_S * load + GPU_PER_TOKEN_S * tokens))
 
 
 def release_memory() -> None:
@@ -219,57 +244,126 @@ def out_of_memory_as_error(cfg: RunConfig) -> Iterator[None]:
         ) from None
 
 
-# cancel_id -> the run's Stop flag. decode_on_device takes the id, not the Event: on ZeroGPU its
-# arguments are pickled into a GPU worker process (where the id finds nothing; see DeviceRun).
+# cancel_id -> the action's Stop flag. decode_on_device takes the id, not the Event: on ZeroGPU its
+# arguments are pickled into a GPU worker process (where the id finds nothing; see DeviceAction).
 _CANCELS: dict[str, threading.Event] = {}
 _CANCELS_LOCK = threading.Lock()
 
 
 @on_gpu(duration=gpu_seconds)
 def decode_on_device(
-    settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel_id: str
-) -> Iterator[StepTrace | RunSummary]:
-    """Run a planned request: yields its StepTraces, then its RunSummary. Takes and yields only
-    picklable values, and every failure a user can act on leaves it as a gr.Error."""
-    with out_of_memory_as_error(cfg):
-        yield from _decode(settings, preset, prompt, cfg, _CANCELS.get(cancel_id) or threading.Event())
+    settings: Settings, jobs: list[Job], cancel_id: str = ""
+) -> Iterator[tuple[int, StepTrace | RunSummary] | Learned]:
+    """Run a user action's jobs in turn, in one device call: yields ``(job index, StepTrace)``
+    items, ``(job index, RunSummary)`` when a job ends, then what the call learned. Takes and
+    yields only picklable values, and every failure a user can act on leaves it as a gr.Error."""
+    cancel = _CANCELS.get(cancel_id) or threading.Event()
+    engine = None
+    for index, job in enumerate(jobs):
+        if cancel.is_set():
+            break
+        with out_of_memory_as_error(job.cfg):
+            run = open_run(settings, job.preset, job.prompt, job.cfg, cancel)
+            engine = run.engine
+            for step in run:
+                yield index, step
+        assert run.summary is not None
+        if run.costs is not None and not run.fixed_costs and not cancel.is_set():
+            engine.adopt_costs(run.costs, job.cfg.draft_vocab)  # learn mode: the next run starts from these
+        yield index, run.summary
+    if engine is not None and held_key() is not None:
+        yield Learned(held_key(), {v: c.to_dict() for v, c in engine.cost_snapshots().items()})
 
 
-def _decode(
-    settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event
-) -> Iterator[StepTrace | RunSummary]:
-    run = open_run(settings, preset, prompt, cfg, cancel)
-    yield from run
-    assert run.summary is not None
-    if run.costs is not None and not run.fixed_costs and not cancel.is_set():
-        run.engine.adopt_costs(run.costs, cfg.draft_vocab)  # learn mode: the next run starts from these curves
-    yield run.summary
+def adopt_learned(learned: Learned) -> None:
+    """In the server process: keep what a device call learned for the pair held here (on ZeroGPU
+    the next forked worker starts from it; elsewhere it is the same engine, and nothing changes)."""
+    if SLOT.held is not None and SLOT.held.key == learned.key:
+        for vocab, data in learned.costs.items():
+            SLOT.held.engine.adopt_costs(CostModel.from_dict(data), vocab)
 
 
-class DeviceRun:
-    """One validated run, executed by ``decode_on_device``: iterate it for StepTraces; ``summary``
-    is set at the end. Creating it validates the request and loads the models here, in the
-    server process, so every error a user can fix is raised before any output changes."""
+# ---------------------------------------------------------------------------------------------
+# A user action: every run validated here, then all of them in one device call
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(
-        self, settings: Settings, prompt: str, controls: Controls, cancel: threading.Event, **overrides: Any
-    ) -> None:
-        self.preset, self.cfg = plan_run(settings, prompt, controls, **overrides)
-        with out_of_memory_as_error(self.cfg):
-            open_run(settings, self.preset, prompt, self.cfg, cancel)  # checks only; nothing runs yet
-        self.settings, self.prompt, self.cancel = settings, prompt, cancel
-        self.summary: RunSummary | None = None
 
-    def __iter__(self) -> Iterator[StepTrace]:
+def check_job(settings: Settings, job: Job) -> None:
+    """Every check a user can act on, before any output changes. Elsewhere the models load here
+    (cached); on ZeroGPU no device may be touched in this process, so the prompt is checked with
+    the held pair's tokenizer, and a pair not held here is loaded (and checked) in the GPU call."""
+    if zerogpu.active():
+        if held_key() != pair_key(settings, job.preset):
+            return
+        try:
+            ids = SLOT.held.engine.prepare(job.prompt, job.cfg)
+        except (ConfigError, PromptError) as error:
+            raise user_error(str(error)) from error
+        check_prompt_tokens(settings, len(ids))
+        return
+    with out_of_memory_as_error(job.cfg):
+        open_run(settings, job.preset, job.prompt, job.cfg, threading.Event())  # checks only; nothing runs
+
+
+class DeviceAction:
+    """One user action (a decode with its baseline, a Compare, a sweep): its runs validated when
+    it is made, so every error a user can fix is raised before any output changes; then run in
+    one ``decode_on_device`` call. ``runs[i]`` iterates run i's StepTraces (in order: run i+1
+    starts where run i ends); ``runs[i].summary`` is set when it ends."""
+
+    def __init__(self, settings: Settings, requests: list[tuple[str, Controls, dict[str, Any]]],
+                 cancel: threading.Event) -> None:
+        self.jobs = []
+        for prompt, controls, overrides in requests:
+            preset, cfg = plan_run(settings, prompt, controls, **overrides)
+            self.jobs.append(Job(preset, prompt, cfg))
+        for job in self.jobs:
+            check_job(settings, job)
+        self.settings, self.cancel = settings, cancel
+        self.summaries: list[RunSummary | None] = [None] * len(self.jobs)
+        self.runs = [ActionRun(self, i) for i in range(len(self.jobs))]
+        self._items: Iterator[tuple[int, StepTrace | RunSummary]] | None = None
+
+    @property
+    def gpu_seconds(self) -> int:
+        return gpu_seconds(self.settings, self.jobs)
+
+    def steps(self, index: int) -> Iterator[StepTrace]:
+        """Run ``index``'s steps, pulling the shared stream until its summary arrives."""
+        if self._items is None:
+            self._items = self._stream()
+        try:
+            for i, item in self._items:
+                if isinstance(item, RunSummary):
+                    self.summaries[i] = item
+                    if i == len(self.jobs) - 1:
+                        for _ in self._items:  # what the call learned; then the call is closed
+                            pass
+                    if i >= index:
+                        return
+                elif i == index:
+                    yield item
+        except GeneratorExit:  # the handler was closed (Stop, a closed page): end the device call too
+            self._items.close()
+            raise
+
+    def finish(self) -> None:
+        """Run whatever is left (a baseline after the streamed run), then close the device call."""
+        for _ in self.steps(len(self.jobs)):
+            pass
+
+    def _stream(self) -> Iterator[tuple[int, StepTrace | RunSummary]]:
         cancel_id = uuid.uuid4().hex
         with _CANCELS_LOCK:
             _CANCELS[cancel_id] = self.cancel
-        items = decode_on_device(self.settings, self.preset, self.prompt, self.cfg, cancel_id)
+        items = decode_on_device(self.settings, self.jobs, cancel_id)
         stop_seen = False
         try:
             for item in items:
-                if isinstance(item, RunSummary):
-                    self.summary = item
+                if isinstance(item, Learned):
+                    adopt_learned(item)
+                elif isinstance(item[1], RunSummary):
+                    yield item
                 elif stop_seen:  # a run that cannot see the flag (ZeroGPU worker) ends when closed
                     break
                 else:
@@ -279,3 +373,29 @@ class DeviceRun:
             items.close()
             with _CANCELS_LOCK:
                 _CANCELS.pop(cancel_id, None)
+
+
+def start_status(action: DeviceAction) -> str:
+    """The status line while an action starts: on ZeroGPU it first waits for a GPU slot."""
+    return zerogpu.waiting_note(action.gpu_seconds) if zerogpu.active() else "running…"
+
+
+class ActionRun:
+    """Run ``index`` of a DeviceAction: iterate it for StepTraces; ``summary`` when it ended."""
+
+    def __init__(self, action: DeviceAction, index: int) -> None:
+        self.action, self.index = action, index
+        self.preset, self.cfg = action.jobs[index].preset, action.jobs[index].cfg
+
+    @property
+    def summary(self) -> RunSummary | None:
+        return self.action.summaries[self.index]
+
+    def __iter__(self) -> Iterator[StepTrace]:
+        return self.action.steps(self.index)
+
+
+def DeviceRun(settings: Settings, prompt: str, controls: Controls, cancel: threading.Event,  # noqa: N802
+              **overrides: Any) -> ActionRun:
+    """A user action of one run (validated now): iterate it for StepTraces; ``summary`` at the end."""
+    return DeviceAction(settings, [(prompt, controls, overrides)], cancel).runs[0]

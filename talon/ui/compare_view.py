@@ -14,7 +14,7 @@ import gradio as gr
 from talon import figures as F
 from talon.run_config import RunConfig
 from talon.settings import Settings
-from talon.ui.backend import DeviceRun
+from talon.ui.backend import DeviceAction
 from talon.ui.controls import Controls
 from talon.ui.session import CompareSession
 from talon.ui.stream import run_variants
@@ -85,7 +85,7 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         a = Controls(**controls)
         b = dataclasses.replace(a, tree_mode=tree_mode_b, drafter=drafter_b, mu=mu_b)
         cancel = threading.Event()
-        runs = [DeviceRun(settings, prompt, c, cancel) for c in (a, b)]
+        runs = DeviceAction(settings, [(prompt, c, {}) for c in (a, b)], cancel).runs  # one device call
         cmp.runs, cmp.summaries, cmp.cancel = [], [], cancel
         for index, steps, finished in run_variants(runs):
             label, run = "AB"[index], runs[index]

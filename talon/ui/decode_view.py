@@ -25,7 +25,7 @@ from talon.trace import (
     parse_trace,
     read_json_upload,
 )
-from talon.ui.backend import DeviceRun
+from talon.ui.backend import DeviceAction, start_status
 from talon.ui.controls import Controls, user_error
 from talon.ui.files import upload_path, write_trace
 from talon.ui.session import Session
@@ -125,14 +125,7 @@ class DecodeView:
         return updates
 
 
-def run_autoregressive(
-    settings: Settings, prompt: str, controls: Controls, cancel: threading.Event
-) -> RunSummary | None:
-    """The same prompt and sampling with no drafter: one target forward per token."""
-    run = DeviceRun(settings, prompt, controls, cancel, drafter="none", async_draft=False)
-    for _ in run:
-        pass
-    return None if cancel.is_set() else run.summary
+AUTOREGRESSIVE = {"drafter": "none", "async_draft": False}  # the baseline: one target forward per token
 
 
 def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
@@ -140,18 +133,22 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         prompt: str, session: Session, compare_ar: bool = False, step_through: bool = False, **controls: Any
     ) -> Iterator[dict[Any, Any]]:
         """Run speculative decoding on the prompt; streams the text, the figures of the newest
-        step, the run-level figures and, at the end, the summary and the trace file."""
+        step, the run-level figures and, at the end, the summary and the trace file. The run and
+        its autoregressive baseline (the same prompt and sampling with no drafter) are one action:
+        one device call (one ZeroGPU reservation)."""
         values = Controls(**controls)
         cancel = threading.Event()
-        run = DeviceRun(settings, prompt, values, cancel)
+        requests = [(prompt, values, {})] + ([(prompt, values, AUTOREGRESSIVE)] if compare_ar else [])
+        action = DeviceAction(settings, requests, cancel)
         session.begin(bool(step_through), cancel)
-        yield session.unsent(view.live_updates(session, "running…"))
-        for full in stream_run(run, session.steps.append):
+        yield session.unsent(view.live_updates(session, start_status(action)))
+        for full in stream_run(action.runs[0], session.steps.append):
             yield session.unsent(view.live_updates(session, f"running… step {len(session.steps)}", full))
-        session.summary = run.summary
+        session.summary = action.summaries[0]
         if compare_ar and not cancel.is_set():
             yield session.unsent(view.live_updates(session, "measuring the autoregressive baseline…"))
-            session.ar_summary = run_autoregressive(settings, prompt, values, cancel)
+            action.finish()
+            session.ar_summary = None if cancel.is_set() else action.summaries[1]
         yield final_updates(view, session)  # complete: API clients read every output of the last update
 
     return generate

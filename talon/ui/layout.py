@@ -15,7 +15,7 @@ from talon.examples import Example, load_examples
 from talon.run_config import TREE_MODES
 from talon.settings import Settings
 from talon.ui.atlas_view import AtlasView, atlas_panel, make_record, wire_atlas
-from talon.ui.backend import initial_preset, presets
+from talon.ui.backend import initial_preset, presets, server_notices
 from talon.ui.compare_view import CompareView, compare_summary_html, make_compare
 from talon.ui.controls import UI_DRAFTERS, Controls
 from talon.ui.decode_view import (
@@ -434,6 +434,8 @@ def build_ui(settings: Settings) -> gr.Blocks:
     examples = load_examples()
     with gr.Blocks(title="Talon: tree speculative decoding, step by step", delete_cache=(3600, 3600)) as demo:
         gr.HTML(HEADER)
+        for notice in server_notices():
+            gr.HTML(f'<div class="talon-notice">{F.esc(notice)}</div>')
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300, elem_id="talon-controls"):
                 panel = _controls(settings, examples)

@@ -15,7 +15,7 @@ import gradio as gr
 from talon import figures as F
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
-from talon.ui.backend import DeviceRun
+from talon.ui.backend import DeviceAction
 from talon.ui.controls import Controls, user_error
 from talon.ui.files import upload_path
 from talon.ui.stream import run_variants
@@ -109,7 +109,8 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
         rows: list[F.SweepRow] = []
         cancel = threading.Event()
         cells = [(mu, budget) for mu in mu_values for budget in budget_values]
-        runs = [DeviceRun(settings, prompt, dataclasses.replace(base, mu=mu, budget=n), cancel) for mu, n in cells]
+        requests = [(prompt, dataclasses.replace(base, mu=mu, budget=n), {}) for mu, n in cells]
+        runs = DeviceAction(settings, requests, cancel).runs  # every cell in one device call
         for index, _, finished in run_variants(runs):
             if not finished:
                 continue
