@@ -45,7 +45,7 @@ def start_models(settings: Settings) -> None:
     if not ZEROGPU:
         threading.Thread(target=ui.warm_up, args=(settings,), name="talon-warm-up", daemon=True).start()
         return
-    for problem in zerogpu.check_supported():  # raises, unless TALON_ZEROGPU_UNSUPPORTED_OK=1
+    for problem in zerogpu.check_supported(settings.zerogpu_unsupported_ok):  # raises unless allowed
         log.warning("ZeroGPU does not support %s; starting anyway (TALON_ZEROGPU_UNSUPPORTED_OK=1)", problem)
     ui.warm_up(settings)
 

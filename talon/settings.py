@@ -58,6 +58,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_MAX_PROMPT_TOKENS": ("4096", "Prompts longer than this (in tokens) are refused."),
     "TALON_QUEUE_CONCURRENCY": ("1", "Model runs at once per device; further requests wait in the queue."),
     "TALON_QUEUE_SIZE": ("16", "Requests the queue holds; beyond that new requests are turned away."),
+    "TALON_ZEROGPU_UNSUPPORTED_OK": (
+        "0",
+        "1 to start on ZeroGPU with a Python or torch version ZeroGPU does not list (a warning, "
+        "not a refusal; for trying a new stack).",
+    ),
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -101,6 +106,7 @@ class Settings:
     max_prompt_tokens: int = 4096
     queue_concurrency: int = 1
     queue_max_size: int = 16
+    zerogpu_unsupported_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -140,6 +146,9 @@ class Settings:
             ),
             queue_concurrency=_parse_int("TALON_QUEUE_CONCURRENCY", _get(env, "TALON_QUEUE_CONCURRENCY"), 1),
             queue_max_size=_parse_int("TALON_QUEUE_SIZE", _get(env, "TALON_QUEUE_SIZE"), 1),
+            zerogpu_unsupported_ok=_parse_bool(
+                "TALON_ZEROGPU_UNSUPPORTED_OK", _get(env, "TALON_ZEROGPU_UNSUPPORTED_OK")
+            ),
         )
 
 

@@ -20,7 +20,6 @@ with a message naming what is wrong, rather than fail on a visitor's first run.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,6 @@ SUPPORTED_PYTHON = ((3, 10), (3, 12))
 SUPPORTED_TORCH = ((2, 8), (2, 11))  # first and last minor version, both included
 SPACE_PYTHON = "3.12"  # what scripts/zerogpu_space.py writes into a ZeroGPU Space
 SPACE_TORCH = "2.11.0"
-UNSUPPORTED_OK = "TALON_ZEROGPU_UNSUPPORTED_OK"  # 1: start anyway on another stack (a warning, not a refusal)
 
 
 class ZeroGPUUnsupported(RuntimeError):
@@ -77,12 +75,12 @@ def unmet_requirements(python: tuple[int, int] | None = None, torch_version: str
     return problems
 
 
-def check_supported(python: tuple[int, int] | None = None, torch_version: str | None = None) -> list[str]:
-    """Raise ZeroGPUUnsupported on an unsupported stack, unless TALON_ZEROGPU_UNSUPPORTED_OK=1
-    (then the problems are returned for a warning). ``scripts/zerogpu_space.py`` writes a Space
-    whose stack passes."""
-    problems = unmet_requirements(python, torch_version)
-    if problems and os.environ.get(UNSUPPORTED_OK, "") != "1":
+def check_supported(allow_unsupported: bool = False) -> list[str]:
+    """Raise ZeroGPUUnsupported on an unsupported stack, unless ``allow_unsupported``
+    (TALON_ZEROGPU_UNSUPPORTED_OK=1: then the problems are returned for a warning).
+    ``scripts/zerogpu_space.py`` writes a Space whose stack passes."""
+    problems = unmet_requirements()
+    if problems and not allow_unsupported:
         raise ZeroGPUUnsupported(
             "ZeroGPU was detected (SPACES_ZERO_GPU), but it does not support " + " and ".join(problems)
             + ". Build the Space with `python scripts/zerogpu_space.py OUT_DIR`, which sets both, or "

@@ -32,7 +32,7 @@ from talon.settings import Settings
 from talon.tree import DraftTree
 from talon.ui.decode_view import make_generate
 from talon.ui.layout import build_ui
-from talon.ui.pair import PairKey, PairSlot
+from talon.ui.pair import Held, PairKey, PairSlot
 from talon.ui.session import CompareSession, Session
 from talon.verify import lm_logits
 from tests.test_app import tiny_engine  # noqa: F401 (fixture)
@@ -265,6 +265,13 @@ def test_zerogpu_versions_are_checked() -> None:
     assert zerogpu.unmet_requirements((3, 12), "2.7.1")
 
 
+def test_an_unsupported_stack_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zerogpu, "unmet_requirements", lambda *args: ["Python 3.11 (...)"])
+    with pytest.raises(zerogpu.ZeroGPUUnsupported, match=r"does not support Python 3\.11.*zerogpu_space\.py"):
+        zerogpu.check_supported()
+    assert zerogpu.check_supported(Settings.from_env({"TALON_ZEROGPU_UNSUPPORTED_OK": "1"}).zerogpu_unsupported_ok)
+
+
 FAKE_SPACES = '''
 """A stand-in for Hugging Face's spaces package in ZeroGPU mode (SPACES_ZERO_GPU)."""
 def GPU(task=None, *, duration=None, size=None):
@@ -311,6 +318,8 @@ class ZeroGPUHarness:
         monkeypatch.setitem(sys.modules, "spaces.config", config)
         for name, (fn, duration) in zerogpu.DECORATED.items():
             module_name, attr = name.rsplit(".", 1)
+            if not module_name.startswith("talon."):
+                continue  # a test's own decorated function
             monkeypatch.setattr(sys.modules[module_name], attr, self.gpu(duration=duration)(fn))
         for owner, attr in ((torch.nn.Module, "__call__"), (torch, "Generator"), (torch.cuda, "mem_get_info"),
                             (torch.cuda, "empty_cache"), (torch.cuda, "synchronize"), (backend, "build_engine")):
@@ -357,6 +366,23 @@ def zero_gpu(tiny_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> I
     harness.starting = False
     assert backend.SLOT.held is not None and not harness.calls
     yield harness, settings
+
+
+def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up load runs before any GPU call: no memory guard there (it would ask CUDA)."""
+    guards: list[object] = []
+
+    class Recording(PairSlot):
+        def get(self, key, guard=None, fallback=None):  # noqa: ANN001
+            guards.append(guard)
+            return "engine"
+
+    monkeypatch.setattr(backend, "SLOT", Recording(None, None, None))
+    monkeypatch.setattr(zerogpu, "active", lambda: True)
+    backend.warm_up(Settings())
+    monkeypatch.setattr(zerogpu, "active", lambda: False)
+    backend.warm_up(Settings())
+    assert guards[0] is None and callable(guards[1])
 
 
 def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_device_outside(
@@ -410,7 +436,7 @@ def test_what_a_gpu_call_learned_comes_back_as_plain_data(tiny_engine: Engine) -
     learned_costs = synthetic_costs({1: 0.05, 128: 0.5}, {1: 0.01, 32: 0.02})
     held = backend.SLOT.held
     try:
-        backend.SLOT.held = backend.Held(key("start-up"), tiny_engine)
+        backend.SLOT.held = Held(key("start-up"), tiny_engine)
         backend.adopt_learned(backend.Learned(key("start-up"), {0: learned_costs.to_dict()}))
         assert tiny_engine.cost_snapshot(0).verify_s(1) == pytest.approx(0.05)
         backend.adopt_learned(backend.Learned(key("another pair"), {0: synthetic_costs({1: 9.0}, {1: 9.0}).to_dict()}))

@@ -31,6 +31,7 @@ import app
 import talon.decode
 import talon.ui.backend as ui_device
 import talon.zerogpu
+from talon.ui.pair import Held
 from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
@@ -440,7 +441,7 @@ def test_gpu_seconds_grow_with_max_new_tokens_and_a_load() -> None:
 
     held = ui_device.SLOT.held
     try:
-        ui_device.SLOT.held = ui_device.Held(ui_device.pair_key(Settings(), preset), None)
+        ui_device.SLOT.held = Held(ui_device.pair_key(Settings(), preset), None)
         assert seconds(10) == GPU_BASE_S + 1
         assert seconds(100) < seconds(1000) <= GPU_MAX_S
         assert seconds(10, 10) == GPU_BASE_S + 2  # a Compare: one reservation for both runs
@@ -457,10 +458,10 @@ def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> Non
     cfg = Controls(max_new_tokens=8).run_config(1024)
     jobs = [Job(preset, "abc abc", cfg), Job(preset, "abc abc", cfg.replace(drafter="none"))]
     pickle.dumps((settings, jobs, "id"))
-    items = list(decode_on_device(settings, jobs, "id"))
+    items = pickle.loads(pickle.dumps(list(decode_on_device(settings, jobs, "id"))))
     assert [i for i, item in items[:-1] if isinstance(item, RunSummary)] == [0, 1] and len(items) >= 4
-    for item in pickle.loads(pickle.dumps(items[:-1])):
-        assert type(item[1]) in (StepTrace, RunSummary)
+    assert all(type(item[1]) in (StepTrace, RunSummary) for item in items[:-1])
+    assert isinstance(items[-1], ui_device.Learned)  # what the call learned, as plain data
 
 
 def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(

@@ -30,7 +30,7 @@ from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import RunSummary, StepTrace
 from talon.ui.controls import Controls, check_prompt, user_error
-from talon.ui.pair import Held, PairKey, PairSlot, is_out_of_memory
+from talon.ui.pair import PairKey, PairSlot, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,11 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
     check_fits(estimate, available, preset.label, preset.gpu_gib)
 
 
-def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
+def load_engine(settings: Settings, preset: ModelPreset, guarded: bool = True) -> Engine:
     """The engine for a preset: the pair held now, or, after releasing it, this one (one pair at a
     time; loads are serialised). A pair that fails to load leaves the previous pair, or the
-    start-up pair, held again; the ModelLoadError says what happened."""
+    start-up pair, held again; the ModelLoadError says what happened. ``guarded``: check the
+    device's free memory first (not for ZeroGPU's start-up load, where no device may be asked)."""
     key = pair_key(settings, preset)
 
     def guard(free: int | None) -> None:
@@ -94,7 +95,7 @@ def load_engine(settings: Settings, preset: ModelPreset) -> Engine:
             check_preset_memory(settings, preset, key.dtype, free)
 
     fallback = pair_key(settings, find_preset(settings, initial_preset(settings)))
-    return SLOT.get(key, guard, fallback)
+    return SLOT.get(key, guard if guarded else None, fallback)
 
 
 def server_notices() -> list[str]:
@@ -116,7 +117,7 @@ def warm_up(settings: Settings) -> None:
     thread before launch (ZeroGPU records the weights moved to cuda there). Errors are logged
     here and shown to the user on their first run."""
     try:
-        load_engine(settings, find_preset(settings, initial_preset(settings)))
+        load_engine(settings, find_preset(settings, initial_preset(settings)), guarded=not zerogpu.active())
     except (ModelLoadError, ConfigError, OSError, torch.cuda.OutOfMemoryError) as error:
         log.error("could not pre-load the models: %s", error)
         release_memory()
@@ -260,7 +261,7 @@ def decode_on_device(
     cancel = _CANCELS.get(cancel_id) or threading.Event()
     engine = None
     for index, job in enumerate(jobs):
-        if cancel.is_set():
+        if cancel.is_set() and index > 0:  # stopped: the first run still ends with its summary
             break
         with out_of_memory_as_error(job.cfg):
             run = open_run(settings, job.preset, job.prompt, job.cfg, cancel)
@@ -271,8 +272,8 @@ def decode_on_device(
         if run.costs is not None and not run.fixed_costs and not cancel.is_set():
             engine.adopt_costs(run.costs, job.cfg.draft_vocab)  # learn mode: the next run starts from these
         yield index, run.summary
-    if engine is not None and held_key() is not None:
-        yield Learned(held_key(), {v: c.to_dict() for v, c in engine.cost_snapshots().items()})
+    if engine is not None:  # the last run's pair is the one held now
+        yield Learned(pair_key(settings, job.preset), {v: c.to_dict() for v, c in engine.cost_snapshots().items()})
 
 
 def adopt_learned(learned: Learned) -> None:
