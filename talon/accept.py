@@ -58,17 +58,19 @@ def accept_greedy(tree: DraftTree, target_top1: list[int]) -> Acceptance:
 def warp_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """(T, V) logits -> (T, V) float64 probabilities of the target's sampling distribution:
     temperature, then top-k, then top-p (nucleus), in transformers' order."""
-    scores = logits.double() / temperature
+    # in place where it can be: at a 256-node tree and a 152k vocabulary each float64 copy is 312 MB
+    scores = logits.to(torch.float64, copy=True).div_(temperature)  # a copy even from float64
     if 0 < top_k < scores.shape[-1]:
         kth = scores.topk(top_k, dim=-1).values[..., -1:]  # (T, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        scores.masked_fill_(scores < kth, float("-inf"))
     if top_p < 1.0:
         sorted_scores, order = scores.sort(dim=-1, descending=False)  # ascending
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        cum = sorted_scores.softmax(dim=-1).cumsum_(dim=-1)
+        del sorted_scores
         drop_sorted = cum <= (1 - top_p)
+        del cum
         drop_sorted[..., -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+        scores.masked_fill_(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return scores.softmax(dim=-1)
 
 
