@@ -84,11 +84,13 @@ def test_the_verifier_makes_its_generator_where_the_logits_live(monkeypatch: pyt
 
 
 def test_kv_surgery_never_mixes_devices() -> None:
-    """The cache's layers on another device than the CPU: nothing to drop compares no tensors."""
+    """The cache on another device than the CPU, its layers of unequal length (a sliding window):
+    the index moves to each layer's device, and "nothing to drop" compares no tensors."""
     cache = DynamicCache()
-    for layer in range(2):
-        cache.update(torch.empty(1, 2, 5, 4, device="meta"), torch.empty(1, 2, 5, 4, device="meta"), layer)
-    gather_entries(cache, list(range(5)))  # identity on every layer: a CPU/device compare raised here
+    for layer, length in enumerate((6, 5)):
+        cache.update(torch.empty(1, 2, length, 4, device="meta"), torch.empty(1, 2, length, 4, device="meta"), layer)
+    gather_entries(cache, list(range(5)))  # layer 0 drops one entry; layer 1 keeps all (a device/CPU compare)
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [5, 5]
     gather_entries(cache, [0, 1, 3])
     assert [layer.keys.shape[-2] for layer in cache.layers] == [3, 3]
 

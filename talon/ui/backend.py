@@ -1,6 +1,7 @@
-"""Running on the device: the one cached model loader (one pair at a time, loads serialised),
-the presets this server offers, a ZeroGPU reservation per run (``spaces.GPU``), recovery from
-out-of-memory, cancellation, and ``DeviceRun``, which every tab iterates for StepTraces."""
+"""Running on the device: the model loader (the one pair held, ``talon.ui.pair``), the presets
+this server offers, and ``DeviceAction``: a user action's runs validated here, then run in one
+device call (``decode_on_device``, one ZeroGPU reservation, ``talon.zerogpu``), with recovery
+from out-of-memory, cancellation, and what the call learned handed back as plain data."""
 
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def find_preset(settings: Settings, key: str) -> ModelPreset:
 
 
 # ---------------------------------------------------------------------------------------------
-# A request: validated, then opened (models loaded, prompt checked) before any forward
+# A request: validated before any forward
 # ---------------------------------------------------------------------------------------------
 
 
@@ -181,7 +182,7 @@ def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfi
 
 
 # ---------------------------------------------------------------------------------------------
-# Running on the device: a ZeroGPU reservation per run, recovery from out-of-memory
+# Running on the device: one call (one ZeroGPU reservation) per user action, out-of-memory
 # ---------------------------------------------------------------------------------------------
 
 
@@ -290,20 +291,25 @@ def adopt_learned(learned: Learned) -> None:
 
 
 def check_job(settings: Settings, job: Job) -> None:
-    """Every check a user can act on, before any output changes. Elsewhere the models load here
-    (cached); on ZeroGPU no device may be touched in this process, so the prompt is checked with
-    the held pair's tokenizer, and a pair not held here is loaded (and checked) in the GPU call."""
+    """Every check a user can act on, before any output changes (the prompt, the context window,
+    the drafter, the server's prompt limit). Elsewhere the models load here (held); on ZeroGPU no
+    device may be touched in this process, so the held pair's tokenizer checks the prompt, and a
+    pair not held here is loaded (and checked) in the GPU call."""
     if zerogpu.active():
-        if held_key() != pair_key(settings, job.preset):
+        if SLOT.held is None or SLOT.held.key != pair_key(settings, job.preset):
             return
-        try:
-            ids = SLOT.held.engine.prepare(job.prompt, job.cfg)
-        except (ConfigError, PromptError) as error:
-            raise user_error(str(error)) from error
-        check_prompt_tokens(settings, len(ids))
-        return
-    with out_of_memory_as_error(job.cfg):
-        open_run(settings, job.preset, job.prompt, job.cfg, threading.Event())  # checks only; nothing runs
+        engine = SLOT.held.engine
+    else:
+        with out_of_memory_as_error(job.cfg):
+            try:
+                engine = load_engine(settings, job.preset)
+            except ModelLoadError as error:
+                raise user_error(str(error)) from error
+    try:
+        ids = engine.prepare(job.prompt, job.cfg)
+    except (ConfigError, PromptError) as error:
+        raise user_error(str(error)) from error
+    check_prompt_tokens(settings, len(ids))
 
 
 class DeviceAction:
