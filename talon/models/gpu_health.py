@@ -52,4 +52,4 @@ def unusable_gpu() -> str | None:
     return (f"An NVIDIA GPU is present (driver {driver}), but this PyTorch (torch {torch.__version__}, "
             f"a {build} build) cannot use it, so the models run on the CPU. torch 2.13.0 from PyPI is a "
             "CUDA 13.0 build and needs driver 580 or newer; on an older driver install a torch build for "
-            "the CUDA version the driver supports (see README, Deploying to a GPU Space).")
+            "the CUDA version the driver supports (see docs/gpu.md).")
