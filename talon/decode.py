@@ -14,30 +14,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import torch
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from talon.accept import (
-    Acceptance,
-    accept_greedy,
-    accept_sampling,
-    target_topk,
-    warp_probs,
-)
 from talon.cost import CostModel, load_or_probe
-from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
+from talon.drafters.base import Draft, Drafter, PreDraft, Verifier
+from talon.drafters.hybrid import HybridDrafter, build_drafter
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
-from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
-from talon.rng import generator_for
-from talon.run_config import ConfigError, RunConfig, SamplingConfig
+from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTrace, summarize_steps
-from talon.tree import DraftTree
-from talon.verify import forward_hidden, head_device, verify_tree
+from talon.verify import TargetVerifier, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +72,7 @@ def eos_ids(lm: LoadedModel) -> set[int]:
 class StopCheck:
     """Where to cut the new tokens of a step: max_new_tokens, EOS, stop strings."""
 
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None: no stop strings (a replay has no tokenizer)
     eos: set[int]
     stop_strings: tuple[str, ...]
     max_new_tokens: int
@@ -162,17 +151,15 @@ class Engine:
             return self._corpora[path]
 
     def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
-        use_model = cfg.drafter in ("hybrid", "model")
-        use_retrieval = cfg.drafter in ("hybrid", "retrieval")
-        if use_model and self.draft is None:
+        if cfg.uses_model and self.draft is None:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
-        model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab) if use_model else None
-        corpus = self.corpus(cfg.retrieval.corpus) if use_retrieval and cfg.retrieval.corpus else None
-        retrieval = RetrievalDrafter(cfg.retrieval, corpus) if use_retrieval else None
-        return HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)
+        model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab) if cfg.uses_model else None
+        corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None
+        retrieval = RetrievalDrafter(cfg.retrieval, corpus) if cfg.uses_retrieval else None
+        return build_drafter(cfg, model, retrieval)
 
     def token_text(self, token: int) -> str:
         with self._text_lock:
@@ -184,7 +171,7 @@ class Engine:
         """The prompt's token ids, after every check a run makes before touching a device: the
         prompt, the context window, a drafter that needs a draft model (PromptError, ConfigError).
         Tokenizer and configs only, so it may run where no device may be touched (ZeroGPU)."""
-        if cfg.drafter in ("hybrid", "model") and self.draft is None:
+        if cfg.uses_model and self.draft is None:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
@@ -203,7 +190,7 @@ class Engine:
         tok = self.target.tokenizer
         prompt_ids = self.prepare(prompt, cfg)
         costs = None
-        if cfg.tree.cost_aware and cfg.drafter != "none":
+        if cfg.tree.cost_aware and cfg.drafts:
             costs = self.cost_snapshot(cfg.draft_vocab).copy()
         parts = RunParts(
             prompt_ids=prompt_ids,
@@ -225,50 +212,6 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """What verifying one tree told: the target's argmax after each node, the accepted path
-    with its bonus token, the target's top 5 per node, and each node's position id."""
-
-    top1: list[int]  # (T,) -1 where unknown (a replay knows the target only along its text)
-    acceptance: Acceptance
-    topk: tuple[list[list[int]], list[list[float]]]
-    positions: list[int]
-
-
-class TargetVerifier:
-    """Verification by the target model: its KV cache holds every committed token but the
-    root; one forward scores the whole tree through the 4D tree mask."""
-
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
-        self.model = model
-        self.sampling = sampling
-        self.generator = generator_for(head_device(model), sampling.seed)  # where the target's probabilities live
-        self.cache = DynamicCache(config=model.config)
-
-    def prefill(self, ids: list[int]) -> None:
-        if len(ids) > 1:
-            forward_hidden(self.model, self.cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
-
-    def verify(self, tree: DraftTree) -> Verdict:
-        prefix_len = self.cache.get_seq_length()
-        positions = tree.positions(prefix_len)  # (T,)
-        logits = verify_tree(self.model, self.cache, tree.tokens, tree.ancestor_mask(), positions)
-        top1 = logits.argmax(dim=-1).tolist()  # (T,)
-        s = self.sampling
-        if s.greedy:
-            acc, topk = accept_greedy(tree, top1), target_topk(logits, are_probs=False)
-        else:
-            p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
-            acc, topk = accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
-        return Verdict(top1, acc, topk, positions.tolist())
-
-    def commit(self, verdict: Verdict) -> None:
-        """Keep the KV of the accepted nodes (the root's included), drop the rest of the tree's."""
-        prefix_len = verdict.positions[0]
-        keep_entries(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])
-
-
-@dataclass(frozen=True)
 class RunModels:
     """Which models a run used, as its summary names them."""
 
@@ -285,8 +228,8 @@ class RunParts:
 
     prompt_ids: list[int]
     prompt_text: str
-    drafter: HybridDrafter
-    verifier: TargetVerifier | Any  # anything with prefill / verify / commit
+    drafter: Drafter
+    verifier: Verifier
     stop: StopCheck
     token_text: Callable[[int], str]
     detokenize: Callable[[list[int]], str]
@@ -331,7 +274,7 @@ class Run:
         t0 = time.perf_counter()
         ids = self.prompt_ids
         self.verifier.prefill(ids)
-        if self.planner is not None and self.cfg.drafter == "hybrid" and not self.cfg.async_draft:
+        if self.planner is not None and self.cfg.uses_model and self.cfg.uses_retrieval and not self.cfg.async_draft:
             self.drafter.reset(ids, lazy_model=True)  # the planner decides when the model's prefill pays
         else:
             self.drafter.reset(ids)
@@ -475,7 +418,7 @@ class Run:
 
     def _estimates(self, draft: Draft) -> list[float]:
         """The acceptance model's P(node accepted) for every node (none for autoregressive runs)."""
-        if self.cfg.drafter == "none":
+        if not self.cfg.drafts:
             return []
         return self.drafter.acceptance.node_probs(draft.tree, draft.match_len)
 

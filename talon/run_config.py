@@ -172,6 +172,21 @@ class RunConfig:
         _int_in("draft_vocab", self.draft_vocab, 0, 10_000_000)
         _check(self.cost_model in COST_MODES, f"cost_model must be one of {COST_MODES}, got {self.cost_model!r}")
 
+    @property
+    def uses_model(self) -> bool:
+        """The draft model drafts (``hybrid``, ``model``)."""
+        return self.drafter in ("hybrid", "model")
+
+    @property
+    def uses_retrieval(self) -> bool:
+        """Retrieval drafts (``hybrid``, ``retrieval``)."""
+        return self.drafter in ("hybrid", "retrieval")
+
+    @property
+    def drafts(self) -> bool:
+        """Anything drafts (every kind but ``none``, the autoregressive baseline)."""
+        return self.uses_model or self.uses_retrieval
+
     def replace(self, **changes: object) -> "RunConfig":
         return dataclasses.replace(self, **changes)
 

@@ -320,7 +320,7 @@ def _run_notes(cfg: RunConfig) -> tuple[list[str], list[str]]:
             f"sampling (temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, "
             f"seed={s.seed}) is a per-request parameter, not a server flag: send it with each request"
         )
-    if cfg.tree.cost_aware and cfg.drafter != "none":
+    if cfg.tree.cost_aware and cfg.drafts:
         gaps.append(
             "cost-aware planning (growing, trimming or skipping the draft by measured cost): "
             "SGLang's --speculative-adaptive tunes num-steps from acceptance, but only for "
@@ -358,7 +358,7 @@ def serving_config(
     ``vocab_sizes``: (target, draft) embedding rows when known (else looked up for known models)."""
     target_id, notes = hub_id(target)
     draft_id = None
-    if draft is not None and cfg.drafter in ("model", "hybrid"):
+    if draft is not None and cfg.uses_model:
         draft_id, draft_notes = hub_id(draft)
         notes += draft_notes
     half = _draft_half(cfg, draft_id)

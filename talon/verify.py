@@ -8,8 +8,16 @@ frontier layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers import Cache, DynamicCache, PreTrainedModel
+
+from talon.accept import Acceptance, accept_greedy, accept_sampling, target_topk, warp_probs
+from talon.kv import keep_entries
+from talon.rng import generator_for
+from talon.run_config import SamplingConfig
+from talon.tree import DraftTree
 
 from talon.models.quant import int8_head
 
@@ -92,3 +100,47 @@ def verify_tree(
     visible = tree_visibility(ancestor_mask, prefix_len)  # (T, P + T)
     hidden = forward_hidden(model, cache, torch.tensor(tokens), positions, visible)
     return lm_logits(model, hidden)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verifying one tree told: the target's argmax after each node, the accepted path
+    with its bonus token, the target's top 5 per node, and each node's position id."""
+
+    top1: list[int]  # (T,) -1 where unknown (a replay knows the target only along its text)
+    acceptance: Acceptance
+    topk: tuple[list[list[int]], list[list[float]]]
+    positions: list[int]
+
+
+class TargetVerifier:
+    """Verification by the target model: its KV cache holds every committed token but the
+    root; one forward scores the whole tree through the 4D tree mask."""
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.generator = generator_for(head_device(model), sampling.seed)  # where the target's probabilities live
+        self.cache = DynamicCache(config=model.config)
+
+    def prefill(self, ids: list[int]) -> None:
+        if len(ids) > 1:
+            forward_hidden(self.model, self.cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
+
+    def verify(self, tree: DraftTree) -> Verdict:
+        prefix_len = self.cache.get_seq_length()
+        positions = tree.positions(prefix_len)  # (T,)
+        logits = verify_tree(self.model, self.cache, tree.tokens, tree.ancestor_mask(), positions)
+        top1 = logits.argmax(dim=-1).tolist()  # (T,)
+        s = self.sampling
+        if s.greedy:
+            acc, topk = accept_greedy(tree, top1), target_topk(logits, are_probs=False)
+        else:
+            p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
+            acc, topk = accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
+        return Verdict(top1, acc, topk, positions.tolist())
+
+    def commit(self, verdict: Verdict) -> None:
+        """Keep the KV of the accepted nodes (the root's included), drop the rest of the tree's."""
+        prefix_len = verdict.positions[0]
+        keep_entries(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import talon.accept
-import talon.decode
+import talon.verify
 import talon.models.memory
 from talon.accept import Acceptance
 from talon.decode import Run
@@ -112,7 +112,7 @@ def first_child_always(tree: DraftTree, p_target: torch.Tensor, generator: torch
 
 def test_a_biased_sampler_fails_the_sampling_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(talon.accept, "accept_sampling", first_child_always)
-    monkeypatch.setattr(talon.decode, "accept_sampling", first_child_always)
+    monkeypatch.setattr(talon.verify, "accept_sampling", first_child_always)
     ok, detail = gpu_check.sampling_distribution(tiny_run(gpu_check))
     assert not ok and detail["chi2"] > detail["critical_p001"]
 

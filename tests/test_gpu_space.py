@@ -22,7 +22,8 @@ import app
 import talon.ui.backend as backend
 from talon import zerogpu
 from talon.accept import accept_sampling
-from talon.decode import Engine, TargetVerifier
+from talon.decode import Engine
+from talon.verify import TargetVerifier
 from talon.kv import gather_entries
 from talon.models import ModelLoadError, gpu_health
 from talon.models import loading

@@ -28,7 +28,7 @@ from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
 import app
-import talon.decode
+import talon.verify
 import talon.ui.backend as ui_device
 import talon.zerogpu
 from talon.ui.pair import Held
@@ -374,13 +374,13 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
 def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
     view: DecodeView, monkeypatch: pytest.MonkeyPatch, error: RuntimeError
 ) -> None:
-    verify_tree = talon.decode.verify_tree
+    verify_tree = talon.verify.verify_tree
 
     def exhausted(*args: object, **kwargs: object) -> torch.Tensor:
         raise error
 
     emptied: list[bool] = []
-    monkeypatch.setattr(talon.decode, "verify_tree", exhausted)
+    monkeypatch.setattr(talon.verify, "verify_tree", exhausted)
     monkeypatch.setattr(ui_device, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     generate = make_generate(view, Settings())
@@ -389,7 +389,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
         list(generate("abc abc abc", session, max_new_tokens=12))
     assert emptied, "the CUDA cache should be emptied"
 
-    monkeypatch.setattr(talon.decode, "verify_tree", verify_tree)
+    monkeypatch.setattr(talon.verify, "verify_tree", verify_tree)
     final = list(generate("abc abc abc", session, max_new_tokens=12))[-1]
     assert session.summary is not None and len(session.summary.token_ids) == 12
     assert final[view.download] and not ui_device._CANCELS
@@ -401,7 +401,7 @@ def test_other_runtime_errors_are_not_reported_as_out_of_memory(
     def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(talon.decode, "verify_tree", broken)
+    monkeypatch.setattr(talon.verify, "verify_tree", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         list(make_generate(view, Settings())("abc abc", Session(), max_new_tokens=4))
 

@@ -1,12 +1,13 @@
 """Exact replay: the real decode loop (``talon.decode.Run``) with the draft model answered from an
 atlas and verification by matching the target's greedy text. No model is loaded.
 
-* :class:`AtlasModel` stands in for :class:`~talon.drafters.model.ModelDrafter` inside the real
+* :class:`AtlasModel` is a ``DraftSource`` (``talon.drafters.base``), standing in for
+  :class:`~talon.drafters.model.ModelDrafter` inside the real
   :class:`~talon.drafters.hybrid.HybridDrafter`: the same ``reset`` / ``expand`` / ``commit``
   bookkeeping (which tokens a forward feeds, when the prompt prefill is paid), children read from
   the atlas. A request the atlas cannot answer (deeper, wider, beyond its superset) is counted,
   never treated as a rejection: the replay reports its coverage.
-* :class:`TextVerifier`: the target's argmax after a node is the next token of the greedy text
+* :class:`TextVerifier`, a ``Verifier``: the target's argmax after a node is the next token of the greedy text
   wherever the node's path follows the text (unknown, -1, elsewhere), which is all greedy
   acceptance needs: the accepted path is the longest that follows the text, plus the bonus.
 * The real retrieval drafter reads the known text; cost-aware planning runs on the atlas's
@@ -21,13 +22,14 @@ from dataclasses import dataclass, field
 from talon.atlas.data import Atlas
 from talon.cost import CostModel
 from talon.accept import accept_greedy
-from talon.decode import Run, RunModels, RunParts, StopCheck, Verdict
-from talon.drafters.hybrid import HybridDrafter
+from talon.decode import Run, RunModels, RunParts, StopCheck
+from talon.drafters.hybrid import build_drafter
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTrace
 from talon.tree import DraftTree
+from talon.verify import Verdict
 
 
 @dataclass
@@ -168,9 +170,7 @@ def replay_run(atlas: Atlas, cfg: RunConfig, cancel: threading.Event | None = No
     cfg = cfg.replace(async_draft=False, cost_model="fixed")
     costs = atlas.cost_model()
     coverage = Coverage()
-    model = AtlasModel(atlas, costs, coverage) if cfg.drafter in ("hybrid", "model") else None
-    retrieval = RetrievalDrafter(cfg.retrieval) if cfg.drafter in ("hybrid", "retrieval") else None
-    drafter = HybridDrafter(cfg.tree, model, retrieval, cfg.retrieval)  # type: ignore[arg-type]
+    drafter = build_drafter(cfg, AtlasModel(atlas, costs, coverage), RetrievalDrafter(cfg.retrieval))
     limit = min(cfg.max_new_tokens, len(atlas.output))
     models = atlas.models
     parts = RunParts(
@@ -178,12 +178,12 @@ def replay_run(atlas: Atlas, cfg: RunConfig, cancel: threading.Event | None = No
         prompt_text=atlas.prompt,
         drafter=drafter,
         verifier=TextVerifier(atlas),
-        stop=StopCheck(None, set(atlas.eos), (), limit),  # type: ignore[arg-type]
+        stop=StopCheck(None, set(atlas.eos), (), limit),  # no stop strings: no tokenizer needed
         token_text=atlas.text,
         detokenize=lambda ids: "".join(atlas.text(t) for t in ids if t not in atlas.eos),
         models=RunModels(target=str(models.get("target", "")), draft=str(models.get("draft", "")),
                          dtype=str(models.get("dtype", "")), device="atlas replay"),
-        costs=costs.copy() if cfg.tree.cost_aware and cfg.drafter != "none" else None,
+        costs=costs.copy() if cfg.tree.cost_aware and cfg.drafts else None,
         predicted_times=costs,
     )
     return Run(cfg, parts, cancel), coverage

@@ -218,7 +218,7 @@ def variant_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
 
 
 def talon_settings(cfg: RunConfig) -> dict[str, Any]:
-    if cfg.drafter == "none":
+    if not cfg.drafts:
         return {"drafter": "none"}
     return {
         "drafter": cfg.drafter,

@@ -5,17 +5,21 @@
 * ``trie``: :func:`build_trie`, continuations of a match as a frequency trie (``RetrievalProposal``);
 * ``corpus``: :class:`CorpusIndex`, a static datastore from a jsonl or text file;
 * ``retrieval``: :class:`RetrievalDrafter`, context and corpus matches as proposals;
-* ``hybrid``: :class:`HybridDrafter`, retrieval grafts first, the model's gated tree fills the rest.
+* ``hybrid``: :class:`HybridDrafter`, retrieval grafts first, the model's gated tree fills the rest;
+  :func:`build_drafter` makes a run's;
+* ``base``: the contracts, ``DraftSource`` (a draft model's half), ``Drafter`` and ``Verifier``
+  (what the step loop calls), and the ``Draft`` / ``PreDraft`` records.
 """
 
 from talon.drafters.corpus import CorpusIndex
-from talon.drafters.hybrid import Draft, HybridDrafter, PreDraft
+from talon.drafters.base import Draft, Drafter, DraftSource, PreDraft, Verifier
+from talon.drafters.hybrid import HybridDrafter, build_drafter
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.drafters.suffix import SuffixIndex, SuffixMatch
 from talon.drafters.trie import RetrievalProposal, build_trie
 
 __all__ = [
-    "CorpusIndex", "Draft", "HybridDrafter", "ModelDrafter", "PreDraft", "RetrievalDrafter",
-    "RetrievalProposal", "SuffixIndex", "SuffixMatch", "build_trie",
+    "CorpusIndex", "Draft", "DraftSource", "Drafter", "HybridDrafter", "ModelDrafter", "PreDraft",
+    "RetrievalDrafter", "RetrievalProposal", "SuffixIndex", "SuffixMatch", "Verifier", "build_drafter", "build_trie",
 ]

@@ -2,7 +2,8 @@
 
 One class serves every drafter kind: ``hybrid`` (both sources), ``model`` (no retrieval),
 ``retrieval`` (no model) and ``none`` (autoregressive: the tree is the root alone). The decode
-loop only sees ``reset`` / ``draft`` / ``commit``.
+loop sees it through the ``Drafter`` contract (``talon.drafters.base``); its draft model is any
+``DraftSource``. ``build_drafter`` makes the one for a run.
 
 Retrieval proposes once per step at the full budget. When the draft model runs, retrieval's
 share of the budget is grafted first (the head of that proposal); when it does not (the planner
@@ -25,39 +26,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from talon.builder import Expand, Scores, build_tree, keep_best, path_confidence
+from talon.drafters.base import Draft, DraftSource, PreDraft
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
 from talon.plan import AcceptanceModel
-from talon.run_config import RetrievalConfig, TreeConfig
+from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
     from talon.plan import Planner
 
 SHORT_MATCH = 1  # under a planner, steps without the draft model let matches this short propose
-
-
-@dataclass
-class Draft:
-    """This step's tree, the retrieval match it grew from, and what the planner decided."""
-
-    tree: DraftTree
-    match_len: int = 0
-    model_skipped: str = ""  # why the draft model did not run this step ("" = it ran or is absent)
-    trimmed: int = 0  # nodes the goodput trim cut
-    forwards: list[tuple[int, float]] = field(default_factory=list)  # (tokens fed, seconds) per draft forward
-
-
-@dataclass
-class PreDraft:
-    """A tree drafted ahead, assuming the path ``assumed`` of the current tree is accepted.
-
-    Its root is the last assumed token; its root's children are the bonus tokens it bets on."""
-
-    drafter: ModelDrafter
-    assumed: list[int]
-    tree: DraftTree | None = None
-    busy: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -89,7 +68,7 @@ class HybridDrafter:
     def __init__(
         self,
         tree_cfg: TreeConfig,
-        model: ModelDrafter | None,
+        model: DraftSource | None,
         retrieval: RetrievalDrafter | None,
         retrieval_cfg: RetrievalConfig,
     ) -> None:
@@ -186,8 +165,8 @@ class HybridDrafter:
     def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
         """Fork the model drafter as if the most confident path of ``tree`` were accepted.
         Cheap (a cache copy); call before ``commit``. ``PreDraft.tree`` is grown by ``grow``."""
-        if self.model is None or not self.model.engaged:
-            return None
+        if not isinstance(self.model, ModelDrafter) or not self.model.engaged:
+            return None  # only a real model forks; other sources draft synchronously
         path = tree.path(tree.best_leaf())
         assumed = [tree.tokens[n] for n in path[1:]]
         fork = self.model.fork()
@@ -236,3 +215,10 @@ class HybridDrafter:
             self.model.commit(tree, accepted, new_tokens)
         if self.retrieval is not None:
             self.retrieval.extend(new_tokens)
+
+
+def build_drafter(cfg: RunConfig, model: DraftSource | None, retrieval: RetrievalDrafter | None) -> HybridDrafter:
+    """The run's drafter: of the sources given, those ``cfg.drafter`` names. The engine's real
+    models and the atlas's replay both come through here."""
+    return HybridDrafter(cfg.tree, model if cfg.uses_model else None,
+                         retrieval if cfg.uses_retrieval else None, cfg.retrieval)
