@@ -1,0 +1,75 @@
+"""Imports run one way: down the layers of the map in ``docs/design.md`` (read from its table, so
+the document and this test cannot drift apart). Deferred imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Known, and to be removed (issue 29): the atlas CLI reads Spec-Bench prompts through the benchmark.
+KNOWN_UPWARD = {("talon.atlas.cli", "talon.bench.data")}
+
+
+def layers() -> dict[str, int]:
+    """Top-level name under ``talon`` (module or package) -> its layer, from the design map."""
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text[text.index("## The map, on one page"):text.index("**The step loop**")]
+    found: dict[str, int] = {}
+    for number, modules in re.findall(r"^\| (\d)\. [^|]+\| ([^|]+) \|", table, flags=re.M):
+        for name in re.findall(r"`([\w./]+)`", modules):
+            found[name.removeprefix("talon/").rstrip("/").removesuffix(".py")] = int(number)
+    return found
+
+
+def layer_of(module: str, table: dict[str, int]) -> int | None:
+    parts = module.split(".")
+    if parts[0] == "app":
+        return table.get("app")
+    return table.get(parts[1]) if parts[0] == "talon" and len(parts) > 1 else None
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            if node.module == "talon":
+                names.update(f"talon.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def upward_imports(table: dict[str, int], root: Path = REPO) -> set[tuple[str, str]]:
+    found = set()
+    for path in [*sorted((root / "talon").rglob("*.py")), root / "app.py"]:
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        own = layer_of(module, table)
+        for name in imports(path):
+            theirs = layer_of(name, table)
+            if own is not None and theirs is not None and theirs > own:
+                found.add((module, name))
+    return found
+
+
+def test_the_design_map_places_every_module() -> None:
+    table = layers()
+    assert {"settings", "models", "decode", "atlas", "ui", "app"} <= set(table)
+    top = {p.stem if p.is_file() else p.name for p in (REPO / "talon").iterdir()
+           if (p.suffix == ".py" or (p / "__init__.py").is_file()) and p.stem not in ("__init__", "__main__")}
+    assert top <= set(table), f"place these in docs/design.md's map: {sorted(top - set(table))}"
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    assert upward_imports(layers()) == KNOWN_UPWARD
+
+
+def test_an_upward_import_is_caught(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "app.py", tmp_path / "app.py")
+    with (tmp_path / "talon" / "settings.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\ndef engine():\n    from talon.decode import Engine\n    return Engine\n")
+    assert upward_imports(layers(), tmp_path) - KNOWN_UPWARD == {("talon.settings", "talon.decode")}
