@@ -151,10 +151,7 @@ class Engine:
             return self._corpora[path]
 
     def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
-        if cfg.uses_model and self.draft is None:
-            raise ConfigError(
-                f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
-            )
+        """The run's drafter (after ``prepare``, which refuses a model drafter without a draft)."""
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
         model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab) if cfg.uses_model else None
         corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None

@@ -292,12 +292,12 @@ def fake_spaces_dir(tmp_path: Path) -> Path:
 
 
 def test_on_an_unsupported_stack_the_app_refuses_to_start_in_zerogpu_mode(tmp_path: Path) -> None:
+    problems = zerogpu.unmet_requirements()
+    if not problems:
+        pytest.skip("this stack is one ZeroGPU supports (the app would start and serve)")
     env = {"PYTHONPATH": f"{fake_spaces_dir(tmp_path)}:{REPO}", "TALON_CACHE": str(tmp_path / "cache"),
            "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    problems = zerogpu.unmet_requirements()
-    if not problems:
-        pytest.skip("this stack is one ZeroGPU supports")
     assert proc.returncode != 0
     assert "ZeroGPU was detected" in proc.stderr and problems[0] in proc.stderr
     assert "Running on" not in proc.stdout  # it never served

@@ -296,7 +296,7 @@ def check_job(settings: Settings, job: Job) -> None:
     device may be touched in this process, so the held pair's tokenizer checks the prompt, and a
     pair not held here is loaded (and checked) in the GPU call."""
     if zerogpu.active():
-        if SLOT.held is None or SLOT.held.key != pair_key(settings, job.preset):
+        if held_key() != pair_key(settings, job.preset):
             return
         engine = SLOT.held.engine
     else:
@@ -368,7 +368,8 @@ class DeviceAction:
         try:
             for item in items:
                 if isinstance(item, Learned):
-                    adopt_learned(item)
+                    if zerogpu.active():  # elsewhere the call ran in this process: its engine has learned
+                        adopt_learned(item)
                 elif isinstance(item[1], RunSummary):
                     yield item
                 elif stop_seen:  # a run that cannot see the flag (ZeroGPU worker) ends when closed

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from talon.models import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,8 @@ class Held:
 def is_out_of_memory(error: BaseException) -> bool:
     """A device (or host) allocation failure: torch's OutOfMemoryError or a RuntimeError saying so."""
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and (
-        type(error).__name__ == "OutOfMemoryError" or "out of memory" in text or "can't allocate memory" in text
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
     )
 
 
