@@ -7,6 +7,7 @@ which goes into the next verification as tree node 0.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -14,8 +15,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from transformers import PreTrainedTokenizerBase
 
 from talon.cost import CostModel, load_or_probe
 from talon.drafters.base import Draft, Drafter, PreDraft, Verifier
@@ -24,73 +25,12 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
+from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
-from talon.trace import RunSummary, StepTrace, summarize_steps
+from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
 from talon.verify import TargetVerifier, Verdict
 
 log = logging.getLogger(__name__)
-
-
-class PromptError(ValueError):
-    """The prompt cannot be run (empty, too long); the message says why, with the numbers."""
-
-
-def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase, prompt: str | list[int], chat_template: bool, vocab_size: int
-) -> list[int]:
-    """Token ids of the prompt; a list of ids is taken as it is (no chat template)."""
-    if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt):
-            raise PromptError(f"prompt ids must be a non-empty list of ints in [0, {vocab_size})")
-        return list(prompt)
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise PromptError("the prompt is empty: type some text to continue")
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(prompt)["input_ids"]
-    if not ids:
-        raise PromptError("the tokenizer turns this prompt into no tokens at all: try other text")
-    return ids
-
-
-def eos_ids(lm: LoadedModel) -> set[int]:
-    ids: set[int] = set()
-    gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
-    for value in (gen_eos, lm.tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(value)
-    return ids
-
-
-@dataclass
-class StopCheck:
-    """Where to cut the new tokens of a step: max_new_tokens, EOS, stop strings."""
-
-    tokenizer: PreTrainedTokenizerBase | None  # None: no stop strings (a replay has no tokenizer)
-    eos: set[int]
-    stop_strings: tuple[str, ...]
-    max_new_tokens: int
-
-    def cut(self, generated: list[int], new_tokens: list[int]) -> tuple[list[int], str]:
-        """The prefix of ``new_tokens`` to keep and why generation stops ("" = it goes on)."""
-        window = max((len(s) for s in self.stop_strings), default=0) + 8
-        for i, token in enumerate(new_tokens):
-            kept = new_tokens[: i + 1]
-            if len(generated) + len(kept) >= self.max_new_tokens:
-                return kept, "max_new_tokens"
-            if token in self.eos:
-                return kept, "eos"
-            if self.stop_strings:
-                tail = self.tokenizer.decode((generated + kept)[-window:])
-                if any(s in tail for s in self.stop_strings):
-                    return kept, "stop_string"
-        return new_tokens, ""
 
 
 class Engine:
@@ -325,41 +265,46 @@ class Run:
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
         self.verifier.commit(verdict)
-        forwards = draft.forwards
         p_accept_est = self._estimates(draft)  # before the drafter learns from this step
         self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len)
         self.generated.extend(new_tokens)
-        step = self._trace(draft, verdict, new_tokens)
-        step.p_accept_est = p_accept_est
-        step.draft_s, step.verify_s = t_draft - t_start, t_verify - t_verify_start
-        step.drafter_busy = pre_busy + [(t_start - t0, t_draft - t0)]
-        step.verifier_busy = [(t_verify_start - t0, t_verify - t0)]
-        step.predraft_reused = reused
-        step.draft_forwards = len(forwards)
-        step.other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
+        record = self._record(draft, verdict, new_tokens)
         if self.parts.predicted_times is not None:
-            self._predict_times(step, forwards, self.parts.predicted_times)
+            timing = self._predicted_timing(draft, self.parts.predicted_times)
+        else:
+            other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
+            timing = StepTiming(
+                draft_s=t_draft - t_start, verify_s=t_verify - t_verify_start, other_s=other_s,
+                drafter_busy=[*pre_busy, (t_start - t0, t_draft - t0)],
+                verifier_busy=[(t_verify_start - t0, t_verify - t0)],
+            )
         if self.planner is not None:
-            self._learn(step, draft, forwards)
+            timing = dataclasses.replace(timing, predicted_verify_s=self.planner.costs.verify_s(len(tree.tokens)))
+        step = StepTrace(**record, **dataclasses.asdict(timing), p_accept_est=p_accept_est,
+                         predraft_reused=reused, draft_forwards=len(draft.forwards))
+        if self.planner is not None:
+            self._learn(draft, step)
         if reason and ahead is not None:
             ahead.cancel()
         return step, reason, ahead
 
-    def _predict_times(self, step: StepTrace, forwards: list[tuple[int, float]], costs: CostModel) -> None:
-        """A replay's step times: what the cost model predicts for its forwards and tree."""
-        step.draft_s = sum(costs.draft_s(w) for w, _ in forwards)
-        step.verify_s = costs.verify_s(len(step.tokens))
-        step.other_s = costs.other_s
+    def _predicted_timing(self, draft: Draft, costs: CostModel) -> StepTiming:
+        """A replay's step times: what the cost model predicts for its forwards and tree, laid
+        end to end after the steps before it."""
+        draft_s = sum(costs.draft_s(w) for w, _ in draft.forwards)
+        verify_s = costs.verify_s(len(draft.tree.tokens))
         start = sum(s.draft_s + s.verify_s + s.other_s for s in self.steps)
-        step.drafter_busy = [(start, start + step.draft_s)]
-        step.verifier_busy = [(start + step.draft_s, start + step.draft_s + step.verify_s)]
+        return StepTiming(
+            draft_s=draft_s, verify_s=verify_s, other_s=costs.other_s,
+            drafter_busy=[(start, start + draft_s)],
+            verifier_busy=[(start + draft_s, start + draft_s + verify_s)],
+        )
 
-    def _learn(self, step: StepTrace, draft: Draft, forwards: list[tuple[int, float]]) -> None:
+    def _learn(self, draft: Draft, step: StepTrace) -> None:
         """Fold the step's timings into the cost model and its outcome into the planner (a
         seeded planner learns from predicted times only, and leaves the cost model as probed)."""
-        planner = self.planner
+        planner, forwards = self.planner, draft.forwards
         costs = planner.costs
-        step.predicted_verify_s = costs.verify_s(len(step.tokens))
         if not planner.predicted:
             costs.observe_verify(len(step.tokens), step.verify_s)
             for width, seconds in forwards:
@@ -376,13 +321,14 @@ class Run:
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
         )
 
-    def _trace(self, draft: Draft, verdict: Verdict, new_tokens: list[int]) -> StepTrace:
+    def _record(self, draft: Draft, verdict: Verdict, new_tokens: list[int]) -> dict[str, Any]:
+        """The step's tree, verdict and acceptance as StepTrace fields (the timing comes apart)."""
         tree = draft.tree
         text = self.parts.token_text
         acc, top1, positions = verdict.acceptance, verdict.top1, verdict.positions
         topk_ids, topk_probs = verdict.topk
         gates = tree.gates
-        return StepTrace(
+        return dict(
             step=len(self.steps),
             tokens=list(tree.tokens),
             texts=[text(t) for t in tree.tokens],
@@ -439,7 +385,6 @@ class Run:
             prompt=self.prompt_text,
             **agg,
         )
-
 
     def _cost_record(self) -> dict:
         """The cost model the run planned on (learn mode: as refined by the end of the run)."""

@@ -26,6 +26,19 @@ MAX_TRACE_STEPS = 100_000
 MAX_TREE_NODES = 4096
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """One step's times, in seconds: measured by the clock in a run, predicted by the cost model
+    in a replay. The busy spans are (start, end) since the run started, for the timeline."""
+
+    draft_s: float
+    verify_s: float
+    other_s: float
+    drafter_busy: list[tuple[float, float]]
+    verifier_busy: list[tuple[float, float]]
+    predicted_verify_s: float | None = None  # the cost model's verify time for this tree (planned runs)
+
+
 @dataclass
 class StepTrace:
     step: int
@@ -49,7 +62,7 @@ class StepTrace:
     # Sampling only: per tried node, the target probability and the acceptance probability.
     p_target: list[float | None] = field(default_factory=list)
     p_accept: list[float | None] = field(default_factory=list)
-    # --- time (seconds) ---
+    # --- time (seconds; a StepTiming's fields) ---
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0

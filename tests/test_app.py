@@ -17,7 +17,8 @@ from gradio_client import Client, handle_file
 
 import talon.trace
 import talon.ui.backend as ui_device
-from talon.decode import Engine, PromptError
+from talon.decode import Engine
+from talon.prompt import PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
 from talon.run_config import ConfigError, RunConfig
 from talon.settings import Settings

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
-from talon.decode import Run, RunModels, RunParts, StopCheck, eos_ids
+from talon.decode import Run, RunModels, RunParts
+from talon.prompt import StopCheck, eos_ids
 from talon.drafters import Drafter, DraftSource, HybridDrafter, ModelDrafter, Verifier, build_drafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig

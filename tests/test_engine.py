@@ -202,7 +202,7 @@ def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None
 
 
 def test_bad_input_is_refused_clearly(pair) -> None:
-    from talon.decode import PromptError
+    from talon.prompt import PromptError
     from talon.run_config import ConfigError
 
     target, draft = pair

@@ -28,7 +28,8 @@ import torch
 from transformers import DynamicCache
 
 from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
-from talon.decode import Engine, eos_ids, generate
+from talon.decode import Engine, generate
+from talon.prompt import eos_ids
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.kv import gather_entries

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from talon.atlas.data import Atlas
 from talon.cost import CostModel
 from talon.accept import accept_greedy
-from talon.decode import Run, RunModels, RunParts, StopCheck
+from talon.decode import Run, RunModels, RunParts
+from talon.prompt import StopCheck
 from talon.drafters.hybrid import build_drafter
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter

@@ -20,7 +20,8 @@ from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
-from talon.decode import Engine, encode_prompt, eos_ids
+from talon.decode import Engine
+from talon.prompt import encode_prompt, eos_ids
 from talon.models import LoadedModel
 from talon.run_config import RunConfig
 

@@ -22,7 +22,8 @@ from talon.bench.options import (
     SweepCell,
     SweepConfig,
 )
-from talon.decode import Engine, eos_ids
+from talon.decode import Engine
+from talon.prompt import eos_ids
 from talon.decode import generate as talon_generate
 from talon.models import LoadedModel
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, TreeConfig

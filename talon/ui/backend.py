@@ -23,7 +23,8 @@ import torch
 
 from talon import zerogpu
 from talon.cost import CostModel
-from talon.decode import Engine, PromptError, Run
+from talon.decode import Engine, Run
+from talon.prompt import PromptError
 from talon.examples import ModelPreset, available_presets, startup_preset
 from talon.models import ModelLoadError, gpu_health, load_pair, resolve_device
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair

@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.decode import PromptError
+from talon.prompt import PromptError
 from talon.examples import DEFAULT_PRESET
 from talon.run_config import (
     DRAFTER_KINDS,
