@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from talon.atlas.data import AtlasSpec  # noqa: E402
 from talon.atlas.record import record_atlas  # noqa: E402
 from talon.atlas.replay import compare_runs, replay  # noqa: E402
-from talon.bench.data import default_data_dir, load_prompts  # noqa: E402
+from talon.specbench import default_data_dir, load_prompts  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.models import load_pair  # noqa: E402
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig  # noqa: E402

@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talon.bench.data import default_data_dir, load_prompts  # noqa: E402
-from talon.bench.options import EQUAL_BUDGET, SPECBENCH_SUITES  # noqa: E402
+from talon.specbench import default_data_dir, load_prompts  # noqa: E402
+from talon.bench.options import EQUAL_BUDGET  # noqa: E402
+from talon.specbench import SPECBENCH_SUITES  # noqa: E402
 from talon.bench.runners import talon_run_config, talon_variant  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair  # noqa: E402

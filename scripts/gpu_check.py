@@ -75,7 +75,7 @@ sys.path.insert(0, str(REPO))
 from talon.bench.judge import TieJudge, default_tie_tol  # noqa: E402
 from talon.cost import probe_costs, synthetic_costs  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
-from talon.examples import PRESETS, ModelPreset  # noqa: E402
+from talon.presets import PRESETS, ModelPreset  # noqa: E402
 from talon.models import LoadedModel, ModelLoadError, load_pair  # noqa: E402
 from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, estimate_pair, scaled  # noqa: E402
 from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig  # noqa: E402

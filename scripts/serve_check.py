@@ -32,7 +32,7 @@ SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
 def prepare(out: Path) -> None:
-    from talon.bench.data import default_data_dir, load_prompts
+    from talon.specbench import default_data_dir, load_prompts
     from talon.decode import Engine, generate
     from talon.prompt import encode_prompt
     from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair

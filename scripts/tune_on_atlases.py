@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import talon.plan as plan  # noqa: E402
-from talon.atlas.cli import load_atlases  # noqa: E402
+from talon.atlas.data import load_atlases  # noqa: E402
 from talon.atlas.sweep import SweepRow, grid_configs, parse_grid, run_sweep  # noqa: E402
-from talon.cli import add_run_args, run_config  # noqa: E402
+from talon.cli.args import add_run_args, config_from_args  # noqa: E402
 from talon.cost import synthetic_costs  # noqa: E402
 from talon.run_config import RunConfig  # noqa: E402
 
@@ -76,9 +76,7 @@ def main() -> int:
     args = p.parse_args()
     atlases = load_atlases(args.atlases)
     suites = [a.suite or "prompt" for a in atlases]
-    gen = argparse.ArgumentParser()
-    add_run_args(gen)
-    configs = grid_configs(args, parse_grid(args.grid, gen), run_config)
+    configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     plain = RunConfig(drafter="none", max_new_tokens=args.max_new_tokens, draft_vocab=args.draft_vocab)
     hosts = [host_costs(h) for h in args.host] or [("recorded", {})]
     rows_out = []

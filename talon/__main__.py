@@ -1,5 +1,5 @@
 import sys
 
-from talon.cli import main
+from talon.cli.main import main
 
 sys.exit(main())

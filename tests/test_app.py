@@ -186,7 +186,7 @@ def test_compare_and_sweep_endpoints(client: Client) -> None:
 
 
 def test_default_controls_are_the_run_config_defaults() -> None:
-    assert Controls().run_config(1024) == RunConfig()
+    assert Controls().to_config(1024) == RunConfig()
 
 
 @pytest.mark.parametrize(
@@ -203,11 +203,11 @@ def test_default_controls_are_the_run_config_defaults() -> None:
 )
 def test_controls_refuse_bad_values(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        Controls(**change).run_config(1024)
+        Controls(**change).to_config(1024)
 
 
 def test_controls_accept_integral_floats_from_sliders() -> None:
-    cfg = Controls(budget=12.0, seed=3.0, max_new_tokens=16.0).run_config(1024)
+    cfg = Controls(budget=12.0, seed=3.0, max_new_tokens=16.0).to_config(1024)
     assert (cfg.tree.budget, cfg.sampling.seed, cfg.max_new_tokens) == (12, 3, 16)
 
 

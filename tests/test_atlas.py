@@ -15,7 +15,7 @@ from talon.atlas.data import Atlas, AtlasSpec, parse_atlas
 from talon.atlas.record import record_atlas
 from talon.atlas.replay import compare_runs, replay
 from talon.atlas.sweep import best_row, pareto, run_sweep
-from talon.cli import main
+from talon.cli.main import main
 from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.drafters.model import DraftLedger

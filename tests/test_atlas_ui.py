@@ -178,7 +178,7 @@ def test_apply_gives_the_controls_that_run_that_configuration(ui, recorded) -> N
     prompt = gr.Textbox()
     applied = make_apply(view, components, best=False, prompt=prompt)(session, **knobs.values())
     by_name = {name: applied[c] for name, c in components.items() if c in applied}
-    cfg = Controls(**by_name).run_config(1024)
+    cfg = Controls(**by_name).to_config(1024)
     replayed = knobs.config(session.atlas)
     assert cfg.tree == replayed.tree and cfg.drafter == replayed.drafter
     assert cfg.retrieval.graft_threshold == replayed.retrieval.graft_threshold
@@ -189,7 +189,7 @@ def test_apply_gives_the_controls_that_run_that_configuration(ui, recorded) -> N
     # the best: the controls of best_row's configuration
     best = make_apply(view, components, best=True)(session, **knobs.values())
     found = explore(session, knobs)
-    best_cfg = Controls(**{n: best[c] for n, c in components.items() if c in best}).run_config(1024)
+    best_cfg = Controls(**{n: best[c] for n, c in components.items() if c in best}).to_config(1024)
     assert best_cfg.tree == found.best.config.tree
     # a min_match the left panel cannot express is said plainly
     odd = make_apply(view, components, best=False)(session, **{**knobs.values(), "retrieval_min_match": 5})

@@ -12,20 +12,20 @@ import torch
 from talon.bench import (
     METHODS,
     BenchConfig,
-    BenchError,
     SweepConfig,
     TieJudge,
     first_divergence,
     load_prompts,
-    main,
     run_bench,
     sweep_runners,
     talon_variant,
     tie_tolerance,
 )
+from talon.cli.bench import main
 from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
+from talon.specbench import SuiteError
 from talon.tree import DraftTree
 from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded
@@ -261,16 +261,16 @@ def test_limit_and_suites_are_respected(data_dir: Path) -> None:
         ("sum", 1, SUITE_TEXTS["sum"][1]), ("humaneval", 1, SUITE_TEXTS["humaneval"][1]),
     ]
     assert load_prompts(data_dir, ["sum", "qa"], start=2) == [later[0].__class__("sum", 2, SUITE_TEXTS["sum"][2])]
-    with pytest.raises(BenchError, match="--start"):
+    with pytest.raises(SuiteError, match="--start"):
         load_prompts(data_dir, ["sum"], start=-1)
 
 
 def test_bad_requests_get_clear_errors(data_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(BenchError, match="unknown suite.*nope.*choose from"):
+    with pytest.raises(SuiteError, match="unknown suite.*nope.*choose from"):
         load_prompts(data_dir, ["sum", "nope"])
-    with pytest.raises(BenchError, match="gsm8k.jsonl"):
+    with pytest.raises(SuiteError, match="gsm8k.jsonl"):
         load_prompts(data_dir, ["gsm8k"])
-    with pytest.raises(BenchError, match="--data"):
+    with pytest.raises(SuiteError, match="--data"):
         load_prompts(None, ["sum"])
     with pytest.raises(ConfigError, match="unknown method.*speedy.*choose from"):
         BenchConfig(methods=("ar", "speedy"))
@@ -289,7 +289,7 @@ def test_missing_pypi_suite_is_skipped(data_dir: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     prompts = load_prompts(data_dir, ["qa", "humaneval-pypi"])
     assert {p.suite for p in prompts} == {"qa"}
-    with pytest.raises(BenchError, match="no prompts"):
+    with pytest.raises(SuiteError, match="no prompts"):
         load_prompts(data_dir, ["mt_bench-pypi"])
 
 
@@ -305,7 +305,7 @@ def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: P
 def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
     """A near-tie can send a method down a shorter continuation: fewer tokens in less time is
     not a speedup. Speedup compares tokens per second; the best-of variant is the fastest."""
-    from talon.bench.data import Prompt
+    from talon.specbench import Prompt
     from talon.bench.results import Sample, aggregate
     from talon.bench.runners import MethodSpec, Outcome
 
@@ -333,7 +333,7 @@ def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
 def test_the_free_drafting_bound_matches_a_hand_computation() -> None:
     """bound = MAT x t_verify(1) / mean t_verify(tree tokens), per suite and over all suites, on a
     synthetic verify curve: 0.5 s for 1 token, 0.9 for 4, 1.4 for 8, 1.6 for 16 (linear between)."""
-    from talon.bench.data import Prompt
+    from talon.specbench import Prompt
     from talon.bench.results import Sample, aggregate
     from talon.bench.runners import MethodSpec, Outcome
 

@@ -32,7 +32,7 @@ import talon.verify
 import talon.ui.backend as ui_device
 import talon.zerogpu
 from talon.ui.pair import Held
-from talon.examples import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
+from talon.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
 from talon.ui.backend import (
@@ -436,7 +436,7 @@ def test_gpu_seconds_grow_with_max_new_tokens_and_a_load() -> None:
     preset = PRESETS[0]
 
     def seconds(*tokens: int) -> int:
-        jobs = [Job(preset, "abc", Controls(max_new_tokens=n).run_config(100_000)) for n in tokens]
+        jobs = [Job(preset, "abc", Controls(max_new_tokens=n).to_config(100_000)) for n in tokens]
         return gpu_seconds(Settings(), jobs, "id")
 
     held = ui_device.SLOT.held
@@ -455,7 +455,7 @@ def test_gpu_seconds_grow_with_max_new_tokens_and_a_load() -> None:
 def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> None:
     """On ZeroGPU the arguments and every yielded item cross a process boundary."""
     settings, preset = Settings(), PRESETS[0]
-    cfg = Controls(max_new_tokens=8).run_config(1024)
+    cfg = Controls(max_new_tokens=8).to_config(1024)
     jobs = [Job(preset, "abc abc", cfg), Job(preset, "abc abc", cfg.replace(drafter="none"))]
     pickle.dumps((settings, jobs, "id"))
     items = pickle.loads(pickle.dumps(list(decode_on_device(settings, jobs, "id"))))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from talon.examples import PRESETS
+from talon.presets import PRESETS
 from talon.models import ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estimate_pair
 from talon.settings import Settings

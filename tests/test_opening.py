@@ -81,7 +81,7 @@ def test_controls_from_config_reproduce_the_run_config() -> None:
         max_new_tokens=40,
         async_draft=True,
     )
-    back = Controls.from_config(cfg.to_dict()).run_config(256)
+    back = Controls.from_config(cfg.to_dict()).to_config(256)
     assert back.tree == cfg.tree and back.drafter == cfg.drafter
     assert back.retrieval.graft_threshold == 4 and back.max_new_tokens == 40 and back.async_draft
     assert (back.sampling.temperature, back.sampling.top_p, back.sampling.seed) == (0.7, 0.9, 7)
@@ -162,6 +162,6 @@ def test_run_with_the_controls_the_page_sets_repeats_the_recording(tmp_path) -> 
     updates = recording_controls(prompt, components, path)()
     values = {key: updates[component] for key, component in components.items() if component in updates}
     assert updates[prompt] == "abc abc abc" and values["budget"] == 12 and values["mu"] == 0.2
-    again, again_steps = generate(Engine(target, draft), updates[prompt], Controls(**values).run_config(256))
+    again, again_steps = generate(Engine(target, draft), updates[prompt], Controls(**values).to_config(256))
     assert again.token_ids == summary.token_ids
     assert [len(st.accepted) for st in again_steps] == [len(st.accepted) for st in steps]

@@ -19,7 +19,8 @@ PROBE = """
 import json, sys
 from pathlib import Path
 from talon.bench import SPECBENCH_SUITES, default_data_dir, load_prompts
-from talon.examples import load_examples, SUITES
+from talon.examples import load_examples
+from talon.specbench import SUITE_NAMES
 data = default_data_dir()
 prompts = load_prompts(data, SPECBENCH_SUITES, limit=2)
 examples = load_examples()
@@ -28,7 +29,7 @@ print(json.dumps({
     "suites": sorted({p.suite for p in prompts}),
     "prompts": len(prompts),
     "example_suites": sorted({e.suite for e in examples}),
-    "suite_names": sorted(SUITES.values()),
+    "suite_names": sorted(SUITE_NAMES.values()),
 }))
 """
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from talon.cost import CostModel
 from talon.run_config import ConfigError, RetrievalConfig
-from talon.trace import MAX_TREE_NODES, TraceFileError, is_number
+from talon.trace import MAX_TREE_NODES, TraceFileError, is_number, read_json_upload
 
 ATLAS_FORMAT = "talon-atlas/1"
 MAX_ATLAS_ENTRIES = 400_000
@@ -202,3 +203,17 @@ def parse_atlas(data: Any) -> Atlas:
         eos=_ints(data.get("eos", []), "eos", 64), token_texts=token_texts,
         models=meta["models"] or {}, costs=costs, record=meta["record"] or {}, suite=data.get("suite", ""),
     )
+
+
+def load_atlases(paths: list[Path]) -> list[Atlas]:
+    """Atlas files, folders expanded to their *.json files (TraceFileError names a bad file)."""
+    files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    if not files:
+        raise TraceFileError("no atlas files found")
+    atlases = []
+    for f in files:
+        try:
+            atlases.append(parse_atlas(read_json_upload(f)))
+        except TraceFileError as error:
+            raise TraceFileError(f"{f}: {error}") from None
+    return atlases

@@ -19,13 +19,29 @@ from typing import Any
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
-from talon.run_config import ConfigError, RunConfig
+from talon.run_config import ADMISSIONS, DRAFTER_KINDS, TREE_MODES, ConfigError, RunConfig
 
-# generate's flags that a sweep may vary (argparse dests); the rest stay as the base command says
-GRID_KEYS: tuple[str, ...] = (
-    "drafter", "tree", "budget", "root_k", "top_k", "mu", "max_depth", "min_conf", "cost_aware", "admission",
-    "retrieval_min_match", "retrieval_max_continuation", "graft_threshold", "retrieval_branches", "max_new_tokens",
-)
+ON_OFF: tuple[str, ...] = ("on", "off")
+
+
+@dataclass(frozen=True)
+class GridKey:
+    """How one of generate's flags reads a grid value: its type and, for a choice, the choices."""
+
+    kind: Callable[[str], Any]
+    choices: tuple[str, ...] = ()
+
+
+# generate's flags that a sweep may vary (as argparse stores them); the rest stay as the base
+# command says. The choices are the ones the configuration records define.
+GRID: dict[str, GridKey] = {
+    "drafter": GridKey(str, DRAFTER_KINDS), "tree": GridKey(str, TREE_MODES), "budget": GridKey(int),
+    "root_k": GridKey(int), "top_k": GridKey(int), "mu": GridKey(float), "max_depth": GridKey(int),
+    "min_conf": GridKey(float), "cost_aware": GridKey(str, ON_OFF), "admission": GridKey(str, ADMISSIONS),
+    "retrieval_min_match": GridKey(int), "retrieval_max_continuation": GridKey(int),
+    "graft_threshold": GridKey(int), "retrieval_branches": GridKey(int), "max_new_tokens": GridKey(int),
+}
+GRID_KEYS: tuple[str, ...] = tuple(GRID)
 
 
 @dataclass
@@ -94,25 +110,24 @@ class SweepRow:
         }
 
 
-def parse_grid(items: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, list[Any]]:
-    """``KEY=V1,V2`` items -> {key: values}, each value converted and checked as ``parser``
-    (generate's) would; ConfigError names the bad item."""
-    actions = {a.dest: a for a in parser._actions}
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``KEY=V1,V2`` items -> {key: values}, each value converted and checked as generate's flag
+    would; ConfigError names the bad item."""
     grid: dict[str, list[Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in GRID_KEYS:
             raise ConfigError(f"grid item {item!r}: write KEY=V1,V2 with KEY one of {', '.join(GRID_KEYS)}")
-        action = actions[key]
+        spec = GRID[key]
         values = []
         for part in (v.strip() for v in text.split(",")):
             try:
-                value = action.type(part) if action.type else part
+                value = spec.kind(part)
             except ValueError:
                 raise ConfigError(f"grid {key}: {part!r} is not a valid value") from None
-            if action.choices and value not in action.choices:
-                raise ConfigError(f"grid {key}: {part!r} is not one of {', '.join(map(str, action.choices))}")
+            if spec.choices and value not in spec.choices:
+                raise ConfigError(f"grid {key}: {part!r} is not one of {', '.join(spec.choices)}")
             values.append(value)
         if not values or values == [""]:
             raise ConfigError(f"grid {key}: give at least one value")

@@ -22,15 +22,14 @@ Measures, per suite and method (and over all suites, suite ``"all"``):
   the run for Talon methods and is only reported for HF methods. ``hf-greedy``
   (``generate(do_sample=False)``) is checked the same way: an independent greedy reference.
 
-The package reads in pipeline order: ``options`` (what a run is asked to do), ``data`` (the
-prompts), ``runners`` (one per method), ``judge`` (losslessness), ``env`` (the machine and versions),
-``loop`` (the interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
-written), ``cli`` (the command line; ``__main__`` runs it).
+The package reads in pipeline order: ``options`` (what a run is asked to do), ``runners`` (one
+per method), ``judge`` (losslessness), ``env`` (the machine and versions), ``loop`` (the
+interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
+written). The prompts come from ``talon.specbench``; the command line is ``talon.cli.bench``
+(``__main__`` runs it).
 """
 
 from talon.bench.charts import speedup_figure, sweep_figure, time_split_figure
-from talon.bench.cli import main, parser
-from talon.bench.data import ALL_SUITES, Prompt, default_data_dir, load_prompts
 from talon.bench.env import BenchEnv
 from talon.bench.judge import (
     Mismatch,
@@ -48,7 +47,6 @@ from talon.bench.options import (
     DEFAULT_MAX_NEW_TOKENS,
     EQUAL_BUDGET,
     METHODS,
-    SPECBENCH_SUITES,
     SWEEP_METHODS,
     BenchConfig,
     BenchError,
@@ -57,6 +55,7 @@ from talon.bench.options import (
 )
 from talon.bench.report import markdown, speed_table, write_report
 from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
+from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, Prompt, SuiteError, default_data_dir, load_prompts
 from talon.bench.runners import (
     HfRunner,
     MethodSpec,
@@ -70,10 +69,10 @@ from talon.bench.runners import (
 
 __all__ = [
     "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",
-    "SPECBENCH_SUITES", "SWEEP_METHODS", "BenchConfig", "BenchEnv", "BenchError", "BenchReport",
+    "SPECBENCH_SUITES", "SWEEP_METHODS", "SuiteError", "BenchConfig", "BenchEnv", "BenchError", "BenchReport",
     "HfRunner", "MethodSpec", "Mismatch", "Outcome", "OutputCheck", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
     "TalonRunner", "TieJudge", "TimeSplit", "TokenCheck", "aggregate", "build_runners", "default_data_dir",
-    "default_tie_tol", "first_divergence", "load_prompts", "main", "markdown", "parser", "run_bench",
+    "default_tie_tol", "first_divergence", "load_prompts", "markdown", "run_bench",
     "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "talon_variant", "tie_tolerance",
     "time_split_figure", "write_report",
 ]

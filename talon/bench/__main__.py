@@ -2,6 +2,6 @@
 
 import sys
 
-from talon.bench.cli import main
+from talon.cli.bench import main
 
 sys.exit(main())

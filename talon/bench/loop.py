@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from talon.atlas.record import record_atlas
-from talon.bench.data import Prompt
+from talon.specbench import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
 from talon.bench.options import BenchConfig

@@ -9,7 +9,6 @@ from typing import Any, Literal
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 BENCH_FORMAT = "talon-bench/1"
-SPECBENCH_SUITES: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
 SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from talon.bench.data import Prompt
+from talon.specbench import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck
 from talon.bench.options import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig

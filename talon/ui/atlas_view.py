@@ -26,7 +26,7 @@ from talon.atlas.data import Atlas, parse_atlas
 from talon.atlas.record import record_atlas
 from talon.atlas.replay import ReplayResult, replay
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.examples import ModelPreset
+from talon.presets import ModelPreset
 from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig, RunConfig, TreeConfig
 from talon.settings import Settings
 from talon.trace import TraceFileError, read_json_upload

@@ -25,7 +25,7 @@ from talon import zerogpu
 from talon.cost import CostModel
 from talon.decode import Engine, Run
 from talon.prompt import PromptError
-from talon.examples import ModelPreset, available_presets, startup_preset
+from talon.presets import ModelPreset, available_presets, startup_preset
 from talon.models import ModelLoadError, gpu_health, load_pair, resolve_device
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
@@ -158,7 +158,7 @@ def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: A
     every problem a user can fix becomes a gr.Error with the validator's message."""
     try:
         check_prompt(prompt, settings)
-        cfg = controls.run_config(settings.max_new_tokens_limit).replace(**overrides)
+        cfg = controls.to_config(settings.max_new_tokens_limit).replace(**overrides)
         quant = None if controls.draft_quant == "auto" else controls.draft_quant  # auto: TALON_DRAFT_QUANT
         preset = dataclasses.replace(find_preset(settings, controls.preset), draft_quant=quant)
         return preset, cfg

@@ -13,7 +13,7 @@ import gradio as gr
 
 from talon import figures as F
 from talon.prompt import PromptError
-from talon.examples import DEFAULT_PRESET
+from talon.presets import DEFAULT_PRESET
 from talon.run_config import (
     DRAFTER_KINDS,
     ConfigError,
@@ -93,7 +93,7 @@ class Controls:
             cost_aware=tree.get("cost_aware", defaults.cost_aware),
         )
 
-    def run_config(self, max_new_tokens_limit: int) -> RunConfig:
+    def to_config(self, max_new_tokens_limit: int) -> RunConfig:
         """The validated RunConfig; raises ConfigError with a message a user can act on."""
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")

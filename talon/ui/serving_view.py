@@ -20,7 +20,7 @@ def make_serving_config(settings: Settings) -> Callable[..., tuple[str, dict[str
         """The controls as server flags: markdown for the panel, the same as JSON for the API."""
         values = Controls(**controls)
         try:
-            cfg = values.run_config(settings.max_new_tokens_limit)
+            cfg = values.to_config(settings.max_new_tokens_limit)
             preset = find_preset(settings, values.preset)
         except ConfigError as error:
             raise user_error(str(error)) from error

@@ -8,31 +8,31 @@ import logging
 import time
 from pathlib import Path
 
-from talon.atlas.data import Atlas, parse_atlas
+from talon.atlas.data import load_atlases
 from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
+from talon.cli.args import add_model_args, add_run_args, config_from_args
 from talon.cost import CostModel
 from talon.decode import Engine
 from talon.models import ModelLoadError, load_pair
 from talon.run_config import ConfigError
 from talon.settings import Settings
+from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 from talon.trace import TraceFileError, read_json_upload
 
 log = logging.getLogger("talon")
 
 
-def add_atlas_parser(sub: argparse._SubParsersAction, settings: Settings, add_model_args, add_run_args) -> None:
-    a = sub.add_parser("atlas", help="record a draft atlas, or sweep configurations over atlases (no model)",
-                       description="A draft atlas holds one prompt's greedy text and the draft model's "
-                       "proposals around it; any greedy configuration replays from it exactly, in "
-                       "milliseconds, with no model loaded.")
+def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
+    a.description = ("A draft atlas holds one prompt's greedy text and the draft model's proposals around it; "
+                     "any greedy configuration replays from it exactly, in milliseconds, with no model loaded.")
     verbs = a.add_subparsers(dest="atlas_command", required=True)
     r = verbs.add_parser("record", help="record atlases (runs the models once per prompt)")
     src = r.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="read the prompt from this file")
-    src.add_argument("--suites", help="comma list of bundled Spec-Bench suites (mt_bench, humaneval, gsm8k, "
-                     "alpaca, sum, qa): one atlas per prompt")
+    src.add_argument("--suites", help=f"comma list of bundled Spec-Bench suites ({', '.join(SPECBENCH_SUITES)}): "
+                     "one atlas per prompt")
     r.add_argument("--limit", type=int, default=5, help="with --suites: prompts per suite (default: %(default)s)")
     r.add_argument("--start", type=int, default=0, help="with --suites: skip this many prompts of each suite")
     r.add_argument("--out", type=Path, required=True,
@@ -51,17 +51,15 @@ def add_atlas_parser(sub: argparse._SubParsersAction, settings: Settings, add_mo
     add_run_args(s)
 
 
-def atlas_command(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser, build) -> int:
+def atlas_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.atlas_command == "record":
-        return _record(args, settings, build)
-    return _sweep(args, parser, build)
+        return record_command(args, settings)
+    return sweep_command(args)
 
 
-def _record(args: argparse.Namespace, settings: Settings, build) -> int:
-    from talon.bench.data import default_data_dir, load_prompts  # talon.bench imports talon.cli
-
+def record_command(args: argparse.Namespace, settings: Settings) -> int:
     try:
-        cfg = build(args)
+        cfg = config_from_args(args)
         if args.suites:
             prompts = [(f"{p.suite}-{p.index}", p.text, p.suite) for p in
                        load_prompts(default_data_dir(), [s.strip() for s in args.suites.split(",")], args.limit, args.start)]
@@ -86,21 +84,7 @@ def _record(args: argparse.Namespace, settings: Settings, build) -> int:
     return 0
 
 
-def load_atlases(paths: list[Path]) -> list[Atlas]:
-    """Atlas files, folders expanded to their *.json files (TraceFileError names a bad file)."""
-    files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
-    if not files:
-        raise TraceFileError("no atlas files found")
-    atlases = []
-    for f in files:
-        try:
-            atlases.append(parse_atlas(read_json_upload(f)))
-        except TraceFileError as error:
-            raise TraceFileError(f"{f}: {error}") from None
-    return atlases
-
-
-def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, build) -> int:
+def sweep_command(args: argparse.Namespace) -> int:
     try:
         atlases = load_atlases(args.atlases)
         if args.costs is not None:
@@ -111,7 +95,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser, build) -> 
                 raise TraceFileError(f"{args.costs}: not a talon-cost/1 file ({error})") from None
             for atlas in atlases:
                 atlas.costs = costs
-        configs = grid_configs(args, parse_grid(args.grid, parser), build)
+        configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     except (ConfigError, TraceFileError, OSError) as err:
         log.error("%s", err)
         return 2

@@ -6,52 +6,35 @@ import argparse
 import logging
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from talon.bench.data import ALL_SUITES, default_data_dir, load_prompts
 from talon.bench.loop import run_bench
 from talon.bench.options import (
     DEFAULT_LIMIT,
     DEFAULT_MAX_NEW_TOKENS,
     METHODS,
-    SPECBENCH_SUITES,
     SWEEP_METHODS,
     BenchConfig,
     SweepConfig,
 )
 from talon.bench.report import speed_table
 from talon.bench.runners import talon_variant
-from talon.cli import add_model_args
+from talon.cli.args import add_model_args, csv, csv_of
 from talon.models import ModelLoadError, load_pair, resolve_device
-from talon.run_config import RunConfig
+from talon.run_config import COST_MODES, RunConfig
 from talon.settings import Settings
+from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, default_data_dir, load_prompts
 
 log = logging.getLogger("talon.bench")
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _csv_of(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
-    def parse(text: str) -> tuple:
-        try:
-            return tuple(kind(x) for x in _csv(text))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}, got {text!r}") from None
-
-    return parse
 
 
 def parser(settings: Settings) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m talon.bench", description="Benchmark Talon against ar and HF")
     p.add_argument("--data", type=Path, default=default_data_dir(),
                    help="Spec-Bench prompt dir (default: %(default)s)")
-    p.add_argument("--suites", type=_csv, default=SPECBENCH_SUITES, help=f"comma list of {', '.join(ALL_SUITES)}")
+    p.add_argument("--suites", type=csv, default=SPECBENCH_SUITES, help=f"comma list of {', '.join(ALL_SUITES)}")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                    help="prompts per suite, 0 = all (default: %(default)s, which with every method "
                    "and all six suites finishes in under an hour on a 2-core CPU)")
@@ -62,14 +45,14 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
                    help="new tokens per prompt (default: %(default)s)")
     add_model_args(p, settings)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output dir (default: %(default)s)")
-    p.add_argument("--methods", type=_csv, default=None,
+    p.add_argument("--methods", type=csv, default=None,
                    help=f"comma list of {', '.join(METHODS)} (default: all; with --sweep: ar)")
-    p.add_argument("--hf-assistant-tokens", type=_csv, default=BenchConfig.hf_assistant_tokens,
+    p.add_argument("--hf-assistant-tokens", type=csv, default=BenchConfig.hf_assistant_tokens,
                    help="hf-assisted variants: integers (fixed draft length), default, heuristic "
                    "(default: 4,8,default)")
     p.add_argument("--pld-tokens", type=int, default=BenchConfig.pld_tokens,
                    help="hf-pld prompt_lookup_num_tokens (default: %(default)s)")
-    p.add_argument("--pld-ngrams", type=_csv_of(int), default=BenchConfig.pld_ngrams,
+    p.add_argument("--pld-ngrams", type=csv_of(int), default=BenchConfig.pld_ngrams,
                    help="hf-pld variants, each a max_matching_ngram_size; the fastest per suite is "
                    "reported (default: 2,3)")
     p.add_argument("--talon-async", choices=["auto", "on", "off"], default="auto",
@@ -80,7 +63,7 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--tie-tol", type=float, default=None,
                    help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
                    "at the best logit are added (default: 1e-3 float32, 0.05 half)")
-    p.add_argument("--cost-model", choices=["fixed", "learn"], default=BenchConfig.cost_model,
+    p.add_argument("--cost-model", choices=COST_MODES, default=BenchConfig.cost_model,
                    help="how the talon methods plan on the measured cost curves: fixed = on the one "
                    "snapshot read at start (probe or cache) and predicted times only, so the same "
                    "command on the same host gives the same trees and every row plans alike; learn = "
@@ -94,9 +77,9 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     s = p.add_argument_group("sweep")
     s.add_argument("--sweep", action="store_true", help="grid over mu x N (x K) for --sweep-method")
     s.add_argument("--sweep-method", choices=SWEEP_METHODS, default=SweepConfig.method)
-    s.add_argument("--sweep-mu", type=_csv_of(float), default=SweepConfig.mus)
-    s.add_argument("--sweep-budget", type=_csv_of(int), default=SweepConfig.budgets)
-    s.add_argument("--sweep-root-k", type=_csv_of(int), default=SweepConfig.root_ks)
+    s.add_argument("--sweep-mu", type=csv_of(float), default=SweepConfig.mus)
+    s.add_argument("--sweep-budget", type=csv_of(int), default=SweepConfig.budgets)
+    s.add_argument("--sweep-root-k", type=csv_of(int), default=SweepConfig.root_ks)
     return p
 
 
@@ -142,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             report = run_bench(
                 target_lm, draft_lm, prompts, cfg, args.out, command, not args.no_progress, settings.cost_cache_dir
             )
-    except (ValueError, ModelLoadError, OSError) as err:  # BenchError, ConfigError, PromptError
+    except (ValueError, ModelLoadError, OSError) as err:  # BenchError, SuiteError, ConfigError, PromptError
         log.error("%s", err)
         return 2
     print(speed_table([r for r in report.rows if not r.is_sweep]))

@@ -1,0 +1,78 @@
+"""``python -m talon costs --show | --probe | --clear``: the cached cost curves."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from talon.cli.args import add_model_args
+from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
+from talon.models import ModelLoadError, load_pair
+from talon.run_config import RunConfig
+from talon.settings import Settings
+
+log = logging.getLogger("talon")
+
+
+def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
+    c.description = (f"The measured cost curves, cached under {settings.cost_cache_dir} "
+                     "(TALON_COST_CACHE, else TALON_CACHE/costs), one file per model pair, dtype, "
+                     "device, draft vocabulary, hardware, torch version and thread count.")
+    what = c.add_mutually_exclusive_group(required=True)
+    what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
+    what.add_argument("--probe", action="store_true", help="measure the curves of the given pair now and cache them")
+    what.add_argument("--clear", action="store_true", help="remove every cached cost model")
+    add_model_args(c, settings)
+    c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
+                   help="draft logits over the first V token ids (as in generate; default: %(default)s)")
+
+
+def costs_command(args: argparse.Namespace, settings: Settings) -> int:
+    folder = settings.cost_cache_dir
+    if args.clear:
+        removed = [p for p in sorted(folder.glob("*.json")) if p.is_file()]
+        for path in removed:
+            path.unlink()
+        print(f"removed {len(removed)} cached cost model(s) from {folder}")
+        return 0
+    if args.show:
+        files = sorted(folder.glob("*.json"))
+        print(f"{len(files)} cached cost model(s) in {folder}")
+        for path in files:
+            print(describe_cached(path))
+        return 0
+    try:
+        draft = None if args.draft.lower() == "none" else args.draft
+        target, draft_lm = load_pair(
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+        )
+        names = (target.name, draft_lm.name if draft_lm is not None else "none")
+        costs = load_or_probe(target.model, draft_lm.model if draft_lm is not None else None, names,
+                              folder, args.draft_vocab, refresh=True)
+    except (ValueError, ModelLoadError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    print(describe_cached(cache_path(folder, costs.key)))
+    return 0
+
+
+def describe_cached(path: Path) -> str:
+    """A few lines about one cached cost model: what it is for, where it came from, key figures."""
+    try:
+        costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+        return f"{path.name}: unreadable ({err})"
+    age = costs.provenance.age_days()
+    stale = " (stale: measured again at next use)" if age is None or age > MAX_AGE_DAYS else ""
+    draft = f", draft layer 1/4/16 nodes {millis(costs.draft_s(1))}/{millis(costs.draft_s(4))}/{millis(costs.draft_s(16))}" \
+        if costs.draft is not None else ""
+    return (f"{path.name}: {costs.key}\n  {costs.provenance.describe()}, "
+            f"{'?' if age is None else f'{age:.1f}'} days old{stale}\n"
+            f"  verify 1/4/16/64 nodes {millis(costs.verify_s(1))}/{millis(costs.verify_s(4))}/"
+            f"{millis(costs.verify_s(16))}/{millis(costs.verify_s(64))}{draft}")
+
+
+def millis(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms"

@@ -1,0 +1,77 @@
+"""``python -m talon``: ``generate`` (one prompt, here), ``costs`` (``talon.cli.costs``) and
+``atlas record | sweep`` (``talon.cli.atlas``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from talon.cli.args import add_model_args, add_run_args, config_from_args
+from talon.cli.atlas import add_atlas_parser, atlas_command
+from talon.cli.costs import add_costs_parser, costs_command
+from talon.decode import Engine, generate
+from talon.models import ModelLoadError, load_pair
+from talon.settings import Settings
+from talon.trace import dump_trace
+
+log = logging.getLogger("talon")
+
+
+def parser(settings: Settings) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m talon", description="Talon tree speculative decoding")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate from one prompt")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    add_model_args(g, settings)
+    add_run_args(g)
+    g.add_argument("--trace-out", help="write every step's trace (JSON) here")
+    g.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    add_costs_parser(sub.add_parser("costs", help="show, re-measure or remove the cached cost curves"), settings)
+    add_atlas_parser(sub.add_parser("atlas", help="record a draft atlas, or sweep configurations over atlases "
+                                    "(no model)"), settings)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    args = parser(settings).parse_args(argv)
+    if args.command == "costs":
+        return costs_command(args, settings)
+    if args.command == "atlas":
+        return atlas_command(args, settings)
+    if args.draft.lower() == "none" and args.drafter == "hybrid":
+        log.info("--draft none: drafting from retrieval only")
+        args.drafter = "retrieval"
+    try:
+        cfg = config_from_args(args)
+        prompt = args.prompt
+        if args.prompt_file:
+            with open(args.prompt_file, encoding="utf-8") as fh:
+                prompt = fh.read()
+        draft = args.draft if cfg.uses_model else None
+        target, draft_lm = load_pair(
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+        )
+        if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
+            cfg = cfg.replace(async_draft=target.device.type == "cuda")
+        summary, steps = generate(Engine(target, draft_lm, cost_cache=settings.cost_cache_dir), prompt, cfg)
+    except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
+        log.error("%s", err)
+        return 2
+    if args.trace_out:
+        dump_trace(args.trace_out, summary, steps)
+    if args.json:
+        print(json.dumps(summary.to_dict()))
+    else:
+        print(summary.text)
+        log.info(
+            "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s",
+            len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
+            summary.tokens_per_second, summary.seconds,
+        )
+    return 0
