@@ -22,7 +22,7 @@ from talon import figures as F  # noqa: E402
 from talon.examples import load_examples  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 from talon.ui.decode_view import make_generate  # noqa: E402
-from talon.ui.layout import decode_tab  # noqa: E402
+from talon.ui.decode_view import decode_panel  # noqa: E402
 from talon.ui.session import Session  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     prompt = load_examples()[args.prompt_index].prompt
     with gr.Blocks():
-        view, _, _ = decode_tab()
+        view, _, _ = decode_panel()
     session = Measured(view)
     updates = list(make_generate(view, Settings.from_env())(prompt, session, max_new_tokens=args.max_new_tokens))
     streamed = session.payload[1:]  # the first update (no step yet) is the same either way

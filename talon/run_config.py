@@ -17,6 +17,7 @@ Admission = Literal["calibrated", "confidence"]
 
 TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
 DRAFTER_KINDS: tuple[str, ...] = ("hybrid", "model", "retrieval", "none")
+DRAFTING_KINDS: tuple[str, ...] = tuple(d for d in DRAFTER_KINDS if d != "none")  # the kinds that draft
 ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
 
 

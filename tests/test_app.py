@@ -32,9 +32,9 @@ from talon.trace import (
 from talon.ui.controls import Controls, check_prompt, user_error
 from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
 from talon.ui.launch import serve_app
-from talon.ui.layout import decode_tab
+from talon.ui.decode_view import decode_panel
 from talon.ui.session import Session, stop
-from talon.ui.sweep_view import parse_sweep
+from talon.ui.measure_view import parse_sweep
 from tests.test_figures import make_step
 from tests.tiny import tiny_loaded
 
@@ -336,7 +336,7 @@ def tiny_engine() -> Engine:
 def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
     monkeypatch.setattr(ui_device, "load_engine", lambda settings, preset: tiny_engine)
     with gr.Blocks():
-        decode_view, _, _ = decode_tab()
+        decode_view, _, _ = decode_panel()
     return decode_view
 
 

@@ -21,27 +21,28 @@ from talon.atlas.replay import replay
 from talon.atlas.sweep import best_row, pareto
 from talon.examples import load_examples
 from talon.settings import Settings
-from talon.ui.atlas_view import (
+from talon.ui.explorer import (
     AtlasSession,
-    AtlasView,
     Knobs,
     around,
-    atlas_panel,
     explore,
     greedy_note,
+    mu_budget_grid,
+    root_top_grid,
+)
+from talon.ui.explorer_io import read_atlas, write_atlas
+from talon.ui.explorer_view import (
+    ExplorerView,
+    explorer_panel,
     make_apply,
     make_record,
     make_rescore,
     make_show_step,
     make_to_best,
     make_upload,
-    mu_budget_grid,
-    read_atlas,
-    root_top_grid,
-    write_atlas,
 )
 from talon.ui.controls import Controls
-from talon.ui.layout import _controls
+from talon.ui.panel import build_controls
 from tests.test_app import save_tiny_pair
 
 PROMPT = "one two three, one two three, one two three, one"
@@ -50,16 +51,16 @@ PLAIN = dict(cost_aware=False, min_conf=0.0, max_new_tokens=40)
 
 
 @pytest.fixture(scope="module")
-def ui() -> tuple[AtlasView, dict[str, Any]]:
+def ui() -> tuple[ExplorerView, dict[str, Any]]:
     """The explorer's components and the left panel's controls, built as the app builds them."""
     with gr.Blocks():
-        panel = _controls(Settings(), load_examples())
-        view = atlas_panel()
+        panel = build_controls(Settings(), load_examples())
+        view = explorer_panel()
     return view, panel.components
 
 
 @pytest.fixture(scope="module")
-def recorded(ui: tuple[AtlasView, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+def recorded(ui: tuple[ExplorerView, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[AtlasSession, list[dict[Any, Any]]]:
     """An atlas recorded by the Record button's handler on tiny checkpoints, and its updates."""
     root = tmp_path_factory.mktemp("atlas-models")

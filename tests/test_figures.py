@@ -65,7 +65,7 @@ def node_traces(fig: go.Figure) -> list:
 
 
 def all_figures(st: StepTrace, steps: list[StepTrace]) -> dict[str, go.Figure]:
-    rows = [F.SweepRow("s", "m", mu, b, 1.0 + mu + b / 10, 10.0 * b) for mu in (0.05, 0.1) for b in (8, 16)]
+    rows = [F.MeasuredCell("s", "m", mu, b, 1.0 + mu + b / 10, 10.0 * b) for mu in (0.05, 0.1) for b in (8, 16)]
     return {
         "tree": F.tree_figure(st, F.token_vocab(steps)),
         "gates": F.gate_figure(st),
@@ -234,9 +234,9 @@ def test_run_level_aggregates() -> None:
 
 def test_sweep_grid_averages_cells_and_leaves_gaps() -> None:
     rows = [
-        F.SweepRow("s", "m", 0.1, 8, 2.0, 10.0),
-        F.SweepRow("s", "m", 0.1, 8, 3.0, 20.0),
-        F.SweepRow("s", "m", 0.3, 16, 4.0, None),
+        F.MeasuredCell("s", "m", 0.1, 8, 2.0, 10.0),
+        F.MeasuredCell("s", "m", 0.1, 8, 3.0, 20.0),
+        F.MeasuredCell("s", "m", 0.3, 16, 4.0, None),
     ]
     mus, budgets, z = F.sweep_grid(rows, "mat")
     assert (mus, budgets) == ([0.1, 0.3], [8, 16])

@@ -391,16 +391,16 @@ def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.M
 def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_device_outside(
     zero_gpu: tuple[ZeroGPUHarness, Settings], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import talon.ui.sweep_view as sweep_view
-    from talon.ui import atlas_view
+    import talon.ui.measure_view as measure_view
+    from talon.ui import explorer_io
     from talon.ui.compare_view import make_compare
     from talon.ui.controls import Controls
-    from talon.ui.layout import decode_tab
+    from talon.ui.decode_view import decode_panel
 
     harness, settings = zero_gpu
-    assert {"talon.ui.backend.decode_on_device", "talon.ui.atlas_view.record_on_device"} <= set(zerogpu.DECORATED)
+    assert {"talon.ui.backend.decode_on_device", "talon.ui.explorer_io.record_on_device"} <= set(zerogpu.DECORATED)
     with gr.Blocks():
-        view, _, _ = decode_tab()
+        view, _, _ = decode_panel()
     session = Session()
     updates = list(make_generate(view, settings)("abc abc abc", session, compare_ar=True, max_new_tokens=8))
     assert len(harness.calls) == 1 and harness.calls[0] >= backend.GPU_BASE_S + 1
@@ -410,22 +410,22 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
 
     compare_view = SimpleNamespace(updates=lambda cmp, status="": {"status": status})
     list(make_compare(compare_view, settings)("abc abc", CompareSession(), max_new_tokens=6))
-    monkeypatch.setattr(sweep_view, "sweep_updates", lambda *args: {})
-    list(sweep_view.make_sweep(SimpleNamespace(), settings)("abc abc", None, mus="0.1, 0.3", budgets="4, 8",
+    monkeypatch.setattr(measure_view, "measure_updates", lambda *args: {})
+    list(measure_view.make_measure(SimpleNamespace(), settings)("abc abc", None, mus="0.1, 0.3", budgets="4, 8",
                                                              sweep_tokens=4))
     assert len(harness.calls) == 3, "Compare's A and B, and every sweep cell, share one reservation each"
 
     run = backend.DeviceRun(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
-    items = list(atlas_view.record_on_device(settings, run.preset, "abc abc", run.cfg))
+    items = list(explorer_io.record_on_device(settings, run.preset, "abc abc", run.cfg))
     assert len(harness.calls) == 4 and type(items[-1]).__name__ == "Atlas"
 
 
 def test_zerogpu_an_error_before_the_gpu_call_needs_no_device(zero_gpu: tuple[ZeroGPUHarness, Settings]) -> None:
     harness, settings = zero_gpu
     with gr.Blocks():
-        from talon.ui.layout import decode_tab
+        from talon.ui.decode_view import decode_panel
 
-        view, _, _ = decode_tab()
+        view, _, _ = decode_panel()
     with pytest.raises(gr.Error, match="empty"):
         list(make_generate(view, settings)("   ", Session(), max_new_tokens=4))
     with pytest.raises(gr.Error, match="drafter 'hybrid' needs a draft model|context window"):

@@ -53,9 +53,9 @@ from talon.ui.backend import (
 from talon.ui.controls import Controls
 from talon.ui.decode_view import DecodeView, make_generate
 from talon.ui.launch import REPO
-from talon.ui.layout import MODEL_CONCURRENCY_ID
+from talon.ui.panel import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session
-from talon.ui.sweep_view import MAX_SWEEP_CELLS
+from talon.ui.measure_view import MAX_SWEEP_CELLS
 from tests import test_app
 from tests.test_app import (
     CAPTION,

@@ -83,7 +83,7 @@ from talon.figures.run import (
 )
 from talon.figures.sweep import (
     SWEEP_METRICS,
-    SweepRow,
+    MeasuredCell,
     compare_figure,
     sweep_grid,
     sweep_heatmap,
@@ -131,7 +131,7 @@ __all__ = [
     "WALK",
     "WHITESPACE",
     "Committed",
-    "SweepRow",
+    "MeasuredCell",
     "Trace",
     "WalkStop",
     "acceptance_by_depth",

@@ -1,5 +1,5 @@
 """Figures over several runs: Compare (runs side by side) and the threshold explorer's
-mu x N heatmaps of sweep results (``SweepRow``)."""
+mu x N heatmaps of sweep results (``MeasuredCell``)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def compare_figure(runs: Sequence[tuple[str, Sequence[StepTrace]]]) -> go.Figure
 
 
 @dataclass(frozen=True)
-class SweepRow:
+class MeasuredCell:
     """One (mu, budget) measurement of a sweep; a metric is None where it was not measured."""
 
     suite: str
@@ -93,7 +93,7 @@ SWEEP_METRICS: dict[str, tuple[str, str]] = {  # metric -> (title, colour-bar la
 }
 
 
-def sweep_grid(rows: Sequence[SweepRow], metric: str) -> tuple[list[float], list[int], list[list[float | None]]]:
+def sweep_grid(rows: Sequence[MeasuredCell], metric: str) -> tuple[list[float], list[int], list[list[float | None]]]:
     """(mus, budgets, z[mu][budget]): the mean of ``metric`` per cell, None where unmeasured."""
     cells: dict[tuple[float, int], list[float]] = {}
     for row in rows:
@@ -110,7 +110,7 @@ def _mean(values: list[float] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def sweep_heatmap(rows: Sequence[SweepRow], metric: str, title: str = "") -> go.Figure:
+def sweep_heatmap(rows: Sequence[MeasuredCell], metric: str, title: str = "") -> go.Figure:
     """A mu (rows) x budget N (columns) heatmap of one metric, every cell labelled."""
     if not rows:
         return empty_figure("No sweep results yet: run a sweep or load a results.json.")

@@ -12,12 +12,14 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.run_config import RunConfig
+from talon.run_config import TREE_MODES, RunConfig
 from talon.settings import Settings
 from talon.ui.backend import DeviceAction
-from talon.ui.controls import Controls
+from talon.ui.controls import UI_DRAFTERS, Controls
+from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.session import CompareSession
 from talon.ui.stream import run_variants
+from talon.ui.words import EXPLAIN
 
 
 @dataclass
@@ -98,3 +100,27 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         yield view.updates(cmp)
 
     return compare
+
+
+def build_compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
+    """The Compare tab, built and wired (call inside the tab)."""
+    gr.Markdown(EXPLAIN["compare"], elem_classes=["talon-explain"])
+    with gr.Row():
+        tree_b = gr.Radio(label="B: tree", choices=list(TREE_MODES), value="static")
+        drafter_b = gr.Radio(label="B: drafter", choices=list(UI_DRAFTERS), value=Controls().drafter)
+        mu_b = gr.Slider(0.0, 1.0, value=Controls().mu, step=0.01, label="B: gate μ")
+    go_button = gr.Button("Run A and B", variant="primary", elem_id="talon-compare-run")
+    summary = gr.HTML(compare_summary_html(CompareSession(), "Press “Run A and B”."))
+    chart = gr.Plot(show_label=False)
+    with gr.Row():
+        with gr.Column(min_width=320):
+            text_a = gr.HTML(F.text_html([]), max_height=260)
+            tree_a = gr.Plot(show_label=False)
+        with gr.Column(min_width=320):
+            text_b = gr.HTML(F.text_html([]), max_height=260)
+            tree_b_plot = gr.Plot(show_label=False)
+    view = CompareView(summary=summary, text_a=text_a, text_b=text_b, tree_a=tree_a, tree_b=tree_b_plot, chart=chart,
+                       state=gr.State(CompareSession()))
+    extra = {"tree_mode_b": tree_b, "drafter_b": drafter_b, "mu_b": mu_b, "cmp": view.state}
+    run_on_click(go_button, make_compare(view, settings), panel, extra, view.outputs(), "compare", settings)
+    return view

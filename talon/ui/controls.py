@@ -15,7 +15,7 @@ from talon import figures as F
 from talon.prompt import PromptError
 from talon.presets import DEFAULT_PRESET
 from talon.run_config import (
-    DRAFTER_KINDS,
+    DRAFTING_KINDS,
     ConfigError,
     RetrievalConfig,
     RunConfig,
@@ -24,7 +24,7 @@ from talon.run_config import (
 )
 from talon.settings import DRAFT_QUANTS, Settings
 
-UI_DRAFTERS = tuple(d for d in DRAFTER_KINDS if d != "none")
+UI_DRAFTERS = DRAFTING_KINDS
 
 
 def _as_int(name: str, value: Any) -> int:

@@ -1,6 +1,6 @@
-"""The Threshold explorer's real-run part (the atlas explorer above it is ``atlas_view``): sweep
-mu x N with short real runs of the current prompt, or read a ``talon.bench --sweep`` results.json
-(``parse_sweep``), and render the heatmaps per suite and method."""
+"""The Threshold explorer's measured part, below the atlas explorer (``explorer_view``): short
+real runs of the current prompt over mu x N, or a ``talon.bench --sweep`` results.json
+(``parse_sweep``), drawn as heatmaps per suite and method."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.backend import DeviceAction
 from talon.ui.controls import Controls, user_error
 from talon.ui.files import upload_path
+from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.stream import run_variants
+from talon.ui.words import EXPLAIN
 
 MAX_SWEEP_CELLS = 30
 
 
-def parse_sweep(data: Any) -> list[F.SweepRow]:
+def parse_sweep(data: Any) -> list[F.MeasuredCell]:
     """Rows of a ``talon.bench --sweep`` results.json: {"env": ..., "results": [...]}."""
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise TraceFileError('not a sweep results file: expected a JSON object with a "results" list')
@@ -35,7 +37,7 @@ def parse_sweep(data: Any) -> list[F.SweepRow]:
             k: row.get(k) if is_number(row.get(k)) else None for k in ("mat", "tokens_per_second", "speedup_vs_ar")
         }
         rows.append(
-            F.SweepRow(
+            F.MeasuredCell(
                 str(row.get("suite", "")), str(row.get("method", "")), float(row["mu"]), int(row["budget"]), **metrics
             )
         )
@@ -45,7 +47,7 @@ def parse_sweep(data: Any) -> list[F.SweepRow]:
 
 
 @dataclass
-class SweepView:
+class MeasureView:
     progress: gr.HTML
     mat: gr.Plot
     speed: gr.Plot
@@ -57,7 +59,7 @@ class SweepView:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
-def parse_grid(name: str, text: str, convert: Callable[[str], float]) -> list[float]:
+def parse_values(name: str, text: str, convert: Callable[[str], float]) -> list[float]:
     try:
         values = sorted({convert(part) for part in text.replace(";", ",").split(",") if part.strip()})
     except ValueError:
@@ -67,12 +69,12 @@ def parse_grid(name: str, text: str, convert: Callable[[str], float]) -> list[fl
     return values
 
 
-def select_rows(rows: Sequence[F.SweepRow], suite: str | None, method: str | None) -> list[F.SweepRow]:
+def select_rows(rows: Sequence[F.MeasuredCell], suite: str | None, method: str | None) -> list[F.MeasuredCell]:
     return [r for r in rows if (not suite or r.suite == suite) and (not method or r.method == method)]
 
 
-def sweep_updates(
-    view: SweepView, rows: list[F.SweepRow], suite: str | None, method: str | None, status: str
+def measure_updates(
+    view: MeasureView, rows: list[F.MeasuredCell], suite: str | None, method: str | None, status: str
 ) -> dict[Any, Any]:
     suites = sorted({r.suite for r in rows})
     methods = sorted({r.method for r in rows})
@@ -89,7 +91,7 @@ def sweep_updates(
     }
 
 
-def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
+def make_measure(view: MeasureView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
     def sweep(
         prompt: str,
         rows_state: Any,
@@ -99,14 +101,14 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
         **controls: Any,
     ) -> Iterator[dict[Any, Any]]:
         """Short runs of the current prompt for every (mu, N) pair: MAT and tokens/s heatmaps."""
-        mu_values = parse_grid("μ values", mus, float)
-        budget_values = [int(b) for b in parse_grid("budgets", budgets, lambda s: float(int(s)))]
+        mu_values = parse_values("μ values", mus, float)
+        budget_values = [int(b) for b in parse_values("budgets", budgets, lambda s: float(int(s)))]
         if len(mu_values) * len(budget_values) > MAX_SWEEP_CELLS:
             raise gr.Error(
                 f"at most {MAX_SWEEP_CELLS} (μ, N) cells per sweep; got {len(mu_values) * len(budget_values)}"
             )
         base = dataclasses.replace(Controls(**controls), tree_mode="adaptive", max_new_tokens=sweep_tokens)
-        rows: list[F.SweepRow] = []
+        rows: list[F.MeasuredCell] = []
         cancel = threading.Event()
         cells = [(mu, budget) for mu in mu_values for budget in budget_values]
         requests = [(prompt, dataclasses.replace(base, mu=mu, budget=n), {}) for mu, n in cells]
@@ -115,15 +117,15 @@ def make_sweep(view: SweepView, settings: Settings) -> Callable[..., Iterator[di
             if not finished:
                 continue
             (mu, budget), s = cells[index], runs[index].summary
-            rows.append(F.SweepRow("this prompt", f"{runs[index].cfg.drafter} · adaptive", mu, budget,
+            rows.append(F.MeasuredCell("this prompt", f"{runs[index].cfg.drafter} · adaptive", mu, budget,
                                    s.mean_accepted_tokens, s.tokens_per_second))
-            yield sweep_updates(view, rows, None, None, f"{len(rows)} of {len(cells)} runs done")
-        yield sweep_updates(view, rows, None, None, f"sweep done: {len(rows)} runs of {int(sweep_tokens)} tokens")
+            yield measure_updates(view, rows, None, None, f"{len(rows)} of {len(cells)} runs done")
+        yield measure_updates(view, rows, None, None, f"sweep done: {len(rows)} runs of {int(sweep_tokens)} tokens")
 
     return sweep
 
 
-def make_load_sweep(view: SweepView) -> Callable[[Any], dict[Any, Any]]:
+def make_load_results(view: MeasureView) -> Callable[[Any], dict[Any, Any]]:
     def load_sweep(results_file: Any) -> dict[Any, Any]:
         """Show a ``python -m talon.bench --sweep`` results.json as heatmaps."""
         if not results_file:
@@ -132,13 +134,42 @@ def make_load_sweep(view: SweepView) -> Callable[[Any], dict[Any, Any]]:
             rows = parse_sweep(read_json_upload(upload_path(results_file)))
         except (TraceFileError, OSError) as error:
             raise user_error(f"cannot read these results: {error}") from error
-        return sweep_updates(view, rows, None, None, f"loaded {len(rows)} results")
+        return measure_updates(view, rows, None, None, f"loaded {len(rows)} results")
 
     return load_sweep
 
 
-def make_filter_sweep(view: SweepView) -> Callable[[str, str, Any], dict[Any, Any]]:
+def make_filter_results(view: MeasureView) -> Callable[[str, str, Any], dict[Any, Any]]:
     def filter_sweep(suite: str, method: str, rows: Any) -> dict[Any, Any]:
-        return sweep_updates(view, list(rows or []), suite, method, "") if rows else {}
+        return measure_updates(view, list(rows or []), suite, method, "") if rows else {}
 
     return filter_sweep
+
+
+def build_measure_panel(panel: ControlPanel, settings: Settings) -> MeasureView:
+    """The measured part, built and wired (call inside the Threshold explorer tab)."""
+    with gr.Accordion("Measure with real runs, or load benchmark results (python -m talon.bench --sweep)",
+                      open=False, elem_id="talon-real-sweep"):
+        gr.Markdown(EXPLAIN["real_sweep"], elem_classes=["talon-explain"])
+        with gr.Row():
+            mus = gr.Textbox(label="μ values", value="0.02, 0.1, 0.3")
+            budgets = gr.Textbox(label="Budgets N", value="8, 16, 32")
+            tokens = gr.Slider(4, 128, value=24, step=1, label="New tokens per run")
+        with gr.Row():
+            go_button = gr.Button("Sweep the current prompt with real runs", variant="secondary")
+            results = gr.File(label="…or load results.json", file_types=[".json"])
+        with gr.Row():
+            suite = gr.Dropdown(label="Suite", choices=[], value=None, allow_custom_value=True)
+            method = gr.Dropdown(label="Method", choices=[], value=None, allow_custom_value=True)
+        progress = gr.HTML("")
+        with gr.Row():
+            mat = gr.Plot(show_label=False)
+            speed = gr.Plot(show_label=False)
+    view = MeasureView(progress=progress, mat=mat, speed=speed, suite=suite, method=method, state=gr.State([]))
+    extra = {"mus": mus, "budgets": budgets, "sweep_tokens": tokens, "rows_state": view.state}
+    run_on_click(go_button, make_measure(view, settings), panel, extra, view.outputs(), "sweep", settings)
+    results.upload(make_load_results(view), [results], view.outputs(), api_name="load_sweep")
+    filter_results = make_filter_results(view)
+    for box in (suite, method):
+        box.input(filter_results, [suite, method, view.state], view.outputs(), api_visibility="private")
+    return view

@@ -1,0 +1,318 @@
+"""The Threshold explorer tab: the atlas explorer (record or upload a prompt's draft atlas, then
+every knob replays the configuration it describes in milliseconds, with no model: the score,
+heatmaps over mu x N and K x k, a Pareto chart, the best configuration under the atlas's cost
+model, a replayed step's tree, and Apply, which sets the controls on the left), then the
+measured part below it (``measure_view``). The model is ``explorer``, the files ``explorer_io``;
+the atlas lives in the browser session's ``gr.State``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import figures as F
+from talon.atlas.data import Atlas
+from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig
+from talon.settings import Settings
+from talon.ui.backend import DeviceRun
+from talon.ui.controls import UI_DRAFTERS, Controls, user_error
+from talon.ui.explorer import (
+    AtlasSession,
+    Knobs,
+    apply_words,
+    atlas_words,
+    best_knobs,
+    explore,
+    greedy_note,
+    progress_html,
+)
+from talon.ui.explorer_io import read_atlas, record_on_device, write_atlas
+from talon.ui.measure_view import build_measure_panel
+from talon.ui.panel import ControlPanel, run_on_click
+from talon.ui.words import EXPLAIN
+
+
+@dataclass
+class ExplorerView:
+    """The atlas explorer's components; the handlers below turn the model's answers into updates."""
+
+    record: gr.Button
+    upload: gr.File
+    download: gr.File
+    note: gr.HTML  # the greedy-only note
+    status: gr.HTML
+    knobs: dict[str, Any]  # Knobs field -> component
+    score: gr.HTML
+    to_best: gr.Button
+    apply_knobs: gr.Button
+    apply_best: gr.Button
+    mu_mat: gr.Plot
+    mu_speed: gr.Plot
+    k_mat: gr.Plot
+    k_speed: gr.Plot
+    pareto: gr.Plot
+    step: gr.Slider
+    caption: gr.HTML
+    tree: gr.Plot
+    gates: gr.Plot
+    state: gr.State
+
+    def score_outputs(self) -> list[Any]:
+        return [self.score, self.mu_mat, self.mu_speed, self.k_mat, self.k_speed, self.pareto,
+                self.step, self.caption, self.tree, self.gates, self.state]
+
+    def all_outputs(self) -> list[Any]:
+        return [self.status, self.download, *self.knobs.values(), *self.score_outputs()]
+
+    def step_updates(self, session: AtlasSession, index: Any) -> dict[Any, Any]:
+        """The replayed step ``index`` of the knobs' run: its tree, gates and caption."""
+        steps = session.result.steps if session.result else []
+        if not steps:
+            return {self.step: gr.update(maximum=1, value=0), self.caption: F.step_caption_html([], 0),
+                    self.tree: F.empty_figure("Replayed steps appear here."), self.gates: F.empty_figure("")}
+        try:
+            i = max(0, min(int(index), len(steps) - 1))
+        except (TypeError, ValueError):
+            i = 0
+        vocab = F.token_vocab(steps[max(0, i - 50) : i + 1])
+        return {self.step: gr.update(maximum=max(len(steps) - 1, 1), value=i),
+                self.caption: F.step_caption_html(steps, i), self.tree: F.tree_figure(steps[i], vocab),
+                self.gates: F.gate_figure(steps[i])}
+
+    def score_updates(self, session: AtlasSession, knobs: Knobs, index: Any = 0, note: str = "") -> dict[Any, Any]:
+        """Replay the knobs and redraw the score, the heatmaps, the Pareto chart and the step."""
+        if session.atlas is None:
+            empty = F.empty_figure("Record or load an atlas first.")
+            return {self.score: F.atlas_score_html(None, note=note), self.mu_mat: empty, self.mu_speed: empty,
+                    self.k_mat: empty, self.k_speed: empty, self.pareto: empty, **self.step_updates(session, 0),
+                    self.state: session}
+        try:
+            found = explore(session, knobs)
+        except ConfigError as error:
+            raise user_error(str(error)) from error
+        best, current = found.best, found.current
+        return {
+            self.score: F.atlas_score_html(found.result, best, note, current),
+            self.mu_mat: F.atlas_heatmap(found.mu_budget, "budget", "mu", "mat", best, current),
+            self.mu_speed: F.atlas_heatmap(found.mu_budget, "budget", "mu", "tokens_per_s", best, current),
+            self.k_mat: F.atlas_heatmap(found.root_top, "top_k", "root_k", "mat", best, current),
+            self.k_speed: F.atlas_heatmap(found.root_top, "top_k", "root_k", "tokens_per_s", best, current),
+            self.pareto: F.pareto_figure(found.rows, found.front, best, current),
+            **self.step_updates(session, index),
+            self.state: session,
+        }
+
+    def knob_updates(self, knobs: Knobs) -> dict[Any, Any]:
+        return {self.knobs[name]: value for name, value in knobs.values().items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Handlers
+# ---------------------------------------------------------------------------------------------
+
+
+def make_record(view: ExplorerView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
+    def record(prompt: str, atlas_state: AtlasSession, min_match: float = RetrievalConfig.min_match,
+               **controls: Any) -> Iterator[dict[Any, Any]]:
+        """Record the draft atlas of the prompt with the controls on the left (the models run
+        once), then score the controls' configuration from it."""
+        values = Controls(**controls)
+        run = DeviceRun(settings, prompt, values, threading.Event())  # validates (elsewhere than ZeroGPU: loads)
+        yield {view.status: progress_html(0.0, "loading the models…")}
+        atlas = None
+        for item in record_on_device(settings, run.preset, prompt, run.cfg):
+            if isinstance(item, Atlas):
+                atlas = item
+            else:
+                yield {view.status: progress_html(*item)}
+        assert atlas is not None
+        atlas_state.load(atlas, write_atlas(atlas))
+        knobs = Knobs.from_ui(**{**Knobs.from_controls(values).values(), "retrieval_min_match": min_match})
+        yield {view.status: atlas_words(atlas), view.download: atlas_state.download, **view.knob_updates(knobs),
+               **view.score_updates(atlas_state, knobs, 0, "the knobs are set as on the left: move them")}
+
+    return record
+
+
+def make_upload(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    def upload_atlas(upload: Any, atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
+        """Load an atlas file (``talon-atlas/1``) and score the knobs from it, no model needed."""
+        atlas = read_atlas(upload)
+        atlas_state.load(atlas, None)
+        return {view.status: atlas_words(atlas), **view.score_updates(atlas_state, knobs_of(knob_values), 0)}
+
+    return upload_atlas
+
+
+def knobs_of(values: dict[str, Any]) -> Knobs:
+    return checked(Knobs.from_ui, **values)
+
+
+def checked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn``'s answer; its ConfigError as a message the user sees."""
+    try:
+        return fn(*args, **kwargs)
+    except ConfigError as error:
+        raise user_error(str(error)) from error
+
+
+def make_rescore(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    def rescore(atlas_state: AtlasSession, step: Any = 0, **knob_values: Any) -> dict[Any, Any]:
+        """Replay the knobs' configuration from the session's atlas (no model) and redraw."""
+        return view.score_updates(atlas_state, knobs_of(knob_values), step)
+
+    return rescore
+
+
+def make_show_step(view: ExplorerView) -> Callable[[Any, AtlasSession], dict[Any, Any]]:
+    def show_step(index: Any, atlas_state: AtlasSession) -> dict[Any, Any]:
+        return view.step_updates(atlas_state, index)
+
+    return show_step
+
+
+def make_to_best(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    def to_best(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
+        """Move the knobs to the best configuration found around them (press again to climb on)."""
+        best = checked(best_knobs, atlas_state, knobs_of(knob_values))
+        return {**view.knob_updates(best),
+                **view.score_updates(atlas_state, best, 0, "the knobs moved to the best ★; press again to search "
+                                                           "around it")}
+
+    return to_best
+
+
+def apply_controls(knobs: Knobs, components: dict[str, Any], atlas: Atlas | None = None,
+                   prompt: Any = None) -> dict[Any, Any]:
+    """Updates that set the left panel's controls to ``knobs``; with the ``atlas``, also the
+    prompt box (``prompt``), the length and greedy sampling, so that Run decodes for real exactly
+    what was replayed."""
+    updates: dict[Any, Any] = {components[name]: value for name, value in knobs.controls().items()}
+    if atlas is not None:
+        updates[components["max_new_tokens"]] = len(atlas.output)
+        updates[components["temperature"]] = 0.0
+        if prompt is not None and atlas.prompt:
+            updates[prompt] = atlas.prompt
+    return updates
+
+
+def make_apply(view: ExplorerView, components: dict[str, Any], best: bool, prompt: Any = None) -> Callable[..., dict[Any, Any]]:
+    def apply(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
+        """Set the controls on the left to the knobs' configuration (or to the best one found)."""
+        knobs = knobs_of(knob_values)
+        if best:
+            knobs = checked(best_knobs, atlas_state, knobs)
+        words = apply_words(knobs, "the best configuration" if best else "the knobs")
+        applied = f'<div class="talon-applied">{F.esc(words)}</div>'
+        updates = apply_controls(knobs, components, atlas_state.atlas, prompt)
+        return {**updates, view.status: applied + atlas_words(atlas_state.atlas)}
+
+    return apply
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout and wiring
+# ---------------------------------------------------------------------------------------------
+
+
+def knob_components() -> dict[str, Any]:
+    k = Knobs()
+    c: dict[str, Any] = {}
+    with gr.Row():
+        c["drafter"] = gr.Radio(label="Drafter", choices=list(UI_DRAFTERS), value=k.drafter, elem_id="talon-atlas-drafter")
+        c["tree"] = gr.Radio(label="Tree", choices=list(TREE_MODES), value=k.tree, elem_id="talon-atlas-tree")
+        c["cost_aware"] = gr.Checkbox(label="Cost-aware planning", value=k.cost_aware, elem_id="talon-atlas-cost-aware")
+    with gr.Row():
+        c["budget"] = gr.Slider(1, 128, value=k.budget, step=1, label="Budget N", elem_id="talon-atlas-budget")
+        c["root_k"] = gr.Slider(1, 16, value=k.root_k, step=1, label="Root K", elem_id="talon-atlas-root-k")
+        c["top_k"] = gr.Slider(1, 8, value=k.top_k, step=1, label="k per node", elem_id="talon-atlas-top-k")
+        c["mu"] = gr.Slider(0.0, 1.0, value=k.mu, step=0.01, label="Gate μ", elem_id="talon-atlas-mu")
+    with gr.Row():
+        c["max_depth"] = gr.Slider(1, 32, value=k.max_depth, step=1, label="Max depth", elem_id="talon-atlas-depth")
+        c["min_conf"] = gr.Slider(0.0, 1.0, value=k.min_conf, step=0.01, label="Min confidence",
+                                  elem_id="talon-atlas-min-conf")
+        c["retrieval_min_match"] = gr.Slider(1, 16, value=k.retrieval_min_match, step=1,
+                                             label="Retrieval min match", elem_id="talon-atlas-min-match")
+        c["graft_threshold"] = gr.Slider(1, 16, value=k.graft_threshold, step=1, label="Graft threshold",
+                                         elem_id="talon-atlas-graft")
+    return c
+
+
+def explorer_panel() -> ExplorerView:
+    """The atlas explorer's components (call inside the Threshold explorer tab)."""
+    note = gr.HTML("", elem_id="talon-atlas-note")
+    with gr.Row(equal_height=True):
+        record = gr.Button("Record an atlas of this prompt (runs the models once)", variant="primary", scale=2,
+                           elem_id="talon-atlas-record")
+        upload = gr.File(label="…or load an atlas (JSON)", file_types=[".json"], scale=1, height=90,
+                         elem_id="talon-atlas-upload")
+        download = gr.File(label="Download this atlas", interactive=False, scale=1, height=90,
+                           elem_id="talon-atlas-download")
+    status = gr.HTML(atlas_words(None), elem_id="talon-atlas-status")
+    gr.Markdown("#### Knobs: every move replays the atlas (greedy, no model)")
+    knobs = knob_components()
+    score = gr.HTML(F.atlas_score_html(None), elem_id="talon-atlas-score")
+    with gr.Row():
+        to_best = gr.Button("★ Move the knobs to the best", size="sm", elem_id="talon-atlas-to-best")
+        apply_knobs = gr.Button("Apply the knobs to the controls ←", size="sm", elem_id="talon-atlas-apply")
+        apply_best = gr.Button("Apply the best to the controls ←", size="sm", elem_id="talon-atlas-apply-best")
+    with gr.Row():
+        mu_mat = gr.Plot(show_label=False, elem_id="talon-atlas-mu-mat")
+        mu_speed = gr.Plot(show_label=False, elem_id="talon-atlas-mu-speed")
+    with gr.Row():
+        k_mat = gr.Plot(show_label=False, elem_id="talon-atlas-k-mat")
+        k_speed = gr.Plot(show_label=False, elem_id="talon-atlas-k-speed")
+    pareto_plot = gr.Plot(show_label=False, elem_id="talon-atlas-pareto")
+    gr.Markdown("#### A replayed step of the knobs' configuration")
+    step = gr.Slider(0, 1, value=0, step=1, label="Replayed step", elem_id="talon-atlas-step")
+    caption = gr.HTML(F.step_caption_html([], 0), elem_id="talon-atlas-caption")
+    with gr.Row():
+        tree = gr.Plot(show_label=False, scale=3, elem_id="talon-atlas-tree")
+        gates = gr.Plot(show_label=False, scale=2, elem_id="talon-atlas-gates")
+    return ExplorerView(record=record, upload=upload, download=download, note=note, status=status, knobs=knobs,
+                        score=score, to_best=to_best, apply_knobs=apply_knobs, apply_best=apply_best, mu_mat=mu_mat,
+                        mu_speed=mu_speed, k_mat=k_mat, k_speed=k_speed, pareto=pareto_plot, step=step,
+                        caption=caption, tree=tree, gates=gates, state=gr.State(AtlasSession()))
+
+
+def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = None) -> None:
+    """Every handler but Record (a model run, wired with the other tabs' run buttons); ``components``
+    are the left panel's controls, ``prompt`` its prompt box (Apply sets it to the atlas's)."""
+    quick = dict(concurrency_limit=None, show_progress="hidden")
+    knob_inputs = {**view.knobs, "atlas_state": view.state}
+    rescore = make_rescore(view)
+    for name, component in view.knobs.items():
+        component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
+                        trigger_mode="always_last", api_name="atlas_score" if name == "mu" else None,
+                        api_visibility="public" if name == "mu" else "private", **quick)
+    view.step.input(make_show_step(view), [view.step, view.state], [view.step, view.caption, view.tree, view.gates],
+                    trigger_mode="always_last", api_visibility="private", **quick)
+    view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
+                       outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
+    view.to_best.click(make_to_best(view), inputs_kwargs=knob_inputs,
+                       outputs=[*view.knobs.values(), *view.score_outputs()], api_visibility="private", **quick)
+    apply_outputs = [*(components[name] for name in Knobs().controls()), components["max_new_tokens"],
+                     components["temperature"], view.status] + ([prompt] if prompt is not None else [])
+    view.apply_knobs.click(make_apply(view, components, best=False, prompt=prompt), inputs_kwargs=knob_inputs,
+                           outputs=apply_outputs, api_visibility="private", **quick)
+    view.apply_best.click(make_apply(view, components, best=True, prompt=prompt), inputs_kwargs=knob_inputs,
+                          outputs=apply_outputs, api_visibility="private", **quick)
+    components["temperature"].change(greedy_note, components["temperature"], view.note, api_visibility="private",
+                                     **quick)
+
+
+def build_explorer_tab(panel: ControlPanel, settings: Settings) -> ExplorerView:
+    """The Threshold explorer tab, built and wired (call inside the tab): the atlas explorer, then
+    the measured part."""
+    gr.Markdown(EXPLAIN["explorer"], elem_classes=["talon-explain"])
+    view = explorer_panel()
+    record_extra = {"atlas_state": view.state, "min_match": view.knobs["retrieval_min_match"]}
+    run_on_click(view.record, make_record(view, settings), panel, record_extra, view.all_outputs(),
+                 "record_atlas", settings)
+    wire_explorer(view, panel.components, panel.prompt)
+    build_measure_panel(panel, settings)
+    return view
