@@ -1,6 +1,6 @@
 """Record the app's opening view: run the embedded pair on candidate prompts (the bundled
 SpecBench examples, in the order the app lists them) and keep the first run that meets the
-teaching criterion of ``talon.recording`` (or, if none does, the one that comes closest).
+teaching criterion of ``talon.opening`` (or, if none does, the one that comes closest).
 
     .venv/bin/python scripts/record_opening.py [--out static/recording.json] [--max-new-tokens 48]
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from talon.decode import Engine, generate
 from talon.examples import load_examples
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
-from talon.recording import criterion_score, opening_criterion, opening_step
+from talon.opening import criterion_score, opening_criterion, opening_step
 from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.trace import dump_trace

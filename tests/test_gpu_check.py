@@ -38,6 +38,11 @@ def load_script():
     return module
 
 
+def part(name: str):
+    """One of the modules the script is split into (loaded with it), where its names are looked up."""
+    return sys.modules[name]
+
+
 @pytest.fixture
 def gpu_check():
     return load_script()
@@ -153,7 +158,7 @@ def test_a_broken_memory_estimate_or_guard_fails_the_memory_check(gpu_check, mon
     if bug == "estimate too small":
         monkeypatch.setattr(talon.models.memory, "OVERHEAD", 0.8)  # the pair holds ~0.83 of the real estimate
     else:
-        monkeypatch.setattr(gpu_check, "check_preset_memory", lambda *args, **kwargs: None)
+        monkeypatch.setattr(part("gpu_pair_checks"), "check_preset_memory", lambda *args, **kwargs: None)
     ok, detail = gpu_check.memory_at_limits(tiny_run(gpu_check))
     assert not ok and detail["peak_gib"].startswith("n/a")
     if bug == "estimate too small":
@@ -163,20 +168,20 @@ def test_a_broken_memory_estimate_or_guard_fails_the_memory_check(gpu_check, mon
 
 
 def test_a_broken_hub_snapshot_fails_the_hub_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = gpu_check.write_snapshot
+    real = part("gpu_run_checks").write_snapshot
 
     def refs_to_a_missing_commit(cache, repo_id, lm, tokenizer):
         snapshot = real(cache, repo_id, lm, tokenizer)
         (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
         return snapshot
 
-    monkeypatch.setattr(gpu_check, "write_snapshot", refs_to_a_missing_commit)
-    env_before = {k: os.environ.get(k) for k in gpu_check.HUB_SWITCHES}
+    monkeypatch.setattr(part("gpu_run_checks"), "write_snapshot", refs_to_a_missing_commit)
+    env_before = {k: os.environ.get(k) for k in part("gpu_run_checks").HUB_SWITCHES}
     cache_before = huggingface_hub.constants.HF_HUB_CACHE
     spec = gpu_check.pair_specs(True, {"qwen2.5-7b"})[0]
     check = gpu_check.guarded("hub", lambda: gpu_check.hub_snapshot_check(spec, CPU))
     assert not check.ok and not check.skipped and "talon-check/target" in check.detail["error"]
-    assert {k: os.environ.get(k) for k in gpu_check.HUB_SWITCHES} == env_before  # restored after the failure
+    assert {k: os.environ.get(k) for k in part("gpu_run_checks").HUB_SWITCHES} == env_before  # restored after the failure
     assert huggingface_hub.constants.HF_HUB_CACHE == cache_before
 
 
@@ -211,7 +216,7 @@ def test_a_check_that_does_not_fit_is_skipped_not_passed(gpu_check, monkeypatch:
 
 def test_the_memory_check_runs_with_every_earlier_model_dropped(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[weakref.ref] = []
-    real = gpu_check.random_model
+    real = part("gpu_pairs").random_model
 
     def tracked(*args, **kwargs):
         lm = real(*args, **kwargs)
@@ -222,7 +227,7 @@ def test_the_memory_check_runs_with_every_earlier_model_dropped(gpu_check, monke
         alive = [r for r in built if r() is not None]
         return not alive, {"alive": len(alive), "built": len(built)}
 
-    monkeypatch.setattr(gpu_check, "random_model", tracked)
+    monkeypatch.setattr(part("gpu_pairs"), "random_model", tracked)
     only_checks(gpu_check, monkeypatch, named(gpu_check, "seeded sampling"), named(gpu_check, "draft is the target:"),
                 gpu_check.PairCheck("probe", alive_now, ()), named(gpu_check, "memory"))
     checks = gpu_check.run_pair(gpu_check.pair_specs(True, {"qwen2.5-7b"})[0], CPU, True)

@@ -71,3 +71,57 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     with (tmp_path / "talon" / "settings.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\ndef engine():\n    from talon.decode import Engine\n    return Engine\n")
     assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.decode")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Module size and private names: the repository's own terms
+# ---------------------------------------------------------------------------------------------
+
+MAX_LINES = 450
+
+
+def production_files(root: Path = REPO) -> list[Path]:
+    return [*sorted((root / "talon").rglob("*.py")), root / "app.py", *sorted((root / "scripts").glob("*.py"))]
+
+
+def long_modules(root: Path = REPO) -> dict[str, int]:
+    sizes = {str(p.relative_to(root)): len(p.read_text(encoding="utf-8").splitlines()) for p in production_files(root)}
+    return {name: lines for name, lines in sizes.items() if lines > MAX_LINES}
+
+
+def private_crossings(root: Path = REPO) -> set[str]:
+    """``from m import _name`` and ``something._name`` (but ``self._name``, ``cls._name``):
+    a module reaching into another's private names, or into a library's internals."""
+    found = set()
+    for path in production_files(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found.update(f"{path.relative_to(root)}: import {a.name}" for a in node.names if is_private(a.name))
+            elif isinstance(node, ast.Attribute) and is_private(node.attr):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.add(f"{path.relative_to(root)}: {ast.unparse(node)}")
+    return found
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_is_over_450_lines() -> None:
+    assert long_modules() == {}
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    assert private_crossings() == set()
+
+
+def test_a_long_module_and_a_private_crossing_are_caught(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "app.py", tmp_path / "app.py")
+    with (tmp_path / "talon" / "serving.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n" * MAX_LINES)
+    with (tmp_path / "app.py").open("a", encoding="utf-8") as fh:
+        fh.write("\nfrom talon.settings import _get\n\n\ndef subparsers(p):\n    return p._subparsers\n")
+    assert set(long_modules(tmp_path)) == {"talon/serving.py"}
+    assert private_crossings(tmp_path) == {"app.py: import _get", "app.py: p._subparsers"}

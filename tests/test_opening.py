@@ -10,7 +10,7 @@ import pytest
 
 from talon import figures as F
 from talon.decode import Engine, generate
-from talon.recording import opening_criterion, opening_step, step_lessons
+from talon.opening import opening_criterion, opening_step, step_lessons
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace, dump_trace

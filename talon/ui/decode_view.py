@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.recording import opening_step
+from talon.opening import opening_step
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,

@@ -1,0 +1,213 @@
+"""The GPU check's pairs: random-weight draft/target models at the shapes of each GPU preset,
+built on demand and dropped when a check does not need them, and the records every check returns
+(``scripts/gpu_check.py`` runs them; see its docstring)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from talon.presets import PRESETS  # noqa: E402
+from talon.models import LoadedModel  # noqa: E402
+from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled  # noqa: E402
+
+DRAFTERS = ("hybrid", "model", "retrieval")
+MODES = ("adaptive", "static", "chain")
+TINY_FACTOR = 16
+TINY_VOCAB = 1024  # the tiny pairs keep the real pairs' vocabulary difference on top of this
+F32, BF16 = torch.float32, torch.bfloat16
+ASYNC_HIDDEN_MIN = 0.2  # CUDA: share of drafting that async must hide behind verification
+SAMPLING_SEEDS = 400  # per pair; the chi-square needs expected counts >= 5 in each bin
+CHI2_Z = 3.09  # the normal quantile of p = 0.001: a correct sampler fails one pair in a thousand
+NOISE_SCALES = (0.3, 1.0, 2.0)  # noisy copies of the draft-sized target, x each tensor's std
+FIT_TOKENS = 1024  # context the fit test allows the short checks (prompt + new tokens + tree)
+HUB_TARGET, HUB_DRAFT = "talon-check/target", "talon-check/draft"
+TINY_LIMITS = (192, 32, 64)  # --tiny: (prompt tokens, max_new_tokens, tree budget) on the CPU
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False  # did not run (``detail["skipped"]`` says why); never a pass
+    seconds: float = 0.0
+
+
+class Skipped(Exception):
+    """Raised by a check that cannot run here; the message says why, with the numbers."""
+
+
+Outcome = tuple[bool, dict[str, Any]]  # what a check function returns: passed?, and what it saw
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    key: str
+    target: ModelShape
+    draft: ModelShape
+    gpu_gib: float | None
+    family: str  # "llama" | "qwen2"
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
+    """One spec per GPU preset whose shapes are known; ``tiny`` shrinks width, depth and the
+    vocabulary but keeps the difference between the two vocabularies."""
+    specs = []
+    for p in PRESETS:
+        if not p.needs_cuda or (only and p.key not in only) or p.target not in KNOWN_SHAPES:
+            continue
+        target, draft = KNOWN_SHAPES[p.target], KNOWN_SHAPES[p.draft or ""]
+        if tiny:
+            extra = target.vocab - draft.vocab
+            target = dataclasses.replace(scaled(target, TINY_FACTOR), vocab=TINY_VOCAB + extra)
+            draft = dataclasses.replace(scaled(draft, TINY_FACTOR), vocab=TINY_VOCAB)
+        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, "qwen2" if target.qkv_bias else "llama"))
+    return specs
+
+
+def byte_tokenizer(size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE without merges: ids 0-255 are the bytes, the rest up to ``size`` filler
+    tokens (as a real vocabulary's unused rows); no EOS, so random models always run to
+    max_new_tokens and every comparison covers the same length."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab.update({f"<extra_{i}>": i for i in range(len(vocab), size)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def random_model(shape: ModelShape, family: str, seed: int, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    torch.manual_seed(seed)
+    config_cls = Qwen2Config if family == "qwen2" else LlamaConfig
+    config = config_cls(**shape.config_kwargs(), max_position_embeddings=8192, eos_token_id=None,
+                        bos_token_id=None, pad_token_id=None)
+    with torch.device(device):  # built where it runs: a 14B model initialised on the host takes minutes
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device).eval()
+    with torch.no_grad():  # sharper than init: greedy paths are decisive, drafts can be accepted,
+        model.model.norm.weight.mul_(4.0)  # (the head's input, not the head: a tied head would
+        for layer in model.model.layers:  # scale the embeddings too), and attention is peaked
+            # enough that a wrong position id or mask entry changes the output
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return LoadedModel(model, byte_tokenizer(max(shape.vocab, 2)), f"random-{family}-{seed}", dtype, device)
+
+
+def noisy(lm: LoadedModel, scale: float, seed: int) -> LoadedModel:
+    """A copy of ``lm`` with Gaussian noise (``scale`` x each tensor's std) on its weights."""
+    twin = dataclasses.replace(copy.deepcopy(lm), name=f"{lm.name}-noise{scale:g}")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in twin.model.parameters():
+            p.add_(torch.randn_like(p) * scale * p.float().std().to(p.dtype))
+    return twin
+
+
+def prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
+    """A prompt with a repeated span, so that retrieval has something to find."""
+    g = torch.Generator().manual_seed(seed)
+    span = torch.randint(1, vocab, (max(length // 3, 4),), generator=g).tolist()
+    return (span + torch.randint(1, vocab, (length,), generator=g).tolist() + span)[:length]
+
+
+def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        x = torch.tensor([ids], device=target.device)  # (1, P)
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                    pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_capacity(device: torch.device) -> int:
+    """Bytes the device holds: the GPU's total memory, or the host's for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+Role = tuple[str, torch.dtype]  # (which model of the pair, its dtype)
+
+
+class PairModels:
+    """The random models of one pair, built on first use and kept only while the next check
+    names them: ``keep`` drops every other one first, so no check runs beside (or measures)
+    models an earlier check left behind.
+
+    Roles: ``target`` and ``draft`` at the preset's shapes; ``small-target``, a target of the
+    draft's shape, for the checks where the draft is the target or a noisy copy of it (so no
+    check holds two float32 copies of a 7B+ target)."""
+
+    def __init__(self, spec: PairSpec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        self.held: dict[Role, LoadedModel] = {}
+
+    def shape(self, role: str) -> ModelShape:
+        return self.spec.target if role == "target" else self.spec.draft
+
+    def get(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        if (role, dtype) not in self.held:
+            self.held[(role, dtype)] = self._build(role, dtype)
+        return self.held[(role, dtype)]
+
+    def _build(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        seed = {"target": 1, "draft": 2, "small-target": 4}[role]
+        return random_model(self.shape(role), self.spec.family, seed, dtype, self.device)
+
+    def keep(self, roles: tuple[Role, ...]) -> None:
+        for key in [k for k in self.held if k not in roles]:
+            del self.held[key]
+        free_memory(self.device)
+
+    def take(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        """The model, now the caller's alone (to change it in place): the pair forgets it."""
+        return self.held.pop((role, dtype))
+
+    def bytes_needed(self, roles: tuple[Role, ...], tokens: int) -> int:
+        dtypes = {F32: "float32", BF16: "bfloat16"}
+        return sum(estimate_pair(self.shape(r), None, dtypes[d], tokens).total for r, d in roles)
+
+
+@dataclass
+class PairRun:
+    """What every check of one pair gets: the spec, the device, the pair's models."""
+
+    spec: PairSpec
+    device: torch.device
+    tiny: bool
+    models: PairModels
+
+    @property
+    def tokens(self) -> int:
+        return 24 if self.tiny else 64
+
