@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
+from talon.cost import synthetic_costs
 from talon.decode import Run, RunModels, RunParts
 from talon.prompt import StopCheck, eos_ids
 from talon.drafters import Drafter, DraftSource, HybridDrafter, ModelDrafter, Verifier, build_drafter
@@ -81,3 +82,45 @@ def test_a_toy_drafter_through_the_public_contract_is_lossless(drafter: str, tre
     assert len(run.summary.token_ids) == 24 or run.summary.stop_reason == "eos"
     assert toy.expansions > 0 and any("model" in s.sources for s in steps)
     assert steps[0].accept_len >= 1  # the toy's first guess was the target's token
+
+
+def tiny_parts(cfg: RunConfig, **extra) -> RunParts:
+    """A run of the tiny pair through the public parts (hybrid drafter, the target verifying)."""
+    target, draft = tiny_loaded("llama", 0), tiny_loaded("llama", 1)
+    prompt = target.tokenizer("abc abc abc abc")["input_ids"]
+    return RunParts(
+        prompt_ids=prompt, prompt_text="abc abc abc abc",
+        drafter=build_drafter(cfg, ModelDrafter(draft.model), RetrievalDrafter(cfg.retrieval)),
+        verifier=TargetVerifier(target.model, SamplingConfig()),
+        stop=StopCheck(target.tokenizer, eos_ids(target), (), cfg.max_new_tokens),
+        token_text=lambda t: target.tokenizer.decode([t]), detokenize=lambda t: target.tokenizer.decode(t),
+        models=RunModels("tiny", "tiny", "float32", "cpu"), **extra,
+    )
+
+
+def test_a_replay_s_step_times_are_the_cost_model_s_laid_end_to_end() -> None:
+    costs = synthetic_costs({1: 0.010, 8: 0.030, 32: 0.070}, {1: 0.002, 8: 0.004, 32: 0.008}, other_s=0.001)
+    cfg = RunConfig(max_new_tokens=16, chat_template=False, cost_model="fixed",
+                    tree=TreeConfig(budget=8, min_conf=0.0))
+    run = Run(cfg, tiny_parts(cfg, costs=costs.copy(), predicted_times=costs))
+    steps, start = list(run), 0.0
+    for st in steps:
+        assert st.verify_s == pytest.approx(costs.verify_s(len(st.tokens))) and st.other_s == costs.other_s
+        assert (st.draft_s > 0) == (st.draft_forwards > 0)
+        assert st.drafter_busy == [pytest.approx((start, start + st.draft_s))]
+        assert st.verifier_busy == [pytest.approx((start + st.draft_s, start + st.draft_s + st.verify_s))]
+        assert st.predicted_verify_s == pytest.approx(st.verify_s)  # planned on the same curves
+        start += st.draft_s + st.verify_s + st.other_s
+    assert run.summary.seconds == pytest.approx(start) and any(st.draft_forwards for st in steps)
+
+
+def test_a_run_s_step_times_come_from_one_clock_record() -> None:
+    cfg = RunConfig(max_new_tokens=16, chat_template=False, tree=TreeConfig(budget=8, cost_aware=False))
+    steps = list(Run(cfg, tiny_parts(cfg)))
+    end = 0.0
+    for st in steps:
+        (d0, d1), ((v0, v1),) = st.drafter_busy[-1], st.verifier_busy
+        assert d1 - d0 == pytest.approx(st.draft_s) and v1 - v0 == pytest.approx(st.verify_s)
+        assert end <= d0 <= d1 <= v0 <= v1 and st.other_s >= 0  # sync: draft, then verify, step after step
+        assert st.predicted_verify_s is None  # nothing planned: nothing predicted
+        end = v1

@@ -36,7 +36,7 @@ def walk_panel() -> WalkView:
             back = gr.Button("◀ Back", size="sm", min_width=60, elem_id="talon-walk-back")
             nxt = gr.Button("Next ▶", size="sm", min_width=60, variant="primary", elem_id="talon-walk-next")
             leave = gr.Button("Leave ✕", size="sm", min_width=60, elem_id="talon-walk-leave")
-    return WalkView(start, panel, card, back, nxt, leave, gr.State(0))
+    return WalkView(start=start, panel=panel, card=card, back=back, next=nxt, leave=leave, stop=gr.State(0))
 
 
 def make_walk_to(view: WalkView, delta: int | None) -> Callable[[int, Session], dict[Any, Any]]:
