@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from talon.atlas.replay import replay
 from talon.atlas.sweep import best_row, pareto
 from talon.examples import load_examples
 from talon.settings import Settings
-from talon.ui.explorer import (
+from talon.atlas.explorer import (
     AtlasSession,
     Knobs,
     around,
@@ -262,3 +264,12 @@ def test_without_an_atlas_the_explorer_says_what_to_do(ui) -> None:
     assert "No atlas yet" in updates[view.score]
     with pytest.raises(gr.Error, match="no atlas yet"):
         make_apply(view, components, best=True)(AtlasSession(), **Knobs().values())
+
+
+def test_the_explorer_s_model_imports_no_gradio() -> None:
+    """The model under the Threshold explorer tab is testable and usable without the UI."""
+    probe = "import sys, talon.atlas.explorer; print(sorted(m for m in sys.modules if m.split('.')[0] == 'gradio'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

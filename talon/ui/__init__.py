@@ -18,7 +18,7 @@ The package, one job per module:
   every tab, and how a tab wires a model run;
 * one module per tab, each with its view, handlers and ``build_<tab>_tab(panel, settings)``:
   ``decode_view`` (with ``walk_view``, the guided walk), ``compare_view``, ``explorer_view``
-  (the model ``explorer``, Gradio-free; ``explorer_io``, recording and atlas files;
+  (its model is ``talon.atlas.explorer``, free of Gradio; ``explorer_io``, recording and atlas files;
   ``measure_view``, the real-run grid below it), ``serving_view``;
 * ``layout``: the page, the tabs, and the events that span them (``build_ui``).
 

@@ -2,8 +2,8 @@
 every knob replays the configuration it describes in milliseconds, with no model: the score,
 heatmaps over mu x N and K x k, a Pareto chart, the best configuration under the atlas's cost
 model, a replayed step's tree, and Apply, which sets the controls on the left), then the
-measured part below it (``measure_view``). The model is ``explorer``, the files ``explorer_io``;
-the atlas lives in the browser session's ``gr.State``."""
+measured part below it (``measure_view``). The model is ``talon.atlas.explorer``, the files
+``explorer_io``; the atlas lives in the browser session's ``gr.State``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig
 from talon.settings import Settings
 from talon.ui.backend import DeviceRun
 from talon.ui.controls import UI_DRAFTERS, Controls, user_error
-from talon.ui.explorer import (
+from talon.atlas.explorer import (
     AtlasSession,
     Knobs,
     apply_words,

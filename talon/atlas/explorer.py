@@ -2,7 +2,8 @@
 ``talon generate``'s flags), the grids drawn around them, a browser session's atlas with every
 configuration replayed on it (``talon.atlas.replay``, remembered: a replay is deterministic), the
 exploration of the knobs (score, heatmaps, Pareto front, best), and the words the panel shows.
-``explorer_view`` puts it on the page; ``explorer_io`` records and reads atlas files."""
+``talon.ui.explorer_view`` puts it on the page; ``talon.ui.explorer_io`` records and reads atlas
+files. Nothing here imports Gradio."""
 
 from __future__ import annotations
 
