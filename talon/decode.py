@@ -28,7 +28,7 @@ from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
-from talon.verify import TargetVerifier, Verdict
+from talon.verify import TargetVerifier, Verdict, head_rows
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Engine:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
-        vocab = self.target.model.get_output_embeddings().weight.shape[0]  # a shape: no device touched
+        vocab = head_rows(self.target.model)  # a shape: no device touched
         prompt_ids = encode_prompt(self.target.tokenizer, prompt, cfg.chat_template, vocab)
         limit = getattr(self.target.model.config, "max_position_embeddings", None)
         if limit and len(prompt_ids) + cfg.max_new_tokens + cfg.tree.budget + 1 > limit:

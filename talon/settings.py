@@ -19,6 +19,7 @@ EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DRAFT_QUANTS: tuple[str, ...] = ("auto", "none", "int8")
+TARGET_WEIGHTS: tuple[str, ...] = ("auto", "dense", "int8", "int4")  # dense: the dtype as loaded
 
 # name -> (default, description). The defaults are the strings the variables would hold.
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -47,8 +48,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "TALON_DRAFT_QUANT": (
         "auto",
-        "Draft weights: auto (int8 on a CPU, where it measured faster), none or int8. "
-        "The target is never quantized.",
+        "Draft weights: auto (int8 on a CPU, where it measured faster), none or int8.",
+    ),
+    "TALON_TARGET_WEIGHTS": (
+        "dense",
+        "Target weights: dense (the dtype as loaded), int8 (int8 weights and activations, exact "
+        "int32 sums; CPU), int4 (int4 weights in groups of 32, bf16 activations; CPU) or auto "
+        "(int8 on a CPU). The target is whatever is loaded: output stays identical to its own "
+        "generate().",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -101,6 +108,7 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     draft_quant: str = "auto"
+    target_weights: str = "dense"
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
@@ -113,6 +121,8 @@ class Settings:
             raise ConfigError(f"TALON_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"TALON_DRAFT_QUANT must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
+        if self.target_weights not in TARGET_WEIGHTS:
+            raise ConfigError(f"TALON_TARGET_WEIGHTS must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
         if not self.target:
             raise ConfigError("TALON_TARGET must name a model, got an empty string")
         if not self.device:
@@ -135,6 +145,7 @@ class Settings:
             device=_get(env, "TALON_DEVICE").lower(),
             dtype=_get(env, "TALON_DTYPE").lower(),
             draft_quant=_get(env, "TALON_DRAFT_QUANT").lower(),
+            target_weights=_get(env, "TALON_TARGET_WEIGHTS").lower(),
             allow_remote_code=_parse_bool(
                 "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
             ),

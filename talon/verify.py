@@ -19,7 +19,7 @@ from talon.rng import generator_for
 from talon.run_config import SamplingConfig
 from talon.tree import DraftTree
 
-from talon.models.quant import int8_head
+from talon.models.quant import PackedLinear, int8_head
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -67,15 +67,27 @@ def forward_hidden(
 def head_device(model: PreTrainedModel) -> torch.device:
     """Where the LM head's weight lives, so where the logits (and every draw from them) are. With
     accelerate's multi-GPU placement that may be another GPU than ``model.device`` (the first)."""
-    return model.get_output_embeddings().weight.device
+    head = model.get_output_embeddings()
+    return head.qweight.device if isinstance(head, PackedLinear) else head.weight.device
+
+
+def head_rows(model: PreTrainedModel) -> int:
+    """The LM head's output size: the vocabulary the logits cover (a shape: no device touched)."""
+    head = model.get_output_embeddings()
+    return head.out_features if isinstance(head, PackedLinear) else head.weight.shape[0]
 
 
 @torch.inference_mode()
 def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
     """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads).
-    An int8 draft (``talon_quant``) uses its int8 head (:func:`talon.models.quant.int8_head`)."""
+    An int8 draft (``talon_quant``) uses its int8 head (:func:`talon.models.quant.int8_head`); a
+    packed target its ``PackedLinear`` head."""
     if getattr(model, "talon_quant", None) == "int8":
         return int8_head(model, vocab_size)(hidden)  # float32 in and out
+    head = model.get_output_embeddings()
+    if isinstance(head, PackedLinear):  # a packed target: its head, as generate() runs it
+        logits = head(hidden.to(head_device(model))).float()
+        return logits[:, :vocab_size] if vocab_size else logits
     weight = model.get_output_embeddings().weight  # (V_full, H)
     bias = model.get_output_embeddings().bias
     if vocab_size:

@@ -22,6 +22,7 @@ from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
 from talon.decode import Engine
 from talon.prompt import encode_prompt, eos_ids
+from talon.verify import head_rows
 from talon.models import LoadedModel
 from talon.run_config import RunConfig
 
@@ -45,7 +46,7 @@ def run_bench(
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
         log.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
                     "(weaker than transformers' adaptive default); pip install scikit-learn")
-    vocab = target.model.get_output_embeddings().weight.shape[0]
+    vocab = head_rows(target.model)
     encoded = [encode_prompt(target.tokenizer, p.text, True, vocab) for p in prompts]
     warm_up(runners, min(encoded, key=len), cfg.warmup_tokens)
     judge = TieJudge(target, cfg.tie_tol if cfg.tie_tol is not None else default_tie_tol(target.dtype))

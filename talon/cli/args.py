@@ -19,7 +19,7 @@ from talon.run_config import (
     SamplingConfig,
     TreeConfig,
 )
-from talon.settings import DRAFT_QUANTS, DTYPES, Settings
+from talon.settings import DRAFT_QUANTS, DTYPES, TARGET_WEIGHTS, Settings
 
 
 def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
@@ -30,6 +30,11 @@ def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
     p.add_argument("--draft-quant", default=settings.draft_quant, choices=DRAFT_QUANTS,
                    help="draft weights: int8 (fbgemm, CPU only; faster draft forwards, the output stays "
                    "the target's), none, or auto = int8 on a CPU (default: %(default)s)")
+    p.add_argument("--target-weights", default=settings.target_weights, choices=TARGET_WEIGHTS,
+                   help="target weights: dense (--dtype as loaded), int8 (int8 weights and activations, "
+                   "exact int32 sums) or int4 (int4 weights, groups of 32, bf16 activations), both CPU only "
+                   "and packed from float32; auto = int8 on a CPU. The packed module is the target: the "
+                   "output is its own greedy generate() (default: %(default)s)")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.data, args.suites, args.limit or None, args.start)
         draft = args.draft if cfg.needs_draft_model() else None
         target_lm, draft_lm = load_pair(
-            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
+            target_weights=args.target_weights,
         )
         with logging_redirect_tqdm():
             report = run_bench(

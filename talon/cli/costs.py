@@ -46,7 +46,8 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
     try:
         draft = None if args.draft.lower() == "none" else args.draft
         target, draft_lm = load_pair(
-            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
+            target_weights=args.target_weights,
         )
         names = (target.name, draft_lm.name if draft_lm is not None else "none")
         costs = load_or_probe(target.model, draft_lm.model if draft_lm is not None else None, names,

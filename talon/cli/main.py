@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 prompt = fh.read()
         draft = args.draft if cfg.uses_model else None
         target, draft_lm = load_pair(
-            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant
+            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
+            target_weights=args.target_weights,
         )
         if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
             cfg = cfg.replace(async_draft=target.device.type == "cuda")

@@ -31,7 +31,7 @@ from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded
-from talon.models.quant import quantize_draft, resolve_draft_quant
+from talon.models.quant import quantize_draft, quantize_target, resolve_draft_quant, resolve_target_weights
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline
 
@@ -205,10 +205,17 @@ def load_pair(
     allow_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     draft_quant: str = "none",
+    target_weights: str = "dense",
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
-    ``draft_quant``: none, int8 or auto (int8 on a CPU); the target is never quantized."""
-    target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
+    ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
+    asked), int8 or int4 (packed from float32 weights, bf16 elsewhere; CPU), auto (int8 on a CPU):
+    the packed module is the target, so the output stays its own greedy ``generate``."""
+    weights = resolve_target_weights(target_weights, resolve_device(device))
+    if weights == "dense":
+        target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
+    else:
+        target_lm = quantize_target(load_model(target, "float32", device, allow_remote_code, cache_dir), weights)
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
     quant = resolve_draft_quant(draft_quant, target_lm.device)

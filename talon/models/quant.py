@@ -30,7 +30,7 @@ from torch import nn
 
 from talon.models.base import LoadedModel
 from talon.run_config import ConfigError
-from talon.settings import DRAFT_QUANTS
+from talon.settings import DRAFT_QUANTS, TARGET_WEIGHTS
 
 log = logging.getLogger(__name__)
 _HEAD_LOCK = threading.Lock()
@@ -106,3 +106,102 @@ def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
                     linear.bias = nn.Parameter(out.bias.detach()[:rows], requires_grad=False)
                 head = heads[vocab_size] = Int8Linear(linear)
     return head
+
+
+# ---------------------------------------------------------------------------------------------
+# The target at the precision it ships in: weight-only int8 / int4, bf16 activations
+# ---------------------------------------------------------------------------------------------
+
+INT4_GROUP = 32  # Q4_K's sub-block: 32 weights share one scale and one minimum
+
+
+class PackedLinear(nn.Module):
+    """y = x @ W.T + b for a target whose weights stay packed. ``bits=8``: int8 weights (a scale
+    per output row) times int8 activations (a scale per input row, taken on the fly), summed
+    exactly in int32 by ``torch._int_mm``; ``bits=4``: int4 weights (groups of ``INT4_GROUP`` along
+    the input, a scale and a zero point each) times bf16 activations, by torch's
+    ``_weight_int4pack_mm_for_cpu``. Either way a row's result does not depend on the rows beside
+    it (integer sums are exact; the int4 kernel takes a row at a time), so a tree of 17 rows gives
+    every row what decoding it alone would (tests/test_quant_target.py)."""
+
+    def __init__(self, linear: nn.Linear, bits: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        """``dtype``: the activations' (bf16 for speed; float32 in the tests of exactness)."""
+        super().__init__()
+        self.dtype = dtype
+        weight = linear.weight.detach().float()  # (out, in)
+        self.out_features, self.in_features = weight.shape
+        self.bits = bits
+        if bits == 8:
+            scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+            self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
+            self.register_buffer("scales", scales)  # float32: applied after the exact int32 sum
+        elif bits == 4:
+            groups = weight.reshape(self.out_features, -1, INT4_GROUP)
+            low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+            step = ((high - low) / 15.0).clamp_min(1e-12)
+            q = torch.round((groups - low[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(self.out_features, -1), 2)
+            self.register_buffer("qweight", packed)
+            # w = (q - 8) * step + zero, per group: zero = low + 8 * step; laid out (in / group, out, 2)
+            self.register_buffer("scales", torch.stack([step.t(), (low + 8 * step).t()], dim=-1)
+                                 .contiguous().to(dtype))
+        else:
+            raise ConfigError(f"packed weights are 8 or 4 bits, got {bits}")
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if self.bits == 8:
+            rows = x.reshape(-1, self.in_features).float()
+            step = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # (M, 1), per row
+            q = torch.round(rows / step).clamp(-127, 127).to(torch.int8)
+            y = (torch._int_mm(q, self.qweight.t()).float() * step * self.scales).to(self.dtype)
+        else:
+            rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.qweight, INT4_GROUP, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def packed_supported(bits: int) -> bool:
+    """torch has the CPU kernel for ``bits``-bit packed weights."""
+    if bits == 8:
+        return hasattr(torch, "_int_mm")
+    return all(hasattr(torch.ops.aten, name) for name in ("_weight_int4pack_mm_for_cpu",
+                                                          "_convert_weight_to_int4pack_for_cpu"))
+
+
+def resolve_target_weights(weights: str, device: torch.device) -> str:
+    """``auto``: int8 on a CPU with the kernel (measured fastest there: docs/design.md, Target
+    weights), dense elsewhere; ``int8`` / ``int4`` need the CPU (ConfigError otherwise)."""
+    if weights not in TARGET_WEIGHTS:
+        raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {weights!r}")
+    if weights == "auto":
+        return "int8" if device.type == "cpu" and packed_supported(8) else "dense"
+    if weights in ("int8", "int4"):
+        bits = int(weights[3])
+        if device.type != "cpu" or not packed_supported(bits):
+            raise ConfigError(f"{weights} target weights need the CPU with torch's packed {bits}-bit kernel; "
+                              "use --target-weights dense")
+    return weights
+
+
+def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """The target with every decoder Linear layer and its LM head as ``PackedLinear`` (from the
+    weights as loaded, best in float32), everything else in ``dtype`` (a new LoadedModel). The
+    result is the target: it decodes, verifies and ``generate``s with these weights."""
+    bits = {"int8": 8, "int4": 4}[weights]
+    model = lm.model
+    for module in [model.get_decoder(), model]:
+        for parent in list(module.modules()):
+            for child_name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear) and (parent is not model or child is model.get_output_embeddings()):
+                    if bits == 4 and (child.in_features % INT4_GROUP or child.out_features % 16):
+                        continue  # the int4 kernel needs whole groups and 16 rows at a time: kept dense
+                    setattr(parent, child_name, PackedLinear(child, bits, dtype))
+    model.config.tie_word_embeddings = False  # the head is its own packed copy now
+    model.to(dtype)
+    model.talon_quant = f"{weights}-weights"
+    log.info("target %s: decoder Linear layers and LM head packed to %s weights, bf16 activations", lm.name, weights)
+    return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)

@@ -50,7 +50,7 @@ GPU_MAX_S = 300
 
 def build_engine(key: PairKey) -> Engine:
     target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
-                                    key.cache_dir, key.draft_quant)
+                                    key.cache_dir, key.draft_quant, key.target_weights)
     return Engine(target_lm, draft_lm, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
 
 
@@ -71,6 +71,7 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
         dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto", device=settings.device,
         draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
         cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
+        target_weights=settings.target_weights,
     )
 
 

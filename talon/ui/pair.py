@@ -37,6 +37,7 @@ class PairKey:
     allow_remote_code: bool
     cache_dir: str
     cost_cache: str
+    target_weights: str = "dense"
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"
