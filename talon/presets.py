@@ -21,6 +21,7 @@ class ModelPreset:
     dtype: str | None = None
     preload: bool = False
     draft_quant: str | None = None  # None: TALON_DRAFT_QUANT
+    target_weights: str | None = None  # None: TALON_TARGET_WEIGHTS
     gpu_gib: float | None = None  # the GPU memory the pair is meant for (the memory guard names it)
 
     @property

@@ -251,6 +251,17 @@ def test_hostile_values_in_error_messages_are_escaped() -> None:
     assert "&lt;img" in caught.value.message and "<img" not in caught.value.message
 
 
+def test_the_target_weights_control_reaches_the_pair_and_is_checked_before_loading() -> None:
+    preset, _ = plan_run(Settings(device="cpu"), "abc", Controls(target_weights="int4"))
+    assert ui_device.pair_key(Settings(device="cpu"), preset).target_weights == "int4"
+    preset, _ = plan_run(Settings(device="cpu", target_weights="int8"), "abc", Controls())  # auto: the server's
+    assert ui_device.pair_key(Settings(device="cpu", target_weights="int8"), preset).target_weights == "int8"
+    with pytest.raises(gr.Error, match="need the CPU"):
+        plan_run(Settings(device="cuda"), "abc", Controls(target_weights="int8"))
+    with pytest.raises(gr.Error, match="target weights must be one of"):
+        plan_run(Settings(), "abc", Controls(target_weights="fp4"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Cancel, concurrency
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +516,8 @@ def test_readme_preloads_the_gpu_presets() -> None:
 def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
 
-    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto"):
+    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto",
+                       target_weights: str = "dense"):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 

@@ -28,6 +28,7 @@ from talon.prompt import PromptError
 from talon.presets import ModelPreset, available_presets, startup_preset
 from talon.models import ModelLoadError, gpu_health, load_pair, resolve_device
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
+from talon.models.quant import resolve_target_weights
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from talon.trace import RunSummary, StepTrace
@@ -71,7 +72,7 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
         dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto", device=settings.device,
         draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
         cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
-        target_weights=settings.target_weights,
+        target_weights=preset.target_weights or settings.target_weights,
     )
 
 
@@ -161,10 +162,25 @@ def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: A
         check_prompt(prompt, settings)
         cfg = controls.to_config(settings.max_new_tokens_limit).replace(**overrides)
         quant = None if controls.draft_quant == "auto" else controls.draft_quant  # auto: TALON_DRAFT_QUANT
-        preset = dataclasses.replace(find_preset(settings, controls.preset), draft_quant=quant)
+        weights = None if controls.target_weights == "auto" else controls.target_weights  # TALON_TARGET_WEIGHTS
+        if weights is not None:
+            resolve_target_weights(weights, server_device(settings))  # int8 / int4: a CPU only
+        preset = dataclasses.replace(find_preset(settings, controls.preset), draft_quant=quant, target_weights=weights)
         return preset, cfg
     except (ConfigError, PromptError) as error:
         raise user_error(str(error)) from error
+
+
+def server_device(settings: Settings) -> torch.device:
+    """The device TALON_DEVICE names (auto: CUDA when torch sees one), without checking it exists:
+    the loader says what is wrong with a device that does not."""
+    name = settings.device.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        return torch.device("cpu")
 
 
 def check_prompt_tokens(settings: Settings, tokens: int) -> None:

@@ -22,7 +22,7 @@ from talon.run_config import (
     SamplingConfig,
     TreeConfig,
 )
-from talon.settings import DRAFT_QUANTS, Settings
+from talon.settings import DRAFT_QUANTS, TARGET_WEIGHTS, Settings
 
 UI_DRAFTERS = DRAFTING_KINDS
 
@@ -67,6 +67,7 @@ class Controls:
     async_draft: bool = RunConfig.async_draft
     cost_aware: bool = TreeConfig.cost_aware
     draft_quant: str = "auto"
+    target_weights: str = "auto"  # auto: TALON_TARGET_WEIGHTS
 
     @classmethod
     def from_config(cls, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Controls:
@@ -97,6 +98,8 @@ class Controls:
         """The validated RunConfig; raises ConfigError with a message a user can act on."""
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
+        if self.target_weights not in TARGET_WEIGHTS:
+            raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
         if self.drafter not in UI_DRAFTERS:
             raise ConfigError(f"drafter must be one of {UI_DRAFTERS}, got {self.drafter!r}")
         max_new = _as_int("max_new_tokens", self.max_new_tokens)

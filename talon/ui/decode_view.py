@@ -238,7 +238,7 @@ def recording_controls(prompt: gr.Textbox, components: dict[str, Any],
         values = Controls.from_config(summary.config)
         updates: dict[Any, Any] = {prompt: summary.prompt}
         for key, component in components.items():
-            if key not in ("preset", "draft_quant"):  # the server's pair and weights stay
+            if key not in ("preset", "draft_quant", "target_weights"):  # the server's pair and weights stay
                 updates[component] = getattr(values, key)
         return updates
 

@@ -86,6 +86,13 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         value="auto",
         info="int8 makes the draft's forwards cheaper on a CPU; the output stays the target's",
     )
+    c["target_weights"] = gr.Radio(
+        label="Target weights",
+        choices=[("server default", "auto"), ("dense", "dense"), ("int8 (CPU)", "int8"), ("int4 (CPU)", "int4")],
+        value="auto",
+        info="packed weights stream fewer bytes per step on a CPU; the packed model is the target, and the "
+        "output is its own greedy text",
+    )
     c["async_draft"] = gr.Checkbox(
         value=defaults.async_draft, label="Async drafting (draft the next tree while verifying)"
     )
