@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from talon.cost import cost_key
+from talon.cost import cost_key, probe_costs
 from talon.decode import Engine, generate
 from talon.models.quant import PackedLinear, quantize_target, resolve_target_weights
 from talon.run_config import ConfigError, RunConfig, TreeConfig
@@ -73,3 +73,10 @@ def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:
     with pytest.raises(ConfigError, match="TALON_TARGET_WEIGHTS"):
         Settings.from_env({"TALON_TARGET_WEIGHTS": "fp8"})
     assert copy.deepcopy(Settings()).target_weights == "dense"
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_the_cost_probe_measures_a_packed_target(weights: str) -> None:
+    target = packed_target(weights)
+    costs = probe_costs(target.model, tiny_loaded("llama", 1).model, 0)
+    assert all(costs.verify_s(n) > 0 for n in (1, 8, 32)) and costs.draft is not None
