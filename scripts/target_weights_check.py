@@ -18,7 +18,6 @@ import copy
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
