@@ -211,7 +211,7 @@ def load_pair(
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
     asked), int8 or int4 (packed from float32 weights, bf16 elsewhere; CPU), auto (int8 on a CPU):
     the packed module is the target, so the output stays its own greedy ``generate``."""
-    weights = resolve_target_weights(target_weights, resolve_device(device))
+    weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
     else:

@@ -1,7 +1,9 @@
-"""An int8 draft model for the CPU: the decoder's Linear layers with int8 weights.
+"""Fewer bytes per step on a CPU: an int8 draft, and a target kept packed (``PackedLinear``, at
+the end of this module).
 
-Only the draft is ever quantized: it changes which tokens are proposed (acceptance may move a
-little), never which are accepted, so the output stays exactly the target's.
+A quantized draft changes which tokens are proposed (acceptance may move a little), never which
+are accepted, so the output stays exactly the target's. A packed target *is* the target: the
+output is its own greedy ``generate``, which ``PackedLinear``'s row-independent sums make exact.
 
 Each ``nn.Linear`` of the decoder body becomes an :class:`Int8Linear`: weights quantized per
 output channel to int8 once, activations quantized on the fly per call, and the product computed by
