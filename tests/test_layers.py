@@ -43,7 +43,7 @@ def imports(path: Path) -> set[str]:
 
 def upward_imports(table: dict[str, int], root: Path = REPO) -> set[tuple[str, str]]:
     found = set()
-    for path in [*sorted((root / "talon").rglob("*.py")), root / "app.py"]:
+    for path in production_files(root):  # scripts/ sit outside the layers: layer_of gives None
         module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
         own = layer_of(module, table)
         for name in imports(path):

@@ -24,6 +24,7 @@ Measured on the 2-core AMD EPYC (avx512, no AMX), Qwen2.5-Coder-0.5B, prefix 400
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 import threading
 import warnings
 
@@ -81,14 +82,18 @@ def resolve_draft_quant(quant: str, device: torch.device) -> str:
 def quantize_draft(lm: LoadedModel) -> LoadedModel:
     """The draft with int8 decoder Linear layers, activations in float32 (a new LoadedModel)."""
     model = lm.model.float()
-    body = model.get_decoder()
-    for name, module in list(body.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child))
+    replace_linears(model.get_decoder(), Int8Linear)
     model.talon_quant = "int8"
     log.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
     return LoadedModel(model, lm.tokenizer, lm.name, torch.float32, lm.device)
+
+
+def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module | None]) -> None:
+    """Every ``nn.Linear`` under ``root`` replaced by ``make(linear)`` (None: kept as it is)."""
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and (packed := make(child)) is not None:
+                setattr(parent, name, packed)
 
 
 def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
@@ -195,15 +200,16 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     result is the target: it decodes, verifies and ``generate``s with these weights."""
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
-    for module in [model.get_decoder(), model]:
-        for parent in list(module.modules()):
-            for child_name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear) and (parent is not model or child is model.get_output_embeddings()):
-                    if bits == 4 and (child.in_features % INT4_GROUP or child.out_features % 16):
-                        continue  # the int4 kernel needs whole groups and 16 rows at a time: kept dense
-                    setattr(parent, child_name, PackedLinear(child, bits, dtype))
+
+    def pack(linear: nn.Linear) -> PackedLinear | None:
+        if bits == 4 and (linear.in_features % INT4_GROUP or linear.out_features % 16):
+            return None  # the int4 kernel needs whole groups and 16 rows at a time: kept dense
+        return PackedLinear(linear, bits, dtype)
+
+    replace_linears(model, pack)  # a causal LM's Linear layers: the decoder's and the head
     model.config.tie_word_embeddings = False  # the head is its own packed copy now
     model.to(dtype)
     model.talon_quant = f"{weights}-weights"
-    log.info("target %s: decoder Linear layers and LM head packed to %s weights, bf16 activations", lm.name, weights)
+    log.info("target %s: decoder Linear layers and LM head packed to %s weights, %s activations", lm.name, weights,
+             str(dtype).removeprefix("torch."))
     return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)
