@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talon.decode import Engine, generate  # noqa: E402
 from talon.models import LoadedModel, load_pair  # noqa: E402
+from talon.models.loading import shipped_blocks  # noqa: E402
 from talon.models.embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
 from talon.models.quant import quantize_target  # noqa: E402
 from talon.prompt import encode_prompt  # noqa: E402
@@ -33,7 +34,7 @@ from talon.run_config import RunConfig  # noqa: E402
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts  # noqa: E402
 from talon.verify import head_rows  # noqa: E402
 
-MODES = ("float32", "bf16", "int8", "int4")
+MODES = ("float32", "bf16", "int8", "int4", "int4-rtn")  # int4-rtn: rounded, not the Q4_K blocks
 
 
 def variant(f32: LoadedModel, mode: str) -> LoadedModel:
@@ -43,7 +44,9 @@ def variant(f32: LoadedModel, mode: str) -> LoadedModel:
     if mode == "bf16":
         copied.model.to(torch.bfloat16)
         return LoadedModel(copied.model, f32.tokenizer, f32.name, torch.bfloat16, f32.device)
-    return quantize_target(copied, mode)
+    if mode == "int4-rtn":
+        return quantize_target(copied, "int4")
+    return quantize_target(copied, mode, blocks=shipped_blocks(f32.name, None) if mode == "int4" else None)
 
 
 @torch.inference_mode()

@@ -379,3 +379,47 @@ def test_the_same_command_twice_gives_the_same_trees(pair, data_dir: Path, tmp_p
     assert sources == ["probe", "cache"]
     mats = [[r.mat for r in run.rows if r.method == "talon"] for run in runs]
     assert mats[0] == mats[1]
+
+
+def peer_row(config: str, suite: str, index: int, tokens: int, seconds: float, **kw) -> dict:
+    row = {"engine": "llama.cpp", "config": config, "suite": suite, "index": index, "new_tokens": tokens,
+           "seconds": seconds, "host": {"cpu": "AMD EPYC", "threads": 2, "llama.cpp": "version: 1 (x)"}}
+    return row | kw
+
+
+def test_peer_rows_merge_into_the_report_with_their_own_speedups(tmp_path) -> None:
+    from talon.bench.peers import peer_cells, peer_section, read_peer_rows
+
+    rows = [peer_row("plain", "gsm8k", 0, 90, 3.0), peer_row("plain", "humaneval", 0, 60, 3.0),
+            peer_row("ngram-mod", "gsm8k", 0, 90, 2.0, draft_n=40, draft_n_accepted=30, equal_to_plain=True),
+            peer_row("ngram-mod", "humaneval", 0, 60, 2.0, draft_n=20, draft_n_accepted=5, equal_to_plain=False)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cells = {(c.config, c.suite): c for c in peer_cells(read_peer_rows(path))}
+    assert cells[("plain", "all")].tokens_per_second == 150 / 6.0
+    assert cells[("ngram-mod", "all")].acceptance == 35 / 60 and cells[("ngram-mod", "all")].equal_to_plain == 1
+    talon = {"results": [{"suite": "all", "method": "ar", "tokens_per_second": 10.0},
+                         {"suite": "all", "method": "talon", "tokens_per_second": 30.0}],
+             "samples": [{"suite": "gsm8k", "prompt_index": 0}, {"suite": "humaneval", "prompt_index": 0}]}
+    text = peer_section(read_peer_rows(path), talon)
+    assert "| llama.cpp · ngram-mod | 45.0 | 30.0 | 37.5 | 1.50x | 58% of 60 | 1/2 |" in text
+    assert "the same prompts as the table above" in text
+    assert "**0.80x** llama.cpp's fastest configuration (`ngram-mod`, 37.5 tok/s)" in text
+    assert "Talon 3.00x" in text and "llama.cpp 1.50x" in text
+    talon["samples"].pop()
+    assert "**not** the same prompts" in peer_section(read_peer_rows(path), talon)
+
+
+@pytest.mark.parametrize("text, error", [("{not json", "not JSON"), ('{"engine": "x"}', "needs config"),
+                                         ("", "no peer rows")])
+def test_a_bad_peer_rows_file_is_refused_with_the_line(tmp_path, text: str, error: str) -> None:
+    from talon.bench.peers import PeerRowsError, read_peer_rows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(text)
+    with pytest.raises(PeerRowsError, match=error):
+        read_peer_rows(path)
+    bad = peer_row("plain", "gsm8k", 0, 9, -1.0)
+    path.write_text(json.dumps(bad))
+    with pytest.raises(PeerRowsError, match="seconds must be a positive"):
+        read_peer_rows(path)

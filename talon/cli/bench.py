@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from talon.bench.peers import peer_section, read_peer_rows
 from talon.bench.loop import run_bench
 from talon.bench.options import (
     DEFAULT_LIMIT,
@@ -72,6 +73,8 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
                    help="also record a draft atlas of every prompt into OUT/atlases/ (one more greedy run "
                    "plus batched draft forwards per prompt); then `python -m talon atlas sweep OUT/atlases "
                    "--grid ...` replays any configuration on them without the models")
+    p.add_argument("--peer-rows", type=Path, default=None, metavar="JSONL",
+                   help="rows of a peer measured outside Python (scripts/llamacpp_peer.sh) to add to the report")
     p.add_argument("--warmup-tokens", type=int, default=BenchConfig.warmup_tokens, help="0 = no warm-up")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = p.add_argument_group("sweep")
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "talon.bench"] + (sys.argv[1:] if argv is None else argv))
     try:
         cfg = bench_config(args)
+        peer_rows = read_peer_rows(args.peer_rows) if args.peer_rows else None  # a bad file fails first
         prompts = load_prompts(args.data, args.suites, args.limit or None, args.start)
         draft = args.draft if cfg.needs_draft_model() else None
         target_lm, draft_lm = load_pair(
@@ -130,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", err)
         return 2
     print(speed_table([r for r in report.rows if not r.is_sweep]))
+    if peer_rows:
+        section = peer_section(peer_rows, report.to_dict())
+        with (args.out / "results.md").open("a", encoding="utf-8") as md:
+            md.write("\n" + section)
+        print(section)
     if report.fatal:
         where = args.out / "results.md"
         log.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), where)

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 MARKER_FILE = "talon-converted.json"
 
 
-def _read_marker(out_dir: Path) -> dict | None:
+def read_marker(out_dir: Path) -> dict | None:
     try:
         return json.loads((out_dir / MARKER_FILE).read_text())
     except (OSError, ValueError):
@@ -45,7 +45,7 @@ def _read_marker(out_dir: Path) -> dict | None:
 
 
 def is_converted(out_dir: Path, source_sha256: str) -> bool:
-    marker = _read_marker(out_dir)
+    marker = read_marker(out_dir)
     return marker is not None and marker.get("source_sha256") == source_sha256
 
 

@@ -23,6 +23,7 @@ from talon.models.convert import (
     conversion_lock,
     convert_gguf,
     is_converted,
+    read_marker,
     resolve_cache_dir,
 )
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
@@ -210,6 +211,27 @@ def prepare_embedded(
         finally:
             gguf_path.unlink(missing_ok=True)  # the checkpoint is all later loads need
     return out_dir
+
+
+def embedded_gguf(embedded: EmbeddedModel, cache_dir: Path) -> Path:
+    """The joined GGUF file of ``embedded``, kept in ``cache_dir/gguf`` (joined and checked on
+    first use): the blocks a packed int4 target is built from, and what llama.cpp loads."""
+    path = cache_dir / "gguf" / f"{embedded.dir_name}.gguf"
+    if path.is_file() and path.stat().st_size == embedded.size:
+        return path  # written only by assemble_gguf, after its sha256 matched
+    with conversion_lock(cache_dir / f"{embedded.dir_name}.lock"):
+        if not (path.is_file() and path.stat().st_size == embedded.size):
+            assemble_gguf(embedded_parts(embedded), path, embedded.size, embedded.sha256)
+    return path
+
+
+def source_gguf(model_dir: str | os.PathLike[str], cache_dir: Path) -> Path | None:
+    """The GGUF file a converted checkpoint came from, when it is an embedded model (joined on
+    demand); None for any other checkpoint."""
+    marker = read_marker(Path(model_dir))
+    sha = marker.get("source_sha256") if marker else None
+    embedded = next((e for e in EMBEDDED_MODELS.values() if e.sha256 == sha), None)
+    return None if embedded is None else embedded_gguf(embedded, cache_dir)
 
 
 def embedded_pair_paths(cache_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:

@@ -30,7 +30,8 @@ from talon import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
-from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded
+from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf
+from talon.models.gguf_blocks import Q4KSource
 from talon.models.quant import quantize_draft, quantize_target, resolve_draft_quant, resolve_target_weights
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline
@@ -197,6 +198,12 @@ def load_model(
     return LoadedModel(model, tokenizer, local or spec, torch_dtype, torch_device)
 
 
+def shipped_blocks(model_dir: str, cache_dir: str | os.PathLike[str] | None) -> Q4KSource | None:
+    """The Q4_K blocks ``model_dir`` was converted from (an embedded model's GGUF), if any."""
+    gguf = source_gguf(model_dir, resolve_cache_dir(cache_dir)) if Path(model_dir).is_dir() else None
+    return None if gguf is None else Q4KSource(gguf)
+
+
 def load_pair(
     target: str,
     draft: str | None,
@@ -209,13 +216,15 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
-    asked), int8 or int4 (packed from float32 weights, bf16 elsewhere; CPU), auto (int8 on a CPU):
+    asked), int8 or int4 (packed from float32 weights, bf16 elsewhere; CPU; int4 keeps an embedded
+    model's own Q4_K blocks), auto (int8 on a CPU):
     the packed module is the target, so the output stays its own greedy ``generate``."""
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
     else:
-        target_lm = quantize_target(load_model(target, "float32", device, allow_remote_code, cache_dir), weights)
+        dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
+        target_lm = quantize_target(dense, weights, blocks=shipped_blocks(dense.name, cache_dir) if weights == "int4" else None)
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
     quant = resolve_draft_quant(draft_quant, target_lm.device)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from talon.models.base import LoadedModel
+from talon.models.gguf_blocks import GROUP, Int4Groups, Q4KSource
 from talon.run_config import ConfigError
 from talon.settings import DRAFT_QUANTS, TARGET_WEIGHTS
 
@@ -82,17 +83,19 @@ def resolve_draft_quant(quant: str, device: torch.device) -> str:
 def quantize_draft(lm: LoadedModel) -> LoadedModel:
     """The draft with int8 decoder Linear layers, activations in float32 (a new LoadedModel)."""
     model = lm.model.float()
-    replace_linears(model.get_decoder(), Int8Linear)
+    replace_linears(model.get_decoder(), lambda _, linear: Int8Linear(linear))
     model.talon_quant = "int8"
     log.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
     return LoadedModel(model, lm.tokenizer, lm.name, torch.float32, lm.device)
 
 
-def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module | None]) -> None:
-    """Every ``nn.Linear`` under ``root`` replaced by ``make(linear)`` (None: kept as it is)."""
-    for parent in list(root.modules()):
+def replace_linears(root: nn.Module, make: Callable[[str, nn.Linear], nn.Module | None]) -> None:
+    """Every ``nn.Linear`` under ``root`` replaced by ``make(its name under root, linear)``
+    (None: kept as it is)."""
+    for prefix, parent in list(root.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and (packed := make(child)) is not None:
+            full = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, nn.Linear) and (packed := make(full, child)) is not None:
                 setattr(parent, name, packed)
 
 
@@ -119,7 +122,7 @@ def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
 # The target at the precision it ships in: weight-only int8 / int4, bf16 activations
 # ---------------------------------------------------------------------------------------------
 
-INT4_GROUP = 32  # Q4_K's sub-block: 32 weights share one scale and one minimum
+INT4_GROUP = GROUP  # Q4_K's sub-block: 32 weights share one scale and one minimum
 
 
 class PackedLinear(nn.Module):
@@ -131,8 +134,11 @@ class PackedLinear(nn.Module):
     it (integer sums are exact; the int4 kernel takes a row at a time), so a tree of 17 rows gives
     every row what decoding it alone would (tests/test_quant_target.py)."""
 
-    def __init__(self, linear: nn.Linear, bits: int, dtype: torch.dtype = torch.bfloat16) -> None:
-        """``dtype``: the activations' (bf16 for speed; float32 in the tests of exactness)."""
+    def __init__(self, linear: nn.Linear, bits: int, dtype: torch.dtype = torch.bfloat16,
+                 groups: Int4Groups | None = None) -> None:
+        """``dtype``: the activations' (bf16 for speed; float32 in the tests of exactness).
+        ``groups`` (int4 only): the shipped integers and group scales (a GGUF's Q4_K blocks);
+        without them the weights are rounded to the nearest of 16 levels per group."""
         super().__init__()
         self.dtype = dtype
         weight = linear.weight.detach().float()  # (out, in)
@@ -143,15 +149,13 @@ class PackedLinear(nn.Module):
             self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
             self.register_buffer("scales", scales)  # float32: applied after the exact int32 sum
         elif bits == 4:
-            groups = weight.reshape(self.out_features, -1, INT4_GROUP)
-            low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-            step = ((high - low) / 15.0).clamp_min(1e-12)
-            q = torch.round((groups - low[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(self.out_features, -1), 2)
+            groups = groups if groups is not None else nearest_int4(weight)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.q, 2)
             self.register_buffer("qweight", packed)
-            # w = (q - 8) * step + zero, per group: zero = low + 8 * step; laid out (in / group, out, 2)
-            self.register_buffer("scales", torch.stack([step.t(), (low + 8 * step).t()], dim=-1)
-                                 .contiguous().to(dtype))
+            # w = q * scale + minimum = (q - 8) * scale + zero, zero = minimum + 8 * scale;
+            # the kernel reads them laid out (in / group, out, 2)
+            scale, zero = groups.scale, groups.minimum + 8 * groups.scale
+            self.register_buffer("scales", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(dtype))
         else:
             raise ConfigError(f"packed weights are 8 or 4 bits, got {bits}")
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
@@ -169,6 +173,17 @@ class PackedLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
+
+
+def nearest_int4(weight: torch.Tensor) -> Int4Groups:
+    """``weight`` (out, in) rounded to 16 evenly spaced levels per group, from its minimum to
+    its maximum: for weights that do not come as Q4_K blocks."""
+    out = weight.shape[0]
+    groups = weight.reshape(out, -1, INT4_GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    step = ((high - low) / 15.0).clamp_min(1e-12)
+    q = torch.round((groups - low[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
+    return Int4Groups(q.reshape(out, -1), step, low)
 
 
 def packed_supported(bits: int) -> bool:
@@ -194,14 +209,28 @@ def resolve_target_weights(weights: str, device: torch.device) -> str:
     return weights
 
 
-def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bfloat16,
+                    blocks: Q4KSource | None = None) -> LoadedModel:
     """The target with every decoder Linear layer and its LM head as ``PackedLinear`` (from the
     weights as loaded, best in float32), everything else in ``dtype`` (a new LoadedModel). The
-    result is the target: it decodes, verifies and ``generate``s with these weights."""
+    result is the target: it decodes, verifies and ``generate``s with these weights.
+
+    int4 with ``blocks`` (the GGUF the target was converted from): a layer shipped as Q4_K keeps
+    its own integers and group scales; any other layer (Q6_K, say) is packed to int8 from its
+    dequantized weights, so no layer is rounded twice. Without ``blocks`` every layer is rounded
+    to int4 groups (``nearest_int4``); a shape the int4 kernel cannot take stays dense."""
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
+    shipped = 0
 
-    def pack(linear: nn.Linear) -> PackedLinear | None:
+    def pack(name: str, linear: nn.Linear) -> PackedLinear | None:
+        nonlocal shipped
+        if bits == 4 and blocks is not None:
+            groups = blocks.groups(name)
+            if groups is None or linear.out_features % 16:  # not Q4_K, or rows the kernel cannot tile
+                return PackedLinear(linear, 8, dtype)
+            shipped += 1
+            return PackedLinear(linear, 4, dtype, groups)
         if bits == 4 and (linear.in_features % INT4_GROUP or linear.out_features % 16):
             return None  # the int4 kernel needs whole groups and 16 rows at a time: kept dense
         return PackedLinear(linear, bits, dtype)
@@ -209,7 +238,8 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     replace_linears(model, pack)  # a causal LM's Linear layers: the decoder's and the head
     model.config.tie_word_embeddings = False  # the head is its own packed copy now
     model.to(dtype)
-    model.talon_quant = f"{weights}-weights"
-    log.info("target %s: decoder Linear layers and LM head packed to %s weights, %s activations", lm.name, weights,
-             str(dtype).removeprefix("torch."))
+    model.talon_quant = f"{weights}-weights" + ("-q4k" if shipped else "")
+    source = f" ({shipped} layers from {blocks.path.name}'s Q4_K blocks, the rest int8)" if shipped else ""
+    log.info("target %s: decoder Linear layers and LM head packed to %s weights%s, %s activations", lm.name, weights,
+             source, str(dtype).removeprefix("torch."))
     return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)

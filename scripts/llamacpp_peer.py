@@ -1,0 +1,153 @@
+"""llama.cpp's server on the embedded GGUF pair: plain decoding, draft-model speculation and its
+n-gram speculation on the bench prompts, one JSON row per (configuration, prompt).
+
+    bash scripts/llamacpp_peer.sh     # builds the server, then runs this
+
+Each prompt goes in as the token ids Talon's benchmark feeds its target (the chat template and
+the same truncation, ``talon.prompt.encode_prompt``), greedy (top_k 1, temperature 0), with the
+server's prompt cache off. A row holds the wall time of the request (prefill and decoding, as
+Talon's ``seconds``), the server's own timings, the drafted and accepted counts, the tokens, and
+whether they equal the same prompt's plain run. ``talon.bench --peer-rows`` merges the rows into
+its report (talon/bench/peers.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformers import AutoTokenizer  # noqa: E402
+
+from talon.models.convert import resolve_cache_dir  # noqa: E402
+from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths  # noqa: E402
+from talon.prompt import encode_prompt  # noqa: E402
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
+from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts  # noqa: E402
+
+# name -> extra server flags; {draft} is the draft GGUF. n-gram types are llama.cpp's own, at
+# their defaults (ngram-mod is the one the issue measured best).
+CONFIGS: dict[str, list[str]] = {
+    "plain": [],
+    "draft": ["--spec-type", "draft-simple", "-md", "{draft}"],
+    "draft-n8": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", "8"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+}
+
+
+def post(port: int, path: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def wait_ready(port: int, server: subprocess.Popen, seconds: float = 300) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("llama-server did not become ready")
+
+
+def complete(port: int, ids: list[int], tokens: int) -> tuple[dict, float]:
+    body = {"prompt": ids, "n_predict": tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+            "return_tokens": True, "stream": False}
+    start = time.perf_counter()
+    out = post(port, "/completion", body)
+    return out, time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--port", type=int, default=8766)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--limit", type=int, default=2, help="prompts per suite")
+    p.add_argument("--offset", type=int, default=0, help="first prompt index per suite")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"of {','.join(CONFIGS)}; 'none' builds only")
+    a = p.parse_args()
+    names = [c for c in a.configs.split(",") if c and c != "none"]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        p.error(f"unknown configurations {unknown}; known: {sorted(CONFIGS)}")
+    if not names:
+        return 0
+    cache = resolve_cache_dir(None)
+    target_gguf = embedded_gguf(EMBEDDED_MODELS[EMBEDDED_TARGET], cache)
+    draft_gguf = embedded_gguf(EMBEDDED_MODELS[EMBEDDED_DRAFT], cache)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_pair_paths()[0])
+    prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, a.limit, a.offset)
+    encoded = [(pr, encode_prompt(tokenizer, pr.text, True, len(tokenizer))) for pr in prompts]
+    version = subprocess.run([a.server, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
+    host = {"cpu": _cpu_model(), "threads": a.threads, "llama.cpp": " ".join(version[:1]),
+            "target": target_gguf.name, "draft": draft_gguf.name}
+    rows_path = a.out / "llamacpp.jsonl"
+    plain: dict[tuple[str, int], list[int]] = {}
+    with rows_path.open("w") as rows:
+        for name in names:
+            flags = [f.format(draft=draft_gguf) for f in CONFIGS[name]]
+            cmd = [a.server, "-m", str(target_gguf), "--host", "127.0.0.1", "--port", str(a.port),
+                   "-t", str(a.threads), "-tb", str(a.threads), "-c", "4096", "-np", "1", "--no-webui", *flags]
+            log = (a.out / f"server-{name}.log").open("w")
+            server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_ready(a.port, server)
+                complete(a.port, encoded[0][1], 16)  # warm up, as talon.bench does
+                for pr, ids in encoded:
+                    out, wall = complete(a.port, ids, a.max_new_tokens)
+                    tokens = out.get("tokens") or []
+                    if name == "plain":
+                        plain[(pr.suite, pr.index)] = tokens
+                    t = out.get("timings", {})
+                    row = {"engine": "llama.cpp", "config": name, "suite": pr.suite, "index": pr.index,
+                           "prompt_tokens": len(ids), "new_tokens": len(tokens), "seconds": wall,
+                           "prompt_ms": t.get("prompt_ms"), "predicted_ms": t.get("predicted_ms"),
+                           "draft_n": t.get("draft_n"), "draft_n_accepted": t.get("draft_n_accepted"),
+                           "equal_to_plain": None if (pr.suite, pr.index) not in plain
+                           else tokens == plain[(pr.suite, pr.index)],
+                           "token_ids": tokens, "host": host, "flags": flags}
+                    rows.write(json.dumps(row) + "\n")
+                    rows.flush()
+                    print(f"{name:>13} {pr.suite}#{pr.index}: {len(tokens)} tokens in {wall:.2f} s "
+                          f"({len(tokens) / wall:.1f} tok/s), drafted {row['draft_n']}, "
+                          f"accepted {row['draft_n_accepted']}, equal to plain {row['equal_to_plain']}",
+                          file=sys.stderr, flush=True)
+            finally:
+                server.terminate()
+                server.wait(30)
+                log.close()
+    print(rows_path)
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
