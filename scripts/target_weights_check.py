@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talon.decode import Engine, generate  # noqa: E402
-from talon.models import LoadedModel, load_pair  # noqa: E402
+from talon.models import LoadedModel, cpu_model, load_pair  # noqa: E402
 from talon.models.loading import shipped_blocks  # noqa: E402
 from talon.models.embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
 from talon.models.quant import quantize_target  # noqa: E402
@@ -61,6 +60,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--start", type=int, default=20)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--no-speed", action="store_true", help="numerics only (no ar / talon runs)")
     a = p.parse_args()
     modes = [m for m in a.modes.split(",") if m]
     prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, a.per_suite, a.start)
@@ -73,7 +73,7 @@ def main() -> int:
     speed = {m: {"ar": [0, 0.0], "talon": [0, 0.0]} for m in modes}
     for prompt in prompts:
         ids = encode_prompt(f32.tokenizer, prompt.text[:4000], True, vocab)
-        ref, _ = generate(engines["float32"], ids, RunConfig(drafter="none", max_new_tokens=a.tokens))
+        ref, _ = generate(engines["float32"], ids, RunConfig(drafter="hybrid", max_new_tokens=a.tokens))
         full = ids + ref.token_ids
         base = logits_over(f32, full, len(ids))
         for m in modes:
@@ -85,28 +85,31 @@ def main() -> int:
             for i in (~same).nonzero().flatten().tolist():
                 gap = float(base[i, top_ref[i]] - base[i, top_got[i]])
                 worst_gap[m] = max(worst_gap[m], gap)
-            for method, drafter in (("ar", "none"), ("talon", "hybrid")):
+            for method, drafter in () if a.no_speed else (("ar", "none"), ("talon", "hybrid")):
                 s, _ = generate(engines[m], ids, RunConfig(drafter=drafter, max_new_tokens=a.tokens, cost_model="fixed"))
                 speed[m][method][0] += len(s.token_ids)
                 speed[m][method][1] += s.seconds
         print(f"{prompt.suite}-{prompt.index} done", file=sys.stderr, flush=True)
     report = {
-        "host": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "host": cpu_model(), "threads": torch.get_num_threads(),
         "prompts": len(prompts), "tokens": a.tokens,
         "modes": {m: {"top1_agreement": agree[m][0] / max(agree[m][1], 1), "positions": agree[m][1],
                       "largest_gap_on_disagreement": round(worst_gap[m], 4),
-                      "ar_tok_s": speed[m]["ar"][0] / speed[m]["ar"][1],
-                      "talon_tok_s": speed[m]["talon"][0] / speed[m]["talon"][1]} for m in modes},
+                      "ar_tok_s": _rate(speed[m]["ar"]), "talon_tok_s": _rate(speed[m]["talon"])} for m in modes},
     }
     print(json.dumps(report))
     bf16_ar = report["modes"].get("bf16", {}).get("ar_tok_s")
     print("| weights | top-1 vs float32 | largest gap | ar tok/s | talon tok/s | ar vs bf16 ar |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for m, r in report["modes"].items():
-        ratio = f"{r['ar_tok_s'] / bf16_ar:.2f}x" if bf16_ar else "n/a"
+        ratio = f"{r['ar_tok_s'] / bf16_ar:.2f}x" if bf16_ar and r["ar_tok_s"] else "n/a"
         print(f"| {m} | {100 * r['top1_agreement']:.2f} % | {r['largest_gap_on_disagreement']:.3f} | "
-              f"{r['ar_tok_s']:.2f} | {r['talon_tok_s']:.2f} | {ratio} |")
+              f"{r['ar_tok_s'] or 0:.2f} | {r['talon_tok_s'] or 0:.2f} | {ratio} |")
     return 0
+
+
+def _rate(tokens_seconds: list) -> float | None:
+    return tokens_seconds[0] / tokens_seconds[1] if tokens_seconds[1] else None
 
 
 if __name__ == "__main__":

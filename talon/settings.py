@@ -51,11 +51,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Draft weights: auto (int8 on a CPU, where it measured faster), none or int8.",
     ),
     "TALON_TARGET_WEIGHTS": (
-        "dense",
-        "Target weights: dense (the dtype as loaded), int8 (int8 weights and activations, exact "
-        "int32 sums; CPU), int4 (int4 weights in groups of 32, bf16 activations; CPU) or auto "
-        "(int8 on a CPU). The target is whatever is loaded: output stays identical to its own "
-        "generate().",
+        "auto",
+        "Target weights: auto (int8 on a CPU, where it measured fastest; dense elsewhere), dense "
+        "(the dtype as loaded), int8 (int8 weights and activations, exact int32 sums; CPU) or int4 "
+        "(int4 weights in groups of 32, a GGUF's own Q4_K blocks where it has them; CPU). The "
+        "target is whatever is loaded: output stays identical to its own generate().",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -108,7 +108,7 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     draft_quant: str = "auto"
-    target_weights: str = "dense"
+    target_weights: str = "auto"
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096

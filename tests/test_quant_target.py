@@ -134,7 +134,7 @@ def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:
     assert Settings.from_env({"TALON_TARGET_WEIGHTS": "INT4"}).target_weights == "int4"
     with pytest.raises(ConfigError, match="TALON_TARGET_WEIGHTS"):
         Settings.from_env({"TALON_TARGET_WEIGHTS": "fp8"})
-    assert copy.deepcopy(Settings()).target_weights == "dense"
+    assert copy.deepcopy(Settings()).target_weights == "auto"
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])

@@ -35,6 +35,7 @@ class BenchEnv:
     command: str
     peer_features: dict[str, Any] = field(default_factory=dict)
     draft_quant: str = "none"  # int8: the draft's decoder Linear layers run in int8 (all draft users)
+    target_weights: str = "dense"  # int8-weights / int4-weights(-q4k): a packed target (every method's)
 
     @staticmethod
     def capture(target: LoadedModel, draft: LoadedModel | None, command: str) -> BenchEnv:
@@ -56,6 +57,7 @@ class BenchEnv:
             command=command,
             peer_features=peer_features(draft),
             draft_quant=getattr(draft.model, "talon_quant", "none") if draft is not None else "none",
+            target_weights=getattr(target.model, "talon_quant", "dense"),
         )
 
 

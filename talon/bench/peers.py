@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     try:
-        talon = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+        try:
+            talon = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise PeerRowsError(f"{args[0]}: not a results.json ({err})") from None
         print(peer_section(read_peer_rows(args[1]), talon))
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

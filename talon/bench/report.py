@@ -40,7 +40,8 @@ def write_report(report: BenchReport, out: Path) -> None:
 def markdown(report: BenchReport) -> str:
     env = report.env
     head = (
-        f"# Talon benchmark\n\n{env.target} / draft {env.draft}, {env.dtype} on {env.device} "
+        f"# Talon benchmark\n\n{env.target} ({env.target_weights}) / draft {env.draft} "
+        f"({env.draft_quant}), {env.dtype} on {env.device} "
         f"({env.gpu or env.cpu}, {env.cores} cores, {env.torch_threads} torch threads), "
         f"torch {env.torch}, transformers {env.transformers}, {env.date}.\n"
         + (f"\n`{env.command}`\n" if env.command else "")

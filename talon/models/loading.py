@@ -216,15 +216,17 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
-    asked), int8 or int4 (packed from float32 weights, bf16 elsewhere; CPU; int4 keeps an embedded
-    model's own Q4_K blocks), auto (int8 on a CPU):
+    asked), int8 or int4 (packed from float32 weights, activations in ``dtype``; CPU; int4 keeps an
+    embedded model's own Q4_K blocks), auto (int8 on a CPU, dense elsewhere):
     the packed module is the target, so the output stays its own greedy ``generate``."""
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
-    if weights == "dense":
+    if weights == "dense":  # (auto on a GPU resolves here too)
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
     else:
         dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
-        target_lm = quantize_target(dense, weights, blocks=shipped_blocks(dense.name, cache_dir) if weights == "int4" else None)
+        activations = resolve_dtype(dtype, dense.device)  # auto: bf16 where this CPU measured it faster
+        target_lm = quantize_target(dense, weights, activations,
+                                    blocks=shipped_blocks(dense.name, cache_dir) if weights == "int4" else None)
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
     quant = resolve_draft_quant(draft_quant, target_lm.device)
