@@ -66,6 +66,7 @@ class Provenance:
     threads: int = 0
     spread: float = 0.0
     noisy: bool = False
+    weights: str = ""  # the target's packed weights when probed ("int8-weights" …); "" = dense
 
     def describe(self) -> str:
         """One line for a caption or a log: 'probe, 2026-11-23 20:47 UTC, AMD EPYC, ...'."""
@@ -73,7 +74,9 @@ class Provenance:
             return "synthetic (given timings)"
         when = self.measured_at.replace("T", " ").removesuffix("+00:00")[:16] + " UTC" if self.measured_at else "?"
         noise = f"spread {100 * self.spread:.0f}%" + (", noisy host" if self.noisy else "")
-        return f"{self.source}, measured {when} on {self.hardware}, torch {self.torch}, {self.threads} threads, {noise}"
+        packed = f", target {self.weights}" if self.weights else ""
+        return (f"{self.source}, measured {when} on {self.hardware}{packed}, torch {self.torch}, "
+                f"{self.threads} threads, {noise}")
 
     def age_days(self, now: datetime.datetime | None = None) -> float | None:
         if not self.measured_at:
@@ -275,6 +278,7 @@ def probe_costs(
         threads=torch.get_num_threads(),
         spread=round(spread, 4),
         noisy=spread > SPREAD_OK,
+        weights=getattr(target, "talon_quant", ""),
     )
     if costs.provenance.noisy:
         log.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "

@@ -51,11 +51,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Draft weights: auto (int8 on a CPU, where it measured faster), none or int8.",
     ),
     "TALON_TARGET_WEIGHTS": (
-        "auto",
-        "Target weights: auto (int8 on a CPU, where it measured fastest; dense elsewhere), dense "
-        "(the dtype as loaded), int8 (int8 weights and activations, exact int32 sums; CPU) or int4 "
-        "(int4 weights in groups of 32, a GGUF's own Q4_K blocks where it has them; CPU). The "
-        "target is whatever is loaded: output stays identical to its own generate().",
+        "dense",
+        "Target weights: dense (the dtype as loaded; auto is the same), int4 (int4 weights in groups "
+        "of 32, a GGUF's own Q4_K blocks where it has them, bf16 activations; CPU) or int8 (int8 "
+        "weights and activations; CPU; NOT lossless on real models: its activation rounding "
+        "amplifies float noise, so tree verification and one-token decoding can part ways).",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -108,7 +108,7 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     draft_quant: str = "auto"
-    target_weights: str = "auto"
+    target_weights: str = "dense"
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096

@@ -13,8 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
 from talon.decode import Engine, generate
-from talon.models.loading import shipped_blocks
+from talon.models.loading import load_pair, shipped_blocks
+from talon.settings import EMBEDDED_TARGET
 from talon.models import Int8Linear, LoadedModel, quantize_draft
 from talon.run_config import RunConfig, TreeConfig
 
@@ -140,3 +142,28 @@ def test_the_embedded_targets_q4k_blocks_are_its_checkpoint_weights(embedded_pai
         assert torch.equal(blocks.groups(name).dequantize(), layers[name].weight.float()), name
     assert blocks.groups("model.layers.0.self_attn.v_proj") is None  # Q6_K: packed to int8 instead
     assert blocks.groups("lm_head") is None
+
+
+def test_a_packed_int4_embedded_target_keeps_its_own_greedy_text(embedded_pair) -> None:
+    """The shipped target in int4 from its own Q4_K blocks, bf16 activations: like any bf16
+    model, a tree's rows and one-token decoding may round a near-tie differently, so every token
+    of Talon's output must be the packed target's argmax or a bf16 near-tie (the benchmark's
+    judge, on the packed model itself), and it must match generate() up to the first such tie.
+    (int8 passes this on these two prompts but failed the judge on mt_bench prompts at gaps up to
+    0.69 logits, ar and talon alike: docs/design.md, Target weights.)"""
+    _, draft = embedded_pair
+    weights = "int4"
+    target, _ = load_pair(EMBEDDED_TARGET, None, "auto", "cpu", target_weights=weights)
+    assert target.model.talon_quant == "int4-weights-q4k"
+    engine = Engine(target, draft)
+    judge = TieJudge(target, default_tie_tol(target.dtype))
+    assert not judge.upcast  # a packed model is judged as it is
+    for suite in ("humaneval", "sum"):
+        cfg = RunConfig(tree=TreeConfig(cost_aware=False), max_new_tokens=24)
+        summary, steps = generate(engine, first_prompt(suite, 1), cfg)
+        check = judge.check(summary.prompt_token_ids, summary.token_ids)
+        assert check.first_mismatch is None, (suite, check.first_mismatch)
+        want = target_greedy(target.model, summary.prompt_token_ids, 24)
+        split = first_divergence(want, summary.token_ids)
+        assert split is None or split in check.near_ties, (suite, split, check.near_ties)
+        assert len(steps) < 24

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from talon.cost import cost_key, probe_costs
+from talon.cost import CostModel, cost_key, probe_costs
+from talon.figures.cost import cost_figure
 from talon.decode import Engine, generate
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -125,7 +126,7 @@ def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:
     targets = (dense, packed_target("int8"), packed_target("int4"), packed_target("int4-q4k"))
     keys = {cost_key(m.model, None, ("t", "none")) for m in targets}
     assert len(keys) == 4
-    assert resolve_target_weights("auto", torch.device("cpu")) == "int8"
+    assert resolve_target_weights("auto", torch.device("cpu")) == "dense"
     assert resolve_target_weights("auto", torch.device("meta")) == "dense"
     with pytest.raises(ConfigError, match="need the CPU"):
         resolve_target_weights("int4", torch.device("meta"))
@@ -134,11 +135,15 @@ def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:
     assert Settings.from_env({"TALON_TARGET_WEIGHTS": "INT4"}).target_weights == "int4"
     with pytest.raises(ConfigError, match="TALON_TARGET_WEIGHTS"):
         Settings.from_env({"TALON_TARGET_WEIGHTS": "fp8"})
-    assert copy.deepcopy(Settings()).target_weights == "auto"
+    assert copy.deepcopy(Settings()).target_weights == "dense"
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_the_cost_probe_measures_a_packed_target(weights: str) -> None:
     target = packed_target(weights)
-    costs = probe_costs(target.model, tiny_loaded("llama", 1).model, 0)
+    costs = probe_costs(target.model, tiny_loaded("llama", 1).model, 0, max_reps=2)
     assert all(costs.verify_s(n) > 0 for n in (1, 8, 32)) and costs.draft is not None
+    # the cost view names the weights its curves were measured on, and they survive a trace's JSON
+    assert costs.provenance.weights == f"{weights}-weights" and f"target {weights}-weights" in costs.provenance.describe()
+    title = cost_figure(CostModel.from_dict(costs.to_dict()).to_dict(), []).layout.title.text
+    assert f"target {weights}-weights" in title

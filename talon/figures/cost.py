@@ -83,8 +83,10 @@ def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace]
                            name=f"step {chosen.step}", marker=dict(color=PATH_COLOR, size=13, symbol="circle-open",
                                                                    line=dict(width=3)), hoverinfo="skip"))
         traces += _rate_traces(chosen, verify, other_s)
+    packed = (cost_model.get("provenance") or {}).get("weights")
     layout = base_layout(
-        "Cost model on this hardware" + (f" · step {chosen.step}" if chosen is not None else ""),
+        "Cost model on this hardware" + (f" · target {packed}" if packed else "")
+        + (f" · step {chosen.step}" if chosen is not None else ""),
         440,
         xaxis=axis_style("nodes (verify) · width (draft)", domain=[0, 0.44]),
         yaxis=axis_style("ms", rangemode="tozero"),

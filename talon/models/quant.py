@@ -119,7 +119,7 @@ def int8_head(model: nn.Module, vocab_size: int) -> Int8Linear:
 
 
 # ---------------------------------------------------------------------------------------------
-# The target at the precision it ships in: weight-only int8 / int4, bf16 activations
+# The target at the precision it ships in: int8 / int4 weights, activations in the run's dtype
 # ---------------------------------------------------------------------------------------------
 
 INT4_GROUP = GROUP  # Q4_K's sub-block: 32 weights share one scale and one minimum
@@ -186,6 +186,11 @@ def nearest_int4(weight: torch.Tensor) -> Int4Groups:
     return Int4Groups(q.reshape(out, -1), step, low)
 
 
+def is_packed(model: nn.Module) -> bool:
+    """``model`` holds packed target weights (``quantize_target``)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
 def packed_supported(bits: int) -> bool:
     """torch has the CPU kernel for ``bits``-bit packed weights."""
     if bits == 8:
@@ -195,12 +200,13 @@ def packed_supported(bits: int) -> bool:
 
 
 def resolve_target_weights(weights: str, device: torch.device) -> str:
-    """``auto``: int8 on a CPU with the kernel (measured fastest there: docs/design.md, Target
-    weights), dense elsewhere; ``int8`` / ``int4`` need the CPU (ConfigError otherwise)."""
+    """``auto``: dense. Measured on the embedded pair (docs/design.md, Target weights): int8 is the
+    fastest but not lossless on a real model, and int4 speeds up plain decoding, not Talon's
+    trees. ``int8`` / ``int4`` need the CPU (ConfigError otherwise)."""
     if weights not in TARGET_WEIGHTS:
         raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {weights!r}")
     if weights == "auto":
-        return "int8" if device.type == "cpu" and packed_supported(8) else "dense"
+        return "dense"
     if weights in ("int8", "int4"):
         bits = int(weights[3])
         if device.type != "cpu" or not packed_supported(bits):
@@ -222,6 +228,10 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
     shipped = 0
+    if bits == 8:
+        log.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
+                    "against one-token decoding) into different tokens on a real model; the output is not "
+                    "guaranteed to be this model's own generate() (docs/design.md, Target weights)")
 
     def pack(name: str, linear: nn.Linear) -> PackedLinear | None:
         nonlocal shipped
