@@ -19,7 +19,10 @@ EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DRAFT_QUANTS: tuple[str, ...] = ("auto", "none", "int8")
-TARGET_WEIGHTS: tuple[str, ...] = ("auto", "dense", "int8", "int4")  # dense: the dtype as loaded
+TARGET_WEIGHTS: tuple[str, ...] = ("auto", "dense", "int4")  # dense: the dtype as loaded
+INT8_REFUSED = ("int8 target weights are not offered: rounding each activation row to int8 makes a real model's "
+                "tree rows and one-token decoding part ways, so the output would not be the target's own greedy "
+                "text (docs/design.md, Target weights); use dense or int4")
 
 # name -> (default, description). The defaults are the strings the variables would hold.
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -52,10 +55,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "TALON_TARGET_WEIGHTS": (
         "dense",
-        "Target weights: dense (the dtype as loaded; auto is the same), int4 (int4 weights in groups "
-        "of 32, a GGUF's own Q4_K blocks where it has them, bf16 activations; CPU) or int8 (int8 "
-        "weights and activations; CPU; NOT lossless on real models: its activation rounding "
-        "amplifies float noise, so tree verification and one-token decoding can part ways).",
+        "Target weights: dense (the dtype as loaded; auto is the same) or int4 (int4 weights in "
+        "groups of 32, a GGUF's own Q4_K blocks where it has them, the other layers weight-only "
+        "int8, bf16 activations; CPU). The packed model is the target: output stays its own "
+        "greedy text.",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -121,6 +124,8 @@ class Settings:
             raise ConfigError(f"TALON_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"TALON_DRAFT_QUANT must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
+        if self.target_weights == "int8":
+            raise ConfigError(f"TALON_TARGET_WEIGHTS: {INT8_REFUSED}")
         if self.target_weights not in TARGET_WEIGHTS:
             raise ConfigError(f"TALON_TARGET_WEIGHTS must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
         if not self.target:

@@ -254,11 +254,11 @@ def test_hostile_values_in_error_messages_are_escaped() -> None:
 def test_the_target_weights_control_reaches_the_pair_and_is_checked_before_loading() -> None:
     preset, _ = plan_run(Settings(device="cpu"), "abc", Controls(target_weights="int4"))
     assert ui_device.pair_key(Settings(device="cpu"), preset).target_weights == "int4"
-    preset, _ = plan_run(Settings(device="cpu", target_weights="int8"), "abc", Controls())  # auto: the server's
-    assert ui_device.pair_key(Settings(device="cpu", target_weights="int8"), preset).target_weights == "int8"
+    preset, _ = plan_run(Settings(device="cpu", target_weights="int4"), "abc", Controls())  # auto: the server's
+    assert ui_device.pair_key(Settings(device="cpu", target_weights="int4"), preset).target_weights == "int4"
     with pytest.raises(gr.Error, match="need the CPU"):
         plan_run(Settings(device="cuda"), "abc", Controls(target_weights="int4"))
-    with pytest.raises(gr.Error, match="int8 target weights are not offered here"):
+    with pytest.raises(gr.Error, match="int8 target weights are not offered"):
         plan_run(Settings(device="cpu"), "abc", Controls(target_weights="int8"))
     with pytest.raises(gr.Error, match="target weights must be one of"):
         plan_run(Settings(), "abc", Controls(target_weights="fp4"))

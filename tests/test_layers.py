@@ -91,7 +91,7 @@ def long_modules(root: Path = REPO) -> dict[str, int]:
 
 # torch's packed-weight kernels have no public name: the one place that calls them (a packed
 # target, talon/models/quant.py) names them here, and nothing else may reach into a library
-TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu",
+TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu", "torch.ops.aten._weight_int8pack_mm",
                  "torch.ops.aten._convert_weight_to_int4pack_for_cpu"}
 
 

@@ -24,14 +24,11 @@ from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.settings import Settings
 from tests.tiny import tiny_loaded
 
-BITS = (8, 4)
-
-
-@pytest.mark.parametrize("bits", BITS)
-def test_a_packed_row_is_the_same_alone_or_in_a_tree(bits: int) -> None:
+@pytest.mark.parametrize("bits, weight_only", [(8, False), (8, True), (4, False)])
+def test_a_packed_row_is_the_same_alone_or_in_a_tree(bits: int, weight_only: bool) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(256, 192, bias=True)
-    packed = PackedLinear(linear, bits, torch.float32)
+    packed = PackedLinear(linear, bits, torch.float32, weight_only=weight_only)
     rows = torch.randn(17, 256)
     together = packed(rows)
     for i in range(rows.shape[0]):
@@ -104,8 +101,9 @@ def test_q4k_blocks_decode_to_the_integers_and_scales_llama_cpp_wrote() -> None:
 def test_a_packed_target_decodes_its_own_greedy_generate(weights: str, drafter: str, tree: str) -> None:
     target = packed_target(weights)
     bits = [m.bits for m in target.model.modules() if isinstance(m, PackedLinear)]
-    if weights == "int4-q4k":  # shipped layers keep their groups, every other one is int8, the head too
+    if weights == "int4-q4k":  # shipped layers keep their groups, every other one weight-only int8, the head too
         assert bits.count(4) == 2 * 4 and bits.count(8) == 2 * 3 + 1
+        assert all(m.weight_only for m in target.model.modules() if isinstance(m, PackedLinear) and m.bits == 8)
     else:  # 2 layers x 7, and the head (258 rows: not whole int4 tiles)
         assert len(bits) == 2 * 7 + (weights == "int8")
     prompt = "abc abc abc abc abd"
@@ -132,9 +130,13 @@ def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:
         resolve_target_weights("int4", torch.device("meta"))
     with pytest.raises(ConfigError, match="one of"):
         resolve_target_weights("int3", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="int8 target weights are not offered"):  # not lossless on a real model
+        resolve_target_weights("int8", torch.device("cpu"))
     assert Settings.from_env({"TALON_TARGET_WEIGHTS": "INT4"}).target_weights == "int4"
     with pytest.raises(ConfigError, match="TALON_TARGET_WEIGHTS"):
         Settings.from_env({"TALON_TARGET_WEIGHTS": "fp8"})
+    with pytest.raises(ConfigError, match="TALON_TARGET_WEIGHTS"):
+        Settings.from_env({"TALON_TARGET_WEIGHTS": "int8"})
     assert copy.deepcopy(Settings()).target_weights == "dense"
 
 

@@ -31,10 +31,9 @@ def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
                    help="draft weights: int8 (fbgemm, CPU only; faster draft forwards, the output stays "
                    "the target's), none, or auto = int8 on a CPU (default: %(default)s)")
     p.add_argument("--target-weights", default=settings.target_weights, choices=TARGET_WEIGHTS,
-                   help="target weights: dense (--dtype as loaded), int8 (int8 weights and activations, "
-                   "exact int32 sums) or int4 (int4 weights, groups of 32, bf16 activations), both CPU only "
-                   "and packed from float32; auto = int8 on a CPU. The packed module is the target: the "
-                   "output is its own greedy generate() (default: %(default)s)")
+                   help="target weights: dense (--dtype as loaded; auto is the same) or int4 (CPU only: int4 "
+                   "weights in groups of 32, a GGUF's own Q4_K blocks where it has them, bf16 activations). "
+                   "The packed module is the target: the output is its own greedy text (default: %(default)s)")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -198,12 +198,6 @@ def load_model(
     return LoadedModel(model, tokenizer, local or spec, torch_dtype, torch_device)
 
 
-# int8: float32 around the exact int32 sums (faster than bf16 here, 85 against 94 ms a step, and
-# no bf16 rounding to make a tree's rows differ from one-at-a-time decoding); int4: bf16, the
-# only fast path of torch's int4 CPU kernel (float32 activations run 10x slower).
-PACKED_ACTIVATIONS = {"int8": torch.float32, "int4": torch.bfloat16}
-
-
 def shipped_blocks(model_dir: str, cache_dir: str | os.PathLike[str] | None) -> Q4KSource | None:
     """The Q4_K blocks ``model_dir`` was converted from (an embedded model's GGUF), if any."""
     gguf = source_gguf(model_dir, resolve_cache_dir(cache_dir)) if Path(model_dir).is_dir() else None
@@ -222,16 +216,16 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
-    asked), int8 or int4 (packed from float32 weights, activations in ``PACKED_ACTIVATIONS``; CPU;
-    int4 keeps an embedded model's own Q4_K blocks), auto (int8 on a CPU, dense elsewhere):
+    asked; auto is the same) or int4 (packed from float32 weights, bf16 activations; CPU; an
+    embedded model keeps its own Q4_K blocks; int8 is refused: not lossless on a real model):
     the packed module is the target, so the output stays its own greedy ``generate``."""
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
-    if weights == "dense":  # (auto on a GPU resolves here too)
+    if weights == "dense":  # auto resolves here too
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
     else:
         dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
-        target_lm = quantize_target(dense, weights, PACKED_ACTIVATIONS[weights],
-                                    blocks=shipped_blocks(dense.name, cache_dir) if weights == "int4" else None)
+        # bf16 activations: the int4 kernel's fast path (float32 runs 10x slower)
+        target_lm = quantize_target(dense, weights, torch.bfloat16, blocks=shipped_blocks(dense.name, cache_dir))
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
     quant = resolve_draft_quant(draft_quant, target_lm.device)

@@ -34,7 +34,7 @@ from torch import nn
 from talon.models.base import LoadedModel
 from talon.models.gguf_blocks import GROUP, Int4Groups, Q4KSource
 from talon.run_config import ConfigError
-from talon.settings import DRAFT_QUANTS, TARGET_WEIGHTS
+from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS
 
 log = logging.getLogger(__name__)
 _HEAD_LOCK = threading.Lock()
@@ -135,19 +135,23 @@ class PackedLinear(nn.Module):
     every row what decoding it alone would (tests/test_quant_target.py)."""
 
     def __init__(self, linear: nn.Linear, bits: int, dtype: torch.dtype = torch.bfloat16,
-                 groups: Int4Groups | None = None) -> None:
+                 groups: Int4Groups | None = None, weight_only: bool = False) -> None:
         """``dtype``: the activations' (bf16 for speed; float32 in the tests of exactness).
         ``groups`` (int4 only): the shipped integers and group scales (a GGUF's Q4_K blocks);
-        without them the weights are rounded to the nearest of 16 levels per group."""
+        without them the weights are rounded to the nearest of 16 levels per group.
+        ``weight_only`` (int8 only): activations stay as they are (``_weight_int8pack_mm``, a row
+        at a time) instead of being rounded to int8: no rounding step for float noise to cross."""
         super().__init__()
         self.dtype = dtype
         weight = linear.weight.detach().float()  # (out, in)
         self.out_features, self.in_features = weight.shape
         self.bits = bits
+        self.weight_only = weight_only
         if bits == 8:
             scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
             self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
-            self.register_buffer("scales", scales)  # float32: applied after the exact int32 sum
+            # float32 when applied after the exact int32 sum; the activations' dtype for the kernel
+            self.register_buffer("scales", scales.to(dtype) if weight_only else scales)
         elif bits == 4:
             groups = groups if groups is not None else nearest_int4(weight)
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.q, 2)
@@ -162,7 +166,10 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.bits == 8:
+        if self.bits == 8 and self.weight_only:
+            rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)
+        elif self.bits == 8:
             rows = x.reshape(-1, self.in_features).float()
             step = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # (M, 1), per row
             q = torch.round(rows / step).clamp(-127, 127).to(torch.int8)
@@ -196,22 +203,21 @@ def packed_supported(bits: int) -> bool:
     if bits == 8:
         return hasattr(torch, "_int_mm")
     return all(hasattr(torch.ops.aten, name) for name in ("_weight_int4pack_mm_for_cpu",
-                                                          "_convert_weight_to_int4pack_for_cpu"))
+                                                          "_convert_weight_to_int4pack_for_cpu", "_weight_int8pack_mm"))
 
 
 def resolve_target_weights(weights: str, device: torch.device) -> str:
     """``auto``: dense. Measured on the embedded pair (docs/design.md, Target weights): int8 is the
     fastest but not lossless on a real model, and int4 speeds up plain decoding, not Talon's
-    trees. ``int8`` / ``int4`` need the CPU (ConfigError otherwise)."""
+    trees. ``int4`` needs the CPU, and ``int8`` is refused (ConfigError)."""
+    if weights == "int8":
+        raise ConfigError(INT8_REFUSED)
     if weights not in TARGET_WEIGHTS:
         raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {weights!r}")
     if weights == "auto":
         return "dense"
-    if weights in ("int8", "int4"):
-        bits = int(weights[3])
-        if device.type != "cpu" or not packed_supported(bits):
-            raise ConfigError(f"{weights} target weights need the CPU with torch's packed {bits}-bit kernel; "
-                              "use --target-weights dense")
+    if weights == "int4" and (device.type != "cpu" or not packed_supported(4)):
+        raise ConfigError("int4 target weights need the CPU with torch's packed int4 kernel; use --target-weights dense")
     return weights
 
 
@@ -222,13 +228,13 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     result is the target: it decodes, verifies and ``generate``s with these weights.
 
     int4 with ``blocks`` (the GGUF the target was converted from): a layer shipped as Q4_K keeps
-    its own integers and group scales; any other layer (Q6_K, say) is packed to int8 from its
-    dequantized weights, so no layer is rounded twice. Without ``blocks`` every layer is rounded
+    its own integers and group scales; any other layer (Q6_K, say) is packed to weight-only int8
+    from its dequantized weights, so no layer is rounded twice and no activation is rounded. Without ``blocks`` every layer is rounded
     to int4 groups (``nearest_int4``); a shape the int4 kernel cannot take stays dense."""
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
     shipped = 0
-    if bits == 8:
+    if bits == 8:  # kept for study (scripts/target_weights_check.py); not a user's choice
         log.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
                     "against one-token decoding) into different tokens on a real model; the output is not "
                     "guaranteed to be this model's own generate() (docs/design.md, Target weights)")
@@ -238,7 +244,7 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
         if bits == 4 and blocks is not None:
             groups = blocks.groups(name)
             if groups is None or linear.out_features % 16:  # not Q4_K, or rows the kernel cannot tile
-                return PackedLinear(linear, 8, dtype)
+                return PackedLinear(linear, 8, dtype, weight_only=True)
             shipped += 1
             return PackedLinear(linear, 4, dtype, groups)
         if bits == 4 and (linear.in_features % INT4_GROUP or linear.out_features % 16):

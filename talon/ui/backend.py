@@ -163,10 +163,6 @@ def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: A
         cfg = controls.to_config(settings.max_new_tokens_limit).replace(**overrides)
         quant = None if controls.draft_quant == "auto" else controls.draft_quant  # auto: TALON_DRAFT_QUANT
         weights = None if controls.target_weights == "auto" else controls.target_weights  # TALON_TARGET_WEIGHTS
-        if weights == "int8":  # a server may choose it (TALON_TARGET_WEIGHTS); a visitor may not
-            raise ConfigError("int8 target weights are not offered here: on a real model they do not keep the "
-                              "output the target's own greedy text (docs/design.md, Target weights); use dense "
-                              "or int4")
         if weights is not None:
             resolve_target_weights(weights, server_device(settings))  # int4: a CPU only
         preset = dataclasses.replace(find_preset(settings, controls.preset), draft_quant=quant, target_weights=weights)

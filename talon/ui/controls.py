@@ -22,7 +22,7 @@ from talon.run_config import (
     SamplingConfig,
     TreeConfig,
 )
-from talon.settings import DRAFT_QUANTS, TARGET_WEIGHTS, Settings
+from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS, Settings
 
 UI_DRAFTERS = DRAFTING_KINDS
 
@@ -98,6 +98,8 @@ class Controls:
         """The validated RunConfig; raises ConfigError with a message a user can act on."""
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
+        if self.target_weights == "int8":
+            raise ConfigError(INT8_REFUSED)
         if self.target_weights not in TARGET_WEIGHTS:
             raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
         if self.drafter not in UI_DRAFTERS:
