@@ -91,8 +91,10 @@ def test_q4k_blocks_decode_to_the_integers_and_scales_llama_cpp_wrote() -> None:
     by_gguf = dequantize(raw, GGMLQuantizationType.Q4_K).reshape(16, 768)  # the gguf package's own decoder
     assert np.array_equal(groups.dequantize().numpy(), by_gguf)  # bit for bit
     packed = PackedLinear(nn.Linear(768, 16, bias=False), 4, torch.float32, groups)
-    x = torch.randn(3, 768)
-    torch.testing.assert_close(packed(x), x @ torch.from_numpy(by_gguf).t(), rtol=1e-4, atol=1e-4)
+    x = torch.randn(3, 768, generator=torch.Generator().manual_seed(0))
+    want = x @ torch.from_numpy(by_gguf).t()
+    # the kernel rounds its group scales (seen: 3.5e-3 at outputs near 10); a wrong decode is off by whole steps
+    assert (packed(x) - want).abs().max() < 1e-3 * want.abs().max()
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4", "int4-q4k"])

@@ -255,7 +255,7 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     model.config.tie_word_embeddings = False  # the head is its own packed copy now
     model.to(dtype)
     model.talon_quant = f"{weights}-weights" + ("-q4k" if shipped else "")
-    source = f" ({shipped} layers from {blocks.path.name}'s Q4_K blocks, the rest int8)" if shipped else ""
+    source = f" ({shipped} layers from {blocks.path.name}'s Q4_K blocks, the rest weight-only int8)" if shipped else ""
     log.info("target %s: decoder Linear layers and LM head packed to %s weights%s, %s activations", lm.name, weights,
              source, str(dtype).removeprefix("torch."))
     return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)
