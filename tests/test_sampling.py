@@ -10,7 +10,6 @@ import torch
 from talon.accept import accept_sampling, warp_probs
 from talon.decode import Engine
 from talon.models import LoadedModel
-from talon.models.quant import PackedLinear, quantize_target
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.tiny import byte_tokenizer, tiny_model
@@ -69,24 +68,11 @@ def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> N
     [SamplingConfig(temperature=1.0, seed=0), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0)],
 )
 def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig) -> None:
-    sampled_pairs_follow_the_target(sampling)
-
-
-@pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_sampling_from_a_packed_target_keeps_its_distribution(weights: str) -> None:
-    """``--target-weights``: the packed module is the target, sampled as exactly as a dense one."""
-    sampled_pairs_follow_the_target(SamplingConfig(temperature=1.0, seed=0), weights)
-
-
-def sampled_pairs_follow_the_target(sampling: SamplingConfig, weights: str | None = None) -> None:
     vocab = 6
     target = LoadedModel(tiny_model("llama", 21, vocab=vocab), byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
     draft = LoadedModel(tiny_model("llama", 22, vocab=vocab), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
     with torch.no_grad():  # flatten the target a little so many outcomes are likely
         target.model.get_output_embeddings().weight.mul_(0.15)
-    if weights is not None:
-        target = quantize_target(target, weights, torch.float32)
-        assert sum(isinstance(m, PackedLinear) for m in target.model.modules()) > 0
     prompt = [1, 4, 2, 0, 3]
     with torch.inference_mode():
         l1 = target.model(torch.tensor([prompt])).logits[0, -1]
