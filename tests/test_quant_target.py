@@ -6,6 +6,7 @@ token its own greedy ``generate`` for every drafter and tree mode."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ class ShippedBlocks:
     def __init__(self, model: nn.Module) -> None:
         self.weights = {name: m.weight.detach().float() for name, m in model.named_modules()
                         if isinstance(m, nn.Linear)}
-        self.path = type("P", (), {"name": "tiny.gguf"})()
+        self.path = Path("tiny.gguf")
 
     def groups(self, name: str) -> Int4Groups | None:
         return nearest_int4(self.weights[name]) if name.endswith(self.SHIPPED) else None
