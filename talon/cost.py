@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.curve import GRID, LEARNING_RATE, Curve
+from talon.curve import GRID, LEARNING_RATE, Curve, check_times, is_seconds
 from talon.models.device import hardware_name
 from talon.verify import forward_hidden, lm_logits
 
@@ -147,8 +147,15 @@ class CostModel:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "CostModel":
         if data.get("format") != COST_FORMAT or list(data.get("grid", [])) != list(GRID):
-            raise ValueError("not a talon-cost/1 file for this grid")
+            raise ValueError(f"not a {COST_FORMAT} file on the sizes {', '.join(map(str, GRID))} (in that increasing order)")
         draft = data.get("draft_s")
+        check_times(data.get("verify_s"), "verify_s")
+        if draft is not None:
+            check_times(draft, "draft_s")
+        for name in ("prefill_per_token_s", "other_s"):
+            value = data.get(name, 0.0)
+            if not is_seconds(value) or value < 0:
+                raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value!r}")
         known = {f.name for f in dataclasses.fields(Provenance)}
         given = {k: v for k, v in (data.get("provenance") or {}).items() if k in known}
         provenance = Provenance(**{"source": str(data.get("source", "cache")), **given})

@@ -7,6 +7,7 @@ can plan with it (``talon.cost`` measures the curves; this module only holds the
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 GRID: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -69,6 +70,21 @@ class Curve:
 
 
 _GRID_X = [float(g) for g in GRID]
+
+
+def is_seconds(value: object) -> bool:
+    """A finite number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_times(values: object, name: str) -> None:
+    """A curve read from a file or an upload: one finite, positive time per ``GRID`` size (an
+    increasing grid), or a ValueError that says which value is wrong."""
+    if not isinstance(values, list) or len(values) != len(GRID):
+        raise ValueError(f"{name} must hold one time per grid size ({len(GRID)} values)")
+    for size, value in zip(GRID, values):
+        if not is_seconds(value) or value <= 0:  # type: ignore[operator]
+            raise ValueError(f"{name} at size {size} must be a finite, positive number of seconds, got {value!r}")
 
 
 def isotonic(values: list[float]) -> list[float]:

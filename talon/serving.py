@@ -233,6 +233,14 @@ def _model_gaps(cfg: RunConfig, shape: TreeShape) -> list[str]:
     return gaps
 
 
+def prompt_lookup_config(cfg: RunConfig) -> dict:
+    """Talon's retrieval as vLLM's plain prompt lookup (method ngram): matches of min_match to
+    min_match + max_continuation tokens, a chain of min(N, max_continuation)."""
+    r = cfg.retrieval
+    return {"method": "ngram", "prompt_lookup_min": r.min_match, "prompt_lookup_max": r.min_match + r.max_continuation,
+            "num_speculative_tokens": min(cfg.tree.budget, r.max_continuation)}
+
+
 def _retrieval_half(cfg: RunConfig) -> _Half:
     """Context lookup: SGLang NGRAM (a tree) and vLLM suffix decoding (one path)."""
     r, budget = cfg.retrieval, cfg.tree.budget
@@ -252,8 +260,7 @@ def _retrieval_half(cfg: RunConfig) -> _Half:
         "suffix_decoding_max_tree_depth": window,
         "suffix_decoding_max_spec_factor": factor,
     }
-    ngram = {"method": "ngram", "prompt_lookup_min": r.min_match, "prompt_lookup_max": window,
-             "num_speculative_tokens": chain}
+    ngram = prompt_lookup_config(cfg)
     notes = [
         "retrieval -> SGLang --speculative-algorithm NGRAM: a token tree from the matches of the "
         "context suffix in an n-gram trie over prompts and outputs (shared across requests; "

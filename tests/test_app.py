@@ -155,9 +155,10 @@ def test_malformed_trace_upload_is_refused_with_a_reason(client: Client, tmp_pat
 
 
 def test_serving_config_endpoint_takes_the_run_controls(client: Client) -> None:
-    text, data = client.predict(drafter="model", tree_mode="static", budget=12, max_depth=5,
-                                api_name="/serving_config")
+    text, data, predicted = client.predict(drafter="model", tree_mode="static", budget=12, max_depth=5,
+                                           api_name="/serving_config")
     assert "--speculative-config" in text and "sglang" in text.lower()
+    assert "Record or upload this prompt's draft atlas" in predicted, "no atlas in this session yet"
     assert data["vllm_config"] and data["sglang_flags"] and data["versions"]["vllm"]
     with pytest.raises(Exception, match="budget must be an integer"):
         client.predict(budget=2.5, api_name="/serving_config")

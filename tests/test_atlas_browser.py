@@ -77,3 +77,15 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     assert page.locator("#talon-atlas-tree .scatterlayer .trace .point").count() >= 2
     page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
     page.screenshot(path=SCREENSHOT, full_page=True)
+
+    # Serve it: the engines' own drafting replayed on this atlas, beside Talon's MAT
+    page.get_by_role("tab", name="Serve it").click()
+    page.click("#talon-serve-run")
+    page.wait_for_function("document.querySelector('#talon-serve-forecast').textContent.includes('Best engine')")
+    forecast = page.locator("#talon-serve-forecast").text_content() or ""
+    assert "Talon, the current controls" in forecast and "MAT" in forecast
+    assert "vLLM draft_model, k=" in forecast and "mean acceptance length" in forecast
+    assert "SGLang STANDALONE" in forecast and "spec_accept_length" in forecast
+    assert "Reading the numbers" in forecast
+    page.locator("#talon-serve-forecast").scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/serve_forecast.png", full_page=False)

@@ -221,3 +221,4 @@ def test_serve_tab_translates_the_controls(page) -> None:
     text = page.locator("#talon-serve").text_content() or ""
     assert "sglang.launch_server" in text and "vllm serve" in text
     assert "does not carry over" in text.lower() or "not carried" in text.lower()
+    assert "Threshold explorer" in (page.locator("#talon-serve-forecast").text_content() or "")

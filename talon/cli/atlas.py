@@ -8,7 +8,17 @@ import logging
 import time
 from pathlib import Path
 
-from talon.atlas.data import load_atlases
+from talon.atlas.data import Atlas, load_atlases
+from talon.atlas.engine_costs import ENGINE_COST_FORMAT, EngineCosts, TalonCurves, parse_engine_costs
+from talon.atlas.engine_sweep import (
+    ENGINES,
+    EngineRow,
+    best_engine_row,
+    engine_policies,
+    parse_engine_grid,
+    sweep_engine,
+    why_best,
+)
 from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
 from talon.cli.args import add_model_args, add_run_args, config_from_args
@@ -47,7 +57,12 @@ def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
     s.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
     s.add_argument("--costs", type=Path, default=None,
                    help="a talon-cost/1 file (e.g. from ~/.cache/talon/costs) that replaces every atlas's cost "
-                   "model: predict time and plan as on that host, from atlases recorded on this one")
+                   "model: predict time and plan as on that host, from atlases recorded on this one; with "
+                   "--engine also a talon-engine-cost/1 file (scripts/serve_check.sh writes vLLM's)")
+    s.add_argument("--engine", choices=ENGINES, default=None,
+                   help="sweep a serving engine's own knobs instead of Talon's, replaying that engine's drafting "
+                   "(vllm: method, k, prompt_lookup_min, prompt_lookup_max; sglang: topk, num_steps, "
+                   "num_draft_tokens), ranked by predicted tokens/s")
     add_run_args(s)
 
 
@@ -87,14 +102,22 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
 def sweep_command(args: argparse.Namespace) -> int:
     try:
         atlases = load_atlases(args.atlases)
-        if args.costs is not None:
-            costs = read_json_upload(args.costs)
+        costs = read_json_upload(args.costs) if args.costs is not None else None
+        engine_costs = None
+        if isinstance(costs, dict) and costs.get("format") == ENGINE_COST_FORMAT and args.engine:
+            try:
+                engine_costs = parse_engine_costs(costs)
+            except ValueError as error:
+                raise TraceFileError(f"{args.costs}: {error}") from None
+        elif costs is not None:
             try:
                 CostModel.from_dict(costs)
             except (ValueError, KeyError, TypeError) as error:
                 raise TraceFileError(f"{args.costs}: not a talon-cost/1 file ({error})") from None
             for atlas in atlases:
                 atlas.costs = costs
+        if args.engine:
+            return engine_sweep_command(args, atlases, engine_costs)
         configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     except (ConfigError, TraceFileError, OSError) as err:
         log.error("%s", err)
@@ -116,6 +139,46 @@ def sweep_command(args: argparse.Namespace) -> int:
               f"(MAT {best.mat:.2f}, {best.tokens_per_s:.2f} tok/s predicted)")
     log.info("%d configurations x %d atlases replayed in %.1f s", len(rows), len(atlases), seconds)
     return 0
+
+
+def engine_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: EngineCosts | None) -> int:
+    """``--engine``: the engine's knobs, replayed as that engine drafts, ranked by predicted tok/s."""
+    try:
+        policies = engine_policies(args.engine, parse_engine_grid(args.engine, args.grid))
+    except ConfigError as err:
+        log.error("%s", err)
+        return 2
+    if costs is not None and costs.engine != args.engine:
+        log.error("%s holds %s's step costs, not %s's", args.costs, costs.engine, args.engine)
+        return 2
+    start = time.perf_counter()
+    rows = sweep_engine(atlases, policies, costs)
+    seconds = time.perf_counter() - start
+    timing = costs.label if costs is not None else TalonCurves(atlases[0].cost_model()).label
+    if args.json:
+        print(json.dumps({"engine": args.engine, "timing": timing, "seconds": seconds,
+                          "rows": [r.to_dict() for r in rows]}))
+    else:
+        print(engine_table(rows))
+        best = best_engine_row(rows)
+        print(f"\ntimes: {timing}")
+        print(f"best by predicted tokens/s: {why_best(rows, best)}")
+    log.info("%d %s configurations x %d atlases replayed in %.1f s", len(rows), args.engine, len(atlases), seconds)
+    return 0
+
+
+def engine_table(rows: list[EngineRow]) -> str:
+    """The engine's knobs, its own acceptance metric, coverage and predicted speed."""
+    keys = list(dict.fromkeys(k for r in rows for k in r.knobs))
+    metric = "mean acceptance length" if rows and rows[0].engine == "vllm" else "spec_accept_length"
+    head = keys + [metric, "drafts", "accepted", "tok/s (pred.)", "coverage", "near-ties"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        cover = "exact" if r.misses == 0 else f"{100 * r.coverage:.1f} %"
+        lines.append(" | ".join([str(r.knobs.get(k, "–")) for k in keys] + [
+            f"{r.acceptance:.3f}", str(r.num_drafts), str(r.num_accepted), f"{r.tokens_per_s:.2f}", cover,
+            str(r.near_ties)]))
+    return "\n".join(lines)
 
 
 def sweep_table(rows: list[SweepRow]) -> str:

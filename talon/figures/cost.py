@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from talon.curve import GRID, Curve
+from talon.curve import GRID, Curve, check_times
 from talon.figures.common import (
     PATH_COLOR,
     SOURCE_COLORS,
@@ -35,6 +35,9 @@ def curves(cost_model: Mapping[str, Any]) -> tuple[Curve, Curve | None, float]:
     if list(cost_model.get("grid", [])) != list(GRID):
         raise ValueError("not a talon-cost/1 model on this grid")
     draft = cost_model.get("draft_s")
+    check_times(cost_model.get("verify_s"), "verify_s")
+    if draft:
+        check_times(draft, "draft_s")
     return (
         Curve([float(v) for v in cost_model["verify_s"]]),
         Curve([float(v) for v in draft]) if draft else None,

@@ -48,9 +48,9 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 with gr.Tab("Compare", id="compare"):
                     compare = build_compare_tab(panel, settings)
                 with gr.Tab("Threshold explorer", id="explorer"):
-                    build_explorer_tab(panel, settings)
+                    explorer = build_explorer_tab(panel, settings)
                 with gr.Tab("Serve it", id="serve"):
-                    build_serving_tab(panel, settings)
+                    build_serving_tab(panel, settings, explorer.state)
         panel.stop.click(stop, [decode.state, compare.state], None, concurrency_limit=None, api_visibility="private")
         demo.load(make_show_recording(decode), [decode.state], decode.outputs(), api_visibility="private",
                   concurrency_limit=None, show_progress="hidden")

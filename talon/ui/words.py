@@ -52,7 +52,9 @@ EXPLAIN: dict[str, str] = {
         "What has no equivalent there (the adaptive gate, the hybrid graft of retrieval into the "
         "model's tree, async pre-drafting, cost-aware planning) is listed plainly. Both engines "
         "report acceptance as *mean acceptance length* and *per-position acceptance rate*: Talon's "
-        "traces and benchmark results carry the same numbers (`serving_metrics`)."
+        "traces and benchmark results carry the same numbers (`serving_metrics`). With a draft atlas "
+        "of the prompt (Threshold explorer), the tab also replays each engine's *own* drafting on it: "
+        "the acceptance the exported flags will get there, and each engine's best settings."
     ),
     "inspector": (
         "**Node inspector.** For the chosen node: the target's top 5 at its place (the drafted "

@@ -1,0 +1,202 @@
+"""Sweeping an engine's own knobs on atlases: ``python -m talon atlas sweep ATLAS --engine vllm``.
+
+Every combination of the engine's knobs is replayed under that engine's drafting on every atlas
+(:mod:`talon.atlas.engines`), and ranked by predicted tokens/s: the engine's own counters, the
+step cost of an engine cost file (``talon-engine-cost/1``, from ``scripts/serve_check.sh``) or,
+without one, the atlases' own Talon cost curves standing in (said so in the output).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from talon.atlas.data import Atlas
+from talon.atlas.engine_costs import StepCosts, TalonCurves, predicted_seconds
+from talon.atlas.engines import (
+    EnginePolicy,
+    EngineRun,
+    SglangStandalone,
+    VllmDraftModel,
+    VllmNgram,
+    replay_engine,
+)
+from talon.run_config import ConfigError
+
+ENGINES: tuple[str, ...] = ("vllm", "sglang")
+# Each engine's knobs (its own names) and the grid swept when the command names none.
+DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
+    "vllm": {"method": ["draft_model", "ngram"], "k": [1, 2, 3, 4, 6, 8],
+             "prompt_lookup_min": [2], "prompt_lookup_max": [5]},
+    "sglang": {"topk": [1, 2, 4], "num_steps": [1, 2, 3, 4, 6], "num_draft_tokens": [4, 8, 16]},
+}
+KNOB_TYPES: dict[str, dict[str, type]] = {
+    "vllm": {"method": str, "k": int, "prompt_lookup_min": int, "prompt_lookup_max": int},
+    "sglang": {"topk": int, "num_steps": int, "num_draft_tokens": int},
+}
+VLLM_METHODS = ("draft_model", "ngram")
+
+
+def parse_engine_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]:
+    """``KEY=V1,V2`` items over the engine's default grid (ConfigError names a bad item)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    grid = {k: list(v) for k, v in DEFAULT_GRIDS[engine].items()}
+    types = KNOB_TYPES[engine]
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ConfigError(f"grid item {item!r}: with --engine {engine} write KEY=V1,V2, KEY one of {', '.join(types)}")
+        try:
+            values = [types[key](v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"grid {key}: {text!r} holds a value that is not a {types[key].__name__}") from None
+        if not values:
+            raise ConfigError(f"grid {key}: give at least one value")
+        if key == "method" and any(v not in VLLM_METHODS for v in values):
+            raise ConfigError(f"grid method: one of {', '.join(VLLM_METHODS)} (vLLM's suffix method is not replayed)")
+        grid[key] = list(dict.fromkeys(values))
+    return grid
+
+
+def engine_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], EnginePolicy]]:
+    """Every valid combination of the grid as a policy, each with its knobs. Combinations the
+    engine itself would rewrite are rewritten as it does (SGLang: topk 1 forces num_draft_tokens =
+    num_steps + 1; a draft-token count above the tree's candidates is capped); ones it would
+    refuse (prompt_lookup_min above max) are left out; duplicates once."""
+    out: dict[str, tuple[dict[str, Any], EnginePolicy]] = {}
+    keys = list(grid)
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        knobs = dict(zip(keys, combo))
+        try:
+            found = _policy(engine, knobs)
+        except ConfigError:
+            continue
+        if found is not None:
+            out.setdefault(found[1].label(), found)
+    if not out:
+        raise ConfigError(f"no valid {engine} configuration in the grid")
+    return list(out.values())
+
+
+def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], EnginePolicy] | None:
+    if engine == "vllm":
+        if knobs["method"] == "draft_model":
+            return {"method": "draft_model", "k": knobs["k"]}, VllmDraftModel(knobs["k"])
+        lo, hi = knobs["prompt_lookup_min"], knobs["prompt_lookup_max"]
+        if lo > hi:
+            return None
+        return ({"method": "ngram", "k": knobs["k"], "prompt_lookup_min": lo, "prompt_lookup_max": hi},
+                VllmNgram(knobs["k"], lo, hi))
+    topk, steps = knobs["topk"], knobs["num_steps"]
+    most = topk + (steps - 1) * topk ** 2
+    tokens = steps + 1 if topk == 1 else min(knobs["num_draft_tokens"], most + 1)
+    return ({"topk": topk, "num_steps": steps, "num_draft_tokens": tokens},
+            SglangStandalone(topk, steps, tokens))
+
+
+@dataclass
+class EngineRow:
+    """One engine configuration over all atlases, in that engine's own terms."""
+
+    knobs: dict[str, Any]
+    policy: EnginePolicy
+    runs: list[EngineRun]
+    predicted_s: float
+
+    @property
+    def engine(self) -> str:
+        return self.policy.engine
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.output_tokens for r in self.runs)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(r.steps) for r in self.runs)
+
+    @property
+    def num_drafts(self) -> int:
+        return sum(r.num_drafts for r in self.runs)
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(r.num_accepted_tokens for r in self.runs)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted / drafts (steps that drafted nothing left out)."""
+        return 1.0 + self.num_accepted / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def spec_accept_length(self) -> float:
+        """SGLang's: output tokens / verify steps (the prefill's token in the output)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """The engine's headline acceptance: vLLM's mean acceptance length or SGLang's
+        spec_accept_length."""
+        return self.mean_acceptance_length if self.engine == "vllm" else self.spec_accept_length
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.predicted_s if self.predicted_s > 0 else 0.0
+
+    @property
+    def misses(self) -> int:
+        return sum(r.misses for r in self.runs)
+
+    @property
+    def coverage(self) -> float:
+        return 1.0 - self.misses / self.steps if self.steps else 1.0
+
+    @property
+    def near_ties(self) -> int:
+        return sum(len(r.near_ties) for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "knobs": self.knobs, "label": self.policy.label(),
+                "acceptance": self.acceptance, "mean_acceptance_length": self.mean_acceptance_length,
+                "spec_accept_length": self.spec_accept_length, "tokens": self.tokens, "steps": self.steps,
+                "num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted,
+                "predicted_s": self.predicted_s, "tokens_per_s": self.tokens_per_s,
+                "coverage": self.coverage, "misses": self.misses, "near_ties": self.near_ties,
+                "per_atlas": [{"steps": len(r.steps), "tokens": r.output_tokens, "num_drafts": r.num_drafts,
+                               "num_draft_tokens": r.num_draft_tokens, "num_accepted_tokens": r.num_accepted_tokens,
+                               "accepted_per_step": [s.accepted for s in r.drafts]} for r in self.runs]}
+
+
+def sweep_engine(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, Any], EnginePolicy]],
+                 costs: StepCosts | None = None, max_tokens: int | None = None) -> list[EngineRow]:
+    """Replay every policy on every atlas; time each run under ``costs`` (None: each atlas's own
+    Talon curves)."""
+    rows = []
+    for knobs, policy in policies:
+        runs = [replay_engine(atlas, policy, max_tokens) for atlas in atlases]
+        width = getattr(policy, "topk", 1)
+        seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), width)
+                      for run, atlas in zip(runs, atlases))
+        rows.append(EngineRow(knobs, policy, runs, seconds))
+    return rows
+
+
+def best_engine_row(rows: Sequence[EngineRow]) -> EngineRow:
+    """The most predicted tokens/s; ties: the higher acceptance, then the first."""
+    return max(rows, key=lambda r: (round(r.tokens_per_s, 9), r.acceptance, -rows.index(r)))
+
+
+def why_best(rows: Sequence[EngineRow], best: EngineRow) -> str:
+    """One line on why the best configuration wins over its neighbours."""
+    same = [r for r in rows if r is not best and r.knobs.get("method") == best.knobs.get("method")]
+    longer = [r for r in same if r.acceptance > best.acceptance]
+    line = f"{best.policy.label()}: {best.acceptance:.2f} accepted per step at {best.tokens_per_s:.2f} tok/s predicted"
+    if longer:
+        top = max(longer, key=lambda r: r.acceptance)
+        line += (f"; {top.policy.label()} accepts more ({top.acceptance:.2f}) but its longer drafts cost more "
+                 f"than they return ({top.tokens_per_s:.2f} tok/s)")
+    return line

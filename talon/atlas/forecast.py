@@ -1,0 +1,112 @@
+"""What an exported configuration will do on the engine, before deploying it: the engines'
+acceptance replayed on the current prompt's atlas, beside Talon's own, and the engines' best
+settings on it (the Serve it tab; Gradio-free).
+
+The exported flags (``talon.serving``) become engine policies (``talon.atlas.engines``): vLLM's
+``draft_model`` and ``ngram`` chains, SGLang's STANDALONE tree. What no policy replays (vLLM's
+suffix method, SGLang's NGRAM over a corpus shared between requests) is said so, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from talon.atlas.data import Atlas
+from talon.atlas.engine_sweep import (
+    DEFAULT_GRIDS,
+    EngineRow,
+    best_engine_row,
+    engine_policies,
+    sweep_engine,
+    why_best,
+)
+from talon.atlas.engines import EnginePolicy, SglangStandalone, VllmDraftModel, VllmNgram
+from talon.atlas.replay import replay
+from talon.run_config import ConfigError, RunConfig
+from talon.serving import ServingConfig, prompt_lookup_config
+
+DEFINITIONS = (
+    "**Reading the numbers.** *Talon MAT*: tokens per target forward, the bonus token included. "
+    "*vLLM mean acceptance length*: 1 + accepted draft tokens / drafts, over the steps that drafted "
+    "(vLLM's `k` = `num_speculative_tokens`, draft tokens per step). *SGLang spec_accept_length*: "
+    "output tokens / verify steps, the prefill's first token included (its `num_draft_tokens` counts "
+    "the root too: k + 1). All three are replayed exactly on the atlas (greedy); tokens/s are "
+    "predicted from the atlas's Talon cost curves standing in for the engine's, unless a measured "
+    "engine cost file is used (`talon atlas sweep --engine vllm --costs`)."
+)
+
+
+@dataclass
+class Forecast:
+    """Talon's MAT on the atlas, each exported engine configuration's predicted acceptance, and
+    each engine's best settings on the atlas."""
+
+    talon_mat: float | None
+    exported: list[tuple[str, EngineRow | None, str]] = field(default_factory=list)  # (engine, row, note)
+    best: dict[str, str] = field(default_factory=dict)  # engine -> one line on its best settings
+    note: str = ""
+
+    def markdown(self) -> str:
+        if self.note:
+            return self.note
+        lines = ["**On this prompt's atlas** (replayed exactly, no model)", "",
+                 "| | acceptance, in that engine's own definition | predicted tok/s |", "| --- | ---: | ---: |"]
+        if self.talon_mat is not None:
+            lines.append(f"| Talon, the current controls | MAT {self.talon_mat:.2f} | |")
+        for engine, row, note in self.exported:
+            if row is None:
+                lines.append(f"| {engine} | {note} | |")
+                continue
+            metric = "mean acceptance length" if row.engine == "vllm" else "spec_accept_length"
+            cover = "" if row.misses == 0 else f" ({100 * row.coverage:.0f} % of steps inside the atlas)"
+            lines.append(f"| {row.policy.label()} (exported) | {metric} {row.acceptance:.2f}{cover} | "
+                         f"{row.tokens_per_s:.2f} |")
+        lines += ["", "**Best engine settings on this atlas**", ""]
+        lines += [f"- {line}" for line in self.best.values()]
+        lines += ["", DEFINITIONS]
+        return "\n".join(lines)
+
+
+def exported_policies(result: ServingConfig) -> list[tuple[str, EnginePolicy | None, str]]:
+    """The engine policies an exported ServingConfig describes (None, with why, where no replay)."""
+    out: list[tuple[str, EnginePolicy | None, str]] = []
+    v = result.vllm_config
+    if v.get("method") == "draft_model":
+        out.append(("vLLM", VllmDraftModel(int(v["num_speculative_tokens"])), ""))
+    elif v.get("method") in ("suffix", "ngram"):
+        out.append(("vLLM suffix", None, "not replayed (arctic-inference's suffix tree spans requests)"))
+    flags = dict(zip(result.sglang_flags[0::2], result.sglang_flags[1::2]))
+    if flags.get("--speculative-algorithm") == "STANDALONE":
+        out.append(("SGLang", SglangStandalone(int(flags["--speculative-eagle-topk"]),
+                                               int(flags["--speculative-num-steps"]),
+                                               int(flags["--speculative-num-draft-tokens"])), ""))
+    elif flags.get("--speculative-algorithm") == "NGRAM":
+        out.append(("SGLang NGRAM", None, "not replayed (its n-gram trie is shared between requests)"))
+    return out
+
+
+def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Forecast:
+    """The forecast for the controls ``cfg`` exported as ``result``, on ``atlas``."""
+    if atlas is None:
+        return Forecast(None, note="Record or upload this prompt's draft atlas in the **Threshold explorer** to see "
+                                   "what each engine would accept on it, and its best settings.")
+    try:
+        talon_mat: float | None = replay(atlas, cfg.replace(max_new_tokens=len(atlas.output))).mat
+    except ConfigError:
+        talon_mat = None  # sampling or a corpus: Talon's own replay is greedy only
+    exported: list[tuple[str, EngineRow | None, str]] = []
+    policies = exported_policies(result)
+    if cfg.drafter == "retrieval":  # vLLM's suffix is not replayed: its plain prompt-lookup alternative is
+        lookup = prompt_lookup_config(cfg)
+        policies.insert(0, ("vLLM ngram", VllmNgram(lookup["num_speculative_tokens"], lookup["prompt_lookup_min"],
+                                                    lookup["prompt_lookup_max"]), ""))
+    for engine, policy, note in policies:
+        if policy is None:
+            exported.append((engine, None, note))
+            continue
+        exported.append((engine, sweep_engine([atlas], [({}, policy)])[0], ""))
+    best = {}
+    for engine in ("vllm", "sglang"):
+        rows = sweep_engine([atlas], engine_policies(engine, DEFAULT_GRIDS[engine]))
+        best[engine] = why_best(rows, best_engine_row(rows))
+    return Forecast(talon_mat, exported, best)
