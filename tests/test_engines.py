@@ -322,7 +322,9 @@ def test_forecast_replays_the_exported_flags(tiny) -> None:
                                                    int(flags["--speculative-num-draft-tokens"])),
                            len(atlas.output) - steps - 1)
     assert math.isclose(rows["SGLang"].spec_accept_length, sglang.output_tokens / len(sglang.steps))
-    assert result.talon_mat == pytest.approx(replay(atlas, cfg).mat)
+    mine = replay(atlas, cfg)
+    assert result.talon_mat == pytest.approx(mine.mat)
+    assert result.talon_rate == pytest.approx(len(mine.summary.token_ids) / mine.predicted_s)
     text = result.markdown()
     assert f"mean acceptance length {rows['vLLM'].acceptance:.2f}" in text and "Best engine settings" in text
     retrieval = forecast(atlas, cfg.replace(drafter="retrieval"), serving_config(cfg.replace(drafter="retrieval"), "t", None))

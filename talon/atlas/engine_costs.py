@@ -121,11 +121,12 @@ class TalonCurves:
 def predicted_seconds(run: EngineRun, costs: StepCosts, width: int = 1) -> float:
     """Prefill plus every step of ``run`` under ``costs`` (``width``: the draft forwards' rows,
     SGLang's topk)."""
-    forwards = run.draft_forwards_per_step
-    total = costs.prefill_seconds(run.prompt_tokens, forwards > 0)
-    for step in run.steps:
-        total += costs.step_seconds(step.drafted, forwards, width)
-    return total
+    return costs.prefill_seconds(run.prompt_tokens, run.draft_forwards_per_step > 0) + decode_seconds(run, costs, width)
+
+
+def decode_seconds(run: EngineRun, costs: StepCosts, width: int = 1) -> float:
+    """Every verify step of ``run`` under ``costs``: the time from the first token to the last."""
+    return sum(costs.step_seconds(step.drafted, run.draft_forwards_per_step, width) for step in run.steps)
 
 
 def fit_engine_costs(samples: list[dict[str, float]], engine: str, **about: Any) -> EngineCosts:

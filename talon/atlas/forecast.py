@@ -42,6 +42,7 @@ class Forecast:
     each engine's best settings on the atlas."""
 
     talon_mat: float | None
+    talon_rate: float | None = None  # Talon's predicted tokens/s on the atlas
     exported: list[tuple[str, EngineRow | None, str]] = field(default_factory=list)  # (engine, row, note)
     best: dict[str, str] = field(default_factory=dict)  # engine -> one line on its best settings
     note: str = ""
@@ -52,7 +53,8 @@ class Forecast:
         lines = ["**On this prompt's atlas** (replayed exactly, no model)", "",
                  "| | acceptance, in that engine's own definition | predicted tok/s |", "| --- | ---: | ---: |"]
         if self.talon_mat is not None:
-            lines.append(f"| Talon, the current controls | MAT {self.talon_mat:.2f} | |")
+            rate = f"{self.talon_rate:.2f}" if self.talon_rate else ""
+            lines.append(f"| Talon, the current controls | MAT {self.talon_mat:.2f} | {rate} |")
         for engine, row, note in self.exported:
             if row is None:
                 lines.append(f"| {engine} | {note} | |")
@@ -90,10 +92,13 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
     if atlas is None:
         return Forecast(None, note="Record or upload this prompt's draft atlas in the **Threshold explorer** to see "
                                    "what each engine would accept on it, and its best settings.")
+    talon_mat = talon_rate = None
     try:
-        talon_mat: float | None = replay(atlas, cfg.replace(max_new_tokens=len(atlas.output))).mat
+        mine = replay(atlas, cfg.replace(max_new_tokens=len(atlas.output)))
+        talon_mat = mine.mat
+        talon_rate = len(mine.summary.token_ids) / mine.predicted_s if mine.predicted_s > 0 else None
     except ConfigError:
-        talon_mat = None  # sampling or a corpus: Talon's own replay is greedy only
+        pass  # sampling or a corpus: Talon's own replay is greedy only
     exported: list[tuple[str, EngineRow | None, str]] = []
     policies = exported_policies(result)
     if cfg.drafter == "retrieval":  # vLLM's suffix is not replayed: its plain prompt-lookup alternative is
@@ -109,4 +114,4 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
     for engine in ("vllm", "sglang"):
         rows = sweep_engine([atlas], engine_policies(engine, DEFAULT_GRIDS[engine]))
         best[engine] = why_best(rows, best_engine_row(rows))
-    return Forecast(talon_mat, exported, best)
+    return Forecast(talon_mat, talon_rate, exported, best)
