@@ -204,4 +204,7 @@ def why_best(rows: Sequence[EngineRow], best: EngineRow) -> str:
                  f"than they return ({top.tokens_per_s:.2f} tok/s)")
     elif len(same) > 0:
         line += "; nothing it was swept against accepts more per step"
+    others = sorted((r for r in rows if r is not best), key=lambda r: -r.tokens_per_s)
+    if others:
+        line += f"; next: {others[0].policy.label()} at {others[0].tokens_per_s:.2f} tok/s"
     return line
