@@ -19,6 +19,8 @@ This module owns the ``talon-atlas/1`` file format: ``Atlas.to_dict`` writes it 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import numpy as np
 
 from talon.cost import CostModel
 from talon.run_config import ConfigError, RetrievalConfig
-from talon.trace import MAX_TREE_NODES, TraceFileError, is_number, read_json_upload
+from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, TraceFileError, is_number, read_json_upload
 
 ATLAS_FORMAT = "talon-atlas/1"
 MAX_ATLAS_ENTRIES = 400_000
@@ -206,14 +208,30 @@ def parse_atlas(data: Any) -> Atlas:
 
 
 def load_atlases(paths: list[Path]) -> list[Atlas]:
-    """Atlas files, folders expanded to their *.json files (TraceFileError names a bad file)."""
-    files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    """Atlas files (``.json``, or gzipped ``.json.gz``), folders expanded to theirs (TraceFileError
+    names a bad file)."""
+    files = [f for p in paths for f in (sorted([*p.glob("*.json"), *p.glob("*.json.gz")]) if p.is_dir() else [p])]
     if not files:
         raise TraceFileError("no atlas files found")
     atlases = []
     for f in files:
         try:
-            atlases.append(parse_atlas(read_json_upload(f)))
+            atlases.append(parse_atlas(_read_gzipped(f) if f.suffix == ".gz" else read_json_upload(f)))
         except TraceFileError as error:
             raise TraceFileError(f"{f}: {error}") from None
     return atlases
+
+
+def _read_gzipped(path: Path) -> Any:
+    """A gzipped JSON file, decompressed no further than the upload limit."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read(MAX_UPLOAD_BYTES + 1)
+    except (OSError, EOFError) as error:
+        raise TraceFileError(f"not a readable gzip file ({error})") from None
+    if len(raw) > MAX_UPLOAD_BYTES:
+        raise TraceFileError(f"it decompresses past the {MAX_UPLOAD_BYTES // 2**20} MB limit")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TraceFileError(f"the file is not valid JSON text ({error})") from None

@@ -21,13 +21,14 @@ import dataclasses
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
+from talon.atlas.replay import replay
 from talon.decode import Engine, generate
 from talon.prompt import eos_ids
 from talon.drafters.model import ModelDrafter
@@ -58,9 +59,12 @@ def record_atlas(
     spec: AtlasSpec | None = None,
     progress: Progress | None = None,
     suite: str = "",
+    cover: Sequence[RunConfig] = (),
 ) -> Atlas:
     """Record the atlas of ``prompt``: a greedy run with ``cfg`` (cost-aware planning off, so it
-    is the reference run too), then the draft's proposals around its text."""
+    is the reference run too), then the draft's proposals around its text; then, for every
+    configuration of ``cover``, the nodes its replay asks for that the superset lacks, until each
+    of them replays exactly (the lesson atlases cover the trees their lessons replay)."""
     spec = spec or AtlasSpec()
     if engine.draft is None:
         raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
@@ -80,6 +84,10 @@ def record_atlas(
     drafter = ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab)
     recorder = _Recorder(drafter, prompt_ids, output, spec)
     recorder.record(lambda f, what: report(0.25 + 0.75 * f, what))
+    if cover:
+        recorder.cover(Atlas(prompt_ids=prompt_ids, output=output, children=recorder.children, spec=spec,
+                             eos=sorted(eos_ids(engine.target)), models={"draft_vocab": cfg.draft_vocab},
+                             costs=engine.cost_snapshot(cfg.draft_vocab).to_dict()), cover)
     atlas_s = time.perf_counter() - t1
     costs = engine.cost_snapshot(cfg.draft_vocab)
     tokens = set(prompt_ids) | set(output) | {t for kids in recorder.children.values() for t, _ in kids}
@@ -270,6 +278,21 @@ class _Recorder:
             grafts.append(nodes)
             retrieval.extend(self.output[p:p + 1])
         return grafts
+
+    def cover(self, atlas: Atlas, configs: Sequence[RunConfig], rounds: int = 12) -> None:
+        """Feed the nodes the replays of ``configs`` ask for and ``atlas`` (sharing this recorder's
+        children) lacks, round after round, until none is missing (each round reaches a layer deeper)."""
+        for _ in range(rounds):
+            missing: set[Key] = set()
+            for cfg in configs:
+                missing |= replay(atlas, cfg).coverage.missing
+            missing -= self.children.keys()
+            if not missing:
+                return
+            self._feed(sorted(missing, key=lambda key: (len(key[1]), key)))
+            gather_entries(self.cache, list(range(len(self.seq))))  # drop the fed node entries again
+            self.slots = {}
+        log.warning("the atlas still misses nodes after %d cover rounds", rounds)
 
     def record(self, progress: Progress) -> None:
         self._prefill()

@@ -40,6 +40,7 @@ class Coverage:
     requests: int = 0
     misses: int = 0
     first_miss: str = ""  # the first request it could not answer, in words
+    missing: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)  # canonical keys it could not answer
 
     @property
     def share(self) -> float:
@@ -80,6 +81,7 @@ class AtlasModel(DraftLedger):
             self.coverage.requests += 1
             if kids is None:
                 self.coverage.misses += 1
+                self.coverage.missing.add(self.atlas.canonical(p, path))
                 if not self.coverage.first_miss:
                     self.coverage.first_miss = (f"at token {p}, depth {len(path)}: {k} children asked, "
                                                 f"the atlas holds {self._held(p, path)}")

@@ -1,5 +1,5 @@
-"""``python -m talon``: ``generate`` (one prompt, here), ``costs`` (``talon.cli.costs``) and
-``atlas record | sweep`` (``talon.cli.atlas``)."""
+"""``python -m talon``: ``generate`` (one prompt, here), ``costs`` (``talon.cli.costs``),
+``atlas record | sweep`` (``talon.cli.atlas``) and ``lessons`` (``talon.cli.lessons``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from talon.cli.args import add_model_args, add_run_args, config_from_args
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
+from talon.cli.lessons import add_lessons_parser, lessons_command
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
 from talon.settings import Settings
@@ -33,6 +34,7 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     add_costs_parser(sub.add_parser("costs", help="show, re-measure or remove the cached cost curves"), settings)
     add_atlas_parser(sub.add_parser("atlas", help="record a draft atlas, or sweep configurations over atlases "
                                     "(no model)"), settings)
+    add_lessons_parser(sub.add_parser("lessons", help="the papers' claims replayed on atlases (no model)"))
     return p
 
 
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return costs_command(args, settings)
     if args.command == "atlas":
         return atlas_command(args, settings)
+    if args.command == "lessons":
+        return lessons_command(args)
     if args.draft.lower() == "none" and args.drafter == "hybrid":
         log.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"

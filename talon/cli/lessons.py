@@ -1,0 +1,60 @@
+"""``python -m talon lessons [ATLAS...]``: the papers' claims, replayed on atlases (the shipped
+lesson atlases by default): why adaptive (TALON) and why hybrid (Talon), per suite."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from talon.atlas.data import load_atlases
+from talon.lessons import LESSONS_DIR
+from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
+from talon.lessons.hybrid import hybrid_lesson, hybrid_table
+from talon.trace import TraceFileError
+
+log = logging.getLogger("talon")
+
+
+def add_lessons_parser(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("atlases", nargs="*", type=Path, help=f"atlas files or folders (default: {LESSONS_DIR})")
+    p.add_argument("--lesson", choices=["adaptive", "hybrid", "all"], default="all")
+    p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"],
+                   help="the equal budget N of the adaptive lesson (default: EAGLE-3's 59)")
+    p.add_argument("--json", action="store_true", help="print the per-prompt numbers as JSON")
+
+
+def lessons_command(args: argparse.Namespace) -> int:
+    try:
+        atlases = load_atlases(args.atlases or [LESSONS_DIR])
+    except (TraceFileError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    out: dict = {}
+    if args.lesson in ("adaptive", "all"):
+        lessons = [adaptive_lesson(a, args.budget) for a in atlases]
+        ranks, depths = funnel(lessons)
+        out["adaptive"] = {"budget": args.budget, "eagle3": EAGLE3_SHAPE, "eagle3_source": EAGLE3_SOURCE,
+                           "funnel_rank": ranks, "funnel_depth": depths,
+                           "prompts": [{"suite": x.suite, "static_mat": x.static_mat, "best_depth": x.best_depth,
+                                        "eagle3_mat": x.eagle3_mat, "adaptive_mat": x.adaptive_mat,
+                                        "coverage": x.coverage} for x in lessons]}
+        if not args.json:
+            print(f"Why adaptive: MAT at an equal budget N={args.budget}, the draft model alone; EAGLE-3's shape "
+                  f"is K = k = 10, depth 8 (its default, with N = 59: {EAGLE3_SOURCE})\n")
+            print(adaptive_table(summarize(lessons)))
+            print("\nAccepted adaptive nodes by sibling rank: " + ", ".join(f"{r}: {100 * v:.0f} %" for r, v in ranks.items()))
+            print("by depth: " + ", ".join(f"{d}: {100 * v:.0f} %" for d, v in depths.items()) + "\n")
+    if args.lesson in ("hybrid", "all"):
+        lessons = [hybrid_lesson(a) for a in atlases]
+        out["hybrid"] = [{"suite": x.suite, "mat": x.mat, "tokens_per_s": x.tokens_per_s, "carried": x.carried,
+                          "coverage": x.coverage} for x in lessons]
+        if not args.json:
+            print("Why hybrid: the app's default configuration with each drafter (predicted tok/s from each "
+                  "atlas's cost curves)\n")
+            print(hybrid_table(lessons))
+    if args.json:
+        print(json.dumps(out))
+    return 0

@@ -1,0 +1,135 @@
+"""The lessons (talon/lessons): every number is a replay of the configuration it names, the
+funnel counts what the target accepted, the carrier of a step is its deepest accepted node's
+source, gzipped atlases load (a broken one is refused), and the command prints the tables."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from talon.atlas.data import Atlas, AtlasSpec, load_atlases
+from talon.atlas.record import record_atlas
+from talon.atlas.replay import replay
+from talon.cli.main import main
+from talon.cost import synthetic_costs
+from talon.decode import Engine
+from talon.lessons import LESSONS_DIR, lesson_configs
+from talon.lessons.adaptive import (
+    DEPTHS,
+    EAGLE3_SHAPE,
+    adaptive_config,
+    adaptive_lesson,
+    sibling_ranks,
+    static_config,
+    summarize,
+)
+from talon.lessons.hybrid import carried_shares, carrier, hybrid_lesson
+from talon.run_config import RunConfig
+from talon.trace import StepTrace, TraceFileError
+from tests.test_engine import noisy_copy
+from tests.tiny import tiny_loaded
+
+COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
+PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b): return a - b\ndef mul(a, b):", "one two three, one two three, one"]
+
+
+@pytest.fixture(scope="module")
+def atlases() -> list[Atlas]:
+    target = tiny_loaded("llama", 11)
+    engine = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+    spec = AtlasSpec(n_nodes=64, root_k=10, top_k=10, max_depth=8, beam=10)  # the lesson atlases' spec
+    out = []
+    for suite, prompt in zip(("humaneval", "sum"), PROMPTS):
+        base = RunConfig(max_new_tokens=32, draft_vocab=0)
+        out.append(record_atlas(engine, prompt, base, spec, suite=suite, cover=lesson_configs(base)))
+    return out
+
+
+def test_adaptive_lesson_is_replays_of_the_named_trees(atlases: list[Atlas]) -> None:
+    atlas = atlases[0]
+    lesson = adaptive_lesson(atlas)
+    for d in DEPTHS:
+        assert lesson.static_mat[d] == pytest.approx(replay(atlas, static_config(atlas, d, 59)).mat)
+    eagle3 = static_config(atlas, EAGLE3_SHAPE["max_depth"], EAGLE3_SHAPE["budget"])
+    assert (eagle3.tree.root_k, eagle3.tree.top_k, eagle3.tree.max_depth, eagle3.tree.budget) == (10, 10, 8, 59)
+    assert lesson.eagle3_mat == pytest.approx(replay(atlas, eagle3).mat)
+    assert lesson.adaptive_mat == pytest.approx(replay(atlas, adaptive_config(atlas, 59)).mat)
+    assert lesson.static_mat[lesson.best_depth] == max(lesson.static_mat.values())
+    adaptive = replay(atlas, adaptive_config(atlas, 59))
+    assert sum(lesson.funnel_rank.values()) == sum(len(s.accepted) - 1 for s in adaptive.steps)
+    assert lesson.coverage == 1.0, "recording covered every node these trees ask for"
+    (one, both) = summarize([adaptive_lesson(a) for a in atlases])[0], summarize([adaptive_lesson(a) for a in atlases])
+    assert one.suite == "humaneval" and both[-1].suite == "all" and both[-1].prompts == 2
+
+
+def step(tokens: list[int], parents: list[int], q: list[float], accepted: list[int], sources: list[str]) -> StepTrace:
+    n = len(tokens)
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    return StepTrace(step=0, tokens=tokens, texts=[""] * n, parents=parents, depths=depths, q_draft=q,
+                     path_conf=q, sources=sources, gate_layer_max=[None] * n, gate_threshold=[None] * n,
+                     gate_passed=[None] * n, target_top1=[0] * n, accepted=accepted, bonus_token=0,
+                     bonus_text="", new_tokens=[tokens[i] for i in accepted[1:]] + [0])
+
+
+def test_sibling_rank_and_carrier_by_hand() -> None:
+    # root 0; children 1 (q .6), 2 (q .3); 2's children 3 (q .5), 4 (q .45). Accepted: 0 -> 2 -> 4.
+    s = step([9, 1, 2, 3, 4], [-1, 0, 0, 2, 2], [1.0, 0.6, 0.3, 0.5, 0.45], [0, 2, 4],
+             ["root", "model", "retrieval", "retrieval", "model"])
+
+    class Result:
+        steps = [s]
+
+    ranks, depths = sibling_ranks(Result())  # type: ignore[arg-type]
+    assert dict(ranks) == {2: 2} and dict(depths) == {1: 1, 2: 1}, "node 2 and node 4 are both second children"
+    assert carrier(s) == "model", "the deepest accepted node carried the step"
+    assert carrier(step([9, 1], [-1, 0], [1.0, 0.5], [0], ["root", "model"])) == "none"
+
+
+def test_hybrid_lesson_is_replays_of_the_three_drafters(atlases: list[Atlas]) -> None:
+    atlas = atlases[1]
+    lesson = hybrid_lesson(atlas)
+    base = RunConfig(max_new_tokens=len(atlas.output), cost_model="fixed", draft_vocab=0)
+    for drafter in ("model", "retrieval", "hybrid"):
+        assert lesson.mat[drafter] == pytest.approx(replay(atlas, base.replace(drafter=drafter)).mat)
+    hybrid = replay(atlas, base)
+    assert lesson.carried == [carrier(s) for s in hybrid.steps]
+    assert sum(len(t) for t in lesson.step_tokens) == len(hybrid.summary.token_ids)
+    assert sum(carried_shares(lesson).values()) == pytest.approx(1.0)
+    assert lesson.mat["retrieval"] > 1.0, "the repeated phrase is what retrieval is for"
+
+
+def test_gzipped_atlases_load_and_a_broken_one_is_refused(atlases: list[Atlas], tmp_path: Path) -> None:
+    good = tmp_path / "a.json.gz"
+    good.write_bytes(gzip.compress(json.dumps(atlases[0].to_dict()).encode()))
+    assert load_atlases([tmp_path])[0].output == atlases[0].output
+    (tmp_path / "b.json.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(TraceFileError, match="b.json.gz: not a readable gzip file"):
+        load_atlases([tmp_path])
+
+
+def test_lessons_command(atlases: list[Atlas], tmp_path: Path, capsys) -> None:
+    for i, atlas in enumerate(atlases):
+        (tmp_path / f"{i}.json").write_text(json.dumps(atlas.to_dict()))
+    assert main(["lessons", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Why adaptive" in out and "adaptive / EAGLE-3's shape" in out and "Why hybrid" in out
+    assert "| humaneval | 1 |" in out and "| all | 2 |" in out
+    assert main(["lessons", str(tmp_path), "--lesson", "hybrid", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["hybrid"]
+    assert [r["suite"] for r in rows] == ["humaneval", "sum"]
+    assert main(["lessons", str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.skipif(not LESSONS_DIR.is_dir(), reason="the lesson atlases are not bundled")
+def test_the_bundled_lesson_atlases_cover_every_suite_and_replay_exactly() -> None:
+    atlases = load_atlases([LESSONS_DIR])
+    assert {a.suite for a in atlases} == {"mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"}
+    size = sum(p.stat().st_size for p in LESSONS_DIR.glob("*.json.gz"))
+    assert size < 12e6, f"the lesson atlases grew to {size / 1e6:.1f} MB"
+    lesson = adaptive_lesson(atlases[0])
+    assert lesson.coverage == 1.0
