@@ -222,3 +222,23 @@ def test_serve_tab_translates_the_controls(page) -> None:
     assert "sglang.launch_server" in text and "vllm serve" in text
     assert "does not carry over" in text.lower() or "not carried" in text.lower()
     assert "Threshold explorer" in (page.locator("#talon-serve-forecast").text_content() or "")
+
+
+def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
+    """One click from the first view: the lessons on the bundled atlases, a prompt and a budget
+    picked, the numbers in words beside the figures."""
+    wait_for_recording(page)
+    page.get_by_role("tab", name="Lessons").click()
+    page.wait_for_function("document.querySelector('#talon-lesson-adaptive').textContent.includes('static tree accepts')")
+    page.wait_for_selector("#talon-lesson-depth .js-plotly-plot")
+    first = page.locator("#talon-lesson-adaptive").text_content() or ""
+    assert "TALON's adaptive tree" in first and "N = 59" in first and "best single depth" in first
+    assert "retrieval alone" in (page.locator("#talon-lesson-hybrid").text_content() or "")
+    assert page.locator("#talon-lesson-carried .lesson-step").count() >= 3
+    page.locator("#talon-lesson-budget label", has_text="16").click()
+    page.wait_for_function("document.querySelector('#talon-lesson-adaptive').textContent.includes('N = 16')")
+    page.locator("#talon-lesson-prompt input").click()
+    page.get_by_role("option").nth(8).click()  # the first sum prompt (suites in Spec-Bench's order): retrieval carries it
+    page.wait_for_function("document.querySelector('#talon-lesson-hybrid').textContent.includes('retrieval alone 2.')")
+    page.wait_for_function("document.querySelector('#talon-lesson-carried').textContent.includes('bonus token only')")
+    page.screenshot(path="/tmp/lessons_tab.png", full_page=True)

@@ -10,7 +10,10 @@ import plotly.graph_objects as go
 import pytest
 
 from talon import figures as F
+from talon.figures.lessons import depth_figure, drafters_figure, funnel_figure
 from talon.figures.tree import GATED_NAME
+from talon.lessons.adaptive import AdaptiveLesson
+from talon.lessons.hybrid import HybridLesson
 from talon.trace import RunSummary, StepTrace
 
 HOSTILE = ["<script>alert(1)</script>", "\"quoted' & <b>bold", "\x07bell\x1b[31m", "\u202egnp.exe", "tab\there\nnl"]
@@ -78,6 +81,10 @@ def all_figures(st: StepTrace, steps: list[StepTrace]) -> dict[str, go.Figure]:
         "compare": F.compare_figure([("A <i>", steps), ("B", steps[:2])]),
         "sweep": F.sweep_heatmap(rows, "mat"),
         "empty": F.empty_figure("nothing <here>"),
+        "lesson_depth": depth_figure(AdaptiveLesson("qa", "p", 16, {d: 1.0 + d / 10 for d in range(1, 9)}, 1.8, 1.9)),
+        "lesson_funnel": funnel_figure({1: 0.9, 2: 0.1}, {1: 0.6, 2: 0.4}),
+        "lesson_drafters": drafters_figure(HybridLesson("qa", "p", {"model": 2.0, "retrieval": 1.2, "hybrid": 2.1},
+                                                        {"model": 9.0, "retrieval": 6.0, "hybrid": 9.5})),
     }
 
 

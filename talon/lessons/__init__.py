@@ -15,13 +15,15 @@ from talon.atlas.data import Atlas, load_atlases
 from talon.lessons.adaptive import lesson_trees
 from talon.lessons.hybrid import DRAFTERS
 from talon.run_config import RunConfig
+from talon.specbench import SPECBENCH_SUITES
 
 LESSONS_DIR = Path(__file__).resolve().parents[2] / "data" / "lessons"
 
 
 def bundled_atlases() -> list[Atlas]:
-    """The shipped lesson atlases, suite by suite."""
-    return load_atlases([LESSONS_DIR])
+    """The shipped lesson atlases, suite by suite in Spec-Bench's order."""
+    order = {suite: i for i, suite in enumerate(SPECBENCH_SUITES)}
+    return sorted(load_atlases([LESSONS_DIR]), key=lambda a: order.get(a.suite, len(order)))
 
 
 def lesson_configs(base: RunConfig) -> list[RunConfig]:

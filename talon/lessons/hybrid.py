@@ -29,6 +29,7 @@ class HybridLesson:
     tokens_per_s: dict[str, float]
     carried: list[str] = field(default_factory=list)  # per hybrid step: model, retrieval, both or none
     step_tokens: list[list[int]] = field(default_factory=list)  # per hybrid step: the tokens it committed
+    step_texts: list[str] = field(default_factory=list)  # per hybrid step: their text
     coverage: float = 1.0
 
     @property
@@ -51,8 +52,9 @@ def hybrid_lesson(atlas: Atlas, base: RunConfig | None = None) -> HybridLesson:
     runs: dict[str, ReplayResult] = {d: replay(atlas, base.replace(drafter=d)) for d in DRAFTERS}
     rate = {d: len(r.summary.token_ids) / r.predicted_s if r.predicted_s > 0 else 0.0 for d, r in runs.items()}
     hybrid = runs["hybrid"].steps
+    texts = ["".join(atlas.text(t) for t in s.new_tokens if t not in atlas.eos) for s in hybrid]
     return HybridLesson(atlas.suite, atlas.prompt, {d: r.mat for d, r in runs.items()}, rate,
-                        [carrier(s) for s in hybrid], [list(s.new_tokens) for s in hybrid],
+                        [carrier(s) for s in hybrid], [list(s.new_tokens) for s in hybrid], texts,
                         min(r.coverage.share for r in runs.values()))
 
 

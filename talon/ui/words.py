@@ -46,6 +46,13 @@ EXPLAIN: dict[str, str] = {
         "second had the tree been cut to its best n nodes; ◆ is what was verified, ★ where it "
         "peaks. On a CPU the peak comes early; on a GPU the curve stays flat and trees grow."
     ),
+    "lessons": (
+        "**What the papers claim, on real prompts.** Talon rests on two papers. TALON says a budget-driven, "
+        "confidence-gated tree beats a tree of fixed depth, because the best depth changes from prompt to "
+        "prompt; Talon (AAAI) says drafting from retrieval and from a draft model together wins, because "
+        "each is strong where the other is weak. Both are replayed here, exactly and with no model, on "
+        "atlases of a few Spec-Bench prompts recorded on the embedded pair: pick a prompt and a budget."
+    ),
     "serve": (
         "**Run it in a server.** The controls on the left as the nearest SGLang launch flags and "
         "vLLM `--speculative-config`, checked against the engines' source at the versions named. "

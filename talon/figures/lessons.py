@@ -1,0 +1,125 @@
+"""The lessons' figures and words (pure functions of ``talon.lessons`` results): the static depth
+dilemma against the adaptive tree, the acceptance funnel, the three drafters side by side, and
+the text coloured by the source that carried each step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from talon.figures.common import (
+    GATED_COLOR,
+    PATH_COLOR,
+    SOURCE_COLORS,
+    Trace,
+    axis_style,
+    base_layout,
+    legend_top,
+    make_figure,
+)
+from talon.figures.text import esc
+from talon.lessons.adaptive import DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
+from talon.lessons.hybrid import DRAFTERS, HybridLesson, carried_shares
+
+CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
+CARRIER_NAMES = {"model": "draft model", "retrieval": "retrieval", "both": "both", "none": "bonus token only"}
+
+
+def depth_figure(lesson: AdaptiveLesson) -> go.Figure:
+    """MAT of the static tree at every depth (equal budget), the adaptive tree's as a line."""
+    depths = list(DEPTHS)
+    best = lesson.best_depth
+    traces: list[Trace] = [
+        dict(type="scatter", x=depths, y=[lesson.static_mat[d] for d in depths], mode="lines+markers",
+             name="static tree (EAGLE's shape, K = k = 10)", line=dict(color=SOURCE_COLORS["model"], width=2),
+             hovertemplate="static, depth %{x}: MAT %{y:.2f}<extra></extra>"),
+        dict(type="scatter", x=[depths[0], depths[-1]], y=[lesson.adaptive_mat] * 2, mode="lines",
+             name="TALON adaptive tree", line=dict(color=GATED_COLOR, width=2, dash="dash"),
+             hovertemplate="adaptive: MAT %{y:.2f}<extra></extra>"),
+        dict(type="scatter", x=[best], y=[lesson.static_mat[best]], mode="markers", name="best depth (hindsight)",
+             marker=dict(color=PATH_COLOR, size=12, symbol="star"),
+             hovertemplate="best static depth %{x}: MAT %{y:.2f}<extra></extra>"),
+    ]
+    layout = base_layout(f"Static depth or adaptive, N = {lesson.budget}", 340,
+                         xaxis=axis_style("static tree depth", dtick=1), yaxis=axis_style("MAT (tokens per target forward)"),
+                         legend=legend_top())
+    return make_figure(traces, layout)
+
+
+def funnel_figure(ranks: dict[int, float], depths: dict[int, float]) -> go.Figure:
+    """Accepted adaptive nodes by sibling rank and by depth (shares)."""
+    traces: list[Trace] = [
+        dict(type="bar", x=[f"#{r}" for r in ranks], y=[100 * v for v in ranks.values()], name="by sibling rank",
+             marker=dict(color=SOURCE_COLORS["model"]), xaxis="x", yaxis="y",
+             hovertemplate="child %{x} among its siblings: %{y:.0f} % of accepted nodes<extra></extra>"),
+        dict(type="bar", x=[str(d) for d in depths], y=[100 * v for v in depths.values()], name="by depth",
+             marker=dict(color=SOURCE_COLORS["both"]), xaxis="x2", yaxis="y2",
+             hovertemplate="depth %{x}: %{y:.0f} % of accepted nodes<extra></extra>"),
+    ]
+    layout = base_layout("The acceptance funnel (all lesson prompts)", 340,
+                         xaxis=axis_style("sibling rank", domain=[0, 0.45]),
+                         yaxis=axis_style("% of accepted nodes"),
+                         xaxis2=axis_style("depth", domain=[0.55, 1], anchor="y2"),
+                         yaxis2=axis_style("", anchor="x2"), showlegend=False)
+    return make_figure(traces, layout)
+
+
+def drafters_figure(lesson: HybridLesson) -> go.Figure:
+    """Predicted tokens/s of each drafter, MAT on each bar."""
+    names = {"model": "draft model alone", "retrieval": "retrieval alone", "hybrid": "hybrid"}
+    colors = {"model": SOURCE_COLORS["model"], "retrieval": SOURCE_COLORS["retrieval"], "hybrid": SOURCE_COLORS["both"]}
+    traces: list[Trace] = [
+        dict(type="bar", x=[names[d] for d in DRAFTERS], y=[lesson.tokens_per_s[d] for d in DRAFTERS],
+             marker=dict(color=[colors[d] for d in DRAFTERS]), text=[f"MAT {lesson.mat[d]:.2f}" for d in DRAFTERS],
+             textposition="outside", hovertemplate="%{x}: %{y:.2f} tok/s predicted<extra></extra>"),
+    ]
+    top = max(lesson.tokens_per_s.values()) or 1.0
+    layout = base_layout("Each drafter on this prompt (predicted tokens/s, MAT on the bars)", 300,
+                         yaxis=axis_style("tokens/s (predicted)", range=[0, 1.25 * top]), showlegend=False)
+    return make_figure(traces, layout)
+
+
+def carried_text_html(lesson: HybridLesson) -> str:
+    """The hybrid's text, each step's tokens coloured by the source that carried the step."""
+    spans = []
+    for i, (who, text) in enumerate(zip(lesson.carried, lesson.step_texts)):
+        color = CARRIER_COLORS[who]
+        spans.append(f'<span class="lesson-step" title="step {i}: {esc(CARRIER_NAMES[who])}" '
+                     f'style="border-bottom: 3px solid {color}; background: {color}22">{esc(text)}</span>')
+    legend = " ".join(f'<span style="border-bottom: 3px solid {CARRIER_COLORS[k]}">{esc(v)}</span>'
+                      for k, v in CARRIER_NAMES.items())
+    return (f'<div class="talon-lesson-text"><div class="legend">Each step\'s tokens, underlined by the source '
+            f'that carried it: {legend}</div><pre>{"".join(spans)}</pre></div>')
+
+
+def adaptive_words(lesson: AdaptiveLesson, suites: Sequence[AdaptiveLesson] = ()) -> str:
+    """Two or three sentences with this prompt's numbers."""
+    best, eagle = lesson.best_depth, lesson.static_mat[EAGLE3_SHAPE["max_depth"]]
+    shallow = lesson.static_mat[2]
+    return (f"On this prompt, with N = {lesson.budget} nodes, a static tree accepts {shallow:.2f} tokens per step at "
+            f"depth 2 and {lesson.best_static_mat:.2f} at its best depth, {best}; EAGLE-3's shape (depth 8) gets "
+            f"{eagle:.2f}. TALON's adaptive tree, with no depth chosen in advance, gets {lesson.adaptive_mat:.2f}: "
+            f"{lesson.adaptive_mat / lesson.best_static_mat:.2f}x the best depth chosen with hindsight. "
+            + _dilemma(suites))
+
+
+def _dilemma(lessons: Sequence[AdaptiveLesson]) -> str:
+    """How much one fixed depth for every prompt loses against each prompt's own best depth."""
+    if len(lessons) < 2:
+        return ""
+    loss = {d: [1 - x.static_mat[d] / x.best_static_mat for x in lessons] for d in DEPTHS}
+    fixed = min(DEPTHS, key=lambda d: (sum(loss[d]), -d))
+    worst = max(loss[fixed])
+    return (f"Over the {len(lessons)} lesson prompts the best single depth is {fixed}: it loses "
+            f"{100 * sum(loss[fixed]) / len(lessons):.1f} % of MAT on average against each prompt's own best depth, "
+            f"{100 * worst:.1f} % at worst. That gap is the static depth dilemma the adaptive tree is built to close.")
+
+
+def hybrid_words(lesson: HybridLesson) -> str:
+    shares = carried_shares(lesson)
+    return (f"The draft model alone accepts {lesson.mat['model']:.2f} tokens per step here, retrieval alone "
+            f"{lesson.mat['retrieval']:.2f}, the hybrid {lesson.mat['hybrid']:.2f}; predicted fastest: "
+            f"{lesson.best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
+            f"{100 * shares['retrieval']:.0f} % came on steps retrieval carried and {100 * shares['model']:.0f} % on "
+            "steps the draft model carried: retrieval wins where the text repeats what came before.")

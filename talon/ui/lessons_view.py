@@ -1,0 +1,110 @@
+"""The Lessons tab: the papers' claims on the bundled lesson atlases (``data/lessons``), replayed
+with no model: why adaptive (TALON: the static depth dilemma, the funnel, the adaptive tree at an
+equal budget) and why hybrid (Talon: which source carried each step). A prompt and a budget pick
+what is shown; every number comes from ``talon.lessons``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import figures as F
+from talon.atlas.data import Atlas
+from talon.figures.lessons import (
+    adaptive_words,
+    carried_text_html,
+    depth_figure,
+    drafters_figure,
+    funnel_figure,
+    hybrid_words,
+)
+from talon.lessons import bundled_atlases
+from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, funnel
+from talon.lessons.hybrid import hybrid_lesson
+from talon.trace import TraceFileError
+from talon.ui.words import EXPLAIN
+
+
+@functools.cache
+def lesson_atlases() -> tuple[Atlas, ...]:
+    """The bundled lesson atlases, read once per process (empty when they are not shipped)."""
+    try:
+        return tuple(bundled_atlases())
+    except (TraceFileError, OSError):
+        return ()
+
+
+@functools.cache
+def adaptive_lessons(budget: int) -> tuple[AdaptiveLesson, ...]:
+    return tuple(adaptive_lesson(a, budget) for a in lesson_atlases())
+
+
+def atlas_label(index: int, atlas: Atlas) -> str:
+    first = " ".join(atlas.prompt.split())[:60]
+    return f"{atlas.suite}: {first}…" if len(atlas.prompt) > 60 else f"{atlas.suite}: {first}"
+
+
+@dataclass
+class LessonsView:
+    prompt: gr.Dropdown
+    budget: gr.Radio
+    adaptive_text: gr.HTML
+    depth: gr.Plot
+    funnel: gr.Plot
+    hybrid_text: gr.HTML
+    drafters: gr.Plot
+    carried: gr.HTML
+
+    def outputs(self) -> list[Any]:
+        return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried]
+
+
+def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
+    def show(index: Any, budget: Any) -> tuple[Any, ...]:
+        """The two lessons on lesson atlas ``index`` at budget N (values from the page: checked)."""
+        atlases = lesson_atlases()
+        if not atlases:
+            empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
+            return ("", empty, empty, "", empty, "")
+        try:
+            i = max(0, min(int(index), len(atlases) - 1))
+            n = int(budget) if int(budget) in BUDGETS else BUDGETS[-1]
+        except (TypeError, ValueError):
+            i, n = 0, BUDGETS[-1]
+        lessons = adaptive_lessons(n)
+        hybrid = hybrid_lesson(atlases[i])
+        return (f'<div class="talon-explain">{F.esc(adaptive_words(lessons[i], lessons))}</div>',
+                depth_figure(lessons[i]), funnel_figure(*funnel(lessons)),
+                f'<div class="talon-explain">{F.esc(hybrid_words(hybrid))}</div>',
+                drafters_figure(hybrid), carried_text_html(hybrid))
+
+    return show
+
+
+def build_lessons_tab() -> LessonsView:
+    """The Lessons tab, built and wired (call inside the tab); it needs no model."""
+    gr.Markdown(EXPLAIN["lessons"], elem_classes=["talon-explain"])
+    choices = [(atlas_label(i, a), i) for i, a in enumerate(lesson_atlases())]
+    with gr.Row():
+        prompt = gr.Dropdown(choices=choices, value=0 if choices else None, label="Lesson prompt (recorded on the "
+                             "embedded pair)", elem_id="talon-lesson-prompt", scale=3)
+        budget = gr.Radio(choices=list(BUDGETS), value=BUDGETS[-1], label="Budget N (nodes verified per step)",
+                          elem_id="talon-lesson-budget", scale=1)
+    gr.Markdown("### Why adaptive? The static depth dilemma")
+    adaptive_text = gr.HTML(elem_id="talon-lesson-adaptive")
+    with gr.Row():
+        depth = gr.Plot(elem_id="talon-lesson-depth", show_label=False)
+        funnel_plot = gr.Plot(elem_id="talon-lesson-funnel", show_label=False)
+    gr.Markdown("### Why hybrid? Where each source carries the step")
+    hybrid_text = gr.HTML(elem_id="talon-lesson-hybrid")
+    drafters = gr.Plot(elem_id="talon-lesson-drafters", show_label=False)
+    carried = gr.HTML(elem_id="talon-lesson-carried")
+    view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried)
+    for control in (prompt, budget):
+        control.change(make_show(), [prompt, budget], view.outputs(), api_visibility="private",
+                       show_progress="hidden")
+    return view
