@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from talon.atlas.data import load_atlases
-from talon.lessons import LESSONS_DIR
+from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
 from talon.trace import TraceFileError
@@ -28,7 +28,7 @@ def add_lessons_parser(p: argparse.ArgumentParser) -> None:
 
 def lessons_command(args: argparse.Namespace) -> int:
     try:
-        atlases = load_atlases(args.atlases or [LESSONS_DIR])
+        atlases = load_atlases(args.atlases) if args.atlases else bundled_atlases()
     except (TraceFileError, OSError) as err:
         log.error("%s", err)
         return 2
