@@ -10,9 +10,10 @@ import plotly.graph_objects as go
 import pytest
 
 from talon import figures as F
-from talon.figures.lessons import depth_figure, drafters_figure, funnel_figure
+from talon.figures.lessons import async_figure, depth_figure, drafters_figure, funnel_figure
 from talon.figures.tree import GATED_NAME
 from talon.lessons.adaptive import AdaptiveLesson
+from talon.lessons.asynchrony import AsyncBound, AsyncLesson
 from talon.lessons.hybrid import HybridLesson
 from talon.trace import RunSummary, StepTrace
 
@@ -85,6 +86,8 @@ def all_figures(st: StepTrace, steps: list[StepTrace]) -> dict[str, go.Figure]:
         "lesson_funnel": funnel_figure({1: 0.9, 2: 0.1}, {1: 0.6, 2: 0.4}),
         "lesson_drafters": drafters_figure(HybridLesson("qa", "p", {"model": 2.0, "retrieval": 1.2, "hybrid": 2.1},
                                                         {"model": 9.0, "retrieval": 6.0, "hybrid": 9.5})),
+        "lesson_async": async_figure(AsyncLesson("qa", "p", AsyncBound("host", 10, 1.0, 3.0, 0.1, 1.0),
+                                                 AsyncBound("gpu <b>", 10, 0.1, 0.3, 0.01, 0.1))),
     }
 
 

@@ -26,6 +26,7 @@ from talon.lessons.adaptive import (
     static_config,
     summarize,
 )
+from talon.lessons.asynchrony import async_lesson, bound_of
 from talon.lessons.hybrid import carried_shares, carrier, hybrid_lesson
 from talon.run_config import RunConfig
 from talon.trace import StepTrace, TraceFileError
@@ -118,7 +119,7 @@ def test_lessons_command(atlases: list[Atlas], tmp_path: Path, capsys) -> None:
     assert main(["lessons", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Why adaptive" in out and "adaptive / EAGLE-3's shape" in out and "Why hybrid" in out
-    assert "| humaneval | 1 |" in out and "| all | 2 |" in out
+    assert "| humaneval | 1 |" in out and "| all | 2 |" in out and "Why async" in out
     assert main(["lessons", str(tmp_path), "--lesson", "hybrid", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["hybrid"]
     assert [r["suite"] for r in rows] == ["humaneval", "sum"]
@@ -133,3 +134,18 @@ def test_the_bundled_lesson_atlases_cover_every_suite_and_replay_exactly() -> No
     assert size < 12e6, f"the lesson atlases grew to {size / 1e6:.1f} MB"
     lesson = adaptive_lesson(atlases[0])
     assert lesson.coverage == 1.0
+
+
+def test_async_bound_by_hand_and_from_replays(atlases: list[Atlas]) -> None:
+    """Two steps: draft 1 / verify 3 / other 0.5, then draft 4 / verify 2 / other 0.5. Off:
+    11 s; on, at best, each step costs max(draft, verify) + other: 3.5 + 4.5 = 8 s."""
+    steps = [step([9, 1], [-1, 0], [1.0, 0.5], [0, 1], ["root", "model"]) for _ in range(2)]
+    for s, (d, v) in zip(steps, ((1.0, 3.0), (4.0, 2.0))):
+        s.draft_s, s.verify_s, s.other_s = d, v, 0.5
+    b = bound_of("hand", steps, 4)
+    assert (b.sync_s, b.async_s, b.overlap_s) == (11.0, 8.0, 3.0) and b.gain == pytest.approx(11 / 8)
+    lesson = async_lesson(atlases[0])
+    host = replay(atlases[0], RunConfig(max_new_tokens=len(atlases[0].output), cost_model="fixed", draft_vocab=0))
+    assert lesson.host.sync_s == pytest.approx(sum(s.draft_s + s.verify_s + s.other_s for s in host.steps))
+    assert lesson.gpu_like.verify_s < lesson.host.verify_s, "the GPU-like curve's verification is cheaper"
+    assert 1.0 <= lesson.gpu_like.gain <= 2.0

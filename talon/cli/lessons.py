@@ -1,5 +1,5 @@
 """``python -m talon lessons [ATLAS...]``: the papers' claims, replayed on atlases (the shipped
-lesson atlases by default): why adaptive (TALON) and why hybrid (Talon), per suite."""
+lesson atlases by default): why adaptive (TALON), why hybrid and why async (Talon), per suite."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from talon.atlas.data import load_atlases
 from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
+from talon.lessons.asynchrony import GPU_LIKE, async_lesson, async_table
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
 from talon.trace import TraceFileError
 
@@ -20,7 +21,7 @@ log = logging.getLogger("talon")
 def add_lessons_parser(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("atlases", nargs="*", type=Path, help=f"atlas files or folders (default: {LESSONS_DIR})")
-    p.add_argument("--lesson", choices=["adaptive", "hybrid", "all"], default="all")
+    p.add_argument("--lesson", choices=["adaptive", "hybrid", "async", "all"], default="all")
     p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"],
                    help="the equal budget N of the adaptive lesson (default: EAGLE-3's 59)")
     p.add_argument("--json", action="store_true", help="print the per-prompt numbers as JSON")
@@ -55,6 +56,16 @@ def lessons_command(args: argparse.Namespace) -> int:
             print("Why hybrid: the app's default configuration with each drafter (predicted tok/s from each "
                   "atlas's cost curves)\n")
             print(hybrid_table(lessons))
+    if args.lesson in ("async", "all"):
+        timelines = [async_lesson(a) for a in atlases]
+        out["async"] = [{"suite": x.suite, **{name: {"sync_s": b.sync_s, "async_s": b.async_s, "draft_s": b.draft_s,
+                                                     "verify_s": b.verify_s, "tokens": b.tokens}
+                                              for name, b in (("host", x.host), ("gpu_like", x.gpu_like))}}
+                        for x in timelines]
+        if not args.json:
+            print("\nWhy async: drafting's share of a step and the bound with drafting hidden behind verification, "
+                  f"under each atlas's curves and a GPU-like model ({GPU_LIKE})\n")
+            print(async_table(timelines))
     if args.json:
         print(json.dumps(out))
     return 0

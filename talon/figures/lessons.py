@@ -20,6 +20,7 @@ from talon.figures.common import (
 )
 from talon.figures.text import esc
 from talon.lessons.adaptive import DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
+from talon.lessons.asynchrony import AsyncLesson
 from talon.lessons.hybrid import DRAFTERS, HybridLesson, carried_shares
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
@@ -123,3 +124,35 @@ def hybrid_words(lesson: HybridLesson) -> str:
             f"{lesson.best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
             f"{100 * shares['retrieval']:.0f} % came on steps retrieval carried and {100 * shares['model']:.0f} % on "
             "steps the draft model carried: retrieval wins where the text repeats what came before.")
+
+
+def async_figure(lesson: AsyncLesson) -> go.Figure:
+    """Per cost curve: the step time split (draft, verify, bookkeeping) with async off, and the
+    bound with async on (drafting hidden behind verification)."""
+    bounds = (lesson.host, lesson.gpu_like)
+    x = ["this host: async off", "this host: on (bound)", "GPU-like model: off", "GPU-like model: on (bound)"]
+    rows = [(b, False) for b in bounds[:1]] + [(bounds[0], True)] + [(bounds[1], False), (bounds[1], True)]
+    per_token = [(1e3 / b.tokens) if b.tokens else 0.0 for b, _ in rows]
+    draft = [(0.0 if hidden else b.draft_s) * k for (b, hidden), k in zip(rows, per_token)]
+    verify = [b.verify_s * k for (b, _), k in zip(rows, per_token)]
+    other = [b.other_s * k for (b, _), k in zip(rows, per_token)]
+    labels = [f"{(b.async_rate if hidden else b.sync_rate):.1f} tok/s" for b, hidden in rows]
+    traces: list[Trace] = [
+        dict(type="bar", x=x, y=verify, name="verify", marker=dict(color=SOURCE_COLORS["bonus"])),
+        dict(type="bar", x=x, y=draft, name="draft (not hidden)", marker=dict(color=SOURCE_COLORS["model"])),
+        dict(type="bar", x=x, y=other, name="bookkeeping", marker=dict(color="#9a9a9a"), text=labels,
+             textposition="outside"),
+    ]
+    top = max(d + v + o for d, v, o in zip(draft, verify, other)) or 1.0
+    layout = base_layout("Milliseconds per token, async off and on (bound)", 340, barmode="stack",
+                         yaxis=axis_style("ms per token", range=[0, 1.25 * top]), legend=legend_top())
+    return make_figure(traces, layout)
+
+
+def async_words(lesson: AsyncLesson) -> str:
+    host, gpu = lesson.host, lesson.gpu_like
+    return (f"Here drafting takes {100 * host.draft_s / host.sync_s:.0f} % of each step under this host's curves: "
+            f"hidden behind verification, the run would go from {host.sync_rate:.1f} to at most "
+            f"{host.async_rate:.1f} tok/s ({host.gain:.2f}x). On a 2-core CPU the draft and the target share the "
+            f"same cores, so that bound is not reached. Under a GPU-like curve (a model, not a measurement: "
+            f"verification nearly flat in tree size, a draft forward a tenth of it) the bound is {gpu.gain:.2f}x.")

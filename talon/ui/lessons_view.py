@@ -1,6 +1,7 @@
 """The Lessons tab: the papers' claims on the bundled lesson atlases (``data/lessons``), replayed
 with no model: why adaptive (TALON: the static depth dilemma, the funnel, the adaptive tree at an
-equal budget) and why hybrid (Talon: which source carried each step). A prompt and a budget pick
+equal budget), why hybrid (Talon: which source carried each step) and why async (drafting hidden
+behind verification, on this host's curves and a GPU-like model). A prompt and a budget pick
 what is shown; every number comes from ``talon.lessons``."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from talon import figures as F
 from talon.atlas.data import Atlas
 from talon.figures.lessons import (
     adaptive_words,
+    async_figure,
+    async_words,
     carried_text_html,
     depth_figure,
     drafters_figure,
@@ -24,6 +27,7 @@ from talon.figures.lessons import (
 )
 from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, funnel
+from talon.lessons.asynchrony import async_lesson
 from talon.lessons.hybrid import hybrid_lesson
 from talon.trace import TraceFileError
 from talon.ui.words import EXPLAIN
@@ -58,9 +62,12 @@ class LessonsView:
     hybrid_text: gr.HTML
     drafters: gr.Plot
     carried: gr.HTML
+    async_text: gr.HTML
+    timeline: gr.Plot
 
     def outputs(self) -> list[Any]:
-        return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried]
+        return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried,
+                self.async_text, self.timeline]
 
 
 def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
@@ -69,18 +76,19 @@ def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
         atlases = lesson_atlases()
         if not atlases:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
-            return ("", empty, empty, "", empty, "")
+            return ("", empty, empty, "", empty, "", "", empty)
         try:
             i = max(0, min(int(index), len(atlases) - 1))
             n = int(budget) if int(budget) in BUDGETS else BUDGETS[-1]
         except (TypeError, ValueError):
             i, n = 0, BUDGETS[-1]
         lessons = adaptive_lessons(n)
-        hybrid = hybrid_lesson(atlases[i])
+        hybrid, overlap = hybrid_lesson(atlases[i]), async_lesson(atlases[i])
         return (f'<div class="talon-explain">{F.esc(adaptive_words(lessons[i], lessons))}</div>',
                 depth_figure(lessons[i]), funnel_figure(*funnel(lessons)),
                 f'<div class="talon-explain">{F.esc(hybrid_words(hybrid))}</div>',
-                drafters_figure(hybrid), carried_text_html(hybrid))
+                drafters_figure(hybrid), carried_text_html(hybrid),
+                f'<div class="talon-explain">{F.esc(async_words(overlap))}</div>', async_figure(overlap))
 
     return show
 
@@ -103,7 +111,11 @@ def build_lessons_tab() -> LessonsView:
     hybrid_text = gr.HTML(elem_id="talon-lesson-hybrid")
     drafters = gr.Plot(elem_id="talon-lesson-drafters", show_label=False)
     carried = gr.HTML(elem_id="talon-lesson-carried")
-    view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried)
+    gr.Markdown("### Why async? Drafting hidden behind verification")
+    async_text = gr.HTML(elem_id="talon-lesson-async")
+    timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
+                       async_text, timeline)
     for control in (prompt, budget):
         control.change(make_show(), [prompt, budget], view.outputs(), api_visibility="private",
                        show_progress="hidden")
