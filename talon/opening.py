@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from talon.trace import StepTrace
 
 MIN_RICH_STEPS = 3  # steps that branch, gate out a node and reject a draft
+RECORDING = Path(__file__).resolve().parents[1] / "static" / "recording.json"  # the first view's trace
 
 
 @dataclass(frozen=True)

@@ -244,3 +244,7 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     page.wait_for_function("document.querySelector('#talon-lesson-hybrid').textContent.includes('retrieval alone 2.')")
     page.wait_for_function("document.querySelector('#talon-lesson-carried').textContent.includes('bonus token only')")
     page.screenshot(path="/tmp/lessons_tab.png", full_page=True)
+    page.click("#talon-lesson-export")  # one click: the run, its walk and these lessons as one file
+    link = page.locator("#talon-lesson-download a")
+    link.first.wait_for()
+    assert (link.first.get_attribute("href") or "").endswith(".html")

@@ -13,7 +13,9 @@ from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
 from talon.lessons.asynchrony import GPU_LIKE, async_lesson, async_table
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
-from talon.trace import TraceFileError
+from talon.export import export_html
+from talon.opening import RECORDING
+from talon.trace import TraceFileError, parse_trace, read_json_upload
 
 log = logging.getLogger("talon")
 
@@ -25,6 +27,39 @@ def add_lessons_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"],
                    help="the equal budget N of the adaptive lesson (default: EAGLE-3's 59)")
     p.add_argument("--json", action="store_true", help="print the per-prompt numbers as JSON")
+
+
+def add_export_parser(p: argparse.ArgumentParser) -> None:
+    p.description = ("One self-contained HTML file (Plotly inlined, no server, no network): a run's steps with the "
+                     "step slider and the guided walk, and the lessons of one lesson atlas.")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="a talon-trace/1 file (python -m talon generate --trace-out; default: the app's opening recording)")
+    p.add_argument("--lesson", type=int, default=0, help="which bundled lesson atlas (0-based, suites in order; default 0)")
+    p.add_argument("--atlas", type=Path, default=None, help="an atlas of your own instead of a bundled one")
+    p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"], help="the adaptive lesson's budget N")
+    p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+
+
+def export_command(args: argparse.Namespace) -> int:
+    try:
+        summary, steps = parse_trace(read_json_upload(args.trace or RECORDING))
+        bundled = bundled_atlases()
+        if args.atlas is not None:
+            atlas, lessons, index = load_atlases([args.atlas])[0], [], 0
+        else:
+            if not 0 <= args.lesson < len(bundled):
+                raise ValueError(f"--lesson must be in [0, {len(bundled) - 1}], got {args.lesson}")
+            atlas, index = bundled[args.lesson], args.lesson
+            lessons = [adaptive_lesson(a, args.budget) for a in bundled]
+        if args.atlas is not None:
+            lessons = [adaptive_lesson(atlas, args.budget)]
+        page = export_html(summary, steps, atlas, lessons, index)
+        args.out.write_text(page, encoding="utf-8")
+    except (TraceFileError, ValueError, OSError) as err:
+        log.error("%s", err)
+        return 2
+    log.info("wrote %s (%.1f MB): open it in any browser, offline", args.out, args.out.stat().st_size / 1e6)
+    return 0
 
 
 def lessons_command(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """``python -m talon``: ``generate`` (one prompt, here), ``costs`` (``talon.cli.costs``),
-``atlas record | sweep`` (``talon.cli.atlas``) and ``lessons`` (``talon.cli.lessons``)."""
+``atlas record | sweep`` (``talon.cli.atlas``), ``lessons`` and ``export`` (``talon.cli.lessons``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from talon.cli.args import add_model_args, add_run_args, config_from_args
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
-from talon.cli.lessons import add_lessons_parser, lessons_command
+from talon.cli.lessons import add_export_parser, add_lessons_parser, export_command, lessons_command
 from talon.decode import Engine, generate
 from talon.models import ModelLoadError, load_pair
 from talon.settings import Settings
@@ -35,6 +35,7 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     add_atlas_parser(sub.add_parser("atlas", help="record a draft atlas, or sweep configurations over atlases "
                                     "(no model)"), settings)
     add_lessons_parser(sub.add_parser("lessons", help="the papers' claims replayed on atlases (no model)"))
+    add_export_parser(sub.add_parser("export", help="a run, its walk and the lessons as one offline HTML file"))
     return p
 
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return atlas_command(args, settings)
     if args.command == "lessons":
         return lessons_command(args)
+    if args.command == "export":
+        return export_command(args)
     if args.draft.lower() == "none" and args.drafter == "hybrid":
         log.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.opening import opening_step
+from talon.opening import RECORDING, opening_step
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,
@@ -189,7 +189,6 @@ def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     return replay
 
 
-RECORDING = Path(__file__).resolve().parents[2] / "static" / "recording.json"
 
 
 @functools.lru_cache(maxsize=2)

@@ -24,16 +24,28 @@ def trace_dir() -> Path:
     return path
 
 
-def write_trace(summary: RunSummary, steps: list[StepTrace]) -> str:
-    """Write the run as a talon-trace/1 JSON file for download; old files are swept away."""
+def _fresh(prefix: str, suffix: str) -> Path:
+    """A new download path in the swept folder (files older than an hour are removed first)."""
     folder = trace_dir()
     now = time.time()
-    for old in folder.glob("talon-trace-*.json"):
+    for old in folder.glob(f"{prefix}-*{suffix}"):
         with contextlib.suppress(OSError):  # another session may be sweeping too
             if now - old.stat().st_mtime > TRACE_MAX_AGE_S:
                 old.unlink()
-    path = folder / f"talon-trace-{uuid.uuid4().hex[:12]}.json"
+    return folder / f"{prefix}-{uuid.uuid4().hex[:12]}{suffix}"
+
+
+def write_trace(summary: RunSummary, steps: list[StepTrace]) -> str:
+    """Write the run as a talon-trace/1 JSON file for download; old files are swept away."""
+    path = _fresh("talon-trace", ".json")
     dump_trace(str(path), summary, steps)
+    return str(path)
+
+
+def write_lesson(page: str) -> str:
+    """Write an exported lesson (one HTML file) for download; old ones are swept away."""
+    path = _fresh("talon-lesson", ".html")
+    path.write_text(page, encoding="utf-8")
     return str(path)
 
 

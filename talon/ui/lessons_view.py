@@ -29,7 +29,11 @@ from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, funnel
 from talon.lessons.asynchrony import async_lesson
 from talon.lessons.hybrid import hybrid_lesson
+from talon.export import export_html
 from talon.trace import TraceFileError
+from talon.ui.decode_view import load_recording
+from talon.ui.files import write_lesson
+from talon.ui.session import Session
 from talon.ui.words import EXPLAIN
 
 
@@ -64,6 +68,8 @@ class LessonsView:
     carried: gr.HTML
     async_text: gr.HTML
     timeline: gr.Plot
+    export: gr.Button
+    download: gr.File
 
     def outputs(self) -> list[Any]:
         return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried,
@@ -93,6 +99,29 @@ def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
     return show
 
 
+def make_export() -> Callable[[Any, Any, Any], str]:
+    def export(session: Any, index: Any, budget: Any) -> str:
+        """The Decode tab's run (or the opening recording) with the shown lessons, as one HTML file."""
+        steps = list(session.steps) if isinstance(session, Session) and session.steps else []
+        summary = session.summary if steps else None
+        if not steps:
+            recording = load_recording()
+            if recording is None:
+                raise gr.Error("Nothing to export yet: run a prompt on the Decode tab first.")
+            summary, steps = recording[0], list(recording[1])
+        atlases = lesson_atlases()
+        try:
+            i = max(0, min(int(index), len(atlases) - 1)) if atlases else 0
+            n = int(budget) if int(budget) in BUDGETS else BUDGETS[-1]
+        except (TypeError, ValueError):
+            i, n = 0, BUDGETS[-1]
+        page = export_html(summary, steps, atlases[i] if atlases else None, adaptive_lessons(n), i,
+                           title="Talon: one run, step by step, and what the papers claim")
+        return write_lesson(page)
+
+    return export
+
+
 def build_lessons_tab() -> LessonsView:
     """The Lessons tab, built and wired (call inside the tab); it needs no model."""
     gr.Markdown(EXPLAIN["lessons"], elem_classes=["talon-explain"])
@@ -114,8 +143,13 @@ def build_lessons_tab() -> LessonsView:
     gr.Markdown("### Why async? Drafting hidden behind verification")
     async_text = gr.HTML(elem_id="talon-lesson-async")
     timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    with gr.Row():
+        export = gr.Button("Take this lesson along: one HTML file (the run on the Decode tab, its walk, these lessons)",
+                           elem_id="talon-lesson-export")
+        download = gr.File(label="The lesson, offline (open it in any browser)", elem_id="talon-lesson-download",
+                           interactive=False)
     view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
-                       async_text, timeline)
+                       async_text, timeline, export, download)
     for control in (prompt, budget):
         control.change(make_show(), [prompt, budget], view.outputs(), api_visibility="private",
                        show_progress="hidden")

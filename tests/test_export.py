@@ -1,0 +1,72 @@
+"""One lesson as one HTML file (talon/export.py, ``python -m talon export``): written from the
+opening recording and a bundled lesson atlas, opened in Chromium from file:// with the network
+blocked, the step slider, the walk and the lesson figures working; bad input refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from talon.cli.main import main
+from talon.export import export_html
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
+
+@pytest.fixture(scope="module")
+def lesson_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "lesson.html"
+    assert main(["export", "--lesson", "8", "--budget", "16", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_file_stands_alone(lesson_file: Path) -> None:
+    page = lesson_file.read_text(encoding="utf-8")
+    assert "<script src=" not in page and "<link " not in page, "nothing is fetched: Plotly and the data are inline"
+    assert "Plotly" in page[:4_000_000] and 'id="talon-data"' in page
+    assert "Why adaptive?" in page and "Why hybrid?" in page and "Why async?" in page
+
+
+def test_bad_export_requests_are_refused(tmp_path: Path) -> None:
+    assert main(["export", "--lesson", "99", "--out", str(tmp_path / "x.html")]) == 2
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["export", "--trace", str(tmp_path / "bad.json"), "--out", str(tmp_path / "y.html")]) == 2
+    with pytest.raises(ValueError, match="nothing to export"):
+        export_html(None, [])
+
+
+@pytest.mark.browser
+def test_the_exported_lesson_works_offline_from_file_url(lesson_file: Path) -> None:
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    fetched: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
+            context.route("**/*", lambda route: (fetched.append(route.request.url), route.abort())
+                          if not route.request.url.startswith("file://") else route.continue_())
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(lesson_file.as_uri())
+            page.wait_for_selector("#tree.js-plotly-plot")  # Plotly marks the div it draws in
+            title = page.locator("#tree .gtitle").text_content() or ""
+            first = int(re.search(r"step (\d+)", title).group(1))
+            slider = page.locator("#step")
+            slider.focus()
+            page.keyboard.press("Home")
+            page.wait_for_function("/step 0/.test(document.querySelector('#tree .gtitle').textContent)")
+            assert first != 0, "the page opens on the recording's instructive step, not step 0"
+            assert "1 / 6" in (page.locator("#walk").text_content() or "")
+            page.click("#next")
+            assert "2 / 6" in (page.locator("#walk").text_content() or "")
+            for fig in ("lesson-depth", "lesson-funnel", "lesson-drafters", "lesson-async"):
+                page.wait_for_selector(f"#{fig}.js-plotly-plot .main-svg")
+            page.screenshot(path="/tmp/exported_lesson.png", full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()
+    assert fetched == [], f"the file asked the network for {fetched}"
