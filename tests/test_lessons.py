@@ -149,3 +149,21 @@ def test_async_bound_by_hand_and_from_replays(atlases: list[Atlas]) -> None:
     assert lesson.host.sync_s == pytest.approx(sum(s.draft_s + s.verify_s + s.other_s for s in host.steps))
     assert lesson.gpu_like.verify_s < lesson.host.verify_s, "the GPU-like curve's verification is cheaper"
     assert 1.0 <= lesson.gpu_like.gain <= 2.0
+
+
+def test_the_visitors_own_atlas_joins_the_lessons(atlases: list[Atlas]) -> None:
+    """The Threshold explorer's atlas is offered beside the bundled prompts; one recorded with the
+    explorer's narrower superset is replayed as wide as it holds, and says its coverage."""
+    from talon.atlas.data import AtlasSpec as Spec
+    from talon.atlas.explorer import AtlasSession
+    from talon.ui.lessons_view import OWN, make_export, make_refresh, pick
+
+    narrow = Atlas(**{**atlases[1].__dict__, "spec": Spec()})  # the explorer's default: K <= 8, k <= 4
+    session = AtlasSession()
+    session.load(narrow, None)
+    choices, words, *_ = make_refresh()(OWN, 16, session)
+    assert choices["choices"][-1][1] == OWN and "your atlas" in choices["choices"][-1][0]
+    assert "K = 8, k = 4: as wide as this atlas holds" in words
+    picked = pick(OWN, 16, session)
+    assert picked is not None and picked.atlas is narrow and picked.index == len(picked.lessons) - 1
+    assert Path(make_export()(None, OWN, 16, session)).read_text(encoding="utf-8").count("Why hybrid?") == 1

@@ -33,7 +33,7 @@ def depth_figure(lesson: AdaptiveLesson) -> go.Figure:
     best = lesson.best_depth
     traces: list[Trace] = [
         dict(type="scatter", x=depths, y=[lesson.static_mat[d] for d in depths], mode="lines+markers",
-             name="static tree (EAGLE's shape, K = k = 10)", line=dict(color=SOURCE_COLORS["model"], width=2),
+             name=f"static tree (EAGLE's shape, K = {lesson.widths[0]}, k = {lesson.widths[1]})", line=dict(color=SOURCE_COLORS["model"], width=2),
              hovertemplate="static, depth %{x}: MAT %{y:.2f}<extra></extra>"),
         dict(type="scatter", x=[depths[0], depths[-1]], y=[lesson.adaptive_mat] * 2, mode="lines",
              name="TALON adaptive tree", line=dict(color=GATED_COLOR, width=2, dash="dash"),
@@ -99,10 +99,19 @@ def adaptive_words(lesson: AdaptiveLesson, suites: Sequence[AdaptiveLesson] = ()
     best, eagle = lesson.best_depth, lesson.static_mat[EAGLE3_SHAPE["max_depth"]]
     shallow = lesson.static_mat[2]
     return (f"On this prompt, with N = {lesson.budget} nodes, a static tree accepts {shallow:.2f} tokens per step at "
-            f"depth 2 and {lesson.best_static_mat:.2f} at its best depth, {best}; EAGLE-3's shape (depth 8) gets "
-            f"{eagle:.2f}. TALON's adaptive tree, with no depth chosen in advance, gets {lesson.adaptive_mat:.2f}: "
+            f"depth 2 and {lesson.best_static_mat:.2f} at its best depth, {best}; "
+            + ("EAGLE-3's shape (depth 8) gets " if lesson.widths == (10, 10) else
+               f"EAGLE-3's depth 8 (K = {lesson.widths[0]}, k = {lesson.widths[1]}: as wide as this atlas holds) gets ")
+            + f"{eagle:.2f}. TALON's adaptive tree, with no depth chosen in advance, gets {lesson.adaptive_mat:.2f}: "
             f"{lesson.adaptive_mat / lesson.best_static_mat:.2f}x the best depth chosen with hindsight. "
-            + _dilemma(suites))
+            + _dilemma(suites) + _coverage(lesson.coverage))
+
+
+def _coverage(share: float) -> str:
+    if share >= 1.0:
+        return ""
+    return (f" (This atlas answered {100 * share:.1f} % of the draft requests these trees make, so the numbers are "
+            "lower bounds; the lesson atlases are recorded to answer all of them: scripts/record_lessons.py.)")
 
 
 def _dilemma(lessons: Sequence[AdaptiveLesson]) -> str:

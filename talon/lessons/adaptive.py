@@ -39,13 +39,21 @@ BUDGETS = (16, 59)  # Talon's default N, and EAGLE-3's
 
 
 def static_config(atlas: Atlas, depth: int, budget: int) -> RunConfig:
-    """EAGLE's static tree at ``depth`` layers with EAGLE-3's K = k = 10, N = ``budget``."""
-    return _static(depth, budget, len(atlas.output), _vocab(atlas))
+    """EAGLE's static tree at ``depth`` layers with EAGLE-3's K = k = 10 (or as wide as an atlas
+    recorded narrower holds), N = ``budget``."""
+    k = widths(atlas)
+    return _static(depth, budget, len(atlas.output), _vocab(atlas), *k)
 
 
 def adaptive_config(atlas: Atlas, budget: int) -> RunConfig:
     """TALON's adaptive tree at N = ``budget``: K = 10 ungated at the root, gated layers of k."""
-    return _adaptive(budget, len(atlas.output), _vocab(atlas))
+    root_k, top_k = widths(atlas)
+    return _adaptive(budget, len(atlas.output), _vocab(atlas), root_k, min(ADAPTIVE_K, top_k))
+
+
+def widths(atlas: Atlas) -> tuple[int, int]:
+    """EAGLE-3's K and k, cut to what ``atlas`` recorded (an explorer atlas holds K <= 8, k <= 4)."""
+    return min(EAGLE3_SHAPE["root_k"], atlas.spec.root_k), min(EAGLE3_SHAPE["top_k"], atlas.spec.top_k)
 
 
 def lesson_trees(tokens: int, draft_vocab: int) -> list[RunConfig]:
@@ -54,14 +62,14 @@ def lesson_trees(tokens: int, draft_vocab: int) -> list[RunConfig]:
             *(_adaptive(n, tokens, draft_vocab) for n in BUDGETS)]
 
 
-def _static(depth: int, budget: int, tokens: int, draft_vocab: int) -> RunConfig:
-    tree = TreeConfig(mode="static", budget=budget, root_k=10, top_k=10, max_depth=depth, min_conf=0.0,
+def _static(depth: int, budget: int, tokens: int, draft_vocab: int, root_k: int = 10, top_k: int = 10) -> RunConfig:
+    tree = TreeConfig(mode="static", budget=budget, root_k=root_k, top_k=top_k, max_depth=depth, min_conf=0.0,
                       cost_aware=False, admission="confidence")
     return _model_only(tree, tokens, draft_vocab)
 
 
-def _adaptive(budget: int, tokens: int, draft_vocab: int) -> RunConfig:
-    tree = TreeConfig(mode="adaptive", budget=budget, root_k=10, top_k=ADAPTIVE_K, max_depth=8, min_conf=0.0,
+def _adaptive(budget: int, tokens: int, draft_vocab: int, root_k: int = 10, top_k: int = ADAPTIVE_K) -> RunConfig:
+    tree = TreeConfig(mode="adaptive", budget=budget, root_k=root_k, top_k=top_k, max_depth=8, min_conf=0.0,
                       cost_aware=False, admission="confidence")
     return _model_only(tree, tokens, draft_vocab)
 
@@ -89,6 +97,7 @@ class AdaptiveLesson:
     funnel_rank: Counter = field(default_factory=Counter)  # sibling rank (1 = top child) -> accepted nodes
     funnel_depth: Counter = field(default_factory=Counter)  # depth -> accepted nodes
     coverage: float = 1.0  # the least coverage of the replays above
+    widths: tuple[int, int] = (EAGLE3_SHAPE["root_k"], EAGLE3_SHAPE["top_k"])  # the static trees' K and k
 
     @property
     def best_depth(self) -> int:
@@ -120,7 +129,7 @@ def adaptive_lesson(atlas: Atlas, budget: int = EAGLE3_SHAPE["budget"]) -> Adapt
     ranks, depths = sibling_ranks(adaptive)
     coverage = min(r.coverage.share for r in [*static.values(), eagle3, adaptive])
     return AdaptiveLesson(atlas.suite, atlas.prompt, budget, {d: r.mat for d, r in static.items()}, eagle3.mat,
-                          adaptive.mat, ranks, depths, coverage)
+                          adaptive.mat, ranks, depths, coverage, widths(atlas))
 
 
 @dataclass

@@ -15,7 +15,7 @@ from talon.ui.compare_view import build_compare_tab
 from talon.ui.decode_view import build_decode_tab, make_show_recording, recording_controls
 from talon.ui.explorer_view import build_explorer_tab
 from talon.ui.panel import build_controls
-from talon.ui.lessons_view import build_lessons_tab, make_export, make_show
+from talon.ui.lessons_view import build_lessons_tab, make_export, make_refresh
 from talon.ui.serving_view import build_serving_tab
 from talon.ui.session import stop
 from talon.ui.words import HEADER
@@ -53,10 +53,11 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 with gr.Tab("Serve it", id="serve"):
                     build_serving_tab(panel, settings, explorer.state)
                 with gr.Tab("Lessons", id="lessons") as lessons_tab:
-                    lessons = build_lessons_tab()
-        lessons_tab.select(make_show(), [lessons.prompt, lessons.budget], lessons.outputs(), api_visibility="private",
-                           show_progress="hidden")
-        lessons.export.click(make_export(), [decode.state, lessons.prompt, lessons.budget], lessons.download,
+                    lessons = build_lessons_tab(explorer.state)
+        lesson_inputs = [lessons.prompt, lessons.budget, explorer.state]
+        lessons_tab.select(make_refresh(), lesson_inputs, [lessons.prompt, *lessons.outputs()],
+                           api_visibility="private", show_progress="hidden")
+        lessons.export.click(make_export(), [decode.state, *lesson_inputs], lessons.download,
                              api_visibility="private", concurrency_limit=2)
         panel.stop.click(stop, [decode.state, compare.state], None, concurrency_limit=None, api_visibility="private")
         demo.load(make_show_recording(decode), [decode.state], decode.outputs(), api_visibility="private",

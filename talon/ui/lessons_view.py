@@ -30,6 +30,7 @@ from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, fun
 from talon.lessons.asynchrony import async_lesson
 from talon.lessons.hybrid import hybrid_lesson
 from talon.export import export_html
+from talon.atlas.explorer import AtlasSession
 from talon.trace import TraceFileError
 from talon.ui.decode_view import load_recording
 from talon.ui.files import write_lesson
@@ -76,22 +77,51 @@ class LessonsView:
                 self.async_text, self.timeline]
 
 
-def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
-    def show(index: Any, budget: Any) -> tuple[Any, ...]:
-        """The two lessons on lesson atlas ``index`` at budget N (values from the page: checked)."""
-        atlases = lesson_atlases()
-        if not atlases:
+OWN = -1  # the dropdown's value for the session's own atlas (Threshold explorer)
+
+
+@dataclass(frozen=True)
+class Picked:
+    atlas: Atlas
+    lessons: tuple[AdaptiveLesson, ...]  # the bundled prompts' adaptive lessons, the own atlas's last
+    index: int  # the picked atlas's lesson among them
+
+
+def pick(index: Any, budget: Any, atlas_state: Any) -> Picked | None:
+    """The lesson atlas the page picked (values from the page: checked), or None when none exist."""
+    atlases = lesson_atlases()
+    own = atlas_state.atlas if isinstance(atlas_state, AtlasSession) else None
+    try:
+        i, n = int(index), int(budget)
+    except (TypeError, ValueError):
+        i, n = 0, BUDGETS[-1]
+    n = n if n in BUDGETS else BUDGETS[-1]
+    if i == OWN and own is not None:
+        return Picked(own, (*adaptive_lessons(n), adaptive_lesson(own, n)), len(atlases))
+    if not atlases:
+        return None
+    i = max(0, min(i, len(atlases) - 1))
+    return Picked(atlases[i], adaptive_lessons(n), i)
+
+
+def prompt_choices(atlas_state: Any) -> list[tuple[str, int]]:
+    choices = [(atlas_label(i, a), i) for i, a in enumerate(lesson_atlases())]
+    if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
+        choices.append((f"your atlas (Threshold explorer): {' '.join(atlas_state.atlas.prompt.split())[:50]}", OWN))
+    return choices
+
+
+def make_show() -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+    def show(index: Any, budget: Any, atlas_state: Any) -> tuple[Any, ...]:
+        """The three lessons on the picked atlas at budget N."""
+        picked = pick(index, budget, atlas_state)
+        if picked is None:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
             return ("", empty, empty, "", empty, "", "", empty)
-        try:
-            i = max(0, min(int(index), len(atlases) - 1))
-            n = int(budget) if int(budget) in BUDGETS else BUDGETS[-1]
-        except (TypeError, ValueError):
-            i, n = 0, BUDGETS[-1]
-        lessons = adaptive_lessons(n)
-        hybrid, overlap = hybrid_lesson(atlases[i]), async_lesson(atlases[i])
-        return (f'<div class="talon-explain">{F.esc(adaptive_words(lessons[i], lessons))}</div>',
-                depth_figure(lessons[i]), funnel_figure(*funnel(lessons)),
+        lesson, lessons = picked.lessons[picked.index], picked.lessons
+        hybrid, overlap = hybrid_lesson(picked.atlas), async_lesson(picked.atlas)
+        return (f'<div class="talon-explain">{F.esc(adaptive_words(lesson, lessons))}</div>',
+                depth_figure(lesson), funnel_figure(*funnel(lessons)),
                 f'<div class="talon-explain">{F.esc(hybrid_words(hybrid))}</div>',
                 drafters_figure(hybrid), carried_text_html(hybrid),
                 f'<div class="talon-explain">{F.esc(async_words(overlap))}</div>', async_figure(overlap))
@@ -99,8 +129,18 @@ def make_show() -> Callable[[Any, Any], tuple[Any, ...]]:
     return show
 
 
-def make_export() -> Callable[[Any, Any, Any], str]:
-    def export(session: Any, index: Any, budget: Any) -> str:
+def make_refresh() -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+    show = make_show()
+
+    def refresh(index: Any, budget: Any, atlas_state: Any) -> tuple[Any, ...]:
+        """On opening the tab: the prompts (the session's own atlas joins them), then the lessons."""
+        return (gr.update(choices=prompt_choices(atlas_state)), *show(index, budget, atlas_state))
+
+    return refresh
+
+
+def make_export() -> Callable[[Any, Any, Any, Any], str]:
+    def export(session: Any, index: Any, budget: Any, atlas_state: Any) -> str:
         """The Decode tab's run (or the opening recording) with the shown lessons, as one HTML file."""
         steps = list(session.steps) if isinstance(session, Session) and session.steps else []
         summary = session.summary if steps else None
@@ -109,23 +149,19 @@ def make_export() -> Callable[[Any, Any, Any], str]:
             if recording is None:
                 raise gr.Error("Nothing to export yet: run a prompt on the Decode tab first.")
             summary, steps = recording[0], list(recording[1])
-        atlases = lesson_atlases()
-        try:
-            i = max(0, min(int(index), len(atlases) - 1)) if atlases else 0
-            n = int(budget) if int(budget) in BUDGETS else BUDGETS[-1]
-        except (TypeError, ValueError):
-            i, n = 0, BUDGETS[-1]
-        page = export_html(summary, steps, atlases[i] if atlases else None, adaptive_lessons(n), i,
-                           title="Talon: one run, step by step, and what the papers claim")
+        picked = pick(index, budget, atlas_state)
+        page = export_html(summary, steps, picked.atlas if picked else None, picked.lessons if picked else (),
+                           picked.index if picked else 0, title="Talon: one run, step by step, and what the papers claim")
         return write_lesson(page)
 
     return export
 
 
-def build_lessons_tab() -> LessonsView:
-    """The Lessons tab, built and wired (call inside the tab); it needs no model."""
+def build_lessons_tab(atlas_state: gr.State) -> LessonsView:
+    """The Lessons tab, built and wired (call inside the tab); it needs no model. ``atlas_state``:
+    the Threshold explorer's, whose atlas joins the lesson prompts."""
     gr.Markdown(EXPLAIN["lessons"], elem_classes=["talon-explain"])
-    choices = [(atlas_label(i, a), i) for i, a in enumerate(lesson_atlases())]
+    choices = prompt_choices(None)
     with gr.Row():
         prompt = gr.Dropdown(choices=choices, value=0 if choices else None, label="Lesson prompt (recorded on the "
                              "embedded pair)", elem_id="talon-lesson-prompt", scale=3)
@@ -151,6 +187,6 @@ def build_lessons_tab() -> LessonsView:
     view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
                        async_text, timeline, export, download)
     for control in (prompt, budget):
-        control.change(make_show(), [prompt, budget], view.outputs(), api_visibility="private",
+        control.change(make_show(), [prompt, budget, atlas_state], view.outputs(), api_visibility="private",
                        show_progress="hidden")
     return view
