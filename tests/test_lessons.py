@@ -167,3 +167,18 @@ def test_the_visitors_own_atlas_joins_the_lessons(atlases: list[Atlas]) -> None:
     picked = pick(OWN, 16, session)
     assert picked is not None and picked.atlas is narrow and picked.index == len(picked.lessons) - 1
     assert Path(make_export()(None, OWN, 16, session)).read_text(encoding="utf-8").count("Why hybrid?") == 1
+
+
+def test_the_async_lesson_reads_the_decode_tabs_measured_run() -> None:
+    from talon.ui.decode_view import load_recording
+    from talon.ui.lessons_view import make_show
+    from talon.ui.session import Session
+
+    recording = load_recording()
+    assert recording is not None
+    session = Session()
+    session.steps, session.summary = list(recording[1]), recording[0]
+    words = make_show()(0, 59, None, session)[6]
+    measured = sum(s.draft_s for s in recording[1]) / sum(s.draft_s + s.verify_s + s.other_s for s in recording[1])
+    assert f"drafting took {100 * measured:.0f} % of the step time" in words
+    assert "Decode tab" not in make_show()(0, 59, None, None)[6]

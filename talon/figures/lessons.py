@@ -20,7 +20,7 @@ from talon.figures.common import (
 )
 from talon.figures.text import esc
 from talon.lessons.adaptive import DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
-from talon.lessons.asynchrony import AsyncLesson
+from talon.lessons.asynchrony import AsyncBound, AsyncLesson
 from talon.lessons.hybrid import DRAFTERS, HybridLesson, carried_shares
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
@@ -158,10 +158,13 @@ def async_figure(lesson: AsyncLesson) -> go.Figure:
     return make_figure(traces, layout)
 
 
-def async_words(lesson: AsyncLesson) -> str:
+def async_words(lesson: AsyncLesson, measured: AsyncBound | None = None) -> str:
     host, gpu = lesson.host, lesson.gpu_like
+    run = "" if measured is None or not measured.sync_s else (
+        f" On the Decode tab's run (measured times, {measured.tokens} tokens), drafting took "
+        f"{100 * measured.draft_s / measured.sync_s:.0f} % of the step time: hidden, at most {measured.gain:.2f}x.")
     return (f"Here drafting takes {100 * host.draft_s / host.sync_s:.0f} % of each step under this host's curves: "
             f"hidden behind verification, the run would go from {host.sync_rate:.1f} to at most "
             f"{host.async_rate:.1f} tok/s ({host.gain:.2f}x). On a 2-core CPU the draft and the target share the "
             f"same cores, so that bound is not reached. Under a GPU-like curve (a model, not a measurement: "
-            f"verification nearly flat in tree size, a draft forward a tenth of it) the bound is {gpu.gain:.2f}x.")
+            f"verification nearly flat in tree size, a draft forward a tenth of it) the bound is {gpu.gain:.2f}x." + run)

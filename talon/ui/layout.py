@@ -53,9 +53,9 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 with gr.Tab("Serve it", id="serve"):
                     build_serving_tab(panel, settings, explorer.state)
                 with gr.Tab("Lessons", id="lessons") as lessons_tab:
-                    lessons = build_lessons_tab(explorer.state)
+                    lessons = build_lessons_tab(explorer.state, decode.state)
         lesson_inputs = [lessons.prompt, lessons.budget, explorer.state]
-        lessons_tab.select(make_refresh(), lesson_inputs, [lessons.prompt, *lessons.outputs()],
+        lessons_tab.select(make_refresh(), [*lesson_inputs, decode.state], [lessons.prompt, *lessons.outputs()],
                            api_visibility="private", show_progress="hidden")
         lessons.export.click(make_export(), [decode.state, *lesson_inputs], lessons.download,
                              api_visibility="private", concurrency_limit=2)

@@ -27,7 +27,7 @@ from talon.figures.lessons import (
 )
 from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, funnel
-from talon.lessons.asynchrony import async_lesson
+from talon.lessons.asynchrony import AsyncBound, async_lesson, bound_of
 from talon.lessons.hybrid import hybrid_lesson
 from talon.export import export_html
 from talon.atlas.explorer import AtlasSession
@@ -111,9 +111,16 @@ def prompt_choices(atlas_state: Any) -> list[tuple[str, int]]:
     return choices
 
 
-def make_show() -> Callable[[Any, Any, Any], tuple[Any, ...]]:
-    def show(index: Any, budget: Any, atlas_state: Any) -> tuple[Any, ...]:
-        """The three lessons on the picked atlas at budget N."""
+def measured_bound(session: Any) -> AsyncBound | None:
+    """The Decode tab's run (or the opening recording) as an async bound on its measured times."""
+    if isinstance(session, Session) and session.steps:
+        return bound_of("the Decode tab's run", session.steps, sum(len(s.new_tokens) for s in session.steps))
+    return None
+
+
+def make_show() -> Callable[..., tuple[Any, ...]]:
+    def show(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
+        """The three lessons on the picked atlas at budget N (``session``: the Decode tab's run)."""
         picked = pick(index, budget, atlas_state)
         if picked is None:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
@@ -124,17 +131,18 @@ def make_show() -> Callable[[Any, Any, Any], tuple[Any, ...]]:
                 depth_figure(lesson), funnel_figure(*funnel(lessons)),
                 f'<div class="talon-explain">{F.esc(hybrid_words(hybrid))}</div>',
                 drafters_figure(hybrid), carried_text_html(hybrid),
-                f'<div class="talon-explain">{F.esc(async_words(overlap))}</div>', async_figure(overlap))
+                f'<div class="talon-explain">{F.esc(async_words(overlap, measured_bound(session)))}</div>',
+                async_figure(overlap))
 
     return show
 
 
-def make_refresh() -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+def make_refresh() -> Callable[..., tuple[Any, ...]]:
     show = make_show()
 
-    def refresh(index: Any, budget: Any, atlas_state: Any) -> tuple[Any, ...]:
+    def refresh(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
         """On opening the tab: the prompts (the session's own atlas joins them), then the lessons."""
-        return (gr.update(choices=prompt_choices(atlas_state)), *show(index, budget, atlas_state))
+        return (gr.update(choices=prompt_choices(atlas_state)), *show(index, budget, atlas_state, session))
 
     return refresh
 
@@ -157,9 +165,10 @@ def make_export() -> Callable[[Any, Any, Any, Any], str]:
     return export
 
 
-def build_lessons_tab(atlas_state: gr.State) -> LessonsView:
+def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView:
     """The Lessons tab, built and wired (call inside the tab); it needs no model. ``atlas_state``:
-    the Threshold explorer's, whose atlas joins the lesson prompts."""
+    the Threshold explorer's, whose atlas joins the lesson prompts; ``run_state``: the Decode tab's
+    session, whose measured timeline the async lesson reads."""
     gr.Markdown(EXPLAIN["lessons"], elem_classes=["talon-explain"])
     choices = prompt_choices(None)
     with gr.Row():
@@ -187,6 +196,6 @@ def build_lessons_tab(atlas_state: gr.State) -> LessonsView:
     view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
                        async_text, timeline, export, download)
     for control in (prompt, budget):
-        control.change(make_show(), [prompt, budget, atlas_state], view.outputs(), api_visibility="private",
+        control.change(make_show(), [prompt, budget, atlas_state, run_state], view.outputs(), api_visibility="private",
                        show_progress="hidden")
     return view
