@@ -132,8 +132,13 @@ def test_the_bundled_lesson_atlases_cover_every_suite_and_replay_exactly() -> No
     assert {a.suite for a in atlases} == {"mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"}
     size = sum(p.stat().st_size for p in LESSONS_DIR.glob("*.json.gz"))
     assert size < 12e6, f"the lesson atlases grew to {size / 1e6:.1f} MB"
-    lesson = adaptive_lesson(atlases[0])
-    assert lesson.coverage == 1.0
+    assert all(adaptive_lesson(a).coverage == 1.0 for a in atlases), "recorded to cover every lesson tree"
+    code = next(a for a in atlases if a.suite == "humaneval")
+    lesson = adaptive_lesson(code)
+    assert lesson.static_mat[7] != lesson.static_mat[8], "real drafts tell depths apart (tiny random ones do not)"
+    eagle3 = static_config(code, EAGLE3_SHAPE["max_depth"], EAGLE3_SHAPE["budget"])
+    assert lesson.eagle3_mat == pytest.approx(replay(code, eagle3).mat)
+    assert lesson.adaptive_mat == pytest.approx(replay(code, adaptive_config(code, 59)).mat)
 
 
 def test_async_bound_by_hand_and_from_replays(atlases: list[Atlas]) -> None:
