@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from talon.figures.lessons import (
     hybrid_words,
 )
 from talon.lessons.adaptive import AdaptiveLesson, funnel
-from talon.lessons.asynchrony import async_lesson
+from talon.lessons.asynchrony import AsyncBound, async_lesson
 from talon.lessons.hybrid import hybrid_lesson
 from talon.opening import opening_step
 from talon.trace import RunSummary, StepTrace
@@ -120,20 +121,46 @@ def export_html(summary: RunSummary | None, steps: Sequence[StepTrace], atlas: A
             + f"<script>{SCRIPT}</script></body></html>")
 
 
+@dataclass(frozen=True)
+class LessonShow:
+    """What the lessons show for one atlas, in the tab and in the exported file alike: words and
+    figures (the adaptive ones None when there are no adaptive lessons to show)."""
+
+    adaptive_words: str | None
+    depth: go.Figure | None
+    funnel: go.Figure | None
+    hybrid_words: str
+    drafters: go.Figure
+    carried: str
+    async_words: str
+    timeline: go.Figure
+
+
+def show_lessons(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int,
+                 measured: AsyncBound | None = None) -> LessonShow:
+    """The three lessons on ``atlas`` (``lessons[index]`` its adaptive lesson among ``lessons``;
+    ``measured``: a real run's timeline for the async lesson)."""
+    hybrid, overlap = hybrid_lesson(atlas), async_lesson(atlas)
+    lesson = lessons[index] if lessons else None
+    return LessonShow(
+        adaptive_words(lesson, lessons) if lesson else None, depth_figure(lesson) if lesson else None,
+        funnel_figure(*funnel(lessons)) if lesson else None, hybrid_words(hybrid), drafters_figure(hybrid),
+        carried_text_html(hybrid), async_words(overlap, measured), async_figure(overlap))
+
+
 def _lesson_sections(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int, figures: dict[str, Any]) -> list[str]:
     """The three lessons on ``atlas`` (their figures go into ``figures`` by element id)."""
+    shown = show_lessons(atlas, lessons, index)
     out = [f"<h2>Lessons on a recorded prompt ({html.escape(atlas.suite or 'prompt')})</h2>"
            f'<p class="note">{html.escape(" ".join(atlas.prompt.split())[:300])}</p>']
-    if lessons:
-        lesson = lessons[index]
-        figures["lesson-depth"] = _fig(depth_figure(lesson))
-        figures["lesson-funnel"] = _fig(funnel_figure(*funnel(lessons)))
-        out += ["<h2>Why adaptive?</h2>", f"<p>{html.escape(adaptive_words(lesson, lessons))}</p>",
+    if shown.adaptive_words is not None and shown.depth is not None and shown.funnel is not None:
+        figures["lesson-depth"] = _fig(shown.depth)
+        figures["lesson-funnel"] = _fig(shown.funnel)
+        out += ["<h2>Why adaptive?</h2>", f"<p>{html.escape(shown.adaptive_words)}</p>",
                 '<div class="row"><div id="lesson-depth"></div><div id="lesson-funnel"></div></div>']
-    hybrid, overlap = hybrid_lesson(atlas), async_lesson(atlas)
-    figures["lesson-drafters"] = _fig(drafters_figure(hybrid))
-    figures["lesson-async"] = _fig(async_figure(overlap))
-    out += ["<h2>Why hybrid?</h2>", f"<p>{html.escape(hybrid_words(hybrid))}</p>", '<div id="lesson-drafters"></div>',
-            carried_text_html(hybrid), "<h2>Why async?</h2>", f"<p>{html.escape(async_words(overlap))}</p>",
+    figures["lesson-drafters"] = _fig(shown.drafters)
+    figures["lesson-async"] = _fig(shown.timeline)
+    out += ["<h2>Why hybrid?</h2>", f"<p>{html.escape(shown.hybrid_words)}</p>", '<div id="lesson-drafters"></div>',
+            shown.carried, "<h2>Why async?</h2>", f"<p>{html.escape(shown.async_words)}</p>",
             '<div id="lesson-async"></div>']
     return out

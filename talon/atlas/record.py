@@ -79,6 +79,7 @@ def record_atlas(
     run_s = time.perf_counter() - t0
     prompt_ids, output = summary.prompt_token_ids, summary.token_ids
     report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
+    costs = engine.cost_snapshot(cfg.draft_vocab)  # what replays plan and time on, the cover's too
     t1 = time.perf_counter()
     target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
     drafter = ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab)
@@ -87,9 +88,8 @@ def record_atlas(
     if cover:
         recorder.cover(Atlas(prompt_ids=prompt_ids, output=output, children=recorder.children, spec=spec,
                              eos=sorted(eos_ids(engine.target)), models={"draft_vocab": cfg.draft_vocab},
-                             costs=engine.cost_snapshot(cfg.draft_vocab).to_dict()), cover)
+                             costs=costs.to_dict()), cover)
     atlas_s = time.perf_counter() - t1
-    costs = engine.cost_snapshot(cfg.draft_vocab)
     tokens = set(prompt_ids) | set(output) | {t for kids in recorder.children.values() for t, _ in kids}
     atlas = Atlas(
         prompt_ids=prompt_ids,

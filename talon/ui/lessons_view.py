@@ -15,22 +15,11 @@ import gradio as gr
 
 from talon import figures as F
 from talon.atlas.data import Atlas
-from talon.figures.lessons import (
-    adaptive_words,
-    async_figure,
-    async_words,
-    carried_text_html,
-    depth_figure,
-    drafters_figure,
-    funnel_figure,
-    hybrid_words,
-)
-from talon.lessons import bundled_atlases
-from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, funnel
-from talon.lessons.asynchrony import AsyncBound, async_lesson, bound_of
-from talon.lessons.hybrid import hybrid_lesson
-from talon.export import export_html
 from talon.atlas.explorer import AtlasSession
+from talon.export import export_html, show_lessons
+from talon.lessons import bundled_atlases
+from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
+from talon.lessons.asynchrony import AsyncBound, bound_of
 from talon.trace import TraceFileError
 from talon.ui.decode_view import load_recording
 from talon.ui.files import write_lesson
@@ -125,14 +114,10 @@ def make_show() -> Callable[..., tuple[Any, ...]]:
         if picked is None:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
             return ("", empty, empty, "", empty, "", "", empty)
-        lesson, lessons = picked.lessons[picked.index], picked.lessons
-        hybrid, overlap = hybrid_lesson(picked.atlas), async_lesson(picked.atlas)
-        return (f'<div class="talon-explain">{F.esc(adaptive_words(lesson, lessons))}</div>',
-                depth_figure(lesson), funnel_figure(*funnel(lessons)),
-                f'<div class="talon-explain">{F.esc(hybrid_words(hybrid))}</div>',
-                drafters_figure(hybrid), carried_text_html(hybrid),
-                f'<div class="talon-explain">{F.esc(async_words(overlap, measured_bound(session)))}</div>',
-                async_figure(overlap))
+        shown = show_lessons(picked.atlas, picked.lessons, picked.index, measured_bound(session))
+        return (f'<div class="talon-explain">{F.esc(shown.adaptive_words or "")}</div>', shown.depth, shown.funnel,
+                f'<div class="talon-explain">{F.esc(shown.hybrid_words)}</div>', shown.drafters, shown.carried,
+                f'<div class="talon-explain">{F.esc(shown.async_words)}</div>', shown.timeline)
 
     return show
 
