@@ -14,13 +14,12 @@ models would not fit the device:
 * sampling: the first token of sampled decoding (model drafter) over many seeds is distributed as
   the target's own softmax (chi-square);
 * async drafting against sync: the same tokens on the preset's pair and on the draft-sized
-  target drafting for itself, some pre-drafts reused there, and on CUDA more than
-  ``ASYNC_HIDDEN_MIN`` of the preset pair's drafting hidden behind verification (on the CPU
-  the share is recorded only);
+  target drafting for itself, some pre-drafts reused there (the share of drafting hidden behind
+  verification is recorded: a question of speed, for ``scripts/gpu_speed.py``);
 * a draft that *is* the target (draft-sized, float32) gets its deep paths accepted in full, and
   noisy copies of it part of them, the output always the target's;
-* bf16: seeded sampling repeats; the cost probe's curves and the tree sizes the planner then
-  chooses; every greedy token the target's choice (the benchmark's judge, on the target upcast in
+* bf16: seeded sampling repeats; the planner grows large trees on a flat cost curve and small
+  ones on a steep one (the probed curves and their trees recorded); every greedy token the target's choice (the benchmark's judge, on the target upcast in
   place, so no second copy);
 * memory at the server's largest settings (the longest prompt, the most new tokens, the largest
   tree): the guard passes the GPU the preset names and refuses one a byte too small; on CUDA the
@@ -33,8 +32,14 @@ the free memory, only the new pair held after, a failed load falling back to it)
 in ZeroGPU mode by the real ``spaces`` package (a CUDA build of torch only; skipped elsewhere); the
 app started on a random-weight pair, one ``/generate`` through gradio_client.
 
-Prints one JSON report (also written to ``--out``) and a short table; exits 1 on any failure. A
-skipped check is listed as such and is not a pass.
+Every model is built by ``check_model`` (conditioned, with a planted bigram chain) and gated
+before each check that uses it: a model past the gate's bounds makes the check *invalid* (the
+numbers in its detail), neither pass nor fail. The once-per-run checks come first, then the
+pair's, in the order a Space needs them; ``--stream FILE`` writes each as it ends, and
+``--deadline-s`` starts none past the deadline.
+
+Prints one JSON report (also written to ``--out``) and a short table; exits 1 on any failure or
+invalid check. A skipped check is listed as such and is not a pass.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from gpu_pairs import (  # noqa: E402
     Outcome,
     PairModels,
     PairRun,
+    Invalid,
     PairSpec,
     Role,
     Skipped,
@@ -95,7 +101,8 @@ from gpu_run_checks import (  # noqa: E402
 @dataclass(frozen=True)
 class PairCheck:
     """One check of a pair: ``needs`` the models alive while it runs (all others are dropped
-    first); ``peak`` what it holds at its peak when that is more (the fit test takes the larger)."""
+    first, and each is gated before the check runs); ``peak`` what it holds at its peak when that
+    is more (the fit test takes the larger)."""
 
     name: str
     fn: Callable[[PairRun], Outcome]
@@ -105,40 +112,80 @@ class PairCheck:
 
 FP32_PAIR = (("target", F32), ("draft", F32))
 BF16_PAIR = (("target", BF16), ("draft", BF16))
+# What a Space meets first comes first: losslessness, sampling and memory, then the bf16 checks,
+# then async and the deep-tree checks (each is reported the moment it ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
     PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
               FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
-    PairCheck("async drafting: same tokens as sync, pre-drafts reused, drafting hidden", async_matches_sync,
+    PairCheck("async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
               FP32_PAIR + (("small-target", F32),)),
+    PairCheck("memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
+    PairCheck("bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
+              peak=(("target", F32),)),
+    PairCheck("seeded sampling repeats", seeded_sampling, BF16_PAIR),
+    PairCheck("cost model on this device", cost_model, BF16_PAIR),
     PairCheck("draft is the target: deep trees, full paths", draft_is_target, (("small-target", F32),)),
     PairCheck("draft is the target + noise: partial acceptance", draft_is_noisy_target, (("small-target", F32),),
               peak=(("small-target", F32),) * 2),
-    PairCheck("seeded sampling repeats", seeded_sampling, BF16_PAIR),
-    PairCheck("cost model on this device", cost_model, BF16_PAIR),
-    PairCheck("bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
-              peak=(("target", F32),)),
-    PairCheck("memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
 ]
 
 
-def guarded(name: str, fn: Callable[[], Outcome]) -> Check:
-    """A check that raises is that check failed (with the error), not a crashed report."""
+class Stream:
+    """Where each check's result goes the moment it ends: one JSON line per check, flushed, so a
+    run cut off by a time limit keeps every check but the one in flight. ``deadline``: a
+    ``time.monotonic()`` after which no new check starts (each is reported skipped, out of time)."""
+
+    def __init__(self, path: Path | None = None, deadline: float | None = None) -> None:
+        self.path, self.deadline = path, deadline
+        if path is not None:
+            path.write_text("", encoding="utf-8")
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def write(self, where: str, check: Check) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"pair": where, **dataclasses.asdict(check)}) + "\n")
+
+
+def guarded(name: str, fn: Callable[[], Outcome], stream: Stream | None = None, where: str = "(once)") -> Check:
+    """A check that raises is that check failed (with the error), not a crashed report. A check
+    whose model fails its gate is invalid; one that cannot run here, or not before the deadline,
+    is skipped."""
+    stream = stream or Stream()
     start = time.perf_counter()
     try:
+        if stream.out_of_time():
+            raise Skipped("out of time: the run's deadline passed before this check could start")
         ok, detail = fn()
         check = Check(name, bool(ok), detail)
     except Skipped as why:
         check = Check(name, False, {"skipped": str(why)}, skipped=True)
+    except Invalid as why:
+        check = Check(name, False, {"invalid": str(why), **why.detail}, invalid=True)
     except Exception as err:  # noqa: BLE001 - every failure belongs in the report
         check = Check(name, False, {"error": f"{type(err).__name__}: {err}"})
     check.seconds = round(time.perf_counter() - start, 2)
+    stream.write(where, check)
     return check
 
 
-def run_pair_check(check: PairCheck, ctx: PairRun) -> Check:
-    """``check`` with only the models it names alive; skipped, before anything is allocated,
-    when ``estimate_pair`` says they would not fit the device."""
+def gate_models(ctx: PairRun, roles: tuple[Role, ...]) -> dict[str, Any]:
+    """Gate every model ``roles`` names (built if need be); Invalid, with the numbers, if one fails."""
+    gates = {f"{role}/{str(dtype).removeprefix('torch.')}": ctx.models.gate(role, dtype) for role, dtype in roles}
+    detail = {"conditioning": {k: g.as_detail() for k, g in gates.items()}}
+    bad = [f"{k}: {g.why}" for k, g in gates.items() if not g.valid]
+    if bad:
+        raise Invalid("the check model is not well conditioned, so this check proves nothing: " + "; ".join(bad),
+                      detail)
+    return detail
+
+
+def run_pair_check(check: PairCheck, ctx: PairRun, stream: Stream | None = None) -> Check:
+    """``check`` with only the models it names alive, each gated first; skipped, before anything
+    is allocated, when ``estimate_pair`` says they would not fit the device."""
 
     def body() -> Outcome:
         need = max(ctx.models.bytes_needed(check.needs, FIT_TOKENS), ctx.models.bytes_needed(check.peak, FIT_TOKENS))
@@ -146,26 +193,30 @@ def run_pair_check(check: PairCheck, ctx: PairRun) -> Check:
         if need > have:
             raise Skipped(f"needs {need / GIB:.1f} GiB, the device has {have / GIB:.1f} GiB")
         ctx.models.keep(check.needs)
-        return check.fn(ctx)
+        gates = gate_models(ctx, check.needs)
+        ok, detail = check.fn(ctx)
+        return ok, {**detail, **gates}
 
-    return guarded(check.name, body)
+    return guarded(check.name, body, stream, ctx.spec.key)
 
 
-def run_pair(spec: PairSpec, device: torch.device, tiny: bool) -> list[Check]:
+def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | None = None) -> list[Check]:
     ctx = PairRun(spec, device, tiny, PairModels(spec, device))
     try:
-        return [run_pair_check(check, ctx) for check in PAIR_CHECKS]
+        return [run_pair_check(check, ctx, stream) for check in PAIR_CHECKS]
     finally:
         ctx.models.keep(())
 
 
 def once_per_run(spec: PairSpec, device: torch.device, with_app: bool) -> list[tuple[str, Callable[[], Outcome]]]:
-    """The checks run once, on the first pair: one line each."""
-    checks = [("Hub loader: offline snapshot in the HF cache layout", lambda: hub_snapshot_check(spec, device))]
+    """The checks run once, on the first pair, before the pairs' checks (a Space needs them
+    first): one line each."""
+    checks = []
     if with_app:
         checks.append(("app /generate on this device", lambda: app_check(spec, device)))
-    checks.append(("preset switch: release, guard, fall back", lambda: preset_switch_check(spec, device)))
     checks.append(("ZeroGPU-mode start (the real spaces package)", lambda: zerogpu_start_check(spec, device)))
+    checks.append(("preset switch: release, guard, fall back", lambda: preset_switch_check(spec, device)))
+    checks.append(("Hub loader: offline snapshot in the HF cache layout", lambda: hub_snapshot_check(spec, device)))
     return checks
 
 
@@ -176,15 +227,19 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def verdict(report: dict[str, Any]) -> None:
-    """``ok``: no check failed and one passed at least; ``failed`` and ``skipped`` list them."""
+    """``ok``: no check failed or invalid and one passed at least; ``failed``, ``invalid`` and
+    ``skipped`` list them."""
     rows = report_rows(report)
-    report["failed"] = [f"{key}: {c['name']}" for key, c in rows if not c["ok"] and not c["skipped"]]
+    report["failed"] = [f"{key}: {c['name']}" for key, c in rows
+                        if not c["ok"] and not c["skipped"] and not c.get("invalid")]
+    report["invalid"] = [f"{key}: {c['name']} ({c['detail']['invalid']})" for key, c in rows if c.get("invalid")]
     report["skipped"] = [f"{key}: {c['name']} ({c['detail']['skipped']})" for key, c in rows if c["skipped"]]
     report["passed"] = sum(c["ok"] for _, c in rows)
-    report["ok"] = not report["failed"] and report["passed"] > 0
+    report["ok"] = not report["failed"] and not report["invalid"] and report["passed"] > 0
 
 
-def run_checks(tiny: bool, only: set[str], with_app: bool = True) -> dict[str, Any]:
+def run_checks(tiny: bool, only: set[str], with_app: bool = True, stream: Stream | None = None,
+               once: bool = True) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -192,13 +247,13 @@ def run_checks(tiny: bool, only: set[str], with_app: bool = True) -> dict[str, A
     specs = pair_specs(tiny, only)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                               "tiny": tiny, "torch": torch.__version__, "pairs": {}, "once": []}
+    if specs and once:
+        report["once"] = [dataclasses.asdict(guarded(name, fn, stream))
+                          for name, fn in once_per_run(specs[0], device, with_app)]
     for spec in specs:
-        checks = run_pair(spec, device, tiny)
+        checks = run_pair(spec, device, tiny, stream)
         report["pairs"][spec.key] = {"target_vocab": spec.target.vocab, "draft_vocab": spec.draft.vocab,
                                      "checks": [dataclasses.asdict(c) for c in checks]}
-    if specs:
-        once = once_per_run(specs[0], device, with_app)
-        report["once"] = [dataclasses.asdict(guarded(name, fn)) for name, fn in once]
     verdict(report)
     return report
 
@@ -207,9 +262,10 @@ def table(report: dict[str, Any]) -> str:
     lines = [f"device: {report['device']} (tiny={report['tiny']})", "| pair | check | ok | s |",
              "| --- | --- | --- | --- |"]
     for key, c in report_rows(report):
-        state = "skipped" if c["skipped"] else "yes" if c["ok"] else "NO"
+        state = "skipped" if c["skipped"] else "INVALID" if c.get("invalid") else "yes" if c["ok"] else "NO"
         lines.append(f"| {key} | {c['name']} | {state} | {c['seconds']} |")
     lines += [f"SKIPPED (not a pass): {s}" for s in report["skipped"]]
+    lines += [f"INVALID (neither pass nor fail): {s}" for s in report["invalid"]]
     lines += [f"FAILED: {f}" for f in report["failed"]]
     return "\n".join(lines)
 
@@ -219,12 +275,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="shrunk shapes on the CPU, in minutes (the test suite runs this)")
     p.add_argument("--pairs", default="", help="comma list of preset keys (default: every GPU preset)")
     p.add_argument("--no-app", action="store_true", help="skip starting the app")
+    p.add_argument("--checks", default="",
+                   help="comma list of words: run only the pair checks whose name contains one (and no once-per-run check)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    p.add_argument("--stream", type=Path, default=None,
+                   help="write one JSON line per check here as each ends (a time limit loses only the check in flight)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="start no check after this many seconds (the rest are reported skipped, out of time)")
     args = p.parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
         print("no CUDA device: run with --tiny for the CPU-sized checks", file=sys.stderr)
         return 2
-    report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app)
+    deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s
+    if args.checks:
+        words = [w for w in args.checks.split(",") if w]
+        PAIR_CHECKS[:] = [c for c in PAIR_CHECKS if any(w in c.name for w in words)]
+    report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
+                        stream=Stream(args.stream, deadline), once=not args.checks)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

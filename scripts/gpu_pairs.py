@@ -15,26 +15,22 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-)
+from transformers import PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
 from talon.presets import PRESETS  # noqa: E402
 from talon.models import LoadedModel  # noqa: E402
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled  # noqa: E402
+from check_model import Conditioning, build_model, chain_prompt, conditioning  # noqa: E402
 
 DRAFTERS = ("hybrid", "model", "retrieval")
 MODES = ("adaptive", "static", "chain")
 TINY_FACTOR = 16
 TINY_VOCAB = 1024  # the tiny pairs keep the real pairs' vocabulary difference on top of this
 F32, BF16 = torch.float32, torch.bfloat16
-ASYNC_HIDDEN_MIN = 0.2  # CUDA: share of drafting that async must hide behind verification
 SAMPLING_SEEDS = 400  # per pair; the chi-square needs expected counts >= 5 in each bin
 CHI2_Z = 3.09  # the normal quantile of p = 0.001: a correct sampler fails one pair in a thousand
 NOISE_SCALES = (0.3, 1.0, 2.0)  # noisy copies of the draft-sized target, x each tensor's std
@@ -50,10 +46,20 @@ class Check:
     detail: dict[str, Any] = field(default_factory=dict)
     skipped: bool = False  # did not run (``detail["skipped"]`` says why); never a pass
     seconds: float = 0.0
+    invalid: bool = False  # its model failed the conditioning gate (``detail["invalid"]``): neither pass nor fail
 
 
 class Skipped(Exception):
     """Raised by a check that cannot run here; the message says why, with the numbers."""
+
+
+class Invalid(Exception):
+    """Raised when a check's model fails its conditioning gate: the check would prove nothing.
+    ``detail`` holds the gate's numbers."""
+
+    def __init__(self, why: str, detail: dict[str, Any]) -> None:
+        super().__init__(why)
+        self.detail = detail
 
 
 Outcome = tuple[bool, dict[str, Any]]  # what a check function returns: passed?, and what it saw
@@ -100,21 +106,11 @@ def byte_tokenizer(size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-def random_model(shape: ModelShape, family: str, seed: int, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    torch.manual_seed(seed)
-    config_cls = Qwen2Config if family == "qwen2" else LlamaConfig
-    config = config_cls(**shape.config_kwargs(), max_position_embeddings=8192, eos_token_id=None,
-                        bos_token_id=None, pad_token_id=None)
-    with torch.device(device):  # built where it runs: a 14B model initialised on the host takes minutes
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device).eval()
-    with torch.no_grad():  # sharper than init: greedy paths are decisive, drafts can be accepted,
-        model.model.norm.weight.mul_(4.0)  # (the head's input, not the head: a tied head would
-        for layer in model.model.layers:  # scale the embeddings too), and attention is peaked
-            # enough that a wrong position id or mask entry changes the output
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
+def random_model(shape: ModelShape, family: str, seed: int, dtype: torch.dtype, device: torch.device,
+                 init: str = "conditioned", chain_vocab: int | None = None, untie: bool = True) -> LoadedModel:
+    """A random-weight check model (``check_model``: conditioned, with the pair's bigram chain
+    over ``chain_vocab`` ids), with a byte tokenizer of its vocabulary."""
+    model = build_model(shape, family, seed, dtype, device, init, chain_vocab, untie)
     return LoadedModel(model, byte_tokenizer(max(shape.vocab, 2)), f"random-{family}-{seed}", dtype, device)
 
 
@@ -129,10 +125,9 @@ def noisy(lm: LoadedModel, scale: float, seed: int) -> LoadedModel:
 
 
 def prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
-    """A prompt with a repeated span, so that retrieval has something to find."""
-    g = torch.Generator().manual_seed(seed)
-    span = torch.randint(1, vocab, (max(length // 3, 4),), generator=g).tolist()
-    return (span + torch.randint(1, vocab, (length,), generator=g).tolist() + span)[:length]
+    """A prompt that ends on a second walk of the models' bigram chain, so that retrieval has
+    something to find and the target something to agree with."""
+    return chain_prompt(vocab, length, seed)
 
 
 def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
@@ -164,13 +159,20 @@ class PairModels:
     names them: ``keep`` drops every other one first, so no check runs beside (or measures)
     models an earlier check left behind.
 
-    Roles: ``target`` and ``draft`` at the preset's shapes; ``small-target``, a target of the
-    draft's shape, for the checks where the draft is the target or a noisy copy of it (so no
-    check holds two float32 copies of a 7B+ target)."""
+    Roles: ``target`` and ``draft`` at the preset's shapes (the draft with a head of its own, to
+    carry the bigram chain); ``small-target``, a target of the draft's shape, for the checks where
+    the draft is the target or a noisy copy of it (so no check holds two float32 copies of a 7B+
+    target); ``tied-draft``, the draft exactly as the preset ships it (tied embeddings, so no
+    chain), for the memory check.
+
+    Every model is gated when built (``check_model.conditioning``): ``gates`` keeps the verdict
+    per role and dtype, and a check on a model that fails its gate is reported invalid."""
 
     def __init__(self, spec: PairSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
         self.held: dict[Role, LoadedModel] = {}
+        self.gates: dict[Role, Conditioning] = {}
+        self.init = "conditioned"
 
     def shape(self, role: str) -> ModelShape:
         return self.spec.target if role == "target" else self.spec.draft
@@ -180,9 +182,18 @@ class PairModels:
             self.held[(role, dtype)] = self._build(role, dtype)
         return self.held[(role, dtype)]
 
+    def gate(self, role: str, dtype: torch.dtype) -> Conditioning:
+        """The conditioning gate of the model in ``role`` (built if need be), measured once."""
+        if (role, dtype) not in self.gates:
+            lm = self.get(role, dtype)
+            ids = prompt_ids(self.spec.draft.vocab, 48, 3)
+            self.gates[(role, dtype)] = conditioning(lm.model, ids, bf16=dtype == BF16)
+        return self.gates[(role, dtype)]
+
     def _build(self, role: str, dtype: torch.dtype) -> LoadedModel:
-        seed = {"target": 1, "draft": 2, "small-target": 4}[role]
-        return random_model(self.shape(role), self.spec.family, seed, dtype, self.device)
+        seed = {"target": 1, "draft": 2, "small-target": 4, "tied-draft": 2}[role]
+        return random_model(self.shape(role), self.spec.family, seed, dtype, self.device, self.init,
+                            chain_vocab=self.spec.draft.vocab, untie=role != "tied-draft")
 
     def keep(self, roles: tuple[Role, ...]) -> None:
         for key in [k for k in self.held if k not in roles]:

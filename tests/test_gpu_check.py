@@ -261,3 +261,31 @@ def test_the_preset_switch_check_passes_and_fails_when_the_slot_is_broken(
     monkeypatch.setattr(PairSlot, "_switch", real_switch)
     monkeypatch.setattr(PairSlot, "_recover", lambda self, candidates: "")  # a failed load leaves nothing
     assert not switch_check(gpu_check)["ok"]
+
+
+def test_each_check_is_streamed_as_it_ends_and_the_deadline_skips_the_rest(gpu_check, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    only_checks(gpu_check, monkeypatch, named(gpu_check, "draft is the target:"), named(gpu_check, "seeded"))
+    stream = tmp_path / "checks.jsonl"
+    clock = iter([0.0, 10.0])  # the first check starts before the deadline, the second after it
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock, 99.0))
+    report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False,
+                                  stream=gpu_check.Stream(stream, deadline=5.0), once=False)
+    lines = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert [(x["pair"], x["ok"], x["skipped"]) for x in lines] == [("qwen2.5-7b", True, False),
+                                                                   ("qwen2.5-7b", False, True)]
+    assert "out of time" in lines[1]["detail"]["skipped"] and not report["failed"]
+
+
+def test_a_model_that_fails_its_gate_makes_the_check_invalid_not_passed_or_failed(
+    gpu_check, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(part("check_model"), "SPLIT_BOUND", -1.0)  # no model is that well conditioned
+    only_checks(gpu_check, monkeypatch, named(gpu_check, "draft is the target:"))
+    report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False, once=False)
+    check = report["pairs"]["qwen2.5-7b"]["checks"][0]
+    assert check["invalid"] and not check["ok"] and not report["ok"] and not report["failed"]
+    assert "split against full" in check["detail"]["invalid"] and check["detail"]["conditioning"]
+    assert report["invalid"] and "INVALID" in gpu_check.table(report)

@@ -1,0 +1,147 @@
+"""A GPU's step costs at a preset's real shapes (random weights), eager and replayed as CUDA
+graphs, written as talon-cost/1 curves for ``python -m talon atlas sweep data/lessons --costs FILE``.
+
+    python scripts/gpu_speed.py --pair qwen2.5-7b --out-dir data/gpu_costs   # on a CUDA device
+
+Measures, in bf16:
+* eager: Talon's own cost probe (dynamic cache, one forward per size), as the engine runs today;
+* static eager: the static-shape forward (talon/static.py) without graphs;
+* graph: the same forward, each bucket captured once and replayed (timed with its buffer copies);
+* the autoregressive baseline as a graph: a 1-token replay plus its argmax, and HF ``generate()``
+  (greedy) as the peer;
+* what capture costs (seconds, graph pool memory), and the replay's logits against eager's.
+
+Writes ``<device>-eager-<pair>.cost.json``, ``<device>-graph-<pair>.cost.json`` and
+``<device>-<pair>.speed.json`` (every figure above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from talon.cost import GRID, probe_costs, synthetic_costs  # noqa: E402
+from talon.static import StaticForward, bucket_for  # noqa: E402
+from gpu_pairs import BF16, pair_specs, random_model  # noqa: E402
+
+PREFIX = 256  # committed tokens in the cache while timing (the eager probe's prefix too)
+REPS = 20
+
+
+def timed(fn, reps: int = REPS) -> float:  # noqa: ANN001
+    """Best seconds of ``reps`` calls, each synchronised."""
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bucket_times(sf: StaticForward, sizes: list[int]) -> dict[int, float]:
+    """Seconds of one step of each bucket size (buffers filled, forward, logits ready)."""
+    out = {}
+    for size in sizes:
+        ids = torch.randint(0, 1000, (size,))
+        pos = torch.arange(PREFIX, PREFIX + size)
+        vis = torch.ones(size, size, dtype=torch.bool).tril()
+        out[size] = timed(lambda: sf.forward(ids, pos, vis, PREFIX))
+    return out
+
+
+def static_times(model: torch.nn.Module, sizes: list[int], graphs: bool) -> tuple[dict[int, float], dict[str, Any]]:
+    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max(sizes))
+    sf = StaticForward(model, max_len=PREFIX + max(buckets) + 8, buckets=buckets)
+    sf.prefill(torch.randint(0, 1000, (PREFIX,)))
+    info: dict[str, Any] = {}
+    if graphs:
+        ids = torch.tensor([5, 6, 7])
+        pos, vis = torch.arange(PREFIX, PREFIX + 3), torch.ones(3, 3, dtype=torch.bool).tril()
+        eager = sf.forward(ids, pos, vis, PREFIX).clone()
+        report = sf.capture(PREFIX)
+        replay = sf.forward(ids, pos, vis, PREFIX)
+        info = {"capture_s": round(report.seconds, 2), "graph_pool_gib": round(report.pool_bytes / 2**30, 3),
+                "replay_vs_eager_max_logit_diff": round(float((replay - eager).abs().max()), 4),
+                "same_argmax": bool((replay.argmax(-1) == eager.argmax(-1)).all())}
+        argmax_one = timed(lambda: sf.forward(ids[:1], pos[:1], vis[:1, :1], PREFIX).argmax(-1).item())
+        info["none_step_ms"] = round(1e3 * argmax_one, 3)
+    times = bucket_times(sf, sorted({bucket_for(s, buckets) for s in sizes}))
+    del sf
+    torch.cuda.empty_cache()
+    return {s: times[bucket_for(s, buckets)] for s in sizes}, info
+
+
+def hf_generate_tok_s(model: torch.nn.Module, tokens: int = 64) -> float:
+    x = torch.randint(0, 1000, (1, PREFIX), device=model.device)
+    run = lambda: model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,  # noqa: E731
+                                 max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
+    run()
+    return tokens / timed(run, reps=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", default="qwen2.5-7b")
+    p.add_argument("--out-dir", type=Path, required=True)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: the speed probe measures a GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    spec = pair_specs(False, {args.pair})[0]
+    name = torch.cuda.get_device_name(device)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia ")).strip("-")
+    start = time.perf_counter()
+    target = random_model(spec.target, spec.family, 1, BF16, device, chain_vocab=spec.draft.vocab)
+    draft = random_model(spec.draft, spec.family, 2, BF16, device, chain_vocab=spec.draft.vocab, untie=False)
+    report: dict[str, Any] = {"device": name, "torch": torch.__version__, "pair": args.pair, "dtype": "bfloat16",
+                              "prefix": PREFIX, "build_s": round(time.perf_counter() - start, 1)}
+    eager = probe_costs(target.model, draft.model, prefix=PREFIX, max_tree=GRID[-1], max_reps=4)
+    verify_sizes, draft_sizes = list(GRID), [g for g in GRID if g <= 32]
+    report["eager_ms"] = {"verify": {n: round(1e3 * eager.verify_s(n), 3) for n in verify_sizes},
+                          "draft": {n: round(1e3 * eager.draft_s(n), 3) for n in draft_sizes}}
+    curves: dict[str, Any] = {}
+    for label, graphs in (("static_eager", False), ("graph", True)):
+        v, vinfo = static_times(target.model, verify_sizes + [256], graphs)
+        d, dinfo = static_times(draft.model, draft_sizes, graphs)
+        curves[label] = (v, d)
+        report[f"{label}_ms"] = {"verify": {n: round(1e3 * s, 3) for n, s in v.items()},
+                                 "draft": {n: round(1e3 * s, 3) for n, s in d.items()}}
+        if graphs:
+            report["graph_target"], report["graph_draft"] = vinfo, dinfo
+    report["hf_generate_tok_s"] = round(hf_generate_tok_s(target.model), 2)
+    v, d = curves["graph"]
+    graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
+                            prefill_per_token_s=eager.prefill_per_token_s)
+    graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/static.py)")
+    graph.key = f"{args.pair}/graph"
+    eager.key = f"{args.pair}/eager"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for label, costs in (("eager", eager), ("graph", graph)):
+        (args.out_dir / f"{slug}-{label}-{args.pair}.cost.json").write_text(json.dumps(costs.to_dict(), indent=1))
+    g = report["graph_ms"]
+    report["aims"] = {"draft_1_over_verify_1": round(g["draft"][1] / g["verify"][1], 3),
+                      "verify_64_over_verify_1": round(g["verify"][64] / g["verify"][1], 3)}
+    report["total_s"] = round(time.perf_counter() - start, 1)
+    text = json.dumps(report, indent=1)
+    (args.out_dir / f"{slug}-{args.pair}.speed.json").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

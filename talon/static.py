@@ -1,0 +1,200 @@
+"""A static-shape forward: one model over a preallocated KV cache, at a few bucketed sizes, so
+that on a GPU each bucket can be captured once as a CUDA graph and replayed.
+
+Eager PyTorch on a GPU pays a kernel launch and some Python for every operation: a 0.5B draft
+forward costs almost what a 7B one does. A CUDA graph replays a whole forward as one launch, but
+only over fixed shapes and fixed addresses. So everything a step changes goes into buffers that
+live as long as the model does:
+
+* the KV cache is ``max_len`` slots per layer (``SlotLayer``), written where ``slots`` says, not
+  appended: a step's nodes go into the slots after the committed tokens;
+* ``T`` nodes go in as a bucket of ``B >= T`` (1, 2, 4, ... 256): the pads are token 0 at the last
+  node's position, each seeing only its own slot (never a fully masked row, which would make
+  NaNs that a masked score cannot hide), and no real node sees a pad;
+* the 4D additive mask covers all ``max_len`` slots: the committed prefix, the node's ancestors;
+  a slot past them is masked, whatever stale entry it holds (finite, so masked to zero weight);
+* keeping the accepted path moves its entries to the slots right after the prefix
+  (``keep_path``), inside the same tensors.
+
+The same code runs eagerly on the CPU (the suite proves its logits equal the dynamic path's) and,
+with ``graphs=True`` on CUDA, replays a captured graph per bucket. Capture follows torch's rules:
+a warm-up on a side stream first (so lazy allocations and library workspaces happen outside the
+graph), every input copied into a buffer captured by address, no host synchronisation inside.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Cache, PreTrainedModel
+from transformers.cache_utils import StaticLayer
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest bucket that holds ``tokens`` nodes."""
+    for b in buckets:
+        if b >= tokens:
+            return b
+    raise ValueError(f"{tokens} nodes exceed the largest bucket ({buckets[-1]})")
+
+
+class Slots:
+    """The cache slots the next forward writes, shared by every layer: set per bucket."""
+
+    def __init__(self) -> None:
+        self.current: torch.Tensor | None = None  # (B,) long
+
+
+class SlotLayer(StaticLayer):
+    """transformers' static layer (``max_len`` preallocated slots), writing its keys and values
+    where ``slots.current`` says instead of after a running count."""
+
+    def __init__(self, max_cache_len: int, slots: Slots) -> None:
+        super().__init__(max_cache_len=max_cache_len)
+        self.slots = slots
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # noqa: ANN002, ANN003
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys.index_copy_(2, self.slots.current, key_states)  # (1, kv, L, d) <- (1, kv, B, d)
+        self.values.index_copy_(2, self.slots.current, value_states)
+        return self.keys, self.values
+
+
+@dataclass
+class Bucket:
+    """The static buffers of one size, and its graph once captured."""
+
+    size: int
+    ids: torch.Tensor  # (1, B) long
+    positions: torch.Tensor  # (1, B) long
+    slots: torch.Tensor  # (B,) long
+    mask: torch.Tensor  # (1, 1, B, L) additive, the model's dtype
+    logits: torch.Tensor | None = None  # (B, V) float32: the graph's output
+    graph: "torch.cuda.CUDAGraph | None" = None
+
+
+@dataclass
+class CaptureReport:
+    """What capturing cost: seconds, and the graph pool's memory (CUDA)."""
+
+    buckets: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    pool_bytes: int = 0
+
+
+class StaticForward:
+    """One model, its slot cache of ``max_len`` and a buffer set per bucket. ``forward`` scores
+    ``T`` nodes after ``length`` committed tokens; ``keep_path`` commits a path."""
+
+    def __init__(self, model: PreTrainedModel, max_len: int, buckets: tuple[int, ...] = BUCKETS,
+                 vocab: int = 0) -> None:
+        self.model, self.max_len, self.vocab = model, max_len, vocab
+        self.device = model.device
+        self.slots = Slots()
+        layers = model.config.num_hidden_layers
+        self.cache = Cache(layers=[SlotLayer(max_len, self.slots) for _ in range(layers)])
+        self.buckets = {b: self._buffers(b) for b in buckets}
+        self.minimum = torch.finfo(model.dtype).min
+        self.capture_report = CaptureReport()
+
+    def _buffers(self, size: int) -> Bucket:
+        d = self.device
+        return Bucket(size, torch.zeros(1, size, dtype=torch.long, device=d),
+                      torch.zeros(1, size, dtype=torch.long, device=d), torch.arange(size, device=d),
+                      torch.zeros(1, 1, size, self.max_len, dtype=self.model.dtype, device=d))
+
+    # ------------------------------------------------------------------ the step
+
+    def _run(self, bucket: Bucket) -> torch.Tensor:
+        """The model over ``bucket``'s buffers: (B, V) float32 logits (captured as is)."""
+        self.slots.current = bucket.slots
+        out = self.model(input_ids=bucket.ids, position_ids=bucket.positions, attention_mask=bucket.mask,
+                         past_key_values=self.cache, use_cache=True)
+        logits = out.logits[0]  # (B, V_full)
+        return (logits[:, : self.vocab] if self.vocab else logits).float()
+
+    def fill(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int) -> Bucket:
+        """Copy one step into its bucket's buffers. ids, positions: (T,) long; visible: (T, T)
+        bool, node i sees node j (its ancestors and itself); ``length`` committed tokens before."""
+        t = ids.shape[0]
+        bucket = self.buckets[bucket_for(t, tuple(self.buckets))]
+        b = bucket.size
+        if length + b > self.max_len:
+            raise ValueError(f"{length} tokens + a bucket of {b} exceed the static cache ({self.max_len} slots)")
+        bucket.ids.zero_()
+        bucket.ids[0, :t].copy_(ids, non_blocking=True)
+        bucket.positions[0, :t].copy_(positions, non_blocking=True)
+        bucket.positions[0, t:] = bucket.positions[0, t - 1]  # pads sit at the last node's position
+        torch.arange(length, length + b, out=bucket.slots)
+        mask = bucket.mask[0, 0]  # (B, L)
+        mask.fill_(self.minimum)
+        mask[:t, :length] = 0.0  # every node sees the committed prefix
+        nodes = mask[:t, length:length + t]
+        nodes.masked_fill_(visible.to(self.device, non_blocking=True), 0.0)  # and its ancestors
+        pads = torch.arange(t, b, device=self.device)
+        mask[pads, length + pads] = 0.0  # a pad sees itself only
+        return bucket
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int) -> torch.Tensor:
+        """(T, V) float32 logits of ``T`` nodes after ``length`` committed tokens (see ``fill``);
+        a replay of the bucket's graph when one was captured."""
+        t = ids.shape[0]
+        bucket = self.fill(ids, positions, visible, length)
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            return bucket.logits[:t]
+        return self._run(bucket)[:t]
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Write the first ``P`` tokens' entries into slots 0..P-1 (eager, causal, bucket by bucket)."""
+        step = max(self.buckets)
+        for start in range(0, ids.shape[0], step):
+            chunk = ids[start:start + step]
+            t = chunk.shape[0]
+            self.forward(chunk, torch.arange(start, start + t), torch.ones(t, t, dtype=torch.bool).tril(), start)
+
+    @torch.inference_mode()
+    def keep_path(self, length: int, path: torch.Tensor) -> None:
+        """Move the entries of the accepted nodes (``path``: (K,) node indices, the step's slots
+        being ``length + i``) to slots ``length .. length + K - 1``, every layer, in place."""
+        src = path.to(self.device) + length  # (K,)
+        dst = torch.arange(length, length + src.shape[0], device=self.device)
+        for layer in self.cache.layers:
+            for store in (layer.keys, layer.values):
+                store.index_copy_(2, dst, store.index_select(2, src))  # gathered first: no overlap hazard
+
+    # ------------------------------------------------------------------ graphs
+
+    @torch.inference_mode()
+    def capture(self, length: int) -> CaptureReport:
+        """Capture every bucket as a CUDA graph (a warm-up first, on a side stream, at slots after
+        ``length``: it writes only slots the next step overwrites)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device; the static forward runs eagerly elsewhere")
+        start = time.perf_counter()
+        before = torch.cuda.memory_reserved(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        for size, bucket in sorted(self.buckets.items(), reverse=True):  # largest first: the pool fits the rest
+            one = torch.ones(size, size, dtype=torch.bool, device=self.device).tril()
+            self.fill(torch.zeros(size, dtype=torch.long), torch.arange(length, length + size), one, length)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(bucket)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                bucket.logits = self._run(bucket)
+            bucket.graph = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_report = CaptureReport(sorted(self.buckets), time.perf_counter() - start,
+                                            torch.cuda.memory_reserved(self.device) - before)
+        return self.capture_report

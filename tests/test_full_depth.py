@@ -1,0 +1,158 @@
+"""Lossless at the GPU presets' real depth and attention shape, on the CPU.
+
+The tiny models of the rest of the suite have 2 layers: a bug that only shows at depth (a tree
+mask, a position id or a cache move that is slightly wrong, amplified through 28 layers) would
+pass them. Here the target has the preset's full depth, heads, KV heads and head size (Qwen2.5
+7B: 28 layers, 28 heads, 4 KV heads, head_dim 128; Llama 3.1 8B: 32 layers, 32 heads, 8 KV
+heads), with a narrow MLP and a reduced vocabulary so it fits the CPU and CI's time; the draft
+has its preset's full depth too. The weights are the GPU check's conditioned init
+(``scripts/check_model.py``), so the model agrees with itself however a sequence is split and a
+failure is a bug, not noise: the gate proves that first, and the old init trips it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from talon.decode import Engine, generate
+from talon.models import LoadedModel
+from talon.models.memory import KNOWN_SHAPES, ModelShape
+from talon.presets import PRESETS
+from talon.run_config import RunConfig, TreeConfig
+from talon.tree import DraftTree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from check_model import SPLIT_BOUND, build_model, chain_prompt, conditioning  # noqa: E402
+from gpu_pairs import byte_tokenizer, reference  # noqa: E402
+
+CPU = torch.device("cpu")
+NARROW = 256  # MLP width: the depth and the attention are real, the MLP and vocabulary are not
+VOCAB = 2048  # the draft's; the target keeps its preset's extra ids on top
+TOKENS = 16
+FAMILIES = ("qwen2.5-7b", "llama-3.1-8b")  # one preset per family: the coder and 14B pairs share these shapes
+DRAFTERS, MODES = ("retrieval", "model", "hybrid"), ("adaptive", "static", "chain")
+
+
+def narrow(shape: ModelShape, vocab: int) -> ModelShape:
+    return dataclasses.replace(shape, intermediate=NARROW, vocab=vocab)
+
+
+def preset_shapes(key: str) -> tuple[ModelShape, ModelShape, str]:
+    """(target, draft, family) of a GPU preset at full depth and attention, narrowed."""
+    preset = next(p for p in PRESETS if p.key == key)
+    target, draft = KNOWN_SHAPES[preset.target or ""], KNOWN_SHAPES[preset.draft or ""]
+    extra = target.vocab - draft.vocab
+    return narrow(target, VOCAB + extra), narrow(draft, VOCAB), "qwen2" if target.qkv_bias else "llama"
+
+
+def loaded(shape: ModelShape, family: str, seed: int, init: str = "conditioned") -> LoadedModel:
+    model = build_model(shape, family, seed, torch.float32, CPU, init, chain_vocab=VOCAB, untie=True)
+    return LoadedModel(model, byte_tokenizer(shape.vocab), f"check-{family}-{seed}", torch.float32, CPU)
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    """Random ids with a span repeated: the target follows its context more than its chain here,
+    so deep drafts are accepted by a target whose choice a wrong mask or position would change."""
+    g = torch.Generator().manual_seed(seed)
+    span = torch.randint(1, VOCAB, (length // 3,), generator=g).tolist()
+    return (span + torch.randint(1, VOCAB, (length,), generator=g).tolist() + span)[:length]
+
+
+@dataclasses.dataclass
+class Pair:
+    key: str
+    engine: Engine
+    prompts: dict[str, tuple[list[int], list[int]]]  # name -> (prompt ids, generate()'s tokens)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompts["random"][0]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request: pytest.FixtureRequest) -> Pair:
+    """Two prompts: random ids (the model drafter's trees accepted at depth) and one ending on a
+    walk of the chain it walked before (retrieval's trees accepted at depth)."""
+    target_shape, draft_shape, family = preset_shapes(request.param)
+    target, draft = loaded(target_shape, family, 1), loaded(draft_shape, family, 2)
+    prompts = {"random": random_prompt(48, 3), "chain": chain_prompt(VOCAB, 48, 3)}
+    return Pair(request.param, Engine(target, draft),
+                {name: (ids, reference(target, ids, TOKENS)) for name, ids in prompts.items()})
+
+
+def config(drafter: str, mode: str, async_draft: bool = False) -> RunConfig:
+    tree = TreeConfig(mode=mode, budget=16, root_k=4, top_k=2, mu=0.1, max_depth=8, min_conf=0.0, cost_aware=False)
+    return RunConfig(drafter=drafter, tree=tree, max_new_tokens=TOKENS, chat_template=False, draft_vocab=0,
+                     async_draft=async_draft)
+
+
+def test_the_full_depth_models_have_the_presets_attention_and_are_well_conditioned(pair: Pair) -> None:
+    target_shape, draft_shape, _ = preset_shapes(pair.key)
+    assert target_shape.head_dim == 128
+    for lm, shape in ((pair.engine.target, target_shape), (pair.engine.draft, draft_shape)):
+        cfg = lm.model.config
+        assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size) == (
+            shape.layers, shape.heads, shape.kv_heads, shape.hidden)
+        gate = conditioning(lm.model, pair.ids)
+        assert gate.valid and gate.split_vs_full <= SPLIT_BOUND, gate
+
+
+def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -> None:
+    mats, wrong = {}, []
+    every = [(d, m, False) for d in DRAFTERS for m in MODES] + [("hybrid", "adaptive", True)]
+    runs = {"random": every, "chain": [("retrieval", m, False) for m in MODES]}
+    for prompt, (ids, want) in pair.prompts.items():
+        for drafter, mode, async_draft in runs[prompt]:
+            summary, _ = generate(pair.engine, ids, config(drafter, mode, async_draft))
+            mats[(prompt, drafter, mode, async_draft)] = summary.mean_accepted_tokens
+            if summary.token_ids != want:
+                wrong.append((prompt, drafter, mode, async_draft))
+    assert not wrong, f"{pair.key}: differs from generate() for {wrong}"
+    # the check has teeth only where drafts are accepted at depth: the draft model's trees must be
+    # (retrieval's, on the chain prompt, are on Qwen's shapes; they share the one verify path)
+    for drafter in ("model", "hybrid"):
+        assert max(m for (_, d, *_), m in mats.items() if d == drafter) > 1.5, (drafter, mats)
+
+
+def positions_shifted(real):  # noqa: ANN001, ANN201
+    return lambda self, prefix: real(self, prefix + 1) - (torch.tensor(self.depths) == 0).long()
+
+
+def siblings_visible(self: DraftTree) -> torch.Tensor:
+    n = len(self.tokens)
+    return torch.ones(n, n, dtype=torch.bool).tril()  # (T, T): causal over node order, not the tree
+
+
+@pytest.mark.parametrize("bug", ["position ids below the root one too far", "tree mask shows siblings"])
+def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if bug.startswith("position"):
+        monkeypatch.setattr(DraftTree, "positions", positions_shifted(DraftTree.positions))
+    else:
+        monkeypatch.setattr(DraftTree, "ancestor_mask", siblings_visible)
+    ids, want = pair.prompts["random"]
+    caught = []
+    for drafter, mode in (("hybrid", "adaptive"), ("model", "static"), ("hybrid", "static"), ("model", "adaptive")):
+        if generate(pair.engine, ids, config(drafter, mode))[0].token_ids != want:
+            caught.append((drafter, mode))
+            break  # the lossless test above runs these configurations: one differing fails it
+    assert caught, f"{pair.key}: {bug} went unnoticed"
+
+
+def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_the_old_one() -> None:
+    """Every GPU preset's depth (heads narrowed four times: depth is what conditions), then the
+    old init at the 7B's real attention width, where it is chaotic."""
+    ids = random_prompt(48, 3)
+    for preset in (p for p in PRESETS if p.needs_cuda and p.target in KNOWN_SHAPES):
+        target, _, family = preset_shapes(preset.key)
+        slim = dataclasses.replace(target, hidden=target.hidden // 4, heads=target.heads // 4,
+                                   kv_heads=max(target.kv_heads // 4, 1))
+        gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=VOCAB), ids)
+        assert gate.valid and gate.layers == target.layers, (preset.key, gate)
+    target, _, family = preset_shapes("qwen2.5-7b")
+    old = conditioning(build_model(target, family, 1, torch.float32, CPU, "sharp"), ids)
+    assert not old.valid and old.split_vs_full > 100 * SPLIT_BOUND and "split against full" in old.why, old

@@ -1,0 +1,118 @@
+"""The static-shape forward (talon/static.py) against the dynamic path the engine runs today:
+the same logits for a tree padded into its bucket, the same next step after the accepted path
+is moved inside the static cache, and each of those broken once fails. The CUDA-graph capture
+runs where CUDA is present and is skipped, said so, elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import talon.static
+from talon.kv import keep_entries
+from talon.static import StaticForward, bucket_for
+from talon.tree import DraftTree
+from talon.verify import forward_hidden, verify_tree
+from tests.tiny import tiny_model
+
+PROMPT = torch.arange(3, 23)  # (P,)
+
+
+def a_tree(root: int) -> DraftTree:
+    """5 nodes on two branches: 0 -> 1 -> 3, 0 -> 2 -> 4 (a bucket of 8: three pads)."""
+    tree = DraftTree.with_root(root)
+    for parent, token in ((0, 40), (0, 41), (1, 42), (2, 43)):
+        tree.add(parent, token, 0.5, "model")
+    return tree
+
+
+def dynamic(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
+    cache = DynamicCache(config=model.config)
+    forward_hidden(model, cache, PROMPT[:-1], torch.arange(len(PROMPT) - 1), None)
+    first = verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(PROMPT) - 1))
+    keep_entries(cache, len(PROMPT) - 1, [len(PROMPT) - 1 + i for i in path])
+    chain = DraftTree.with_root(follow[0])
+    for i, token in enumerate(follow[1:]):
+        chain.add(i, token, 0.5, "model")
+    length = len(PROMPT) - 1 + len(path)
+    second = verify_tree(model, cache, chain.tokens, chain.ancestor_mask(), chain.positions(length))
+    return first, second
+
+
+def static(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
+    sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8))
+    sf.prefill(PROMPT[:-1])
+    length = len(PROMPT) - 1
+    first = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    sf.keep_path(length, torch.tensor(path))
+    length += len(path)
+    t = len(follow)
+    second = sf.forward(torch.tensor(follow), torch.arange(length, length + t),
+                        torch.ones(t, t, dtype=torch.bool).tril(), length)
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def model():  # noqa: ANN201
+    torch.manual_seed(0)
+    return tiny_model("qwen2", seed=3, layers=2)
+
+
+def test_buckets_round_up() -> None:
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
+    with pytest.raises(ValueError, match="largest bucket"):
+        bucket_for(257)
+
+
+def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) -> None:  # noqa: ANN001
+    tree = a_tree(int(PROMPT[-1]))
+    want = dynamic(model, tree, [0, 2, 4], [50, 51, 52])
+    got = static(model, tree, [0, 2, 4], [50, 51, 52])
+    for w, g in zip(want, got):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    real = StaticForward.fill
+
+    def pads_seen(self, ids, positions, visible, length):  # noqa: ANN001, ANN202
+        bucket = real(self, ids, positions, visible, length)
+        bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
+        return bucket
+
+    monkeypatch.setattr(StaticForward, "fill", pads_seen)
+    tree = a_tree(int(PROMPT[-1]))
+    first, _ = static(model, tree, [0, 2, 4], [50])
+    assert not torch.allclose(first, dynamic(model, tree, [0, 2, 4], [50])[0], atol=1e-3)
+
+
+def test_a_cache_move_one_slot_off_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    real = StaticForward.keep_path
+    monkeypatch.setattr(StaticForward, "keep_path", lambda self, length, path: real(self, length + 1, path))
+    tree = a_tree(int(PROMPT[-1]))
+    _, second = static(model, tree, [0, 2, 4], [50, 51])
+    assert not torch.allclose(second, dynamic(model, tree, [0, 2, 4], [50, 51])[1], atol=1e-3)
+
+
+def test_too_long_a_step_for_the_static_cache_is_refused(model) -> None:  # noqa: ANN001
+    sf = StaticForward(model, max_len=16, buckets=(1, 2, 4, 8))
+    with pytest.raises(ValueError, match="exceed the static cache"):
+        sf.forward(torch.zeros(5, dtype=torch.long), torch.arange(12, 17), torch.eye(5, dtype=torch.bool), 12)
+
+
+def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN001
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: graph capture runs only on a GPU (the eager static path is tested above)")
+    cuda = model.to("cuda")
+    tree = a_tree(int(PROMPT[-1]))
+    sf = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8))
+    sf.prefill(PROMPT[:-1])
+    length = len(PROMPT) - 1
+    eager = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length).clone()
+    report = sf.capture(length)
+    replay = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    assert report.buckets == [1, 2, 4, 8] and talon.static.bucket_for(5) == 8
+    torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
+    model.to("cpu")
