@@ -42,6 +42,7 @@ from gpu_pairs import (  # noqa: E402
     free_memory,
     noisy,
     prompt_ids,
+    random_ids,
     reference,
 )
 
@@ -62,10 +63,14 @@ def greedy_cfg(drafter: str, tokens: int, **changes: Any) -> RunConfig:
 def lossless_fp32(ctx: PairRun) -> Outcome:
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
     engine = Engine(target, draft)
-    ids = prompt_ids(ctx.spec.draft.vocab, 48, 3)
-    want = reference(target, ids, ctx.tokens)
+    # retrieval on a prompt ending on a walk of the chain (its drafts accepted), the draft model on
+    # random ids (its deep nodes accepted where a wrong mask or position would change them)
+    prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
+    wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items()}
     failures, mats = [], {}
     for drafter in DRAFTERS:
+        which = "chain" if drafter == "retrieval" else "random"
+        ids, want = prompts[which], wants[which]
         for mode in MODES:
             for async_draft in (False, True):
                 cfg = greedy_cfg(drafter, ctx.tokens, tree=plain(mode), async_draft=async_draft)
@@ -74,7 +79,7 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
                 if summary.token_ids != want:
                     failures.append(f"{drafter}/{mode}/async={async_draft}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
-    return not failures, {"runs": len(mats), "failures": failures, "vocab": vocab}
+    return not failures, {"runs": len(mats), "failures": failures, "vocab": vocab, "mat": mats}
 
 
 def flat_temperature(logits: torch.Tensor) -> float:

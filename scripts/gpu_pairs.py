@@ -130,6 +130,14 @@ def prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
     return chain_prompt(vocab, length, seed)
 
 
+def random_ids(vocab: int, length: int, seed: int) -> list[int]:
+    """Random ids with a span repeated: here the target follows its context more than its chain,
+    so the draft model's deep nodes are accepted where a wrong mask or position would change them."""
+    g = torch.Generator().manual_seed(seed)
+    span = torch.randint(1, vocab, (max(length // 3, 4),), generator=g).tolist()
+    return (span + torch.randint(1, vocab, (length,), generator=g).tolist() + span)[:length]
+
+
 def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         x = torch.tensor([ids], device=target.device)  # (1, P)
@@ -172,7 +180,9 @@ class PairModels:
         self.spec, self.device = spec, device
         self.held: dict[Role, LoadedModel] = {}
         self.gates: dict[Role, Conditioning] = {}
-        self.init = "conditioned"
+        # tiny (2 layers): the sharp init is well conditioned there (its gate proves it each run) and
+        # sensitive enough that a planted bug shows; the conditioned one is for depth
+        self.init = "sharp" if spec.target.layers <= 4 else "conditioned"
 
     def shape(self, role: str) -> ModelShape:
         return self.spec.target if role == "target" else self.spec.draft
