@@ -19,8 +19,8 @@ models would not fit the device:
 * a draft that *is* the target (draft-sized, float32) gets its deep paths accepted in full, and
   noisy copies of it part of them, the output always the target's;
 * bf16: seeded sampling repeats; the planner grows large trees on a flat cost curve and small
-  ones on a steep one (the probed curves and their trees recorded); every greedy token the target's choice (the benchmark's judge, on the target upcast in
-  place, so no second copy);
+  ones on a steep one (the probed curves and their trees recorded); every greedy token the
+  target's choice (the benchmark's judge, on the target upcast in place, so no second copy);
 * memory at the server's largest settings (the longest prompt, the most new tokens, the largest
   tree): the guard passes the GPU the preset names and refuses one a byte too small; on CUDA the
   peak of the pair alone against the estimate and the device, on the CPU the weights and KV
@@ -66,10 +66,10 @@ from gpu_pairs import (  # noqa: E402
     F32,
     FIT_TOKENS,
     Check,
+    Invalid,
     Outcome,
     PairModels,
     PairRun,
-    Invalid,
     PairSpec,
     Role,
     Skipped,
@@ -112,8 +112,8 @@ class PairCheck:
 
 FP32_PAIR = (("target", F32), ("draft", F32))
 BF16_PAIR = (("target", BF16), ("draft", BF16))
-# What a Space meets first comes first: losslessness, sampling and memory, then the bf16 checks,
-# then async and the deep-tree checks (each is reported the moment it ends: see ``Stream``).
+# What a Space meets first comes first: losslessness, sampling, async and memory, then the bf16
+# checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
     PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
@@ -134,15 +134,16 @@ PAIR_CHECKS: list[PairCheck] = [
 class Stream:
     """Where each check's result goes the moment it ends: one JSON line per check, flushed, so a
     run cut off by a time limit keeps every check but the one in flight. ``deadline``: a
-    ``time.monotonic()`` after which no new check starts (each is reported skipped, out of time)."""
+    ``clock()`` reading after which no new check starts (each is reported skipped, out of time)."""
 
-    def __init__(self, path: Path | None = None, deadline: float | None = None) -> None:
-        self.path, self.deadline = path, deadline
+    def __init__(self, path: Path | None = None, deadline: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.deadline, self.clock = path, deadline, clock
         if path is not None:
             path.write_text("", encoding="utf-8")
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+        return self.deadline is not None and self.clock() > self.deadline
 
     def write(self, where: str, check: Check) -> None:
         if self.path is not None:

@@ -28,7 +28,7 @@ from talon.tree import DraftTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from check_model import SPLIT_BOUND, build_model, chain_prompt, conditioning  # noqa: E402
-from gpu_pairs import byte_tokenizer, reference  # noqa: E402
+from gpu_pairs import byte_tokenizer, random_ids, reference  # noqa: E402
 
 CPU = torch.device("cpu")
 NARROW = 256  # MLP width: the depth and the attention are real, the MLP and vocabulary are not
@@ -55,14 +55,6 @@ def loaded(shape: ModelShape, family: str, seed: int, init: str = "conditioned")
     return LoadedModel(model, byte_tokenizer(shape.vocab), f"check-{family}-{seed}", torch.float32, CPU)
 
 
-def random_prompt(length: int, seed: int) -> list[int]:
-    """Random ids with a span repeated: the target follows its context more than its chain here,
-    so deep drafts are accepted by a target whose choice a wrong mask or position would change."""
-    g = torch.Generator().manual_seed(seed)
-    span = torch.randint(1, VOCAB, (length // 3,), generator=g).tolist()
-    return (span + torch.randint(1, VOCAB, (length,), generator=g).tolist() + span)[:length]
-
-
 @dataclasses.dataclass
 class Pair:
     key: str
@@ -80,7 +72,7 @@ def pair(request: pytest.FixtureRequest) -> Pair:
     walk of the chain it walked before (retrieval's trees accepted at depth)."""
     target_shape, draft_shape, family = preset_shapes(request.param)
     target, draft = loaded(target_shape, family, 1), loaded(draft_shape, family, 2)
-    prompts = {"random": random_prompt(48, 3), "chain": chain_prompt(VOCAB, 48, 3)}
+    prompts = {"random": random_ids(VOCAB, 48, 3), "chain": chain_prompt(VOCAB, 48, 3)}
     return Pair(request.param, Engine(target, draft),
                 {name: (ids, reference(target, ids, TOKENS)) for name, ids in prompts.items()})
 
@@ -146,7 +138,7 @@ def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str, monkeypatch: pytest.
 def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_the_old_one() -> None:
     """Every GPU preset's depth (heads narrowed four times: depth is what conditions), then the
     old init at the 7B's real attention width, where it is chaotic."""
-    ids = random_prompt(48, 3)
+    ids = random_ids(VOCAB, 48, 3)
     for preset in (p for p in PRESETS if p.needs_cuda and p.target in KNOWN_SHAPES):
         target, _, family = preset_shapes(preset.key)
         slim = dataclasses.replace(target, hidden=target.hidden // 4, heads=target.heads // 4,

@@ -265,14 +265,11 @@ def test_the_preset_switch_check_passes_and_fails_when_the_slot_is_broken(
 
 def test_each_check_is_streamed_as_it_ends_and_the_deadline_skips_the_rest(gpu_check, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
     only_checks(gpu_check, monkeypatch, named(gpu_check, "draft is the target:"), named(gpu_check, "seeded"))
     stream = tmp_path / "checks.jsonl"
     clock = iter([0.0, 10.0])  # the first check starts before the deadline, the second after it
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock, 99.0))
-    report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False,
-                                  stream=gpu_check.Stream(stream, deadline=5.0), once=False)
+    report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False, once=False,
+                                  stream=gpu_check.Stream(stream, deadline=5.0, clock=lambda: next(clock)))
     lines = [json.loads(line) for line in stream.read_text().splitlines()]
     assert [(x["pair"], x["ok"], x["skipped"]) for x in lines] == [("qwen2.5-7b", True, False),
                                                                    ("qwen2.5-7b", False, True)]
