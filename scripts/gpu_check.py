@@ -10,7 +10,8 @@ models it names alive, and each skipped, with the numbers, when ``estimate_pair`
 models would not fit the device:
 
 * lossless float32: greedy output equals ``generate(do_sample=False)`` (TF32 off) for every
-  drafter and tree mode, async on and off;
+  drafter and tree mode, async on and off; and with the static step (``Engine(step=...)``),
+  replayed as CUDA graphs on CUDA;
 * sampling: the first token of sampled decoding (model drafter) over many seeds is distributed as
   the target's own softmax (chi-square);
 * async drafting against sync: the same tokens on the preset's pair and on the draft-sized
@@ -86,6 +87,7 @@ from gpu_pair_checks import (  # noqa: E402
     memory_at_limits,
     sampling_distribution,
     seeded_sampling,
+    static_step_lossless,
 )
 from gpu_run_checks import (  # noqa: E402
     app_check,
@@ -116,6 +118,7 @@ BF16_PAIR = (("target", BF16), ("draft", BF16))
 # checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
+    PairCheck("static step (CUDA graphs on CUDA): greedy equals generate()", static_step_lossless, FP32_PAIR),
     PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
               FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
     PairCheck("async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,27 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
                     failures.append(f"{drafter}/{mode}/async={async_draft}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     return not failures, {"runs": len(mats), "failures": failures, "vocab": vocab, "mat": mats}
+
+
+def static_step_lossless(ctx: PairRun) -> Outcome:
+    """The static step (talon/static.py) in the loop, replayed as CUDA graphs on CUDA (eager and
+    static on the CPU): greedy output equals ``generate()`` for each drafter, on the prompt
+    where its drafts are accepted."""
+    target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
+    step = "graphs" if ctx.device.type == "cuda" else "static"
+    start = time.perf_counter()
+    engine = Engine(target, draft, step=step)
+    prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
+    failures, mats = [], {}
+    for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
+                                 ("model", "static", "random"), ("retrieval", "adaptive", "chain")):
+        want = reference(target, prompts[which], ctx.tokens)
+        summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
+        mats[f"{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
+        if summary.token_ids != want:
+            failures.append(f"{drafter}/{mode}")
+    return not failures, {"step": step, "failures": failures, "mat": mats,
+                          "seconds_with_capture": round(time.perf_counter() - start, 1)}
 
 
 def flat_temperature(logits: torch.Tensor) -> float:

@@ -9,7 +9,8 @@ Measures, in bf16:
 * graph: the same forward, each bucket captured once and replayed (timed with its buffer copies);
 * the autoregressive baseline as a graph: a 1-token replay plus its argmax, and HF ``generate()``
   (greedy) as the peer;
-* what capture costs (seconds, graph pool memory), and the replay's logits against eager's.
+* what capture costs (seconds, graph pool memory), and the replay's logits against eager's;
+* Talon's own loop (``none`` and ``hybrid``) with the dynamic step and with graphs.
 
 Writes ``<device>-eager-<pair>.cost.json``, ``<device>-graph-<pair>.cost.json`` and
 ``<device>-<pair>.speed.json`` (every figure above).
@@ -33,6 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from talon.cost import GRID, probe_costs, synthetic_costs  # noqa: E402
+from talon.decode import Engine, generate  # noqa: E402
+from talon.run_config import RunConfig, TreeConfig  # noqa: E402
 from talon.static import StaticForward, bucket_for  # noqa: E402
 from gpu_pairs import BF16, pair_specs, random_model  # noqa: E402
 
@@ -93,6 +96,25 @@ def hf_generate_tok_s(model: torch.nn.Module, tokens: int = 64) -> float:
     return tokens / timed(run, reps=2)
 
 
+def loop_speeds(target, draft, tokens: int = 128) -> dict[str, Any]:  # noqa: ANN001 - LoadedModel
+    """Talon's own loop on these random weights, per step implementation and drafter: tok/s and
+    ms a step (random drafts are mostly rejected, so this times steps, not acceptance)."""
+    out: dict[str, Any] = {}
+    ids = torch.randint(0, 1000, (PREFIX,)).tolist()
+    for step in ("dynamic", "graphs"):
+        engine = Engine(target, draft, step=step)
+        for drafter in ("none", "hybrid"):
+            cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
+                            tree=TreeConfig(cost_aware=False))
+            generate(engine, ids, cfg)  # warm: the first run builds (and captures) the static forward
+            summary, steps = generate(engine, ids, cfg)
+            out[f"{step}/{drafter}"] = {"tok_s": round(summary.tokens_per_second, 2),
+                                        "mat": round(summary.mean_accepted_tokens, 2), "ms_per_step": round(1e3 * summary.seconds / max(len(steps), 1), 2)}
+        del engine
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default="qwen2.5-7b")
@@ -124,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if graphs:
             report["graph_target"], report["graph_draft"] = vinfo, dinfo
     report["hf_generate_tok_s"] = round(hf_generate_tok_s(target.model), 2)
+    report["loop"] = loop_speeds(target, draft)
     v, d = curves["graph"]
     graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
                             prefill_per_token_s=eager.prefill_per_token_s)

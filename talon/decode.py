@@ -28,9 +28,11 @@ from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
+from talon.static import StaticPool, StaticVerifier
 from talon.verify import TargetVerifier, Verdict, head_rows
 
 log = logging.getLogger(__name__)
+STEPS = ("dynamic", "static", "graphs")  # how the target verifies: see ``Engine``
 
 
 class Engine:
@@ -42,9 +44,19 @@ class Engine:
         draft: LoadedModel | None = None,
         cost_cache: Path | None = None,
         costs: CostModel | None = None,
+        step: str = "dynamic",
     ) -> None:
         """``cost_cache``: the directory where probed cost curves are cached (None = probe once
-        per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs)."""
+        per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``step``:
+        how the target verifies, ``dynamic`` (a cache that grows, one forward of the tree's own
+        size), ``static`` (``talon.static``: a preallocated cache, bucketed sizes) or ``graphs``
+        (static, each bucket replayed as a CUDA graph; a CUDA device only)."""
+        if step not in STEPS:
+            raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
+        if step == "graphs" and target.device.type != "cuda":
+            raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {target.device}")
+        self.step = step
+        self._static = StaticPool(target.model, graphs=step == "graphs") if step != "dynamic" else None
         self.target = target
         self.draft = draft
         self.cost_cache = cost_cache
@@ -90,6 +102,12 @@ class Engine:
                 )
             return self._corpora[path]
 
+    def _verifier(self, cfg: RunConfig, prompt_len: int) -> TargetVerifier:
+        if self._static is None:
+            return TargetVerifier(self.target.model, cfg.sampling)
+        tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
+        return StaticVerifier(self.target.model, cfg.sampling, self._static, tokens)
+
     def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
         """The run's drafter (after ``prepare``, which refuses a model drafter without a draft)."""
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
@@ -133,7 +151,7 @@ class Engine:
             prompt_ids=prompt_ids,
             prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
             drafter=self.make_drafter(cfg),
-            verifier=TargetVerifier(self.target.model, cfg.sampling),
+            verifier=self._verifier(cfg, len(prompt_ids)),
             stop=StopCheck(tok, eos_ids(self.target), cfg.stop_strings, cfg.max_new_tokens),
             token_text=self.token_text,
             detokenize=lambda ids: tok.decode(ids, skip_special_tokens=True),
@@ -226,6 +244,7 @@ class Run:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+            self.verifier.close()
         seconds = time.perf_counter() - t0
         if self.parts.predicted_times is not None:
             seconds = sum(s.draft_s + s.verify_s + s.other_s for s in self.steps)

@@ -24,6 +24,7 @@ graph), every input copied into a buffer captured by address, no host synchronis
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -31,7 +32,12 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+from talon.rng import generator_for
+from talon.run_config import SamplingConfig
+from talon.tree import DraftTree
+from talon.verify import TargetVerifier, Verdict, head_device
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # a tree is its root plus up to MAX_BUDGET (256) nodes
 
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -198,3 +204,64 @@ class StaticForward:
         self.capture_report = CaptureReport(sorted(self.buckets), time.perf_counter() - start,
                                             torch.cuda.memory_reserved(self.device) - before)
         return self.capture_report
+
+
+# ------------------------------------------------------------------ the loop's verifier
+
+
+class StaticPool:
+    """The static forwards of one model, kept between runs (their caches and, on CUDA, their
+    graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
+
+    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = 1024) -> None:
+        self.model, self.graphs, self.quantum = model, graphs, quantum
+        self.free: list[StaticForward] = []
+        self.lock = threading.Lock()
+
+    def take(self, tokens: int) -> StaticForward:
+        """A static forward whose cache holds ``tokens`` plus the largest bucket."""
+        with self.lock:
+            for i, sf in enumerate(self.free):
+                if sf.max_len >= tokens + max(sf.buckets):
+                    return self.free.pop(i)
+        max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
+        sf = StaticForward(self.model, max_len)
+        if self.graphs:
+            sf.capture(0)
+        return sf
+
+    def give(self, sf: StaticForward) -> None:
+        with self.lock:
+            self.free.append(sf)
+
+
+class StaticVerifier(TargetVerifier):
+    """``TargetVerifier`` on a static forward: the same verdicts, from a preallocated cache at
+    bucketed sizes (graph replays where the pool captured them). ``close`` gives the forward back."""
+
+    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, pool: StaticPool, tokens: int) -> None:
+        self.model, self.sampling, self.pool = model, sampling, pool
+        self.generator = generator_for(head_device(model), sampling.seed)
+        self.static: StaticForward | None = pool.take(tokens)
+        self.cache = self.static.cache
+        self.length = 0  # committed tokens in the cache (all but the root)
+
+    def prefill(self, ids: list[int]) -> None:
+        if len(ids) > 1:
+            self.static.prefill(torch.tensor(ids[:-1]))
+        self.length = len(ids) - 1
+
+    def verify(self, tree: DraftTree) -> Verdict:
+        positions = tree.positions(self.length)  # (T,)
+        logits = self.static.forward(torch.tensor(tree.tokens), positions, tree.ancestor_mask(), self.length)
+        return self.judge(tree, logits, positions)
+
+    def commit(self, verdict: Verdict) -> None:
+        accepted = verdict.acceptance.accepted
+        self.static.keep_path(self.length, torch.tensor(accepted))
+        self.length += len(accepted)
+
+    def close(self) -> None:
+        if self.static is not None:
+            self.pool.give(self.static)
+            self.static = None

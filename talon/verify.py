@@ -143,6 +143,10 @@ class TargetVerifier:
         prefix_len = self.cache.get_seq_length()
         positions = tree.positions(prefix_len)  # (T,)
         logits = verify_tree(self.model, self.cache, tree.tokens, tree.ancestor_mask(), positions)
+        return self.judge(tree, logits, positions)
+
+    def judge(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor) -> Verdict:
+        """The verdict on ``tree`` from the target's (T, V) logits at its nodes."""
         top1 = logits.argmax(dim=-1).tolist()  # (T,)
         s = self.sampling
         if s.greedy:
@@ -156,3 +160,6 @@ class TargetVerifier:
         """Keep the KV of the accepted nodes (the root's included), drop the rest of the tree's."""
         prefix_len = verdict.positions[0]
         keep_entries(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])
+
+    def close(self) -> None:
+        """The run is over (nothing to give back: the cache is the run's own)."""

@@ -104,6 +104,12 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
             mats[(prompt, drafter, mode, async_draft)] = summary.mean_accepted_tokens
             if summary.token_ids != want:
                 wrong.append((prompt, drafter, mode, async_draft))
+    static = Engine(pair.engine.target, pair.engine.draft, step="static")  # the static step (talon/static.py)
+    for prompt, drafter, mode in (("random", "hybrid", "adaptive"), ("random", "model", "static"),
+                                  ("chain", "retrieval", "chain")):
+        ids, want = pair.prompts[prompt]
+        if generate(static, ids, config(drafter, mode))[0].token_ids != want:
+            wrong.append((prompt, drafter, mode, "static step"))
     assert not wrong, f"{pair.key}: differs from generate() for {wrong}"
     # the check has teeth only where drafts are accepted at depth: the draft model's trees must be
     # (retrieval's, on the chain prompt, are on Qwen's shapes; they share the one verify path)

@@ -76,7 +76,7 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
     qwen = report["pairs"]["qwen2.5-7b"]
     assert qwen["target_vocab"] - qwen["draft_vocab"] == 152_064 - 151_936  # the real pair's difference
     names = [c["name"] for c in qwen["checks"]]
-    assert len(set(names)) == 9 and all(c["ok"] for c in qwen["checks"])
+    assert len(set(names)) == 10 and all(c["ok"] for c in qwen["checks"])
     memory = next(c for c in qwen["checks"] if c["name"].startswith("memory"))
     assert memory["detail"]["peak_gib"].startswith("n/a") and memory["detail"]["limits"]["budget"] == 64
     once = {c["name"].split(":")[0].split(" ")[0]: c for c in report["once"]}
@@ -286,3 +286,18 @@ def test_a_model_that_fails_its_gate_makes_the_check_invalid_not_passed_or_faile
     assert check["invalid"] and not check["ok"] and not report["ok"] and not report["failed"]
     assert "split against full" in check["detail"]["invalid"] and check["detail"]["conditioning"]
     assert report["invalid"] and "INVALID" in gpu_check.table(report)
+
+
+def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
+    from talon.static import StaticForward
+
+    real = StaticForward.fill
+
+    def pads_seen(self, ids, positions, visible, length):  # noqa: ANN001, ANN202
+        bucket = real(self, ids, positions, visible, length)
+        bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
+        return bucket
+
+    monkeypatch.setattr(StaticForward, "fill", pads_seen)
+    ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
+    assert not ok and detail["step"] == "static" and detail["failures"]

@@ -64,10 +64,12 @@ def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> N
 
 
 @pytest.mark.parametrize(
-    "sampling",
-    [SamplingConfig(temperature=1.0, seed=0), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0)],
+    ("sampling", "step"),
+    [(SamplingConfig(temperature=1.0, seed=0), "dynamic"),
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic"),
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static")],  # the static step samples alike
 )
-def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig) -> None:
+def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig, step: str) -> None:
     vocab = 6
     target = LoadedModel(tiny_model("llama", 21, vocab=vocab), byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
     draft = LoadedModel(tiny_model("llama", 22, vocab=vocab), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
@@ -83,7 +85,7 @@ def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: S
             p2 = warp_probs(l2[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
             for y in range(vocab):
                 exact[(x, y)] = float(p1[x] * p2[y])
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, step=step)
     tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3, cost_aware=False)
     n = 2000
     counts: dict = {}

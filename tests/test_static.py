@@ -60,9 +60,9 @@ def model():  # noqa: ANN201
 
 
 def test_buckets_round_up() -> None:
-    assert [bucket_for(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 64, 65, 256, 257)] == [1, 2, 4, 8, 64, 128, 256, 512]
     with pytest.raises(ValueError, match="largest bucket"):
-        bucket_for(257)
+        bucket_for(513)  # the largest tree is its root and MAX_BUDGET (256) nodes
 
 
 def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) -> None:  # noqa: ANN001
@@ -116,3 +116,65 @@ def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN00
     assert report.buckets == [1, 2, 4, 8] and talon.static.bucket_for(5) == 8
     torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
     model.to("cpu")
+
+
+# ------------------------------------------------------------------ the static step in the loop
+
+
+@pytest.fixture(scope="module")
+def close_pair():  # noqa: ANN201
+    from tests.test_engine import noisy_copy
+    from tests.tiny import tiny_loaded
+
+    target = tiny_loaded("llama", 11)
+    return target, noisy_copy(target, 12, 0.3)
+
+
+@pytest.mark.parametrize("drafter", ["none", "retrieval", "model", "hybrid"])
+def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair, drafter: str) -> None:  # noqa: ANN001
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig, TreeConfig
+    from tests.test_engine import PROMPTS, reference
+
+    target, draft = close_pair
+    engine = Engine(target, draft, step="static")
+    mats = []
+    for mode in ("adaptive", "static", "chain"):
+        for async_draft in ((False, True) if drafter in ("model", "hybrid") else (False,)):
+            tree = TreeConfig(mode=mode, budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, cost_aware=False)
+            cfg = RunConfig(drafter=drafter, tree=tree, max_new_tokens=40, async_draft=async_draft)
+            for prompt in PROMPTS[:2]:
+                summary, _ = generate(engine, prompt, cfg)
+                assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, mode, async_draft)
+                mats.append(summary.mean_accepted_tokens)
+    assert drafter in ("none", "retrieval") or max(mats) > 1.2, "drafts must be accepted for the test to bite"
+    assert len(engine._static.free) == 1, "every run gave its static forward back, and the next reused it"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed: int) -> None:  # noqa: ANN001
+    from talon.decode import Engine
+    from talon.run_config import RunConfig
+    from tests.test_engine import PROMPTS, OracleTreeDrafter, reference
+
+    target, _ = close_pair
+    engine = Engine(target, None, step="static")
+    cfg = RunConfig(drafter="none", max_new_tokens=48)
+    ids = engine.run(PROMPTS[seed], cfg).prompt_ids
+    want = reference(engine, ids, 48)
+    run = engine.run(PROMPTS[seed], cfg)
+    run.drafter = OracleTreeDrafter(want, seed, size=10 + seed)  # 11-14 nodes: a bucket of 16, padded
+    for _ in run:
+        pass
+    assert run.summary.token_ids == want and run.summary.mean_accepted_tokens > 1.0
+
+
+def test_an_unknown_step_or_graphs_without_cuda_is_refused(close_pair) -> None:  # noqa: ANN001
+    from talon.decode import Engine
+    from talon.run_config import ConfigError
+
+    with pytest.raises(ConfigError, match="step must be one of"):
+        Engine(close_pair[0], None, step="fast")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA graphs"):
+            Engine(close_pair[0], None, step="graphs")

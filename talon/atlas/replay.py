@@ -132,6 +132,9 @@ class TextVerifier:
     def commit(self, verdict: Verdict) -> None:
         self.p += len(verdict.acceptance.accepted)
 
+    def close(self) -> None:
+        """Nothing held."""
+
 
 @dataclass
 class ReplayResult:
