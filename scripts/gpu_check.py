@@ -10,8 +10,8 @@ models it names alive, and each skipped, with the numbers, when ``estimate_pair`
 models would not fit the device:
 
 * lossless float32: greedy output equals ``generate(do_sample=False)`` (TF32 off) for every
-  drafter and tree mode, async on and off; and with the static step (``Engine(step=...)``),
-  replayed as CUDA graphs on CUDA;
+  drafter and tree mode, async on and off, on the default step (CUDA graphs on CUDA); and on the
+  other steps (``Engine(step=...)``: the dynamic cache and the eager static step);
 * sampling: the first token of sampled decoding (model drafter) over many seeds is distributed as
   the target's own softmax (chi-square);
 * async drafting against sync: the same tokens on the preset's pair and on the draft-sized
@@ -114,16 +114,17 @@ class PairCheck:
 
 FP32_PAIR = (("target", F32), ("draft", F32))
 BF16_PAIR = (("target", BF16), ("draft", BF16))
-# What a Space meets first comes first: losslessness, sampling, async and memory, then the bf16
-# checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
+# What a Space meets first comes first: losslessness, async, memory and sampling on the default
+# step, then the other steps, the bf16 checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
-    PairCheck("static step (CUDA graphs on CUDA): greedy equals generate()", static_step_lossless, FP32_PAIR),
-    PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
-              FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
     PairCheck("async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
               FP32_PAIR + (("small-target", F32),)),
     PairCheck("memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
+    PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
+              FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
+    PairCheck("the other steps (dynamic, static; graphs are the default on CUDA): greedy equals generate()",
+              static_step_lossless, FP32_PAIR),
     PairCheck("bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
               peak=(("target", F32),)),
     PairCheck("seeded sampling repeats", seeded_sampling, BF16_PAIR),

@@ -84,24 +84,26 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
 
 
 def static_step_lossless(ctx: PairRun) -> Outcome:
-    """The static step (talon/static.py) in the loop, replayed as CUDA graphs on CUDA (eager and
-    static on the CPU): greedy output equals ``generate()`` for each drafter, on the prompt
-    where its drafts are accepted."""
+    """The steps the lossless check does not run (it runs the default: CUDA graphs on CUDA, the
+    dynamic cache on the CPU): greedy output equals ``generate()`` for each drafter, on the
+    prompt where its drafts are accepted, with the others (``dynamic`` and eager ``static`` on
+    CUDA, ``static`` on the CPU)."""
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
-    step = "graphs" if ctx.device.type == "cuda" else "static"
+    steps = ("dynamic", "static") if ctx.device.type == "cuda" else ("static",)
     start = time.perf_counter()
-    engine = Engine(target, draft, step=step)
     prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
     failures, mats = [], {}
-    for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
-                                 ("model", "static", "random"), ("retrieval", "adaptive", "chain")):
-        want = reference(target, prompts[which], ctx.tokens)
-        summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
-        mats[f"{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
-        if summary.token_ids != want:
-            failures.append(f"{drafter}/{mode}")
-    return not failures, {"step": step, "failures": failures, "mat": mats,
-                          "seconds_with_capture": round(time.perf_counter() - start, 1)}
+    for step in steps:
+        engine = Engine(target, draft, step=step)
+        for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
+                                     ("model", "static", "random"), ("retrieval", "adaptive", "chain")):
+            want = reference(target, prompts[which], ctx.tokens)
+            summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
+            mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
+            if summary.token_ids != want:
+                failures.append(f"{step}/{drafter}/{mode}")
+    return not failures, {"steps": list(steps), "failures": failures, "mat": mats,
+                          "seconds": round(time.perf_counter() - start, 1)}
 
 
 def flat_temperature(logits: torch.Tensor) -> float:
@@ -374,7 +376,8 @@ def memory_at_limits(ctx: PairRun) -> Outcome:
     settings = Settings.from_env()
     ok, detail = guard_verdicts(settings, next(p for p in PRESETS if p.key == ctx.spec.key))
     limits = largest_settings(ctx.tiny, settings)
-    estimate = estimate_pair(ctx.spec.target, ctx.spec.draft, "bfloat16", sum(limits) + 1)
+    estimate = estimate_pair(ctx.spec.target, ctx.spec.draft, "bfloat16", sum(limits) + 1,
+                             graphs=ctx.device.type == "cuda")  # the default step there replays graphs
     capacity = device_capacity(ctx.device)
     if estimate.total > capacity:
         raise Skipped(f"needs {estimate.total / GIB:.1f} GiB, the device has {capacity / GIB:.1f} GiB")

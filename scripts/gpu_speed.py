@@ -37,7 +37,7 @@ from talon.cost import GRID, probe_costs, synthetic_costs  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.run_config import RunConfig, TreeConfig  # noqa: E402
 from talon.static import StaticForward, bucket_for  # noqa: E402
-from gpu_pairs import BF16, pair_specs, random_model  # noqa: E402
+from gpu_pairs import BF16, pair_specs, prompt_ids, random_ids, random_model  # noqa: E402
 
 PREFIX = 256  # committed tokens in the cache while timing (the eager probe's prefix too)
 REPS = 20
@@ -96,22 +96,43 @@ def hf_generate_tok_s(model: torch.nn.Module, tokens: int = 64) -> float:
     return tokens / timed(run, reps=2)
 
 
-def loop_speeds(target, draft, tokens: int = 128) -> dict[str, Any]:  # noqa: ANN001 - LoadedModel
-    """Talon's own loop on these random weights, per step implementation and drafter: tok/s and
-    ms a step (random drafts are mostly rejected, so this times steps, not acceptance)."""
+def step_split(steps) -> dict[str, float]:  # noqa: ANN001 - StepTrace list
+    """Mean ms a step spends drafting, verifying and elsewhere (the loop's own clock)."""
+    n = max(len(steps), 1)
+    return {k: round(1e3 * sum(getattr(s, f"{k}_s") for s in steps) / n, 3) for k in ("draft", "verify", "other")}
+
+
+LOOP_RUNS = (  # (step, drafter, async, prompt): prompt "chain" is accepted in part, "random" barely
+    ("dynamic", "none", False, "random"), ("dynamic", "hybrid", False, "chain"),
+    ("graphs", "none", False, "random"), ("graphs", "retrieval", False, "chain"),
+    ("graphs", "model", False, "chain"), ("graphs", "hybrid", False, "chain"),
+    ("graphs", "hybrid", True, "chain"), ("graphs", "hybrid", False, "random"),
+)
+
+
+def loop_speeds(target, draft, spec, tokens: int = 128) -> dict[str, Any]:  # noqa: ANN001 - LoadedModel
+    """Talon's own loop on these check models, per step implementation and drafter: tok/s, MAT,
+    ms a step and its split. The check models share a planted bigram chain, so on the ``chain``
+    prompt drafts are accepted in part (synthetic acceptance: the atlas sweep gives the real
+    one); on ``random`` they are mostly rejected, which times the steps alone."""
     out: dict[str, Any] = {}
-    ids = torch.randint(0, 1000, (PREFIX,)).tolist()
-    for step in ("dynamic", "graphs"):
-        engine = Engine(target, draft, step=step)
-        for drafter in ("none", "hybrid"):
-            cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
-                            tree=TreeConfig(cost_aware=False))
-            generate(engine, ids, cfg)  # warm: the first run builds (and captures) the static forward
-            summary, steps = generate(engine, ids, cfg)
-            out[f"{step}/{drafter}"] = {"tok_s": round(summary.tokens_per_second, 2),
-                                        "mat": round(summary.mean_accepted_tokens, 2), "ms_per_step": round(1e3 * summary.seconds / max(len(steps), 1), 2)}
-        del engine
-        torch.cuda.empty_cache()
+    prompts = {"chain": prompt_ids(spec.draft.vocab, PREFIX, 5), "random": random_ids(spec.draft.vocab, PREFIX, 5)}
+    engines: dict[str, Engine] = {}
+    for step, drafter, async_draft, which in LOOP_RUNS:
+        engine = engines.setdefault(step, Engine(target, draft, step=step))
+        cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
+                        async_draft=async_draft, tree=TreeConfig(cost_aware=False))
+        start = time.perf_counter()
+        generate(engine, prompts[which], cfg)  # warm: the first run builds (and captures) its static forwards
+        warm_s = time.perf_counter() - start
+        summary, steps = generate(engine, prompts[which], cfg)
+        key = f"{step}/{drafter}{'/async' if async_draft else ''}/{which}"
+        out[key] = {"tok_s": round(summary.tokens_per_second, 2), "mat": round(summary.mean_accepted_tokens, 2),
+                    "ms_per_step": round(1e3 * summary.seconds / max(len(steps), 1), 3),
+                    "split_ms": step_split(steps), "first_run_s": round(warm_s, 2)}
+        print(key, out[key], flush=True)
+    del engines
+    torch.cuda.empty_cache()
     return out
 
 
@@ -146,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if graphs:
             report["graph_target"], report["graph_draft"] = vinfo, dinfo
     report["hf_generate_tok_s"] = round(hf_generate_tok_s(target.model), 2)
-    report["loop"] = loop_speeds(target, draft)
+    report["loop"] = loop_speeds(target, draft, spec)
     v, d = curves["graph"]
     graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
                             prefill_per_token_s=eager.prefill_per_token_s)
@@ -157,8 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     for label, costs in (("eager", eager), ("graph", graph)):
         (args.out_dir / f"{slug}-{label}-{args.pair}.cost.json").write_text(json.dumps(costs.to_dict(), indent=1))
     g = report["graph_ms"]
+    loop = report["loop"]
     report["aims"] = {"draft_1_over_verify_1": round(g["draft"][1] / g["verify"][1], 3),
-                      "verify_64_over_verify_1": round(g["verify"][64] / g["verify"][1], 3)}
+                      "verify_64_over_verify_1": round(g["verify"][64] / g["verify"][1], 3),
+                      "none_step_over_bare_replay": round(loop["graphs/none/random"]["ms_per_step"]
+                                                          / report["graph_target"]["none_step_ms"], 3),
+                      "hybrid_chain_over_none": round(loop["graphs/hybrid/chain"]["tok_s"]
+                                                      / loop["graphs/none/random"]["tok_s"], 3),
+                      "hybrid_chain_over_generate": round(loop["graphs/hybrid/chain"]["tok_s"]
+                                                          / report["hf_generate_tok_s"], 3)}
     report["total_s"] = round(time.perf_counter() - start, 1)
     text = json.dumps(report, indent=1)
     (args.out_dir / f"{slug}-{args.pair}.speed.json").write_text(text)

@@ -35,6 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -177,10 +178,12 @@ class CostModel:
 
 
 def cost_key(
-    target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str], draft_vocab: int = 0
+    target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str], draft_vocab: int = 0,
+    step: str = "dynamic",
 ) -> str:
     """What the curves depend on: both models (dtype, device, quantization), the draft
-    vocabulary (the draft head's width), the hardware, torch's version and thread count."""
+    vocabulary (the draft head's width), how a step runs (``Engine(step=...)``), the hardware,
+    torch's version and thread count."""
     def describe(model: PreTrainedModel | None, name: str) -> str:
         if model is None:
             return "none"
@@ -189,7 +192,8 @@ def cost_key(
 
     host = hardware_name(target.device)
     return (f"{describe(target, names[0])}|{describe(draft, names[1])}|draft_vocab={draft_vocab}|"
-            f"hw={host}|torch={torch.__version__}|threads={torch.get_num_threads()}|probe={PROBE_VERSION}")
+            f"hw={host}|torch={torch.__version__}|threads={torch.get_num_threads()}|probe={PROBE_VERSION}"
+            + ("" if step == "dynamic" else f"|step={step}"))
 
 
 def cache_path(cache_dir: Path, key: str) -> Path:
@@ -199,6 +203,9 @@ def cache_path(cache_dir: Path, key: str) -> Path:
 def _sync(model: PreTrainedModel) -> None:
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
+
+
+Timer = Callable[[PreTrainedModel, int, int, int], Callable[[int], float]]
 
 
 def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: int):
@@ -240,19 +247,23 @@ def spread_of(times: list[float]) -> float:
 
 
 def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int,
-                 min_reps: int = MIN_REPS, max_reps: int = MAX_REPS) -> Probed:
+                 min_reps: int = MIN_REPS, max_reps: int = MAX_REPS, timer: Timer | None = None) -> Probed:
     """Best timing per size, the sizes taken round-robin after one warm-up forward (so a slow
     first call or a burst of other load hits one sample of each size, not all of one), repeated
     until every size's two best timings agree within ``SPREAD_OK`` or ``max_reps`` rounds ran."""
-    time_once = _forward_timer(model, prefix, vocab, max(sizes))
-    time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
-    times: dict[int, list[float]] = {s: [] for s in sizes}
-    for rep in range(max_reps):
-        for s in sizes:
-            times[s].append(time_once(s))
-        spread = max(spread_of(t) for t in times.values())
-        if rep + 1 >= min_reps and spread <= SPREAD_OK:
-            break
+    time_once = (timer or _forward_timer)(model, prefix, vocab, max(sizes))
+    try:
+        time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
+        times: dict[int, list[float]] = {s: [] for s in sizes}
+        for rep in range(max_reps):
+            for s in sizes:
+                times[s].append(time_once(s))
+            spread = max(spread_of(t) for t in times.values())
+            if rep + 1 >= min_reps and spread <= SPREAD_OK:
+                break
+    finally:
+        if hasattr(time_once, "close"):
+            time_once.close()
     return Probed({s: min(t) for s, t in times.items()}, spread)
 
 
@@ -263,18 +274,22 @@ def probe_costs(
     prefix: int = 256,
     max_tree: int = 64,
     max_reps: int = MAX_REPS,
+    timers: tuple[Timer | None, Timer | None] = (None, None),
 ) -> CostModel:
     """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
-    each fitted isotonically (more tokens never cost less)."""
+    each fitted isotonically (more tokens never cost less). ``timers``: how the target's and
+    the draft's forwards run (None: a dynamic cache; ``talon.static.static_timer``: the static
+    step, replayed graphs included)."""
     sizes = [g for g in GRID if g <= max_tree]
-    verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps)
+    verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps, timer=timers[0])
     spread = verify.spread
     costs = CostModel(verify=Curve.fit_monotone(verify.best))
     if draft is not None:
         widths = [g for g in GRID if g <= 32]
-        drafted = _probe_curve(draft, widths, prefix, draft_vocab, max_reps=max_reps)
+        drafted = _probe_curve(draft, widths, prefix, draft_vocab, max_reps=max_reps, timer=timers[1])
         costs.draft = Curve.fit_monotone(drafted.best)
-        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, min_reps=1, max_reps=1).best[GRID[-1]]
+        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, min_reps=1, max_reps=1,
+                            timer=timers[1]).best[GRID[-1]]
         costs.prefill_per_token_s = long / GRID[-1]
         spread = max(spread, drafted.spread)
     costs.provenance = Provenance(
@@ -318,16 +333,18 @@ def load_or_probe(
     cache_dir: Path | None,
     draft_vocab: int = 0,
     refresh: bool = False,
+    step: str = "dynamic",
+    timers: tuple[Timer | None, Timer | None] = (None, None),
 ) -> CostModel:
-    """The cached curves for this pair, vocabulary and hardware, or a fresh probe (then cached
-    under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
-    key = cost_key(target, draft, names, draft_vocab)
+    """The cached curves for this pair, vocabulary, step and hardware, or a fresh probe (then
+    cached under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
+    key = cost_key(target, draft, names, draft_vocab, step)
     path = cache_path(cache_dir, key) if cache_dir is not None else None
     if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
         log.info("cost model: %s", cached.provenance.describe())
         return cached
     start = time.perf_counter()
-    costs = probe_costs(target, draft, draft_vocab)
+    costs = probe_costs(target, draft, draft_vocab, timers=timers)
     costs.key = key
     log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),

@@ -28,11 +28,24 @@ from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
-from talon.static import StaticPool, StaticVerifier
+from talon.drafters.static_draft import StaticModelDrafter
+from talon.static import StaticPool, StaticVerifier, static_timer
 from talon.verify import TargetVerifier, Verdict, head_rows
 
 log = logging.getLogger(__name__)
-STEPS = ("dynamic", "static", "graphs")  # how the target verifies: see ``Engine``
+STEPS = ("auto", "dynamic", "static", "graphs")  # how a step's forwards run: see ``Engine``
+
+
+def resolve_step(step: str, device: "torch.device") -> str:
+    """``auto``: graphs on CUDA (a step is launch-bound there), the dynamic cache elsewhere (on
+    the CPU the static step measured no faster: docs/gpu.md)."""
+    if step not in STEPS:
+        raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
+    if step == "auto":
+        return "graphs" if device.type == "cuda" else "dynamic"
+    if step == "graphs" and device.type != "cuda":
+        raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {device}")
+    return step
 
 
 class Engine:
@@ -44,19 +57,19 @@ class Engine:
         draft: LoadedModel | None = None,
         cost_cache: Path | None = None,
         costs: CostModel | None = None,
-        step: str = "dynamic",
+        step: str = "auto",
     ) -> None:
         """``cost_cache``: the directory where probed cost curves are cached (None = probe once
         per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``step``:
-        how the target verifies, ``dynamic`` (a cache that grows, one forward of the tree's own
-        size), ``static`` (``talon.static``: a preallocated cache, bucketed sizes) or ``graphs``
-        (static, each bucket replayed as a CUDA graph; a CUDA device only)."""
-        if step not in STEPS:
-            raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
-        if step == "graphs" and target.device.type != "cuda":
-            raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {target.device}")
-        self.step = step
-        self._static = StaticPool(target.model, graphs=step == "graphs") if step != "dynamic" else None
+        how the target verifies and the draft model drafts: ``dynamic`` (a cache that grows, one
+        forward of the tree's own size), ``static`` (``talon.static``: a preallocated cache,
+        bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
+        ``auto`` (``resolve_step``)."""
+        self.step = resolve_step(step, target.device)
+        graphs = self.step == "graphs"
+        self._static = StaticPool(target.model, graphs) if self.step != "dynamic" else None
+        self._draft_static = (StaticPool(draft.model, graphs)
+                              if self.step != "dynamic" and draft is not None else None)
         self.target = target
         self.draft = draft
         self.cost_cache = cost_cache
@@ -78,8 +91,12 @@ class Engine:
                 else:
                     draft = self.draft.model if self.draft is not None else None
                     names = (self.target.name, self.draft.name if self.draft is not None else "none")
+                    timers = (None, None)
+                    if self._static is not None:
+                        timers = (static_timer(self._static),
+                                  static_timer(self._draft_static) if self._draft_static is not None else None)
                     self._snapshots[draft_vocab] = load_or_probe(
-                        self.target.model, draft, names, self.cost_cache, draft_vocab)
+                        self.target.model, draft, names, self.cost_cache, draft_vocab, step=self.step, timers=timers)
             return self._snapshots[draft_vocab]
 
     def cost_snapshots(self) -> dict[int, CostModel]:
@@ -108,10 +125,15 @@ class Engine:
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
         return StaticVerifier(self.target.model, cfg.sampling, self._static, tokens)
 
-    def make_drafter(self, cfg: RunConfig) -> HybridDrafter:
+    def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> HybridDrafter:
         """The run's drafter (after ``prepare``, which refuses a model drafter without a draft)."""
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
-        model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab) if cfg.uses_model else None
+        model = None
+        if cfg.uses_model and self._draft_static is not None:
+            tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
+            model = StaticModelDrafter(self.draft.model, self._draft_static, tokens, cfg.draft_vocab, target_vocab)
+        elif cfg.uses_model:
+            model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab)
         corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None
         retrieval = RetrievalDrafter(cfg.retrieval, corpus) if cfg.uses_retrieval else None
         return build_drafter(cfg, model, retrieval)
@@ -150,7 +172,7 @@ class Engine:
         parts = RunParts(
             prompt_ids=prompt_ids,
             prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
-            drafter=self.make_drafter(cfg),
+            drafter=self.make_drafter(cfg, len(prompt_ids)),
             verifier=self._verifier(cfg, len(prompt_ids)),
             stop=StopCheck(tok, eos_ids(self.target), cfg.stop_strings, cfg.max_new_tokens),
             token_text=self.token_text,
@@ -244,6 +266,7 @@ class Run:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+            self.drafter.close()
             self.verifier.close()
         seconds = time.perf_counter() - t0
         if self.parts.predicted_times is not None:

@@ -8,7 +8,7 @@ live as long as the model does:
 
 * the KV cache is ``max_len`` slots per layer (``SlotLayer``), written where ``slots`` says, not
   appended: a step's nodes go into the slots after the committed tokens;
-* ``T`` nodes go in as a bucket of ``B >= T`` (1, 2, 4, ... 256): the pads are token 0 at the last
+* ``T`` nodes go in as a bucket of ``B >= T`` (1, 2, 4, ... 256, 257): the pads are token 0 at the last
   node's position, each seeing only its own slot (never a fully masked row, which would make
   NaNs that a masked score cannot hide), and no real node sees a pad;
 * the 4D additive mask covers all ``max_len`` slots: the committed prefix, the node's ancestors;
@@ -32,12 +32,14 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
 from talon.rng import generator_for
 from talon.run_config import SamplingConfig
 from talon.tree import DraftTree
 from talon.verify import TargetVerifier, Verdict, head_device
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # a tree is its root plus up to MAX_BUDGET (256) nodes
+CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
 
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -98,8 +100,10 @@ class StaticForward:
     ``T`` nodes after ``length`` committed tokens; ``keep_path`` commits a path."""
 
     def __init__(self, model: PreTrainedModel, max_len: int, buckets: tuple[int, ...] = BUCKETS,
-                 vocab: int = 0) -> None:
-        self.model, self.max_len, self.vocab = model, max_len, vocab
+                 vocab: int = 0, graphs: bool = False) -> None:
+        """``graphs``: capture each bucket as a CUDA graph at its first use, and replay it."""
+        self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
+        self.pool = None  # the buckets' shared graph memory pool (CUDA), made at the first capture
         self.device = model.device
         self.slots = Slots()
         layers = model.config.num_hidden_layers
@@ -124,14 +128,21 @@ class StaticForward:
         logits = out.logits[0]  # (B, V_full)
         return (logits[:, : self.vocab] if self.vocab else logits).float()
 
-    def fill(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int) -> Bucket:
-        """Copy one step into its bucket's buffers. ids, positions: (T,) long; visible: (T, T)
-        bool, node i sees node j (its ancestors and itself); ``length`` committed tokens before."""
+    def fill(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
+             base: int | None = None) -> Bucket:
+        """Copy one step into its bucket's buffers: ``T`` nodes written at slots ``length ..
+        length + T - 1``. ids, positions: (T,) long. Every node sees slots ``0 .. base - 1``
+        (``base`` defaults to ``length``: the committed prefix); ``visible``: (T, length - base + T)
+        bool says which of the slots ``base .. length + T - 1`` it sees too (its ancestors, written
+        by this step or, for a drafter, by its earlier layers, and itself)."""
         t = ids.shape[0]
+        base = length if base is None else base
         bucket = self.buckets[bucket_for(t, tuple(self.buckets))]
         b = bucket.size
         if length + b > self.max_len:
             raise ValueError(f"{length} tokens + a bucket of {b} exceed the static cache ({self.max_len} slots)")
+        if visible.shape != (t, length - base + t):
+            raise ValueError(f"visible is {tuple(visible.shape)}, not ({t}, {length - base + t})")
         bucket.ids.zero_()
         bucket.ids[0, :t].copy_(ids, non_blocking=True)
         bucket.positions[0, :t].copy_(positions, non_blocking=True)
@@ -139,71 +150,114 @@ class StaticForward:
         torch.arange(length, length + b, out=bucket.slots)
         mask = bucket.mask[0, 0]  # (B, L)
         mask.fill_(self.minimum)
-        mask[:t, :length] = 0.0  # every node sees the committed prefix
-        nodes = mask[:t, length:length + t]
-        nodes.masked_fill_(visible.to(self.device, non_blocking=True), 0.0)  # and its ancestors
+        mask[:t, :base] = 0.0  # every node sees the committed prefix
+        seen = mask[:t, base:length + t]
+        seen.masked_fill_(visible.to(self.device, non_blocking=True), 0.0)  # and its ancestors
         pads = torch.arange(t, b, device=self.device)
         mask[pads, length + pads] = 0.0  # a pad sees itself only
         return bucket
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int) -> torch.Tensor:
-        """(T, V) float32 logits of ``T`` nodes after ``length`` committed tokens (see ``fill``);
-        a replay of the bucket's graph when one was captured."""
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
+                base: int | None = None) -> torch.Tensor:
+        """(T, V) float32 logits of ``T`` nodes written after slot ``length`` (see ``fill``); a
+        replay of the bucket's graph when one was captured."""
         t = ids.shape[0]
-        bucket = self.fill(ids, positions, visible, length)
+        bucket = self.fill(ids, positions, visible, length, base)
+        if bucket.graph is None and self.graphs:
+            self._capture(bucket)  # its warm-ups write this step's own entries: harmless
         if bucket.graph is not None:
             bucket.graph.replay()
             return bucket.logits[:t]
         return self._run(bucket)[:t]
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Write the first ``P`` tokens' entries into slots 0..P-1 (eager, causal, bucket by bucket)."""
+    def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Write ``P`` tokens' entries, causally, into slots ``start .. start + P - 1`` (the
+        tokens at those positions), bucket by bucket; the last one's logits, (1, V)."""
         step = max(self.buckets)
-        for start in range(0, ids.shape[0], step):
-            chunk = ids[start:start + step]
-            t = chunk.shape[0]
-            self.forward(chunk, torch.arange(start, start + t), torch.ones(t, t, dtype=torch.bool).tril(), start)
+        logits = None
+        for at in range(0, ids.shape[0], step):
+            chunk = ids[at:at + step]
+            t, length = chunk.shape[0], start + at
+            causal = torch.ones(t, t, dtype=torch.bool).tril()
+            visible = torch.cat([torch.ones(t, at, dtype=torch.bool), causal], dim=1)
+            logits = self.forward(chunk, torch.arange(length, length + t), visible, length, base=start)
+        return logits[-1:]
 
     @torch.inference_mode()
     def keep_path(self, length: int, path: torch.Tensor) -> None:
         """Move the entries of the accepted nodes (``path``: (K,) node indices, the step's slots
         being ``length + i``) to slots ``length .. length + K - 1``, every layer, in place."""
-        src = path.to(self.device) + length  # (K,)
-        dst = torch.arange(length, length + src.shape[0], device=self.device)
+        self.keep(length, path + length)
+
+    @torch.inference_mode()
+    def keep(self, start: int, slots: torch.Tensor | list[int]) -> None:
+        """Move the entries at ``slots`` ((K,), each >= ``start``) to ``start .. start + K - 1``,
+        every layer, in place (gathered first, so a source overwritten early is read intact)."""
+        src = torch.as_tensor(slots, dtype=torch.long).to(self.device)
+        if src.numel() == 0:
+            return
+        dst = torch.arange(start, start + src.shape[0], device=self.device)
         for layer in self.cache.layers:
             for store in (layer.keys, layer.values):
-                store.index_copy_(2, dst, store.index_select(2, src))  # gathered first: no overlap hazard
+                store.index_copy_(2, dst, store.index_select(2, src))
+
+    @torch.inference_mode()
+    def copy_from(self, other: "StaticForward", slots: int) -> None:
+        """This cache's first ``slots`` entries := ``other``'s (same model): an async fork."""
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            if not theirs.is_initialized:
+                continue
+            if not mine.is_initialized:
+                mine.lazy_initialization(theirs.keys[:, :, :1], theirs.values[:, :, :1])
+            mine.keys[:, :, :slots].copy_(theirs.keys[:, :, :slots])
+            mine.values[:, :, :slots].copy_(theirs.values[:, :, :slots])
 
     # ------------------------------------------------------------------ graphs
 
     @torch.inference_mode()
     def capture(self, length: int) -> CaptureReport:
-        """Capture every bucket as a CUDA graph (a warm-up first, on a side stream, at slots after
-        ``length``: it writes only slots the next step overwrites)."""
+        """Capture every bucket now (largest first), at slots after ``length``: each warm-up and
+        capture writes only slots a later step overwrites. ``graphs=True`` captures lazily instead,
+        each bucket at its first use, with that step's own inputs."""
+        for size, bucket in sorted(self.buckets.items(), reverse=True):
+            if bucket.graph is None:
+                one = torch.ones(size, size, dtype=torch.bool).tril()
+                self.fill(torch.zeros(size, dtype=torch.long), torch.arange(length, length + size), one, length)
+                self._capture(bucket)
+        return self.capture_report
+
+    def _capture(self, bucket: Bucket) -> None:
+        """Capture ``bucket`` (its buffers filled) as a CUDA graph, by torch's rules: two warm-up
+        runs on a side stream first (lazy allocations and library workspaces stay out of the
+        graph), every input read from a buffer captured by address, no host synchronisation
+        inside. The buckets of one forward share a memory pool, which is safe in any replay order
+        because each replay's logits are read before another bucket replays."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device; the static forward runs eagerly elsewhere")
-        start = time.perf_counter()
-        before = torch.cuda.memory_reserved(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for size, bucket in sorted(self.buckets.items(), reverse=True):  # largest first: the pool fits the rest
-            one = torch.ones(size, size, dtype=torch.bool, device=self.device).tril()
-            self.fill(torch.zeros(size, dtype=torch.long), torch.arange(length, length + size), one, length)
+        with CAPTURE_LOCK:  # one capture at a time in the process
+            start = time.perf_counter()
+            before = torch.cuda.memory_reserved(self.device)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            current = torch.cuda.current_stream(self.device)
             side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
+            side.wait_stream(current)
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self._run(bucket)
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # thread_local: another thread's run (its own streams and buffers) may go on meanwhile
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 bucket.logits = self._run(bucket)
             bucket.graph = graph
-        torch.cuda.synchronize(self.device)
-        self.capture_report = CaptureReport(sorted(self.buckets), time.perf_counter() - start,
-                                            torch.cuda.memory_reserved(self.device) - before)
-        return self.capture_report
+            torch.cuda.synchronize(self.device)
+            report = self.capture_report
+            report.buckets = sorted([*report.buckets, bucket.size])
+            report.seconds += time.perf_counter() - start
+            report.pool_bytes += torch.cuda.memory_reserved(self.device) - before
 
 
 # ------------------------------------------------------------------ the loop's verifier
@@ -213,9 +267,10 @@ class StaticPool:
     """The static forwards of one model, kept between runs (their caches and, on CUDA, their
     graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
 
-    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = 1024) -> None:
+    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM) -> None:
         self.model, self.graphs, self.quantum = model, graphs, quantum
         self.free: list[StaticForward] = []
+        self.made = 0  # forwards built: with none in use, all of them are free
         self.lock = threading.Lock()
 
     def take(self, tokens: int) -> StaticForward:
@@ -225,9 +280,9 @@ class StaticPool:
                 if sf.max_len >= tokens + max(sf.buckets):
                     return self.free.pop(i)
         max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
-        sf = StaticForward(self.model, max_len)
-        if self.graphs:
-            sf.capture(0)
+        sf = StaticForward(self.model, max_len, graphs=self.graphs)
+        with self.lock:
+            self.made += 1
         return sf
 
     def give(self, sf: StaticForward) -> None:
@@ -265,3 +320,38 @@ class StaticVerifier(TargetVerifier):
         if self.static is not None:
             self.pool.give(self.static)
             self.static = None
+
+
+class StaticTimer:
+    """The cost probe's timer on the static step (``talon.cost.probe_costs(timers=...)``): one
+    forward of ``size`` new nodes after a ``prefix``-token slot cache, graphs replayed where the
+    pool captured them; ``close`` gives the forward back."""
+
+    def __init__(self, pool: StaticPool, prefix: int, vocab: int, max_size: int) -> None:
+        self.pool, self.prefix, self.vocab = pool, prefix, vocab
+        self.static = pool.take(prefix + max_size)
+        model = pool.model
+        self.ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
+        self.static.prefill(self.ids[:prefix])
+
+    def __call__(self, size: int) -> float:
+        device = self.static.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
+        p = self.prefix
+        causal = torch.ones(size, size, dtype=torch.bool).tril()
+        sync(device)
+        start = time.perf_counter()
+        logits = self.static.forward(self.ids[p:p + size], torch.arange(p, p + size), causal, p)
+        if self.vocab:
+            logits = logits[:, : self.vocab]
+        logits.argmax(-1)
+        sync(device)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.pool.give(self.static)
+
+
+def static_timer(pool: StaticPool):  # noqa: ANN201 - a talon.cost.Timer
+    """A ``talon.cost.Timer`` over ``pool``'s model (the model argument is the pool's)."""
+    return lambda _model, prefix, vocab, max_size: StaticTimer(pool, prefix, vocab, max_size)

@@ -184,6 +184,9 @@ class OracleTreeDrafter:
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
         self.pos += len(new_tokens)
 
+    def close(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None:

@@ -293,11 +293,11 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
 
     real = StaticForward.fill
 
-    def pads_seen(self, ids, positions, visible, length):  # noqa: ANN001, ANN202
-        bucket = real(self, ids, positions, visible, length)
+    def pads_seen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
+        bucket = real(self, ids, positions, visible, length, base)
         bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
         return bucket
 
     monkeypatch.setattr(StaticForward, "fill", pads_seen)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
-    assert not ok and detail["step"] == "static" and detail["failures"]
+    assert not ok and detail["steps"] == ["static"] and detail["failures"]

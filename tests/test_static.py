@@ -60,9 +60,9 @@ def model():  # noqa: ANN201
 
 
 def test_buckets_round_up() -> None:
-    assert [bucket_for(n) for n in (1, 2, 3, 5, 64, 65, 256, 257)] == [1, 2, 4, 8, 64, 128, 256, 512]
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 64, 65, 256, 257)] == [1, 2, 4, 8, 64, 128, 256, 257]
     with pytest.raises(ValueError, match="largest bucket"):
-        bucket_for(513)  # the largest tree is its root and MAX_BUDGET (256) nodes
+        bucket_for(258)  # the largest tree is its root and MAX_BUDGET (256) nodes
 
 
 def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) -> None:  # noqa: ANN001
@@ -77,8 +77,8 @@ def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) ->
 def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     real = StaticForward.fill
 
-    def pads_seen(self, ids, positions, visible, length):  # noqa: ANN001, ANN202
-        bucket = real(self, ids, positions, visible, length)
+    def pads_seen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
+        bucket = real(self, ids, positions, visible, length, base)
         bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
         return bucket
 
@@ -115,7 +115,104 @@ def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN00
     replay = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
     assert report.buckets == [1, 2, 4, 8] and talon.static.bucket_for(5) == 8
     torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
+    lazy = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8), graphs=True)  # what a pool makes
+    lazy.prefill(PROMPT[:-1])  # 19 tokens: one chunk of 8, 8, then 3 in a bucket of 4
+    first = lazy.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length).clone()
+    again = lazy.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    assert lazy.capture_report.buckets == [4, 8] and all(lazy.buckets[b].graph is not None for b in (4, 8))
+    torch.testing.assert_close(first, eager, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(again, eager, atol=1e-3, rtol=1e-3)
     model.to("cpu")
+
+
+# ------------------------------------------------------------------ the draft model on the static step
+
+
+def drafting(drafter) -> list:  # noqa: ANN001
+    """Two steps of a model drafter, the second from an async fork's adopted subtree, then a
+    third after a plain commit: every layer's children (token, q)."""
+    seen = []
+
+    def layer(tree: DraftTree, nodes: list[int], k: int) -> None:
+        children = drafter.expand(tree, nodes, k)
+        seen.append(children)
+        for node, kids in zip(nodes, children):
+            for token, q in kids:
+                tree.add(node, token, q, "model")
+
+    drafter.reset(PROMPT.tolist())
+    tree = DraftTree.with_root(int(PROMPT[-1]))
+    layer(tree, [0], 3)  # nodes 1-3
+    layer(tree, [1, 2], 2)  # nodes 4-7 (4, 5 under 1)
+    layer(tree, [4, 6], 2)  # nodes 8-11
+    fork = drafter.fork()
+    fork.commit(tree, [0, 1, 4], [tree.tokens[1], tree.tokens[4]])
+    ahead = DraftTree.with_root(tree.tokens[4])
+    children = fork.expand(ahead, [0], 2)
+    seen.append(children)
+    for token, q in children[0]:
+        ahead.add(0, token, q, "model")
+    seen.append(fork.expand(ahead, [1, 2], 2))
+    for node, kids in zip([1, 2], seen[-1]):
+        for token, q in kids:
+            ahead.add(node, token, q, "model")
+    fork.adopt_subtree(ahead, 1, ahead.descendants(1))  # the bonus was node 1's token
+    drafter.close()
+    drafter = fork
+    next_tree = ahead.subtree(1)
+    layer(next_tree, [n for n in range(1, len(next_tree))][:2], 2)
+    drafter.commit(next_tree, [0, 2], [next_tree.tokens[2], 77])  # not the first node of its layer
+    tree = DraftTree.with_root(77)
+    layer(tree, [0], 3)
+    layer(tree, [1, 3], 2)
+    drafter.close()
+    return seen
+
+
+def same_children(a: list, b: list) -> bool:
+    for la, lb in zip(a, b, strict=True):
+        for ka, kb in zip(la, lb, strict=True):
+            if [t for t, _ in ka] != [t for t, _ in kb]:
+                return False
+            if any(abs(qa - qb) > 1e-4 for (_, qa), (_, qb) in zip(ka, kb)):
+                return False
+    return True
+
+
+def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(model) -> None:  # noqa: ANN001
+    from talon.drafters.model import ModelDrafter
+    from talon.drafters.static_draft import StaticModelDrafter
+    from talon.static import StaticPool
+
+    pool = StaticPool(model)
+    want = drafting(ModelDrafter(model))
+    got = drafting(StaticModelDrafter(model, pool, tokens=64))
+    assert len(want) == 8 and same_children(want, got)
+    assert len(pool.free) == pool.made == 2, "the drafter and its fork gave their forwards back"
+
+
+@pytest.mark.parametrize("bug", ["keep one slot off", "ancestor unseen"])
+def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
+    from talon.drafters.model import ModelDrafter
+    from talon.drafters.static_draft import StaticModelDrafter
+    from talon.static import StaticPool
+
+    if bug == "keep one slot off":
+        real = StaticForward.keep
+        monkeypatch.setattr(StaticForward, "keep", lambda self, start, slots: real(self, start + 1, slots))
+    else:
+        real_fill = StaticForward.fill
+
+        def unseen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
+            if base is not None and base < length:  # a later draft layer: hide the earlier layers
+                visible = visible.clone()
+                visible[:, : length - base] = False
+            return real_fill(self, ids, positions, visible, length, base)
+
+        monkeypatch.setattr(StaticForward, "fill", unseen)
+    want = drafting(ModelDrafter(model))
+    got = drafting(StaticModelDrafter(model, StaticPool(model), tokens=64))
+    assert not same_children(want, got)
 
 
 # ------------------------------------------------------------------ the static step in the loop
@@ -148,7 +245,11 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
                 assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, mode, async_draft)
                 mats.append(summary.mean_accepted_tokens)
     assert drafter in ("none", "retrieval") or max(mats) > 1.2, "drafts must be accepted for the test to bite"
-    assert len(engine._static.free) == 1, "every run gave its static forward back, and the next reused it"
+    assert len(engine._static.free) == engine._static.made == 1, "every run gave its forward back, the next reused it"
+    drafts = engine._draft_static
+    assert len(drafts.free) == drafts.made, "every draft forward (async forks too) was given back"
+    assert drafter in ("none", "retrieval") or drafts.made >= 1 + (drafter in ("model", "hybrid")), \
+        "the draft model ran on the static step, and async forks took a second forward"
 
 
 @pytest.mark.parametrize("seed", range(3))

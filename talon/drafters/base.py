@@ -101,6 +101,8 @@ class Drafter(Protocol):
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None: ...
 
+    def close(self) -> None: ...
+
 
 @runtime_checkable
 class Verifier(Protocol):

@@ -79,6 +79,7 @@ class HybridDrafter:
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
         self.acceptance = AcceptanceModel()
+        self.forks: list[ModelDrafter] = []  # pre-drafters not yet adopted or dropped (close gives them back)
 
     def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
         """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed."""
@@ -170,6 +171,7 @@ class HybridDrafter:
         path = tree.path(tree.best_leaf())
         assumed = [tree.tokens[n] for n in path[1:]]
         fork = self.model.fork()
+        self.forks.append(fork)
         fork.commit(tree, path, assumed)
         return PreDraft(drafter=fork, assumed=assumed)
 
@@ -193,18 +195,34 @@ class HybridDrafter:
     def adopt(self, pre: PreDraft, new_tokens: list[int]) -> Draft | None:
         """Reuse the pre-drafted tree if the target accepted exactly the assumed path and its
         bonus token is one the pre-draft expanded; prune it to that branch. None: draft anew."""
-        if pre.tree is None or new_tokens[:-1] != pre.assumed:
-            return None
-        node = pre.tree.child_with_token(0, new_tokens[-1])
+        node = None
+        if pre.tree is not None and new_tokens[:-1] == pre.assumed:
+            node = pre.tree.child_with_token(0, new_tokens[-1])
+        self._drop(pre.drafter)
         if node is None or not pre.tree.children(node):
+            pre.drafter.close()
             return None
         pre.drafter.adopt_subtree(pre.tree, node, pre.tree.descendants(node))
+        assert self.model is not None
+        self.model.close()
         self.model = pre.drafter
         proposal = self._propose(self.tree_cfg.budget, short=False)
         tree = self._graft(pre.tree.subtree(node), self._shared_head(proposal))
         scores = self.scores(proposal.match_len)
         return Draft(tree=keep_best(tree, self.tree_cfg.budget, scores), match_len=proposal.match_len,
                      forwards=pre.drafter.take_timings())
+
+    def _drop(self, fork: ModelDrafter) -> None:
+        self.forks = [f for f in self.forks if f is not fork]
+
+    def close(self) -> None:
+        """Give back what the run's draft model and its pre-drafters hold (a static forward);
+        call when the run ends, after the drafter thread has stopped."""
+        for fork in self.forks:
+            fork.close()
+        self.forks = []
+        if self.model is not None and hasattr(self.model, "close"):
+            self.model.close()
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
         """Learn from the verdict (per-source rates, the acceptance model), then advance the

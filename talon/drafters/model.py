@@ -59,19 +59,20 @@ class DraftLedger:
 
 
 class ModelDrafter(DraftLedger):
-    def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0) -> None:
+    def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0, int8: bool = True) -> None:
         """``vocab_size``: draft logits over the first V ids (0 = all); ``target_vocab``: rows of
         the target's embedding, when the pair's sizes differ (Qwen2.5-7B has 152,064 rows,
         Qwen2.5-0.5B 151,936: one tokenizer, padded differently). The draft never proposes an id
         the target cannot embed, and is fed a stand-in for a committed id it cannot embed (an
         id above its own rows, which only a padding row of the target can produce): drafts
-        are guesses, so this changes speed, never the output."""
+        are guesses, so this changes speed, never the output. ``int8``: build the int8 head of a
+        model loaded with one (a static drafter runs the model's own head, inside its graph)."""
         self.model = model
         full = model.get_output_embeddings().weight.shape[0]
         self.embed_rows = model.get_input_embeddings().weight.shape[0]
         limit = min(v for v in (vocab_size, target_vocab, full) if v > 0)
         self.vocab_size = limit if limit < full else 0
-        if getattr(model, "talon_quant", None) == "int8":  # build the int8 head (0.8 s for 32k rows)
+        if int8 and getattr(model, "talon_quant", None) == "int8":  # build the int8 head (0.8 s for 32k rows)
             int8_head(model, self.vocab_size)  # here, once, not inside the first timed draft forward
         self.context: list[int] = []  # committed tokens, root (last) included
         self.cache = DynamicCache(config=model.config)
@@ -95,17 +96,21 @@ class ModelDrafter(DraftLedger):
     def expand(self, tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
         """Top-k children (token, q) of each node in ``nodes``, with one draft forward."""
         start = time.perf_counter()
-        if nodes == [0]:
-            fed = self.pending
-            hidden = self._feed_context()[-1:]  # (1, H): the root's state
-        else:
-            fed = len(nodes)
-            hidden = self._feed_nodes(tree, nodes)  # (len(nodes), H)
-        probs = torch.softmax(lm_logits(self.model, hidden, self.vocab_size), dim=-1)  # (T, V)
+        fed = self.pending if nodes == [0] else len(nodes)
+        probs = torch.softmax(self._logits(tree, nodes), dim=-1)  # (T, V)
         q, tokens = probs.topk(k, dim=-1)  # (T, k)
-        out = [list(zip(t.tolist(), p.tolist())) for t, p in zip(tokens, q)]
+        q, tokens = q.tolist(), tokens.tolist()  # the layer's one copy back: the gates decide on the host
+        out = [list(zip(t, p)) for t, p in zip(tokens, q)]
         self.timings.append((max(fed, 1), time.perf_counter() - start))
         return out
+
+    def _logits(self, tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+        """(T, V) draft logits of ``nodes`` (the root alone: after feeding the pending context)."""
+        if nodes == [0]:
+            hidden = self._feed_context()[-1:]  # (1, H): the root's state
+        else:
+            hidden = self._feed_nodes(tree, nodes)  # (len(nodes), H)
+        return lm_logits(self.model, hidden, self.vocab_size)
 
     def embeddable_ids(self, tokens: list[int]) -> torch.Tensor:
         """(L,) long: token ids as the draft can embed them (a stand-in, id 0, for any it cannot)."""
@@ -152,6 +157,9 @@ class ModelDrafter(DraftLedger):
             self.fed += len(kept)
         self.slots = {}
         self.context.extend(new_tokens)
+
+    def close(self) -> None:
+        """Give back what the run held (nothing here: the cache goes with the drafter)."""
 
     def fork(self) -> "ModelDrafter":
         """An independent drafter in the same state (own cache copy): the async pre-drafter."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.models.base import ModelLoadError
+from talon.run_config import MAX_BUDGET
 
 GIB = 1024**3
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -89,19 +90,37 @@ class MemoryEstimate:
     kv_cache: int
     tokens: int
     dtype: str
+    graphs: int = 0  # CUDA-graph replay: each model's largest bucket's buffers, its slot cache's rounding
 
     @property
     def total(self) -> int:
-        return int((self.weights + self.kv_cache) * OVERHEAD)
+        return int((self.weights + self.kv_cache + self.graphs) * OVERHEAD)
 
     def describe(self) -> str:
+        graphs = f", CUDA-graph buffers {self.graphs / GIB:.2f} GiB" if self.graphs else ""
         return (f"about {self.total / GIB:.1f} GiB in {self.dtype} (weights {self.weights / GIB:.1f} GiB, "
-                f"KV caches {self.kv_cache / GIB:.2f} GiB at {self.tokens:,} tokens, plus "
+                f"KV caches {self.kv_cache / GIB:.2f} GiB at {self.tokens:,} tokens{graphs}, plus "
                 f"{round(100 * (OVERHEAD - 1))} % for activations and the allocator)")
 
 
-def estimate_pair(target: ModelShape, draft: ModelShape | None, dtype: str, tokens: int) -> MemoryEstimate:
-    """What loading ``target`` and ``draft`` in ``dtype`` and running ``tokens`` of context costs."""
+GRAPH_BUCKET = MAX_BUDGET + 1  # talon.static's largest bucket: a tree's root and MAX_BUDGET nodes
+SLOT_QUANTUM = 1024  # talon.static.StaticPool rounds a slot cache up to this many slots
+LOGIT_BYTES = 10  # per logit of the largest bucket: the model's dtype, the float32 copy, the allocator's rounding
+
+
+def graph_bytes(shape: ModelShape, size: int, tokens: int) -> int:
+    """What replaying ``shape`` as CUDA graphs adds (talon/static.py): the largest bucket's
+    logits and activations, held by its graph, and the slot cache's rounding up (measured on an
+    H200, 7B target: 0.68 GiB of graph pool; this gives 0.44 GiB + the rounding, inside OVERHEAD)."""
+    acts = GRAPH_BUCKET * (4 * shape.hidden + 2 * shape.intermediate) * size
+    rounded = -(-(tokens + GRAPH_BUCKET) // SLOT_QUANTUM) * SLOT_QUANTUM
+    return GRAPH_BUCKET * shape.vocab * LOGIT_BYTES + acts + shape.kv_bytes_per_token(size) * (rounded - tokens)
+
+
+def estimate_pair(target: ModelShape, draft: ModelShape | None, dtype: str, tokens: int,
+                  graphs: bool = False) -> MemoryEstimate:
+    """What loading ``target`` and ``draft`` in ``dtype`` and running ``tokens`` of context costs;
+    ``graphs``: with every step replayed as CUDA graphs (the default on CUDA)."""
     size = DTYPE_BYTES[dtype]
     models = [m for m in (target, draft) if m is not None]
     return MemoryEstimate(
@@ -109,6 +128,7 @@ def estimate_pair(target: ModelShape, draft: ModelShape | None, dtype: str, toke
         kv_cache=sum(m.kv_bytes_per_token(size) for m in models) * tokens,
         tokens=tokens,
         dtype=dtype,
+        graphs=sum(graph_bytes(m, size, tokens) for m in models) if graphs else 0,
     )
 
 

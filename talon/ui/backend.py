@@ -83,7 +83,8 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
     if target is None:
         return  # not a pair whose shape is known without a download
     tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
-    estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens)
+    # a guarded device is a CUDA one, where steps replay as graphs (talon.decode.resolve_step)
+    estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
     check_fits(estimate, available, preset.label, preset.gpu_gib)
 
 
