@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-loop", action="store_true")
+    p.add_argument("--draft-quant", default="auto", help="auto (int8 on this CPU), none: the draft in float32/bf16")
     args = p.parse_args(argv)
-    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, "auto", draft_quant="auto")
+    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, "auto", draft_quant=args.draft_quant)
     target.model.talon_draft, draft.model.talon_draft = False, True
     report: dict[str, Any] = {"cpu": hardware_name(target.device), "machine": platform.machine(),
                               "draft_quant": getattr(draft.model, "talon_quant", "none"), "draft_vocab": VOCAB,

@@ -244,8 +244,9 @@ def verdict(report: dict[str, Any]) -> None:
 
 
 def run_checks(tiny: bool, only: set[str], with_app: bool = True, stream: Stream | None = None,
-               once: bool = True) -> dict[str, Any]:
-    device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
+               once: bool = True, tiny_on_cuda: bool = False) -> dict[str, Any]:
+    """``tiny_on_cuda``: the tiny shapes on the CUDA device (a quick pass of the device's paths)."""
+    device = torch.device("cuda" if torch.cuda.is_available() and (not tiny or tiny_on_cuda) else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     p.add_argument("--stream", type=Path, default=None,
                    help="write one JSON line per check here as each ends (a time limit loses only the check in flight)")
+    p.add_argument("--tiny-on-cuda", action="store_true", help="with --tiny: the tiny shapes on the CUDA device")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="start no check after this many seconds (the rest are reported skipped, out of time)")
     args = p.parse_args(argv)
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         words = [w for w in args.checks.split(",") if w]
         PAIR_CHECKS[:] = [c for c in PAIR_CHECKS if any(w in c.name for w in words)]
     report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
-                        stream=Stream(args.stream, deadline), once=not args.checks)
+                        stream=Stream(args.stream, deadline), once=not args.checks, tiny_on_cuda=args.tiny_on_cuda)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

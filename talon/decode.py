@@ -36,15 +36,23 @@ log = logging.getLogger(__name__)
 STEPS = ("auto", "dynamic", "static", "graphs")  # how a step's forwards run: see ``Engine``
 
 
-def resolve_step(step: str, device: "torch.device") -> str:
-    """``auto``: graphs on CUDA (a step is launch-bound there), the dynamic cache elsewhere (on
-    the CPU the static step measured no faster: docs/gpu.md)."""
+def spans_devices(model: Any) -> bool:
+    """Is ``model`` spread over several devices (accelerate's ``device_map``)?"""
+    return len({str(d) for d in getattr(model, "hf_device_map", {}).values()}) > 1
+
+
+def resolve_step(step: str, device: "torch.device", split: bool = False) -> str:
+    """``auto``: graphs on one CUDA device (a step is launch-bound there), the dynamic cache
+    elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
+    over several GPUs (a graph is captured on one device's stream)."""
     if step not in STEPS:
         raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
     if step == "auto":
-        return "graphs" if device.type == "cuda" else "dynamic"
+        return "graphs" if device.type == "cuda" and not split else "dynamic"
     if step == "graphs" and device.type != "cuda":
         raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {device}")
+    if step != "dynamic" and split:
+        raise ConfigError(f"step {step!r} needs each model on one device; this pair is spread over several GPUs")
     return step
 
 
@@ -65,11 +73,15 @@ class Engine:
         forward of the tree's own size), ``static`` (``talon.static``: a preallocated cache,
         bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
         ``auto`` (``resolve_step``)."""
-        self.step = resolve_step(step, target.device)
+        split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
+        self.step = resolve_step(step, target.device, split)
         graphs = self.step == "graphs"
         self._static = StaticPool(target.model, graphs) if self.step != "dynamic" else None
         self._draft_static = (StaticPool(draft.model, graphs)
                               if self.step != "dynamic" and draft is not None else None)
+        # async forks draft on another thread: eagerly on the static step, never capturing or
+        # replaying a graph there (docs/gpu.md: async with graphs in the drafter thread hung)
+        self._fork_static = StaticPool(draft.model) if graphs and draft is not None else None
         self.target = target
         self.draft = draft
         self.cost_cache = cost_cache
@@ -123,7 +135,8 @@ class Engine:
         if self._static is None:
             return TargetVerifier(self.target.model, cfg.sampling)
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
-        return StaticVerifier(self.target.model, cfg.sampling, self._static, tokens)
+        # with async drafting every bucket is captured first: no capture while another thread drafts
+        return StaticVerifier(self.target.model, cfg.sampling, self._static, tokens, capture_all=cfg.async_draft)
 
     def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> HybridDrafter:
         """The run's drafter (after ``prepare``, which refuses a model drafter without a draft)."""
@@ -131,7 +144,8 @@ class Engine:
         model = None
         if cfg.uses_model and self._draft_static is not None:
             tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
-            model = StaticModelDrafter(self.draft.model, self._draft_static, tokens, cfg.draft_vocab, target_vocab)
+            model = StaticModelDrafter(self.draft.model, self._draft_static, tokens, cfg.draft_vocab, target_vocab,
+                                       fork_pool=self._fork_static, capture_all=cfg.async_draft)
         elif cfg.uses_model:
             model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab)
         corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None

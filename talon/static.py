@@ -36,7 +36,7 @@ from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
 from talon.rng import generator_for
 from talon.run_config import SamplingConfig
 from talon.tree import DraftTree
-from talon.verify import TargetVerifier, Verdict, head_device
+from talon.verify import TargetVerifier, Verdict, head_device, lm_logits
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
@@ -121,12 +121,12 @@ class StaticForward:
     # ------------------------------------------------------------------ the step
 
     def _run(self, bucket: Bucket) -> torch.Tensor:
-        """The model over ``bucket``'s buffers: (B, V) float32 logits (captured as is)."""
+        """The model over ``bucket``'s buffers: (B, V) float32 logits (captured as is), the head
+        limited to the first ``vocab`` rows as the dynamic path's (``lm_logits``)."""
         self.slots.current = bucket.slots
-        out = self.model(input_ids=bucket.ids, position_ids=bucket.positions, attention_mask=bucket.mask,
-                         past_key_values=self.cache, use_cache=True)
-        logits = out.logits[0]  # (B, V_full)
-        return (logits[:, : self.vocab] if self.vocab else logits).float()
+        out = self.model.get_decoder()(input_ids=bucket.ids, position_ids=bucket.positions,
+                                       attention_mask=bucket.mask, past_key_values=self.cache, use_cache=True)
+        return lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
 
     def fill(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
              base: int | None = None) -> Bucket:
@@ -186,19 +186,23 @@ class StaticForward:
         return logits[-1:]
 
     @torch.inference_mode()
-    def keep_path(self, length: int, path: torch.Tensor) -> None:
-        """Move the entries of the accepted nodes (``path``: (K,) node indices, the step's slots
-        being ``length + i``) to slots ``length .. length + K - 1``, every layer, in place."""
-        self.keep(length, path + length)
+    def keep_path(self, length: int, path: list[int]) -> None:
+        """Move the entries of the accepted nodes (``path``: node indices, the step's slots being
+        ``length + i``) to slots ``length .. length + K - 1``, every layer, in place."""
+        self.keep(length, [length + int(i) for i in path])
 
     @torch.inference_mode()
-    def keep(self, start: int, slots: torch.Tensor | list[int]) -> None:
-        """Move the entries at ``slots`` ((K,), each >= ``start``) to ``start .. start + K - 1``,
-        every layer, in place (gathered first, so a source overwritten early is read intact)."""
-        src = torch.as_tensor(slots, dtype=torch.long).to(self.device)
-        if src.numel() == 0:
+    def keep(self, start: int, slots: list[int]) -> None:
+        """Move the entries at ``slots`` (each >= ``start``) to ``start .. start + K - 1``, every
+        layer, in place (gathered first, so a source overwritten early is read intact). Entries
+        already in place are left alone: a step that kept only its root moves nothing."""
+        skip = 0
+        while skip < len(slots) and slots[skip] == start + skip:
+            skip += 1
+        if skip == len(slots):
             return
-        dst = torch.arange(start, start + src.shape[0], device=self.device)
+        src = torch.tensor(slots[skip:], dtype=torch.long).to(self.device, non_blocking=True)
+        dst = torch.arange(start + skip, start + len(slots), device=self.device)
         for layer in self.cache.layers:
             for store in (layer.keys, layer.values):
                 store.index_copy_(2, dst, store.index_select(2, src))
@@ -273,14 +277,15 @@ class StaticPool:
         self.made = 0  # forwards built: with none in use, all of them are free
         self.lock = threading.Lock()
 
-    def take(self, tokens: int) -> StaticForward:
-        """A static forward whose cache holds ``tokens`` plus the largest bucket."""
+    def take(self, tokens: int, vocab: int = 0) -> StaticForward:
+        """A static forward whose cache holds ``tokens`` plus the largest bucket, its head over the
+        first ``vocab`` ids (0: all)."""
         with self.lock:
             for i, sf in enumerate(self.free):
-                if sf.max_len >= tokens + max(sf.buckets):
+                if sf.max_len >= tokens + max(sf.buckets) and sf.vocab == vocab:
                     return self.free.pop(i)
         max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
-        sf = StaticForward(self.model, max_len, graphs=self.graphs)
+        sf = StaticForward(self.model, max_len, vocab=vocab, graphs=self.graphs)
         with self.lock:
             self.made += 1
         return sf
@@ -294,10 +299,15 @@ class StaticVerifier(TargetVerifier):
     """``TargetVerifier`` on a static forward: the same verdicts, from a preallocated cache at
     bucketed sizes (graph replays where the pool captured them). ``close`` gives the forward back."""
 
-    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, pool: StaticPool, tokens: int) -> None:
+    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, pool: StaticPool, tokens: int,
+                 capture_all: bool = False) -> None:
+        """``capture_all``: capture every bucket now (before another thread drafts: see
+        ``Engine.run``), not each at its first use."""
         self.model, self.sampling, self.pool = model, sampling, pool
         self.generator = generator_for(head_device(model), sampling.seed)
         self.static: StaticForward | None = pool.take(tokens)
+        if capture_all and self.static.graphs:
+            self.static.capture(0)
         self.cache = self.static.cache
         self.length = 0  # committed tokens in the cache (all but the root)
 
@@ -313,7 +323,7 @@ class StaticVerifier(TargetVerifier):
 
     def commit(self, verdict: Verdict) -> None:
         accepted = verdict.acceptance.accepted
-        self.static.keep_path(self.length, torch.tensor(accepted))
+        self.static.keep_path(self.length, accepted)
         self.length += len(accepted)
 
     def close(self) -> None:
@@ -329,7 +339,7 @@ class StaticTimer:
 
     def __init__(self, pool: StaticPool, prefix: int, vocab: int, max_size: int) -> None:
         self.pool, self.prefix, self.vocab = pool, prefix, vocab
-        self.static = pool.take(prefix + max_size)
+        self.static = pool.take(prefix + max_size, vocab)
         model = pool.model
         self.ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
         self.static.prefill(self.ids[:prefix])
@@ -341,10 +351,7 @@ class StaticTimer:
         causal = torch.ones(size, size, dtype=torch.bool).tril()
         sync(device)
         start = time.perf_counter()
-        logits = self.static.forward(self.ids[p:p + size], torch.arange(p, p + size), causal, p)
-        if self.vocab:
-            logits = logits[:, : self.vocab]
-        logits.argmax(-1)
+        self.static.forward(self.ids[p:p + size], torch.arange(p, p + size), causal, p).argmax(-1)
         sync(device)
         return time.perf_counter() - start
 

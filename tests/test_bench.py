@@ -80,7 +80,10 @@ def test_every_method_runs_and_the_report_matches_the_schema(full_run) -> None:
     assert all(r["prompts"] == (4 if r["suite"] == "all" else 2) for r in rows)
     md = (out / "results.md").read_text()
     assert "| **all** |" in md and "Biggest remaining cost" in md
-    assert "talon bound | share |" in md and "## How close to the limit" in md
+    assert "talon bound | share | talon vs generate() |" in md and "## How close to the limit" in md
+    by = {(r["suite"], r["method"]): r for r in rows}
+    vs_generate = by[("all", "talon")]["tokens_per_second"] / by[("all", "hf-greedy")]["tokens_per_second"]
+    assert md.split("| **all** |")[1].split("\n")[0].rstrip(" |").endswith(f"{vs_generate:.2f}x")
     for r in rows:  # every drafting Talon method has a bound; HF methods have none
         talon_engine = not r["method"].startswith("hf-")
         assert (r["free_draft_bound"] is not None) == talon_engine

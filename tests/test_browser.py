@@ -235,7 +235,7 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     assert "TALON's adaptive tree" in first and "N = 59" in first and "best single depth" in first
     assert "retrieval alone" in (page.locator("#talon-lesson-hybrid").text_content() or "")
     assert page.locator("#talon-lesson-carried .lesson-step").count() >= 3
-    assert "GPU-like curve (a model" in (page.locator("#talon-lesson-async").text_content() or "")
+    assert "H100's measured curves" in (page.locator("#talon-lesson-async").text_content() or "")
     page.wait_for_selector("#talon-lesson-timeline .js-plotly-plot")
     page.locator("#talon-lesson-budget label", has_text="16").click()
     page.wait_for_function("document.querySelector('#talon-lesson-adaptive').textContent.includes('N = 16')")

@@ -492,3 +492,19 @@ def test_the_draft_models_prefill_needs_a_margin_over_its_prior() -> None:
         held_back.append(saved / prefill)
     assert ENGAGE_MARGIN > 1 and engaged > 0
     assert any(1.0 < ratio <= ENGAGE_MARGIN for ratio in held_back), held_back
+
+
+def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
+    """A static-step engine probes its curves on the static forward (talon.static.StaticTimer),
+    caches them under a key naming the step, and gives the probe's forwards back."""
+    from talon.cost import cost_key
+
+    target = tiny_loaded("llama", 21)
+    draft = noisy_copy(target, 22, 0.3)
+    engine = Engine(target, draft, step="static")
+    costs = engine.cost_snapshot()
+    assert costs.verify_s(16) > 0 and costs.draft_s(4) > 0 and costs.prefill_per_token_s > 0
+    assert costs.key.endswith("|step=static") and "step=" not in cost_key(target.model, draft.model, ("t", "d"))
+    assert len(engine._static.free) == engine._static.made == 1
+    assert len(engine._draft_static.free) == engine._draft_static.made == 1
+    assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"

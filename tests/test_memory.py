@@ -56,3 +56,21 @@ def test_the_refusal_says_what_it_needs_and_what_to_do() -> None:
     shorter = estimate_pair(KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], None, "bfloat16", 1_000)
     assert longer.kv_cache > 30 * shorter.kv_cache and longer.weights == shorter.weights
     check_fits(shorter, shorter.total, "x")  # exactly enough is enough
+
+
+def test_cuda_graphs_add_their_buffers_to_the_guards_estimate() -> None:
+    """On CUDA every step replays graphs (talon.decode.resolve_step): the largest bucket's
+    logits and activations and the slot cache's rounding are counted, and the guard counts them."""
+    qwen7, qwen05 = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"]
+    plain = estimate_pair(qwen7, qwen05, "bfloat16", 5377)
+    graphs = estimate_pair(qwen7, qwen05, "bfloat16", 5377, graphs=True)
+    assert plain.graphs == 0 and graphs.weights == plain.weights and graphs.kv_cache == plain.kv_cache
+    assert 0.5 * GIB < graphs.graphs < 1.5 * GIB, "the H200 measured 0.68 + 0.22 GiB of graph pool for this pair"
+    assert "CUDA-graph buffers" in graphs.describe() and "CUDA-graph" not in plain.describe()
+    preset = next(p for p in PRESETS if p.key == "qwen2.5-7b")
+    settings = Settings()
+    tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + 257
+    needed = estimate_pair(qwen7, qwen05, "bfloat16", tokens, graphs=True).total
+    check_preset_memory(settings, preset, "bfloat16", needed)
+    with pytest.raises(ModelLoadError, match="CUDA-graph buffers"):
+        check_preset_memory(settings, preset, "bfloat16", needed - 1)

@@ -45,7 +45,7 @@ def static(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa:
     sf.prefill(PROMPT[:-1])
     length = len(PROMPT) - 1
     first = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
-    sf.keep_path(length, torch.tensor(path))
+    sf.keep_path(length, path)
     length += len(path)
     t = len(follow)
     second = sf.forward(torch.tensor(follow), torch.arange(length, length + t),
@@ -89,8 +89,8 @@ def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_cache_move_one_slot_off_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    real = StaticForward.keep_path
-    monkeypatch.setattr(StaticForward, "keep_path", lambda self, length, path: real(self, length + 1, path))
+    real = StaticForward.keep
+    monkeypatch.setattr(StaticForward, "keep", lambda self, start, slots: real(self, start + 1, slots))
     tree = a_tree(int(PROMPT[-1]))
     _, second = static(model, tree, [0, 2, 4], [50, 51])
     assert not torch.allclose(second, dynamic(model, tree, [0, 2, 4], [50, 51])[1], atol=1e-3)
@@ -279,3 +279,14 @@ def test_an_unknown_step_or_graphs_without_cuda_is_refused(close_pair) -> None: 
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA graphs"):
             Engine(close_pair[0], None, step="graphs")
+
+
+def test_auto_picks_graphs_on_one_cuda_device_only() -> None:
+    from talon.decode import resolve_step
+    from talon.run_config import ConfigError
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_step("auto", cuda) == "graphs" and resolve_step("auto", cpu) == "dynamic"
+    assert resolve_step("auto", cuda, split=True) == "dynamic", "a pair spread over GPUs stays dynamic"
+    with pytest.raises(ConfigError, match="spread over several GPUs"):
+        resolve_step("static", cuda, split=True)

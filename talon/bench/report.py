@@ -54,6 +54,7 @@ def markdown(report: BenchReport) -> str:
 
 
 BOUND_METHOD = "talon"  # the method whose free-drafting bound the speed table shows
+PEER_METHOD = "hf-greedy"  # transformers' generate(): the speed table states talon against it too
 
 
 def speed_table(rows: Sequence[ResultRow]) -> str:
@@ -62,8 +63,12 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
     methods = methods_of(rows)
     cell = {(r.suite, r.method): r for r in rows}
     bounded = any(r.method == BOUND_METHOD and r.free_draft_bound is not None for r in rows)
-    extra = [f"{BOUND_METHOD} bound", "share"] if bounded else []
+    peer = PEER_METHOD in methods and BOUND_METHOD in methods
+    extra = ([f"{BOUND_METHOD} bound", "share"] if bounded else []) + ([f"{BOUND_METHOD} vs generate()"] if peer else [])
     legend = "Each cell: speedup vs ar · MAT (tokens per target forward) · tokens/s."
+    if peer:
+        legend += (f" `{BOUND_METHOD} vs generate()`: its tokens/s over `{PEER_METHOD}`'s, transformers' own greedy "
+                   "`generate()` in the same run (the peer baseline beside `ar`).")
     if bounded:
         legend += (f" `{BOUND_METHOD} bound`: the speedup free drafting would give `{BOUND_METHOD}`'s "
                    "trees on this host, MAT × t_verify(1) / mean t_verify(tree); `share`: the part of it "
@@ -81,6 +86,9 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
         if bounded:
             r = cell[(suite, BOUND_METHOD)]
             texts += [f"{fmt(r.free_draft_bound, '.2f')}x", _percent(r.bound_share)]
+        if peer:
+            ours, theirs = cell[(suite, BOUND_METHOD)], cell[(suite, PEER_METHOD)]
+            texts.append(f"{ours.tokens_per_second / theirs.tokens_per_second:.2f}x" if theirs.tokens_per_second else "–")
         label = f"**{suite}**" if suite == ALL_SUITES_ROW else suite
         lines.append(f"| {label} | {cell[(suite, 'ar')].prompts} | " + " | ".join(texts) + " |")
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 from talon.atlas.data import load_atlases
 from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
-from talon.lessons.asynchrony import GPU_LIKE, async_lesson, async_table
+from talon.lessons.asynchrony import GPU_COSTS, async_lesson, async_table
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
 from talon.export import export_html
 from talon.opening import RECORDING
@@ -95,11 +95,11 @@ def lessons_command(args: argparse.Namespace) -> int:
         timelines = [async_lesson(a) for a in atlases]
         out["async"] = [{"suite": x.suite, **{name: {"sync_s": b.sync_s, "async_s": b.async_s, "draft_s": b.draft_s,
                                                      "verify_s": b.verify_s, "tokens": b.tokens}
-                                              for name, b in (("host", x.host), ("gpu_like", x.gpu_like))}}
+                                              for name, b in (("host", x.host), ("gpu", x.gpu))}}
                         for x in timelines]
         if not args.json:
             print("\nWhy async: drafting's share of a step and the bound with drafting hidden behind verification, "
-                  f"under each atlas's curves and a GPU-like model ({GPU_LIKE})\n")
+                  f"under each atlas's curves and an H100's measured ones ({GPU_COSTS.name})\n")
             print(async_table(timelines))
     if args.json:
         print(json.dumps(out))

@@ -59,20 +59,19 @@ class DraftLedger:
 
 
 class ModelDrafter(DraftLedger):
-    def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0, int8: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0) -> None:
         """``vocab_size``: draft logits over the first V ids (0 = all); ``target_vocab``: rows of
         the target's embedding, when the pair's sizes differ (Qwen2.5-7B has 152,064 rows,
         Qwen2.5-0.5B 151,936: one tokenizer, padded differently). The draft never proposes an id
         the target cannot embed, and is fed a stand-in for a committed id it cannot embed (an
         id above its own rows, which only a padding row of the target can produce): drafts
-        are guesses, so this changes speed, never the output. ``int8``: build the int8 head of a
-        model loaded with one (a static drafter runs the model's own head, inside its graph)."""
+        are guesses, so this changes speed, never the output."""
         self.model = model
         full = model.get_output_embeddings().weight.shape[0]
         self.embed_rows = model.get_input_embeddings().weight.shape[0]
         limit = min(v for v in (vocab_size, target_vocab, full) if v > 0)
         self.vocab_size = limit if limit < full else 0
-        if int8 and getattr(model, "talon_quant", None) == "int8":  # build the int8 head (0.8 s for 32k rows)
+        if getattr(model, "talon_quant", None) == "int8":  # build the int8 head (0.8 s for 32k rows)
             int8_head(model, self.vocab_size)  # here, once, not inside the first timed draft forward
         self.context: list[int] = []  # committed tokens, root (last) included
         self.cache = DynamicCache(config=model.config)

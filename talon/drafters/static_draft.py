@@ -25,17 +25,22 @@ from talon.tree import DraftTree
 
 class StaticModelDrafter(ModelDrafter):
     def __init__(self, model: PreTrainedModel, pool: StaticPool, tokens: int, vocab_size: int = 0,
-                 target_vocab: int = 0) -> None:
+                 target_vocab: int = 0, fork_pool: StaticPool | None = None, capture_all: bool = False) -> None:
         """``pool``: the draft model's static forwards; ``tokens``: the most a run commits
-        (prompt, new tokens, a step's nodes), which the forward's slot cache must hold."""
-        super().__init__(model, vocab_size, target_vocab, int8=False)
-        self.pool, self.tokens = pool, tokens
+        (prompt, new tokens, a step's nodes), which the forward's slot cache must hold.
+        ``fork_pool``: where an async fork takes its forward (default ``pool``); ``capture_all``:
+        capture every bucket of this drafter's forward when it is taken, not each at first use."""
+        super().__init__(model, vocab_size, target_vocab)
+        self.pool, self.tokens, self.capture_all = pool, tokens, capture_all
+        self.fork_pool = fork_pool or pool
         self.static: StaticForward | None = None
         self.used = 0  # slots written: the committed context's, then this step's nodes'
 
     def _forward(self) -> StaticForward:
         if self.static is None:
-            self.static = self.pool.take(self.tokens)
+            self.static = self.pool.take(self.tokens, self.vocab_size)
+            if self.capture_all and self.static.graphs:
+                self.static.capture(0)  # before any slot is committed: the warm-ups write slots the prefill rewrites
         return self.static
 
     def reset(self, prompt_ids: list[int], prefill: bool = True) -> None:
@@ -43,9 +48,6 @@ class StaticModelDrafter(ModelDrafter):
         if prefill and len(prompt_ids) > 1:  # all but the root; the root goes with the first expansion
             self._forward().prefill(self.embeddable_ids(prompt_ids[:-1]))
             self.fed = self.used = len(prompt_ids) - 1
-
-    def _limit(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, : self.vocab_size] if self.vocab_size else logits
 
     def _logits(self, tree: DraftTree, nodes: list[int]) -> torch.Tensor:
         static = self._forward()
@@ -55,7 +57,7 @@ class StaticModelDrafter(ModelDrafter):
             logits = static.prefill(self.embeddable_ids(self.context[self.fed:]), start=self.fed)
             self.fed = self.used = len(self.context)
             self.slots = {(): self.fed - 1}
-            return self._limit(logits)
+            return logits
         t = len(nodes)
         visible = torch.zeros(t, self.used - self.fed + t, dtype=torch.bool)  # over slots fed .. used + T
         for row, node in enumerate(nodes):
@@ -68,7 +70,7 @@ class StaticModelDrafter(ModelDrafter):
         ids = self.embeddable_ids([tree.tokens[n] for n in nodes])
         logits = static.forward(ids, positions, visible, self.used, base=self.fed)
         self.used += t
-        return self._limit(logits)
+        return logits
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
         if self.slots:
@@ -87,7 +89,8 @@ class StaticModelDrafter(ModelDrafter):
     def fork(self) -> "StaticModelDrafter":
         twin = copy.copy(self)
         twin.context, twin.slots, twin.timings = list(self.context), dict(self.slots), []
-        twin.static = self.pool.take(self.tokens)
+        twin.pool = self.fork_pool  # where its forward goes back, and its own forks come from
+        twin.static = self.fork_pool.take(self.tokens, self.vocab_size)
         twin.static.copy_from(self._forward(), self.used)
         return twin
 

@@ -138,8 +138,8 @@ def hybrid_words(lesson: HybridLesson) -> str:
 def async_figure(lesson: AsyncLesson) -> go.Figure:
     """Per cost curve: the step time split (draft, verify, bookkeeping) with async off, and the
     bound with async on (drafting hidden behind verification)."""
-    bounds = (lesson.host, lesson.gpu_like)
-    x = ["this host: async off", "this host: on (bound)", "GPU-like model: off", "GPU-like model: on (bound)"]
+    bounds = (lesson.host, lesson.gpu)
+    x = ["this host: async off", "this host: on (bound)", "H100 graphs: off", "H100 graphs: on (bound)"]
     rows = [(b, False) for b in bounds[:1]] + [(bounds[0], True)] + [(bounds[1], False), (bounds[1], True)]
     per_token = [(1e3 / b.tokens) if b.tokens else 0.0 for b, _ in rows]
     draft = [(0.0 if hidden else b.draft_s) * k for (b, hidden), k in zip(rows, per_token)]
@@ -159,12 +159,14 @@ def async_figure(lesson: AsyncLesson) -> go.Figure:
 
 
 def async_words(lesson: AsyncLesson, measured: AsyncBound | None = None) -> str:
-    host, gpu = lesson.host, lesson.gpu_like
+    host, gpu = lesson.host, lesson.gpu
     run = "" if measured is None or not measured.sync_s else (
         f" On the Decode tab's run (measured times, {measured.tokens} tokens), drafting took "
         f"{100 * measured.draft_s / measured.sync_s:.0f} % of the step time: hidden, at most {measured.gain:.2f}x.")
     return (f"Here drafting takes {100 * host.draft_s / host.sync_s:.0f} % of each step under this host's curves: "
             f"hidden behind verification, the run would go from {host.sync_rate:.1f} to at most "
             f"{host.async_rate:.1f} tok/s ({host.gain:.2f}x). On a 2-core CPU the draft and the target share the "
-            f"same cores, so that bound is not reached. Under a GPU-like curve (a model, not a measurement: "
-            f"verification nearly flat in tree size, a draft forward a tenth of it) the bound is {gpu.gain:.2f}x." + run)
+            f"same cores, so that bound is not reached. Under an H100's measured curves (CUDA graphs at the 7B "
+            f"preset's shapes: a draft forward a third of a verification) drafting takes "
+            f"{100 * gpu.draft_s / gpu.sync_s:.0f} % and the bound is {gpu.gain:.2f}x; the engine's pre-drafts run "
+            f"eagerly on their thread, so it does not reach it either, and async stays off by default." + run)

@@ -9,24 +9,30 @@ and the bound each schedule reaches:
   the target rejects the path it assumed).
 
 Under this host's measured curves (where, on a 2-core CPU, both sides compete for the same cores,
-so the overlap is a bound the host cannot reach), and under a GPU-like cost curve where the
-draft runs beside the target: ``GPU_LIKE``, a model, not a measurement.
+so the overlap is a bound the host cannot reach), and under a GPU's measured curves: ``GPU_COSTS``,
+an H100 replaying CUDA graphs at the 7B preset's shapes (``scripts/gpu_speed.py``), where a draft
+forward is a third of a verification.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import replay
-from talon.cost import synthetic_costs
+from talon.cost import CostModel
 from talon.run_config import RunConfig
 from talon.trace import StepTrace
 
-# A GPU-like curve (a model, not a measurement): verification nearly flat in tree size, a draft
-# forward a tenth of a target forward, per-step bookkeeping 1 ms.
-GPU_LIKE = {"verify": {1: 0.025, 16: 0.026, 64: 0.03, 128: 0.036}, "draft": {1: 0.0025, 16: 0.0026, 64: 0.003},
-            "other_s": 0.001}
+# A GPU's measured step costs (talon-cost/1): the H100, bf16, the 7B preset's shapes, CUDA graphs
+GPU_COSTS = Path(__file__).resolve().parents[2] / "data" / "gpu_costs" / "h100-80gb-hbm3-graph-qwen2.5-7b.cost.json"
+GPU_LABEL = "H100, CUDA graphs (measured)"
+
+
+def gpu_costs() -> CostModel:
+    return CostModel.from_dict(json.loads(GPU_COSTS.read_text(encoding="utf-8")))
 
 
 @dataclass(frozen=True)
@@ -72,30 +78,29 @@ class AsyncLesson:
     suite: str
     prompt: str
     host: AsyncBound
-    gpu_like: AsyncBound
+    gpu: AsyncBound
 
 
 def async_lesson(atlas: Atlas, base: RunConfig | None = None) -> AsyncLesson:
-    """The default configuration replayed on ``atlas`` under its own curves and under ``GPU_LIKE``
+    """The default configuration replayed on ``atlas`` under its own curves and under ``GPU_COSTS``
     (where the planner, which plans on the curves, may draft more)."""
     cfg = (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
                                         draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
     host = replay(atlas, cfg)
-    gpu_atlas = Atlas(**{**atlas.__dict__, "costs": synthetic_costs(
-        GPU_LIKE["verify"], GPU_LIKE["draft"], other_s=GPU_LIKE["other_s"]).to_dict()})
+    gpu_atlas = Atlas(**{**atlas.__dict__, "costs": gpu_costs().to_dict()})
     gpu = replay(gpu_atlas, cfg)
     return AsyncLesson(atlas.suite, atlas.prompt,
                        bound_of("this host's measured curves", host.steps, len(host.summary.token_ids)),
-                       bound_of("a GPU-like curve (a model)", gpu.steps, len(gpu.summary.token_ids)))
+                       bound_of(GPU_LABEL, gpu.steps, len(gpu.summary.token_ids)))
 
 
 def async_table(lessons: list[AsyncLesson]) -> str:
     """Markdown: per prompt, drafting's share of a step and the async bound, on both curves."""
-    lines = ["| suite | drafting share (host) | async bound (host) | drafting share (GPU-like) | async bound (GPU-like) |",
+    lines = ["| suite | drafting share (host) | async bound (host) | drafting share (H100 graphs) | async bound (H100 graphs) |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for x in lessons:
         cells = []
-        for b in (x.host, x.gpu_like):
+        for b in (x.host, x.gpu):
             cells += [f"{100 * b.draft_s / b.sync_s:.0f} %" if b.sync_s else "–", f"{b.gain:.2f}x"]
         lines.append(f"| {x.suite} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

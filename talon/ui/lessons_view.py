@@ -1,7 +1,7 @@
 """The Lessons tab: the papers' claims on the bundled lesson atlases (``data/lessons``), replayed
 with no model: why adaptive (TALON: the static depth dilemma, the funnel, the adaptive tree at an
 equal budget), why hybrid (Talon: which source carried each step) and why async (drafting hidden
-behind verification, on this host's curves and a GPU-like model). A prompt and a budget pick
+behind verification, on this host's curves and an H100's measured ones). A prompt and a budget pick
 what is shown; every number comes from ``talon.lessons``."""
 
 from __future__ import annotations
