@@ -42,6 +42,20 @@ def target_topk(scores: torch.Tensor, are_probs: bool, k: int = TOPK) -> tuple[l
     return ids.tolist(), [[round(p, 6) for p in row] for row in probs.tolist()]
 
 
+def greedy_readout(logits: torch.Tensor, k: int = TOPK) -> tuple[list[int], tuple[list[list[int]], list[list[float]]]]:
+    """(T, V) logits -> each node's argmax and its top-k ids and probabilities, with one copy
+    to the host (a greedy verification's only one): the argmax is ``argmax`` itself, never the
+    first of ``topk`` (which may order a tie differently)."""
+    k = min(k, logits.shape[-1])
+    values, ids = logits.topk(k, dim=-1)  # (T, k)
+    logp = values.double() - logits.double().logsumexp(dim=-1, keepdim=True)  # (T, k)
+    packed = torch.cat([logits.argmax(dim=-1, keepdim=True).double(), ids.double(), logp.exp()], dim=1).cpu()
+    top1 = packed[:, 0].long().tolist()
+    topk_ids = packed[:, 1:1 + k].long().tolist()
+    probs = [[round(p, 6) for p in row] for row in packed[:, 1 + k:].tolist()]
+    return top1, (topk_ids, probs)
+
+
 def accept_greedy(tree: DraftTree, target_top1: list[int]) -> Acceptance:
     """Longest root-to-node path whose every token is the target's argmax after its parent,
     plus the bonus token (the argmax after the last accepted node)."""

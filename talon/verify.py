@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
-from talon.accept import Acceptance, accept_greedy, accept_sampling, target_topk, warp_probs
+from talon.accept import Acceptance, accept_greedy, accept_sampling, greedy_readout, target_topk, warp_probs
 from talon.kv import keep_entries
 from talon.rng import generator_for
 from talon.run_config import SamplingConfig
@@ -147,11 +147,12 @@ class TargetVerifier:
 
     def judge(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor) -> Verdict:
         """The verdict on ``tree`` from the target's (T, V) logits at its nodes."""
-        top1 = logits.argmax(dim=-1).tolist()  # (T,)
         s = self.sampling
         if s.greedy:
-            acc, topk = accept_greedy(tree, top1), target_topk(logits, are_probs=False)
+            top1, topk = greedy_readout(logits)  # one copy back
+            acc = accept_greedy(tree, top1)
         else:
+            top1 = logits.argmax(dim=-1).tolist()  # (T,)
             p_target = warp_probs(logits, s.temperature, s.top_k, s.top_p)  # (T, V)
             acc, topk = accept_sampling(tree, p_target, self.generator), target_topk(p_target, are_probs=True)
         return Verdict(top1, acc, topk, positions.tolist())

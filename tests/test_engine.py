@@ -251,3 +251,17 @@ def test_unequal_vocabulary_sizes_stay_lossless(rows: tuple[int, int], drafter: 
         assert again[0] == again[1] and len(again[0]) >= 1
     if rows[0] > rows[1]:
         assert any(t >= VOCAB for t in emitted), "the target must emit ids the draft cannot embed"
+
+
+def test_the_greedy_readout_is_the_argmax_and_top_k_in_one_copy() -> None:
+    """The verdict's readout equals argmax and ``target_topk`` (ties included: the argmax is
+    argmax's own), from a single host copy."""
+    from talon.accept import greedy_readout, target_topk
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1.0  # a tie for the top: argmax takes the first
+    top1, (ids, probs) = greedy_readout(logits)
+    assert top1 == logits.argmax(-1).tolist() and top1[2] == 7
+    want_ids, want_probs = target_topk(logits, are_probs=False)
+    assert probs == want_probs and ids == want_ids

@@ -221,7 +221,7 @@ def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.Monke
     backend.load_engine(settings, backend.find_preset(settings, "qwen2.5-coder-7b"))
     assert gpu.events == ["load Qwen/Qwen2.5-7B-Instruct", "release", "load Qwen/Qwen2.5-Coder-7B-Instruct"]
     monkeypatch.setattr(gpu, "free", lambda device: 10 * GIB)  # someone else holds the card
-    with pytest.raises(ModelLoadError, match=r"needs about 17\.\d GiB.*10\.0 GiB free.*back on Qwen/Qwen2.5-Coder-7B"):
+    with pytest.raises(ModelLoadError, match=r"needs about 18\.\d GiB.*CUDA-graph buffers.*10\.0 GiB free.*back on Qwen/Qwen2.5-Coder-7B"):
         backend.load_engine(settings, backend.find_preset(settings, "qwen2.5-7b"))
 
 
