@@ -19,7 +19,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from talon.bench.judge import TieJudge, default_tie_tol  # noqa: E402
-from talon.cost import probe_costs, synthetic_costs  # noqa: E402
+from talon.cost import synthetic_costs  # noqa: E402
+from talon.cost_probe import probe_costs  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.presets import PRESETS, ModelPreset  # noqa: E402
 from talon.models import LoadedModel, ModelLoadError  # noqa: E402

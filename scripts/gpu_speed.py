@@ -33,7 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from talon.cost import GRID, probe_costs, synthetic_costs  # noqa: E402
+from talon.cost import synthetic_costs  # noqa: E402
+from talon.cost_probe import probe_costs  # noqa: E402
+from talon.curve import GRID  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.run_config import RunConfig, TreeConfig  # noqa: E402
 from talon.static import StaticForward, bucket_for  # noqa: E402

@@ -1,7 +1,7 @@
 """Seconds against size: a piecewise-linear curve over a fixed grid of sizes, refined online.
 
 Pure (no torch), so that figures can draw the cost model a trace carries as well as the engine
-can plan with it (``talon.cost`` measures the curves; this module only holds them).
+can plan with it (``talon.cost_probe`` measures the curves; this module only holds them).
 """
 
 from __future__ import annotations

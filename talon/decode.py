@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 
-from talon.cost import CostModel, load_or_probe
+from talon.cost import CostModel
+from talon.cost_cache import load_or_probe
 from talon.drafters.base import Draft, Drafter, PreDraft, Verifier
 from talon.drafters.hybrid import HybridDrafter, build_drafter
 from talon.drafters.model import ModelDrafter

@@ -333,7 +333,7 @@ class StaticVerifier(TargetVerifier):
 
 
 class StaticTimer:
-    """The cost probe's timer on the static step (``talon.cost.probe_costs(timers=...)``): one
+    """The cost probe's timer on the static step (``talon.cost_probe.probe_costs(timers=...)``): one
     forward of ``size`` new nodes after a ``prefix``-token slot cache, graphs replayed where the
     pool captured them; ``close`` gives the forward back."""
 
@@ -359,6 +359,6 @@ class StaticTimer:
         self.pool.give(self.static)
 
 
-def static_timer(pool: StaticPool):  # noqa: ANN201 - a talon.cost.Timer
-    """A ``talon.cost.Timer`` over ``pool``'s model (the model argument is the pool's)."""
+def static_timer(pool: StaticPool):  # noqa: ANN201 - a talon.cost_probe.Timer
+    """A ``talon.cost_probe.Timer`` over ``pool``'s model (the model argument is the pool's)."""
     return lambda _model, prefix, vocab, max_size: StaticTimer(pool, prefix, vocab, max_size)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from talon.cost import CostModel, cost_key, probe_costs
+from talon.cost import CostModel
+from talon.cost_probe import cost_key, probe_costs
 from talon.figures.cost import cost_figure
 from talon.decode import Engine, generate
 import numpy as np

@@ -8,7 +8,8 @@ import logging
 from pathlib import Path
 
 from talon.cli.args import add_model_args
-from talon.cost import MAX_AGE_DAYS, CostModel, cache_path, load_or_probe
+from talon.cost import CostModel
+from talon.cost_cache import MAX_AGE_DAYS, cache_path, load_or_probe
 from talon.models import ModelLoadError, load_pair
 from talon.run_config import RunConfig
 from talon.settings import Settings
@@ -22,7 +23,8 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
                      "device, draft vocabulary, hardware, torch version and thread count.")
     what = c.add_mutually_exclusive_group(required=True)
     what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
-    what.add_argument("--probe", action="store_true", help="measure the curves of the given pair now and cache them")
+    what.add_argument("--probe", action="store_true",
+                      help="measure the curves of the given pair now and cache them (unless the host was noisy)")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
     add_model_args(c, settings)
     c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
@@ -55,7 +57,10 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
     except (ValueError, ModelLoadError, OSError) as err:
         log.error("%s", err)
         return 2
-    print(describe_cached(cache_path(folder, costs.key)))
+    path = cache_path(folder, costs.key)
+    if costs.provenance.noisy:
+        print("not cached: the host was busy (its best timings disagreed); probe again on a quiet host")
+    print(describe_costs(costs, path.name))
     return 0
 
 
@@ -65,11 +70,15 @@ def describe_cached(path: Path) -> str:
         costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
         return f"{path.name}: unreadable ({err})"
+    return describe_costs(costs, path.name)
+
+
+def describe_costs(costs: CostModel, name: str) -> str:
     age = costs.provenance.age_days()
     stale = " (stale: measured again at next use)" if age is None or age > MAX_AGE_DAYS else ""
     draft = f", draft layer 1/4/16 nodes {millis(costs.draft_s(1))}/{millis(costs.draft_s(4))}/{millis(costs.draft_s(16))}" \
         if costs.draft is not None else ""
-    return (f"{path.name}: {costs.key}\n  {costs.provenance.describe()}, "
+    return (f"{name}: {costs.key}\n  {costs.provenance.describe()}, "
             f"{'?' if age is None else f'{age:.1f}'} days old{stale}\n"
             f"  verify 1/4/16/64 nodes {millis(costs.verify_s(1))}/{millis(costs.verify_s(4))}/"
             f"{millis(costs.verify_s(16))}/{millis(costs.verify_s(64))}{draft}")
