@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default="qwen2.5-7b")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--watchdog-s", type=float, default=60)
-    p.add_argument("--lazy-async-s", type=float, default=0,
-                   help="last, under this watchdog: async with graph forks captured lazily on the drafter "
-                        "thread (what hung once), to see where")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -63,21 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                             "reused": sum(1 for s in steps if s.predraft_reused)}
         print(key, out["runs"][key], flush=True)
     out["ok"] = all(r["same"] for r in out["runs"].values())
-    out["pools"] = {"target": [engine._static.made, len(engine._static.free)],
-                    "draft": [engine._draft_static.made, len(engine._draft_static.free)]}
+    out["pools"] = {role: {"made": pool.made, "free": len(pool.free)} for role, pool in engine.static_pools.items()}
     print(json.dumps(out), flush=True)
-    if args.lazy_async_s:
-        lazy = Engine(target, draft)
-        lazy._fork_static = lazy._draft_static  # forks replay (and capture) graphs on the drafter thread
-        cfg = greedy_cfg("hybrid", args.tokens, tree=plain("adaptive"), async_draft=False)
-        generate(lazy, prompts["random"], cfg)  # the main forwards captured lazily, in line
-        cfg = greedy_cfg("hybrid", args.tokens, tree=plain("adaptive"), async_draft=True)
-        faulthandler.dump_traceback_later(args.lazy_async_s, exit=True)
-        start = time.perf_counter()
-        summary, _ = generate(lazy, prompts["random"], cfg)
-        faulthandler.cancel_dump_traceback_later()
-        print("lazy graph forks on the drafter thread:", {"same": summary.token_ids == wants["random"],
-              "s": round(time.perf_counter() - start, 2)}, flush=True)
     return 0 if out["ok"] else 1
 
 

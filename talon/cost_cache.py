@@ -1,8 +1,8 @@
 """The cost cache: a probe's curves kept as JSON (``talon-cost/1``) under their key, read back
-while they are recent and trusted. A probe taken on a noisy host (its best timings of one size
-apart by more than ``SPREAD_OK`` after every round) is used by the engine that took it and
-never cached, so a quiet host later measures again instead of planning on a busy one's curves;
-a noisy entry left by an older version is ignored the same way."""
+while they are recent (``MAX_AGE_DAYS``), so that the same command on the same host plans on the
+same curves (``cost_model="fixed"`` gives the same trees). A probe taken on a busy host is kept
+too, flagged ``noisy`` with its spread (``python -m talon costs --show`` lists it, ``--probe``
+measures again)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,6 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
         log.warning("ignoring cost cache %s: %s", path, err)
         return None
     age = costs.provenance.age_days()
-    if costs.provenance.noisy:
-        log.info("cost cache %s holds a noisy probe: measuring again", path)
-        return None
     if costs.key != key or age is None or age > max_age_days:
         log.info("cost cache %s is stale (%s): measuring again", path,
                  "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
@@ -71,9 +68,7 @@ def load_or_probe(
     log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
              1e3 * costs.draft_s(1), costs.provenance.describe())
-    if path is not None and costs.provenance.noisy:
-        log.warning("cost probe: not cached (a noisy host's curves; the next engine measures again)")
-    elif path is not None:
+    if path is not None:
         save_costs(costs, path)
     return costs
 

@@ -30,33 +30,10 @@ from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
 from talon.drafters.static_draft import StaticModelDrafter
-from talon.static import StaticPool, StaticVerifier, static_timer
+from talon.static import StaticPool, StaticVerifier, resolve_step, spans_devices, static_timer
 from talon.verify import TargetVerifier, Verdict, head_rows
 
 log = logging.getLogger(__name__)
-STEPS = ("auto", "dynamic", "static", "graphs")  # how a step's forwards run: see ``Engine``
-
-
-def spans_devices(model: Any) -> bool:
-    """Is ``model`` spread over several devices (accelerate's ``device_map``)?"""
-    return len({str(d) for d in getattr(model, "hf_device_map", {}).values()}) > 1
-
-
-def resolve_step(step: str, device: "torch.device", split: bool = False) -> str:
-    """``auto``: graphs on one CUDA device (a step is launch-bound there), the dynamic cache
-    elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
-    over several GPUs (a graph is captured on one device's stream)."""
-    if step not in STEPS:
-        raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
-    if step == "auto":
-        return "graphs" if device.type == "cuda" and not split else "dynamic"
-    if step == "graphs" and device.type != "cuda":
-        raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {device}")
-    if step != "dynamic" and split:
-        raise ConfigError(f"step {step!r} needs each model on one device; this pair is spread over several GPUs")
-    return step
-
-
 class Engine:
     """Owns the loaded models; every ``run`` gets its own caches and drafter state."""
 
@@ -92,6 +69,12 @@ class Engine:
         self._text_lock = threading.Lock()
         self._cost_lock = threading.Lock()
         self._corpora: dict[str, CorpusIndex] = {}
+
+    @property
+    def static_pools(self) -> dict[str, StaticPool]:
+        """The static step's pools of forwards by role (none on the dynamic step)."""
+        pools = {"target": self._static, "draft": self._draft_static, "fork": self._fork_static}
+        return {role: pool for role, pool in pools.items() if pool is not None}
 
     def cost_snapshot(self, draft_vocab: int = 0) -> CostModel:
         """The pair's cost model as read once (the probe, or the cache): what every run starts

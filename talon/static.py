@@ -34,12 +34,35 @@ from transformers.cache_utils import StaticLayer
 
 from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
 from talon.rng import generator_for
-from talon.run_config import SamplingConfig
+from talon.run_config import ConfigError, SamplingConfig
 from talon.tree import DraftTree
 from talon.verify import TargetVerifier, Verdict, head_device, lm_logits
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
+
+
+STEPS = ("auto", "dynamic", "static", "graphs")  # how a step's forwards run: see ``talon.decode.Engine``
+
+
+def spans_devices(model: PreTrainedModel) -> bool:
+    """Is ``model`` spread over several devices (accelerate's ``device_map``)?"""
+    return len({str(d) for d in getattr(model, "hf_device_map", {}).values()}) > 1
+
+
+def resolve_step(step: str, device: torch.device, split: bool = False) -> str:
+    """``auto``: graphs on one CUDA device (a step is launch-bound there), the dynamic cache
+    elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
+    over several GPUs (a graph is captured on one device's stream)."""
+    if step not in STEPS:
+        raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
+    if step == "auto":
+        return "graphs" if device.type == "cuda" and not split else "dynamic"
+    if step == "graphs" and device.type != "cuda":
+        raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {device}")
+    if step != "dynamic" and split:
+        raise ConfigError(f"step {step!r} needs each model on one device; this pair is spread over several GPUs")
+    return step
 
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:

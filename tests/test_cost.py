@@ -15,8 +15,7 @@ import torch
 
 from talon.builder import build_tree
 from talon.cost import CostModel, synthetic_costs
-import talon.cost_probe
-from talon.cost_cache import cache_path, load_or_probe, read_cached, save_costs
+from talon.cost_cache import cache_path, load_or_probe, read_cached
 from talon.cost_probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
 from talon.curve import GRID, Curve
 from talon.curve import isotonic
@@ -82,8 +81,7 @@ def test_a_noisy_probe_is_fitted_isotonically() -> None:
     assert Curve.fit(samples)(1) == pytest.approx(0.25) and Curve.fit(samples)(2) == pytest.approx(0.25)
 
 
-def test_cost_model_round_trip_and_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(talon.cost_probe, "SPREAD_OK", 10.0)  # a quiet probe, whatever this host is doing
+def test_cost_model_round_trip_and_cache(tmp_path) -> None:
     costs = synthetic_costs({1: 0.1, 32: 0.2}, {1: 0.03, 16: 0.05}, other_s=0.01)
     again = CostModel.from_dict(costs.to_dict())
     assert again.verify_s(20) == pytest.approx(costs.verify_s(20))
@@ -95,7 +93,7 @@ def test_cost_model_round_trip_and_cache(tmp_path, monkeypatch: pytest.MonkeyPat
     assert second.verify(8) == first.verify(8) and second.draft(4) == first.draft(4)  # exact, from JSON
     made = first.provenance
     assert made.hardware == cpu_model() and made.torch == torch.__version__ and made.threads >= 1
-    assert made.measured_at and 0 <= made.spread and not made.noisy
+    assert made.measured_at and 0 <= made.spread and made.noisy == (made.spread > SPREAD_OK)
     assert second.provenance.measured_at == made.measured_at and "cache, measured" in second.provenance.describe()
     for part in ("draft_vocab=64", f"hw={cpu_model()}", f"torch={torch.__version__}", "threads="):
         assert part in first.key
@@ -108,21 +106,6 @@ def test_cost_model_round_trip_and_cache(tmp_path, monkeypatch: pytest.MonkeyPat
     path.write_text(json.dumps(old))
     assert read_cached(path, first.key) is None and read_cached(path, "another key") is None
     assert load_or_probe(target.model, draft.model, ("t", "d"), tmp_path, draft_vocab=64).source == "probe"
-
-
-def test_a_noisy_probe_is_used_but_never_cached(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A probe whose best timings never agreed (a busy host) plans this engine's runs but is not
-    written; a noisy entry already in the cache is not read."""
-    target = tiny_loaded("llama", 1)
-    monkeypatch.setattr(talon.cost_probe, "SPREAD_OK", -1.0)  # every probe is noisy
-    noisy = load_or_probe(target.model, None, ("t", "none"), tmp_path)
-    assert noisy.source == "probe" and noisy.provenance.noisy and not list(tmp_path.iterdir())
-    save_costs(noisy, cache_path(tmp_path, noisy.key))  # as an older version would have
-    assert read_cached(cache_path(tmp_path, noisy.key), noisy.key) is None
-    monkeypatch.setattr(talon.cost_probe, "SPREAD_OK", 10.0)  # the host is quiet again
-    quiet = load_or_probe(target.model, None, ("t", "none"), tmp_path)
-    assert quiet.source == "probe" and not quiet.provenance.noisy
-    assert load_or_probe(target.model, None, ("t", "none"), tmp_path).source == "cache"
 
 
 def test_the_pure_cost_model_imports_no_torch() -> None:
@@ -528,21 +511,3 @@ def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
     assert len(engine._draft_static.free) == engine._draft_static.made == 1
     assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"
 
-
-def test_the_costs_command_says_when_a_noisy_probe_was_not_cached(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture) -> None:
-    import argparse
-
-    import talon.cli.costs
-    from talon.settings import Settings
-
-    target = tiny_loaded("llama", 1)
-    monkeypatch.setattr(talon.cli.costs, "load_pair", lambda *args, **kwargs: (target, None))
-    monkeypatch.setattr(talon.cost_probe, "SPREAD_OK", -1.0)
-    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
-    args = argparse.Namespace(clear=False, show=False, probe=True, target="t", draft="none", dtype="float32",
-                              device="cpu", draft_quant="none", target_weights="dense", draft_vocab=0)
-    assert talon.cli.costs.costs_command(args, Settings.from_env()) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("not cached: the host was busy") and "verify 1/4/16/64 nodes" in out
-    assert not list(tmp_path.glob("*.json"))

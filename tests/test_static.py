@@ -282,7 +282,7 @@ def test_an_unknown_step_or_graphs_without_cuda_is_refused(close_pair) -> None: 
 
 
 def test_auto_picks_graphs_on_one_cuda_device_only() -> None:
-    from talon.decode import resolve_step
+    from talon.static import resolve_step
     from talon.run_config import ConfigError
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

@@ -24,7 +24,7 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
     what = c.add_mutually_exclusive_group(required=True)
     what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
     what.add_argument("--probe", action="store_true",
-                      help="measure the curves of the given pair now and cache them (unless the host was noisy)")
+                      help="measure the curves of the given pair now and cache them")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
     add_model_args(c, settings)
     c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
@@ -57,10 +57,7 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
     except (ValueError, ModelLoadError, OSError) as err:
         log.error("%s", err)
         return 2
-    path = cache_path(folder, costs.key)
-    if costs.provenance.noisy:
-        print("not cached: the host was busy (its best timings disagreed); probe again on a quiet host")
-    print(describe_costs(costs, path.name))
+    print(describe_costs(costs, cache_path(folder, costs.key).name))
     return 0
 
 

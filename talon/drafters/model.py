@@ -152,10 +152,14 @@ class ModelDrafter(DraftLedger):
                 if slot is None:
                     break
                 kept.append(slot)
-            keep_entries(self.cache, self.fed, kept)
+            self._keep(kept)
             self.fed += len(kept)
         self.slots = {}
         self.context.extend(new_tokens)
+
+    def _keep(self, slots: list[int]) -> None:
+        """Make the cache the committed context plus the entries at ``slots``, in that order."""
+        keep_entries(self.cache, self.fed, slots)
 
     def close(self) -> None:
         """Give back what the run held (nothing here: the cache goes with the drafter)."""

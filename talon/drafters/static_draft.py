@@ -72,19 +72,12 @@ class StaticModelDrafter(ModelDrafter):
         self.used += t
         return logits
 
+    def _keep(self, slots: list[int]) -> None:
+        self._forward().keep(self.fed, slots)
+
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
-        if self.slots:
-            kept = []
-            for node in accepted[1:]:
-                slot = self.slots.get(path_key(tree, node))
-                if slot is None:
-                    break
-                kept.append(slot)
-            self._forward().keep(self.fed, kept)
-            self.fed += len(kept)
+        super().commit(tree, accepted, new_tokens)
         self.used = self.fed
-        self.slots = {}
-        self.context.extend(new_tokens)
 
     def fork(self) -> "StaticModelDrafter":
         twin = copy.copy(self)
