@@ -289,15 +289,8 @@ def test_a_model_that_fails_its_gate_makes_the_check_invalid_not_passed_or_faile
 
 
 def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
-    from talon.static import StaticForward
+    from tests.test_static import plant_visible_pads
 
-    real = StaticForward.fill
-
-    def pads_seen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
-        bucket = real(self, ids, positions, visible, length, base)
-        bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
-        return bucket
-
-    monkeypatch.setattr(StaticForward, "fill", pads_seen)
+    plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
     assert not ok and detail["steps"] == ["static"] and detail["failures"]

@@ -74,7 +74,8 @@ def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) ->
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
-def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def plant_visible_pads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: every real node of a step sees its bucket's pads."""
     real = StaticForward.fill
 
     def pads_seen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
@@ -83,6 +84,10 @@ def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch
         return bucket
 
     monkeypatch.setattr(StaticForward, "fill", pads_seen)
+
+
+def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    plant_visible_pads(monkeypatch)
     tree = a_tree(int(PROMPT[-1]))
     first, _ = static(model, tree, [0, 2, 4], [50])
     assert not torch.allclose(first, dynamic(model, tree, [0, 2, 4], [50])[0], atol=1e-3)
