@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import PreTrainedModel
 
 from talon.cost import CostModel
 from talon.cost_cache import load_or_probe
@@ -29,9 +30,9 @@ from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
-from talon.drafters.static_draft import StaticModelDrafter
-from talon.static import StaticPool, StaticVerifier, resolve_step, spans_devices, static_timer
-from talon.verify import TargetVerifier, Verdict, head_rows
+from talon.static import StaticPool
+from talon.steps import StepForwards
+from talon.verify import Verdict, head_rows
 
 log = logging.getLogger(__name__)
 class Engine:
@@ -51,15 +52,8 @@ class Engine:
         forward of the tree's own size), ``static`` (``talon.static``: a preallocated cache,
         bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
         ``auto`` (``resolve_step``)."""
-        split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
-        self.step = resolve_step(step, target.device, split)
-        graphs = self.step == "graphs"
-        self._static = StaticPool(target.model, graphs) if self.step != "dynamic" else None
-        self._draft_static = (StaticPool(draft.model, graphs)
-                              if self.step != "dynamic" and draft is not None else None)
-        # async forks draft on another thread: eagerly on the static step, never capturing or
-        # replaying a graph there (docs/gpu.md: async with graphs in the drafter thread hung)
-        self._fork_static = StaticPool(draft.model) if graphs and draft is not None else None
+        self.forwards = StepForwards(step, target, draft)
+        self.step = self.forwards.step
         self.target = target
         self.draft = draft
         self.cost_cache = cost_cache
@@ -69,31 +63,33 @@ class Engine:
         self._text_lock = threading.Lock()
         self._cost_lock = threading.Lock()
         self._corpora: dict[str, CorpusIndex] = {}
+        self._source_snapshots: dict[tuple[int, int], CostModel] = {}  # (draft_vocab, id(source)) -> curves
 
     @property
     def static_pools(self) -> dict[str, StaticPool]:
         """The static step's pools of forwards by role (none on the dynamic step)."""
-        pools = {"target": self._static, "draft": self._draft_static, "fork": self._fork_static}
-        return {role: pool for role, pool in pools.items() if pool is not None}
+        return self.forwards.roles(self.draft.model if self.draft is not None else None)
 
-    def cost_snapshot(self, draft_vocab: int = 0) -> CostModel:
+    def cost_snapshot(self, draft_vocab: int = 0, source: PreTrainedModel | None = None) -> CostModel:
         """The pair's cost model as read once (the probe, or the cache): what every run starts
         from. A run plans on its own copy and never changes this one; ``adopt_costs`` does,
-        between runs, when the caller says so."""
+        between runs, when the caller says so. ``source``: the model that drafts, where it is
+        not the pair's draft model (a view of the target): its curves are its own."""
+        pair = source is None or (self.draft is not None and source is self.draft.model)
+        model = (self.draft.model if self.draft is not None else None) if pair else source
+        store: dict = self._snapshots if pair else self._source_snapshots
+        key = draft_vocab if pair else (draft_vocab, id(source))
         with self._cost_lock:
-            if draft_vocab not in self._snapshots:
+            if key not in store:
                 if self._given_costs is not None:
-                    self._snapshots[draft_vocab] = self._given_costs.copy()
+                    store[key] = self._given_costs.copy()
                 else:
-                    draft = self.draft.model if self.draft is not None else None
-                    names = (self.target.name, self.draft.name if self.draft is not None else "none")
-                    timers = (None, None)
-                    if self._static is not None:
-                        timers = (static_timer(self._static),
-                                  static_timer(self._draft_static) if self._draft_static is not None else None)
-                    self._snapshots[draft_vocab] = load_or_probe(
-                        self.target.model, draft, names, self.cost_cache, draft_vocab, step=self.step, timers=timers)
-            return self._snapshots[draft_vocab]
+                    name = self.draft.name if self.draft is not None else "none"
+                    if not pair:
+                        name = f"{self.target.name}|{getattr(source, 'talon_name', 'source')}"
+                    store[key] = load_or_probe(self.target.model, model, (self.target.name, name), self.cost_cache,
+                                               draft_vocab, step=self.step, timers=self.forwards.timers(model))
+            return store[key]
 
     def cost_snapshots(self) -> dict[int, CostModel]:
         """The snapshots read so far, by draft vocabulary (what the runs planned on)."""
@@ -115,23 +111,14 @@ class Engine:
                 )
             return self._corpora[path]
 
-    def _verifier(self, cfg: RunConfig, prompt_len: int) -> TargetVerifier:
-        if self._static is None:
-            return TargetVerifier(self.target.model, cfg.sampling)
-        tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
-        # with async drafting every bucket is captured first: no capture while another thread drafts
-        return StaticVerifier(self.target.model, cfg.sampling, self._static, tokens, capture_all=cfg.async_draft)
+    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
+        """A model drafter over ``model`` on this engine's step (``SourceModels``)."""
+        return self.forwards.model_drafter(model, cfg, prompt_len)
 
     def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> HybridDrafter:
-        """The run's drafter (after ``prepare``, which refuses a model drafter without a draft)."""
-        target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
-        model = None
-        if cfg.uses_model and self._draft_static is not None:
-            tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
-            model = StaticModelDrafter(self.draft.model, self._draft_static, tokens, cfg.draft_vocab, target_vocab,
-                                       fork_pool=self._fork_static, capture_all=cfg.async_draft)
-        elif cfg.uses_model:
-            model = ModelDrafter(self.draft.model, cfg.draft_vocab, target_vocab)
+        """The run's drafter: its kind's draft source (``talon.drafter_kinds``), retrieval, and
+        ``build_drafter`` over them (after ``prepare``, which refuses a kind it cannot serve)."""
+        model = cfg.kind.make_source()(self, cfg, prompt_len) if cfg.uses_model else None
         corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None
         retrieval = RetrievalDrafter(cfg.retrieval, corpus) if cfg.uses_retrieval else None
         return build_drafter(cfg, model, retrieval)
@@ -146,7 +133,7 @@ class Engine:
         """The prompt's token ids, after every check a run makes before touching a device: the
         prompt, the context window, a drafter that needs a draft model (PromptError, ConfigError).
         Tokenizer and configs only, so it may run where no device may be touched (ZeroGPU)."""
-        if cfg.uses_model and self.draft is None:
+        if cfg.needs_draft_model and self.draft is None:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
@@ -164,14 +151,15 @@ class Engine:
         """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad)."""
         tok = self.target.tokenizer
         prompt_ids = self.prepare(prompt, cfg)
+        drafter = self.make_drafter(cfg, len(prompt_ids))
         costs = None
         if cfg.tree.cost_aware and cfg.drafts:
-            costs = self.cost_snapshot(cfg.draft_vocab).copy()
+            costs = self.cost_snapshot(cfg.draft_vocab, getattr(drafter.model, "model", None)).copy()
         parts = RunParts(
             prompt_ids=prompt_ids,
             prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
-            drafter=self.make_drafter(cfg, len(prompt_ids)),
-            verifier=self._verifier(cfg, len(prompt_ids)),
+            drafter=drafter,
+            verifier=self.forwards.verifier(cfg, len(prompt_ids)),
             stop=StopCheck(tok, eos_ids(self.target), cfg.stop_strings, cfg.max_new_tokens),
             token_text=self.token_text,
             detokenize=lambda ids: tok.decode(ids, skip_special_tokens=True),

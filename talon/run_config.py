@@ -1,50 +1,27 @@
 """Frozen, validated configuration records.
 
-Every knob a user can turn lives here, validated in ``__post_init__`` with a message that says
-what to change. argparse (CLI), the Gradio UI and the benchmark all build these records; the
-library never reads raw strings or environment variables itself (see ``talon.settings``).
+Every knob a user can turn lives in one of these records; its name, range, default and help are
+declared once, in ``talon.knobs``, which gives the fields their defaults and checks them in
+``__post_init__`` with a message that says what to change. argparse (CLI), the Gradio UI and the
+benchmark all build these records (``RunConfig.with_knobs``); the library never reads raw
+strings or environment variables itself (see ``talon.settings``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from talon.drafter_kinds import DRAFTER_KINDS, DRAFTERS, DRAFTING_KINDS, DrafterKind
+from talon.knobs import ADMISSIONS, COST_MODES, MAX_BUDGET, TREE_MODES, ConfigError, check_record, default, nested, values_of
+
+__all__ = ["ADMISSIONS", "COST_MODES", "DRAFTER_KINDS", "DRAFTING_KINDS", "MAX_BUDGET", "TREE_MODES", "ConfigError",
+           "RetrievalConfig", "RunConfig", "SamplingConfig", "TreeConfig"]
 
 TreeMode = Literal["adaptive", "static", "chain"]
-DrafterKind = Literal["hybrid", "model", "retrieval", "none"]
 Admission = Literal["calibrated", "confidence"]
-
-TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
-DRAFTER_KINDS: tuple[str, ...] = ("hybrid", "model", "retrieval", "none")
-DRAFTING_KINDS: tuple[str, ...] = tuple(d for d in DRAFTER_KINDS if d != "none")  # the kinds that draft
-ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
-
-
-class ConfigError(ValueError):
-    """A knob is out of range; the message names the knob, the value and the allowed range."""
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-def _int_in(name: str, value: object, lo: int, hi: int) -> None:
-    _check(
-        isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
-        f"{name} must be an integer in [{lo}, {hi}], got {value!r}",
-    )
-
-
-def _float_in(name: str, value: object, lo: float, hi: float) -> None:
-    _check(
-        isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= float(value) <= hi,
-        f"{name} must be a number in [{lo}, {hi}], got {value!r}",
-    )
-
-
-MAX_BUDGET = 256  # draft nodes one verification may hold
 
 
 @dataclass(frozen=True)
@@ -70,26 +47,18 @@ class TreeConfig:
         confidence either way.
     """
 
-    mode: TreeMode = "adaptive"
-    budget: int = 16
-    root_k: int = 4
-    top_k: int = 2
-    mu: float = 0.1
-    max_depth: int = 8
-    min_conf: float = 0.2
-    cost_aware: bool = True
-    admission: Admission = "calibrated"
+    mode: TreeMode = default("tree.mode")
+    budget: int = default("tree.budget")
+    root_k: int = default("tree.root_k")
+    top_k: int = default("tree.top_k")
+    mu: float = default("tree.mu")
+    max_depth: int = default("tree.max_depth")
+    min_conf: float = default("tree.min_conf")
+    cost_aware: bool = default("tree.cost_aware")
+    admission: Admission = default("tree.admission")
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.cost_aware, bool), f"cost_aware must be true or false, got {self.cost_aware!r}")
-        _check(self.admission in ADMISSIONS, f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
-        _check(self.mode in TREE_MODES, f"tree mode must be one of {TREE_MODES}, got {self.mode!r}")
-        _int_in("budget", self.budget, 1, MAX_BUDGET)
-        _int_in("root_k", self.root_k, 1, 64)
-        _int_in("top_k", self.top_k, 1, 16)
-        _float_in("mu", self.mu, 0.0, 1.0)
-        _int_in("max_depth", self.max_depth, 1, 64)
-        _float_in("min_conf", self.min_conf, 0.0, 1.0)
+        check_record(self, "tree")
 
 
 @dataclass(frozen=True)
@@ -103,40 +72,31 @@ class RetrievalConfig:
     corpus: optional path of a jsonl/text corpus for a static datastore.
     """
 
-    min_match: int = 2
-    max_continuation: int = 16
-    graft_threshold: int = 3
-    max_branches: int = 2
-    corpus: str | None = None
+    min_match: int = default("retrieval.min_match")
+    max_continuation: int = default("retrieval.max_continuation")
+    graft_threshold: int = default("retrieval.graft_threshold")
+    max_branches: int = default("retrieval.max_branches")
+    corpus: str | None = default("retrieval.corpus")
 
     def __post_init__(self) -> None:
-        _int_in("retrieval min_match", self.min_match, 1, 64)
-        _int_in("retrieval max_continuation", self.max_continuation, 1, 128)
-        _int_in("retrieval graft_threshold", self.graft_threshold, 1, 64)
-        _int_in("retrieval max_branches", self.max_branches, 1, 16)
+        check_record(self, "retrieval")
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """temperature == 0 means greedy decoding; top_k == 0 and top_p == 1 disable the filters."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
+    temperature: float = default("sampling.temperature")
+    top_p: float = default("sampling.top_p")
+    top_k: int = default("sampling.top_k")
+    seed: int = default("sampling.seed")
 
     def __post_init__(self) -> None:
-        _float_in("temperature", self.temperature, 0.0, 10.0)
-        _float_in("top_p", self.top_p, 1e-6, 1.0)
-        _int_in("sampling top_k", self.top_k, 0, 1_000_000)
-        _int_in("seed", self.seed, 0, 2**63 - 1)
+        check_record(self, "sampling")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-COST_MODES: tuple[str, ...] = ("fixed", "learn")
 
 
 @dataclass(frozen=True)
@@ -149,39 +109,40 @@ class RunConfig:
     run's own step timings (the app's default). Sampled runs always plan fixed.
     """
 
-    drafter: DrafterKind = "hybrid"
+    drafter: str = default("drafter")  # a name in talon.drafter_kinds.DRAFTERS
     tree: TreeConfig = field(default_factory=TreeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    max_new_tokens: int = 128
-    stop_strings: tuple[str, ...] = ()
-    chat_template: bool = True
-    async_draft: bool = False
-    draft_vocab: int = 32768
-    cost_model: str = "learn"
+    max_new_tokens: int = default("max_new_tokens")
+    stop_strings: tuple[str, ...] = default("stop_strings")
+    chat_template: bool = default("chat_template")
+    async_draft: bool = default("async_draft")
+    draft_vocab: int = default("draft_vocab")
+    cost_model: str = default("cost_model")
+    skip_layers: float = default("skip_layers")
 
     def __post_init__(self) -> None:
-        _check(
-            self.drafter in DRAFTER_KINDS,
-            f"drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}",
-        )
-        _int_in("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
-        _check(
-            all(isinstance(s, str) and s for s in self.stop_strings),
-            "stop strings must be non-empty strings",
-        )
-        _int_in("draft_vocab", self.draft_vocab, 0, 10_000_000)
-        _check(self.cost_model in COST_MODES, f"cost_model must be one of {COST_MODES}, got {self.cost_model!r}")
+        check_record(self, "")
+
+    @property
+    def kind(self) -> DrafterKind:
+        """The drafter kind's entry in ``talon.drafter_kinds.DRAFTERS``."""
+        return DRAFTERS[self.drafter]
 
     @property
     def uses_model(self) -> bool:
-        """The draft model drafts (``hybrid``, ``model``)."""
-        return self.drafter in ("hybrid", "model")
+        """A model drafts (``hybrid``, ``model``: the draft model; ``layerskip``: the target)."""
+        return bool(self.kind.model)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """The pair's draft model drafts (``hybrid``, ``model``)."""
+        return self.kind.model == "draft"
 
     @property
     def uses_retrieval(self) -> bool:
         """Retrieval drafts (``hybrid``, ``retrieval``)."""
-        return self.drafter in ("hybrid", "retrieval")
+        return self.kind.retrieval
 
     @property
     def drafts(self) -> bool:
@@ -190,6 +151,24 @@ class RunConfig:
 
     def replace(self, **changes: object) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+    def with_knobs(self, values: Mapping[str, Any], app: bool = False,
+                   caps: Mapping[str, float] | None = None) -> "RunConfig":
+        """This record with ``{knob name: value}`` changed, each value read from the outside
+        (``talon.knobs.Knob.read``: a slider's float, a command line's text; ``app``: the app's
+        choices; ``caps``: a server's own upper bounds); ConfigError names the knob. The one way
+        into a RunConfig from a front end."""
+        data = self.to_dict()
+        for section, change in nested(values, app, caps or {}).items():
+            if isinstance(change, dict):
+                data[section].update(change)
+            else:
+                data[section] = change
+        return RunConfig.from_dict(data)
+
+    def knob_values(self) -> dict[str, Any]:
+        """``{knob name: value}`` of this record: the way out, to a front end."""
+        return values_of(self.to_dict())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

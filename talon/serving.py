@@ -314,6 +314,9 @@ def _draft_half(cfg: RunConfig, draft: str | None) -> _Half:
         return _Half([], {}, ["drafter none: plain autoregressive decoding, no speculation flags"])
     if cfg.drafter == "retrieval":
         return _retrieval_half(cfg)
+    if cfg.kind.model == "target":
+        return _Half([], {}, [f"drafter {cfg.drafter}: self-speculation by layer skipping has no SGLang or vLLM "
+                              "method; no speculation flags (a draft model or EAGLE head is their nearest)"])
     if draft is None:
         raise ConfigError(f"drafter {cfg.drafter!r} needs a draft model; pass one or use retrieval")
     return (_model_half if cfg.drafter == "model" else _hybrid_half)(cfg, draft)

@@ -36,7 +36,7 @@ from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
 from talon.rng import generator_for
 from talon.run_config import ConfigError, SamplingConfig
 from talon.tree import DraftTree
-from talon.verify import TargetVerifier, Verdict, head_device, lm_logits
+from talon.verify import head_device, lm_logits, TargetVerifier, tree_mask, tree_positions, Verdict
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
@@ -340,8 +340,8 @@ class StaticVerifier(TargetVerifier):
         self.length = len(ids) - 1
 
     def verify(self, tree: DraftTree) -> Verdict:
-        positions = tree.positions(self.length)  # (T,)
-        logits = self.static.forward(torch.tensor(tree.tokens), positions, tree.ancestor_mask(), self.length)
+        positions = tree_positions(tree, self.length)  # (T,)
+        logits = self.static.forward(torch.tensor(tree.tokens), positions, tree_mask(tree), self.length)
         return self.judge(tree, logits, positions)
 
     def commit(self, verdict: Verdict) -> None:

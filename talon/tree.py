@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from talon.shape import ancestor_rows
 
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
@@ -84,14 +82,6 @@ class DraftTree:
     def leaves(self) -> list[int]:
         has_child = set(self.parents[1:])
         return [i for i in range(len(self.tokens)) if i not in has_child]
-
-    def ancestor_mask(self) -> torch.Tensor:
-        """(T, T) bool: mask[i, j] is True iff j is i or an ancestor of i."""
-        return torch.tensor(ancestor_rows(self.parents), dtype=torch.bool)
-
-    def positions(self, prefix_len: int) -> torch.Tensor:
-        """(T,) long: absolute position of every node, the root sits at ``prefix_len``."""
-        return prefix_len + torch.tensor(self.depths, dtype=torch.long)
 
     def descendants(self, node: int) -> list[int]:
         """Every node below ``node``, in node (topological) order."""

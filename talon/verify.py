@@ -20,6 +20,17 @@ from talon.run_config import SamplingConfig
 from talon.tree import DraftTree
 
 from talon.models.quant import PackedLinear, int8_head
+from talon.shape import ancestor_rows
+
+
+def tree_mask(tree: DraftTree) -> torch.Tensor:
+    """(T, T) bool: mask[i, j] is True iff node j is node i or one of its ancestors."""
+    return torch.tensor(ancestor_rows(tree.parents), dtype=torch.bool)
+
+
+def tree_positions(tree: DraftTree, prefix_len: int) -> torch.Tensor:
+    """(T,) long: the absolute position of every node; the root sits at ``prefix_len``."""
+    return prefix_len + torch.tensor(tree.depths, dtype=torch.long)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -141,8 +152,8 @@ class TargetVerifier:
 
     def verify(self, tree: DraftTree) -> Verdict:
         prefix_len = self.cache.get_seq_length()
-        positions = tree.positions(prefix_len)  # (T,)
-        logits = verify_tree(self.model, self.cache, tree.tokens, tree.ancestor_mask(), positions)
+        positions = tree_positions(tree, prefix_len)  # (T,)
+        logits = verify_tree(self.model, self.cache, tree.tokens, tree_mask(tree), positions)
         return self.judge(tree, logits, positions)
 
     def judge(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor) -> Verdict:

@@ -28,10 +28,10 @@ from talon.atlas.explorer import (
     Knobs,
     around,
     explore,
-    greedy_note,
     mu_budget_grid,
     root_top_grid,
 )
+from talon.ui.explorer_words import greedy_note
 from talon.ui.explorer_io import read_atlas, write_atlas
 from talon.ui.explorer_view import (
     ExplorerView,

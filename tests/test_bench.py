@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import talon.verify
 from talon.bench import (
     METHODS,
     BenchConfig,
@@ -21,12 +22,11 @@ from talon.bench import (
     talon_variant,
     tie_tolerance,
 )
-from talon.cli.bench import main
+from talon.bench.command import main
 from talon.cost import synthetic_costs
 from talon.decode import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.specbench import SuiteError
-from talon.tree import DraftTree
 from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded
 
@@ -184,9 +184,9 @@ def test_a_planted_off_by_one_position_is_caught(monkeypatch: pytest.MonkeyPatch
     checks = {}
     for planted in (False, True):
         if planted:
-            real = DraftTree.positions
-            monkeypatch.setattr(DraftTree, "positions", lambda self, prefix: real(self, prefix + 1) - (
-                torch.tensor(self.depths) == 0).long())
+            real = talon.verify.tree_positions
+            monkeypatch.setattr(talon.verify, "tree_positions", lambda tree, prefix: real(tree, prefix + 1) - (
+                torch.tensor(tree.depths) == 0).long())
         results = [generate(Engine(target, draft), text, cfg)[0] for text in SUITE_TEXTS["humaneval"]]
         checks[planted] = [judge.check(r.prompt_token_ids, r.token_ids, 24, {256}) for r in results]
     assert all(c.lossless for c in checks[False])

@@ -108,12 +108,13 @@ def test_cost_model_round_trip_and_cache(tmp_path) -> None:
     assert load_or_probe(target.model, draft.model, ("t", "d"), tmp_path, draft_vocab=64).source == "probe"
 
 
-def test_the_pure_cost_model_imports_no_torch() -> None:
-    """The planner's cost model is plain Python: the probe and the cache are apart."""
+def test_the_planner_and_its_cost_model_import_no_torch() -> None:
+    """The planner and its cost model are plain Python: the probe and the cache are apart, and
+    the tree's tensors (its mask, its positions) are built where the target verifies."""
     import subprocess
     import sys
 
-    code = "import sys, talon.cost, talon.curve; print('torch' in sys.modules or 'transformers' in sys.modules)"
+    code = "import sys, talon.plan, talon.cost, talon.curve, talon.knobs; print('torch' in sys.modules or 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
@@ -507,7 +508,7 @@ def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
     costs = engine.cost_snapshot()
     assert costs.verify_s(16) > 0 and costs.draft_s(4) > 0 and costs.prefill_per_token_s > 0
     assert costs.key.endswith("|step=static") and "step=" not in cost_key(target.model, draft.model, ("t", "d"))
-    assert len(engine._static.free) == engine._static.made == 1
-    assert len(engine._draft_static.free) == engine._draft_static.made == 1
+    assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1
+    assert len(engine.static_pools["draft"].free) == engine.static_pools["draft"].made == 1
     assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"
 

@@ -18,7 +18,7 @@ from talon.kv import keep_entries
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
-from talon.verify import forward_hidden, verify_tree
+from talon.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from tests.tiny import VOCAB, byte_tokenizer, tiny_loaded, tiny_model
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
@@ -53,7 +53,7 @@ def test_tree_logits_equal_sequential_logits(kind: str, seed: int) -> None:
     prefix = [rng.randrange(VOCAB - 2) for _ in range(9)]
     tree = random_tree(rng, 14)
     cache = prefill(model, prefix)
-    logits = verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(prefix)))
+    logits = verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(prefix)))
     assert logits.shape == (len(tree), VOCAB)
     for node in range(len(tree)):
         path_tokens = [tree.tokens[n] for n in tree.path(node)]
@@ -70,7 +70,7 @@ def test_cache_after_commit_equals_plain_forward(kind: str) -> None:
     leaf = max(range(len(tree)), key=lambda n: tree.depths[n])
     accepted = tree.path(leaf)
     cache = prefill(model, prefix)
-    verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(prefix)))
+    verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(prefix)))
     keep_entries(cache, len(prefix), [len(prefix) + n for n in accepted])
     plain = prefill(model, prefix + [tree.tokens[n] for n in accepted])
     for got, want in zip(cache.layers, plain.layers):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import talon.verify
 from talon.decode import Engine, generate
 from talon.models import LoadedModel
 from talon.models.memory import KNOWN_SHAPES, ModelShape
@@ -118,20 +119,20 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
 
 
 def positions_shifted(real):  # noqa: ANN001, ANN201
-    return lambda self, prefix: real(self, prefix + 1) - (torch.tensor(self.depths) == 0).long()
+    return lambda tree, prefix: real(tree, prefix + 1) - (torch.tensor(tree.depths) == 0).long()
 
 
-def siblings_visible(self: DraftTree) -> torch.Tensor:
-    n = len(self.tokens)
+def siblings_visible(tree: DraftTree) -> torch.Tensor:
+    n = len(tree.tokens)
     return torch.ones(n, n, dtype=torch.bool).tril()  # (T, T): causal over node order, not the tree
 
 
 @pytest.mark.parametrize("bug", ["position ids below the root one too far", "tree mask shows siblings"])
 def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if bug.startswith("position"):
-        monkeypatch.setattr(DraftTree, "positions", positions_shifted(DraftTree.positions))
+        monkeypatch.setattr(talon.verify, "tree_positions", positions_shifted(talon.verify.tree_positions))
     else:
-        monkeypatch.setattr(DraftTree, "ancestor_mask", siblings_visible)
+        monkeypatch.setattr(talon.verify, "tree_mask", siblings_visible)
     ids, want = pair.prompts["random"]
     caught = []
     for drafter, mode in (("hybrid", "adaptive"), ("model", "static"), ("hybrid", "static"), ("model", "adaptive")):

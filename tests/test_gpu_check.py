@@ -86,10 +86,10 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
 
 
 def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check) -> None:
-    real = DraftTree.positions
+    real = talon.verify.tree_positions
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(DraftTree, "positions",
-                   lambda self, prefix: real(self, prefix + 1) - (torch.tensor(self.depths) == 0).long())
+        mp.setattr(talon.verify, "tree_positions",
+                   lambda tree, prefix: real(tree, prefix + 1) - (torch.tensor(tree.depths) == 0).long())
         report = gpu_check.run_checks(tiny=True, only={"llama-3.1-8b"}, with_app=False)
     assert not report["ok"]
     checks = report["pairs"]["llama-3.1-8b"]["checks"]

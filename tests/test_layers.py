@@ -65,12 +65,40 @@ def test_no_import_runs_up_the_layers() -> None:
     assert upward_imports(layers()) == set()
 
 
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "talon" and len(parts) > 1 else None
+
+
+def mutual_imports(root: Path = REPO) -> set[tuple[str, str]]:
+    """Pairs of top-level parts (``atlas`` and ``figures``, ``bench`` and ``cli``) that import
+    each other, ``TYPE_CHECKING`` and deferred imports included: each pair is one part."""
+    arrows = set()
+    for path in production_files(root):
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        own = part_of(module)
+        for name in imports(path):
+            theirs = part_of(name)
+            if own is not None and theirs is not None and theirs != own:
+                arrows.add((own, theirs))
+    return {(a, b) for a, b in arrows if (b, a) in arrows and a < b}
+
+
+def test_no_two_parts_import_each_other() -> None:
+    assert mutual_imports() == set()
+
+
 def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
     with (tmp_path / "talon" / "settings.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\ndef engine():\n    from talon.decode import Engine\n    return Engine\n")
     assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.decode")}
+    with (tmp_path / "talon" / "figures" / "atlas.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from talon.atlas import data\n")
+    with (tmp_path / "talon" / "atlas" / "sweep.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\ndef chart():\n    from talon.figures import atlas\n    return atlas\n")
+    assert mutual_imports(tmp_path) == {("atlas", "figures")}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,14 +64,18 @@ def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> N
 
 
 @pytest.mark.parametrize(
-    ("sampling", "step"),
-    [(SamplingConfig(temperature=1.0, seed=0), "dynamic"),
-     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic"),
-     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static")],  # the static step samples alike
+    ("sampling", "step", "drafter"),
+    [(SamplingConfig(temperature=1.0, seed=0), "dynamic", "model"),
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic", "model"),
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static", "model"),  # the static step samples alike
+     (SamplingConfig(temperature=1.0, seed=0), "dynamic", "layerskip")],  # the target drafts for itself
 )
-def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig, step: str) -> None:
+def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig, step: str,
+                                                                     drafter: str) -> None:
     vocab = 6
-    target = LoadedModel(tiny_model("llama", 21, vocab=vocab), byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
+    layers = 4 if drafter == "layerskip" else 2  # a view of four layers skips one
+    target = LoadedModel(tiny_model("llama", 21, vocab=vocab, layers=layers), byte_tokenizer(), "t", torch.float32,
+                         torch.device("cpu"))
     draft = LoadedModel(tiny_model("llama", 22, vocab=vocab), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
     with torch.no_grad():  # flatten the target a little so many outcomes are likely
         target.model.get_output_embeddings().weight.mul_(0.15)
@@ -91,7 +95,7 @@ def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: S
     counts: dict = {}
     accepted_drafts = 0
     for seed in range(n):
-        cfg = RunConfig(drafter="model", tree=tree, max_new_tokens=2,
+        cfg = RunConfig(drafter=drafter, tree=tree, max_new_tokens=2,
                         sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
         run = engine.run(prompt, cfg)
         for step in run:

@@ -13,7 +13,7 @@ import talon.static
 from talon.kv import keep_entries
 from talon.static import StaticForward, bucket_for
 from talon.tree import DraftTree
-from talon.verify import forward_hidden, verify_tree
+from talon.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from tests.tiny import tiny_model
 
 PROMPT = torch.arange(3, 23)  # (P,)
@@ -30,13 +30,13 @@ def a_tree(root: int) -> DraftTree:
 def dynamic(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
     cache = DynamicCache(config=model.config)
     forward_hidden(model, cache, PROMPT[:-1], torch.arange(len(PROMPT) - 1), None)
-    first = verify_tree(model, cache, tree.tokens, tree.ancestor_mask(), tree.positions(len(PROMPT) - 1))
+    first = verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(PROMPT) - 1))
     keep_entries(cache, len(PROMPT) - 1, [len(PROMPT) - 1 + i for i in path])
     chain = DraftTree.with_root(follow[0])
     for i, token in enumerate(follow[1:]):
         chain.add(i, token, 0.5, "model")
     length = len(PROMPT) - 1 + len(path)
-    second = verify_tree(model, cache, chain.tokens, chain.ancestor_mask(), chain.positions(length))
+    second = verify_tree(model, cache, chain.tokens, tree_mask(chain), tree_positions(chain, length))
     return first, second
 
 
@@ -44,7 +44,7 @@ def static(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa:
     sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8))
     sf.prefill(PROMPT[:-1])
     length = len(PROMPT) - 1
-    first = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    first = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     sf.keep_path(length, path)
     length += len(path)
     t = len(follow)
@@ -115,15 +115,15 @@ def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN00
     sf = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8))
     sf.prefill(PROMPT[:-1])
     length = len(PROMPT) - 1
-    eager = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length).clone()
+    eager = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length).clone()
     report = sf.capture(length)
-    replay = sf.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    replay = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     assert report.buckets == [1, 2, 4, 8] and talon.static.bucket_for(5) == 8
     torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
     lazy = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8), graphs=True)  # what a pool makes
     lazy.prefill(PROMPT[:-1])  # 19 tokens: one chunk of 8, 8, then 3 in a bucket of 4
-    first = lazy.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length).clone()
-    again = lazy.forward(torch.tensor(tree.tokens), tree.positions(length), tree.ancestor_mask(), length)
+    first = lazy.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length).clone()
+    again = lazy.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     assert lazy.capture_report.buckets == [4, 8] and all(lazy.buckets[b].graph is not None for b in (4, 8))
     torch.testing.assert_close(first, eager, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(again, eager, atol=1e-3, rtol=1e-3)
@@ -250,8 +250,8 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
                 assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, mode, async_draft)
                 mats.append(summary.mean_accepted_tokens)
     assert drafter in ("none", "retrieval") or max(mats) > 1.2, "drafts must be accepted for the test to bite"
-    assert len(engine._static.free) == engine._static.made == 1, "every run gave its forward back, the next reused it"
-    drafts = engine._draft_static
+    assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1, "every run gave its forward back, the next reused it"
+    drafts = engine.static_pools["draft"]
     assert len(drafts.free) == drafts.made, "every draft forward (async forks too) was given back"
     assert drafter in ("none", "retrieval") or drafts.made >= 1 + (drafter in ("model", "hybrid")), \
         "the draft model ran on the static step, and async forks took a second forward"

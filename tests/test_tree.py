@@ -4,6 +4,7 @@ import torch
 
 from talon.shape import ancestor_rows, layer_width
 from talon.tree import DraftTree
+from talon.verify import tree_mask, tree_positions
 
 
 def hand_tree() -> DraftTree:
@@ -27,7 +28,7 @@ def hand_tree() -> DraftTree:
 def test_depths_positions_paths():
     t = hand_tree()
     assert t.depths == [0, 1, 1, 2, 2, 2, 3]
-    assert t.positions(10).tolist() == [10, 11, 11, 12, 12, 12, 13]
+    assert tree_positions(t, 10).tolist() == [10, 11, 11, 12, 12, 12, 13]
     assert t.path(6) == [0, 1, 3, 6]
     assert sorted(t.path(leaf) for leaf in t.leaves()) == [[0, 1, 3, 6], [0, 1, 4], [0, 2, 5]]
     assert t.leaves() == [4, 5, 6]
@@ -35,7 +36,7 @@ def test_depths_positions_paths():
 
 
 def test_ancestor_mask():
-    m = hand_tree().ancestor_mask()
+    m = tree_mask(hand_tree())
     expected = torch.zeros(7, 7, dtype=torch.bool)
     for node, ancestors in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 4], 5: [0, 2, 5], 6: [0, 1, 3, 6]}.items():
         expected[node, ancestors] = True
@@ -59,5 +60,5 @@ def test_parent_must_precede_child():
 
 def test_one_shape_helper_serves_tree_trace_and_figures():
     t = hand_tree()
-    assert ancestor_rows(t.parents) == t.ancestor_mask().tolist()
+    assert ancestor_rows(t.parents) == tree_mask(t).tolist()
     assert layer_width([0]) == 0 and layer_width([0, 1, 1, 2]) == 2

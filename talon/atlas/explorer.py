@@ -1,23 +1,25 @@
 """The Threshold explorer's model, free of Gradio: the knobs (one greedy configuration, named as
 ``talon generate``'s flags), the grids drawn around them, a browser session's atlas with every
 configuration replayed on it (``talon.atlas.replay``, remembered: a replay is deterministic), the
-exploration of the knobs (score, heatmaps, Pareto front, best), and the words the panel shows.
-``talon.ui.explorer_view`` puts it on the page; ``talon.ui.explorer_io`` records and reads atlas
-files. Nothing here imports Gradio."""
+exploration of the knobs (score, heatmaps, Pareto front, best). ``talon.ui.explorer_view`` puts
+it on the page, in the words of ``talon.ui.explorer_words``; ``talon.ui.explorer_io`` records and
+reads atlas files. Nothing here imports Gradio or builds HTML."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from talon import figures as F
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.run_config import DRAFTING_KINDS, TREE_MODES, ConfigError, RetrievalConfig, RunConfig, TreeConfig
+from talon.drafter_kinds import ATLAS_KINDS, DRAFTING_KINDS
+from talon.knobs import EXPLORER_KNOBS, default
+from talon.run_config import ConfigError, RunConfig
+
+EXPLORED_DRAFTERS = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 
 # the grids drawn around the knobs: the ladder values nearest to the knob's, and the knob's own
 MU_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0)
@@ -35,73 +37,48 @@ MAX_MEMO = 20_000  # replayed configurations kept per session
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Knobs:
-    """What the explorer varies, named as ``talon generate``'s flags (``talon.atlas.sweep``)."""
+def _from_ui(cls: type, **values: Any) -> Any:
+    """Knobs from the UI or API (sliders send floats; ``talon.knobs.Knob.read``); ConfigError for
+    a bad value, or for a drafter an atlas does not record."""
+    out = {}
+    for knob in EXPLORER_KNOBS:
+        value = knob.read(values.get(knob.name, knob.default), app=True)
+        out[knob.name] = round(value, 6) if knob.kind == "float" else value  # one memo key per slider stop
+    if out["drafter"] not in EXPLORED_DRAFTERS:
+        raise ConfigError(f"an atlas records the draft model and retrieval: the explorer replays the drafters "
+                          f"{', '.join(EXPLORED_DRAFTERS)}, not {out['drafter']!r}")
+    return cls(**out)
 
-    drafter: str = RunConfig.drafter
-    tree: str = TreeConfig.mode
-    budget: int = TreeConfig.budget
-    root_k: int = TreeConfig.root_k
-    top_k: int = TreeConfig.top_k
-    mu: float = TreeConfig.mu
-    max_depth: int = TreeConfig.max_depth
-    min_conf: float = TreeConfig.min_conf
-    retrieval_min_match: int = RetrievalConfig.min_match
-    graft_threshold: int = RetrievalConfig.graft_threshold
-    cost_aware: bool = TreeConfig.cost_aware
 
-    @classmethod
-    def from_ui(cls, **values: Any) -> Knobs:
-        """Knobs from the UI or API (sliders send floats); ConfigError for a bad value."""
-        ints = {"budget", "root_k", "top_k", "max_depth", "retrieval_min_match", "graft_threshold"}
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            value = values.get(f.name, f.default)
-            if f.name in ints:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-                    raise ConfigError(f"{f.name} must be an integer, got {value!r}")
-                value = int(value)
-            elif f.name in ("mu", "min_conf"):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    raise ConfigError(f"{f.name} must be a number, got {value!r}")
-                value = round(float(value), 6)
-            elif f.name == "cost_aware":
-                value = value is True
-            out[f.name] = value
-        if out["drafter"] not in DRAFTING_KINDS:
-            raise ConfigError(f"drafter must be one of {DRAFTING_KINDS}, got {out['drafter']!r}")
-        if out["tree"] not in TREE_MODES:
-            raise ConfigError(f"tree mode must be one of {TREE_MODES}, got {out['tree']!r}")
-        return cls(**out)
+def _from_controls(cls: type, controls: Any, min_match: int = default("retrieval.min_match")) -> Any:
+    """The knobs of the left panel's controls (a ``talon.ui.controls.Controls``, which has no
+    min_match: it is kept)."""
+    values = {k.name: getattr(controls, k.app) for k in EXPLORER_KNOBS if k.app}
+    return cls.from_ui(**values, retrieval_min_match=min_match)
 
-    @classmethod
-    def from_controls(cls, controls: Any, min_match: int = RetrievalConfig.min_match) -> Knobs:
-        """The knobs of the left panel's controls (a ``talon.ui.controls.Controls``, which has no
-        min_match: it is kept)."""
-        return cls.from_ui(drafter=controls.drafter, tree=controls.tree_mode, budget=controls.budget,
-                           root_k=controls.root_k, top_k=controls.top_k, mu=controls.mu,
-                           max_depth=controls.max_depth, min_conf=controls.min_conf,
-                           retrieval_min_match=min_match, graft_threshold=controls.retrieval_threshold,
-                           cost_aware=controls.cost_aware)
 
-    def values(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+def _values(self: Any) -> dict[str, Any]:
+    return dataclasses.asdict(self)
 
-    def config(self, atlas: Atlas) -> RunConfig:
-        """The greedy RunConfig replayed over ``atlas`` (its draft vocabulary, to its end)."""
-        tree = TreeConfig(mode=self.tree, budget=self.budget, root_k=self.root_k, top_k=self.top_k,  # type: ignore[arg-type]
-                          mu=self.mu, max_depth=self.max_depth, min_conf=self.min_conf, cost_aware=self.cost_aware)
-        retrieval = RetrievalConfig(min_match=self.retrieval_min_match, graft_threshold=self.graft_threshold)
-        return RunConfig(drafter=self.drafter, tree=tree, retrieval=retrieval,  # type: ignore[arg-type]
-                         max_new_tokens=max(1, len(atlas.output)),
-                         draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
 
-    def controls(self) -> dict[str, Any]:
-        """The left panel's controls (``Controls`` fields) that run this configuration."""
-        return {"drafter": self.drafter, "tree_mode": self.tree, "budget": self.budget, "root_k": self.root_k,
-                "top_k": self.top_k, "mu": self.mu, "max_depth": self.max_depth, "min_conf": self.min_conf,
-                "retrieval_threshold": self.graft_threshold, "cost_aware": self.cost_aware}
+def _config(self: Any, atlas: Atlas) -> RunConfig:
+    """The greedy RunConfig replayed over ``atlas`` (its draft vocabulary, to its end)."""
+    base = RunConfig(max_new_tokens=max(1, len(atlas.output)),
+                     draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
+    return base.with_knobs(self.values())
+
+
+def _controls(self: Any) -> dict[str, Any]:
+    """The left panel's controls (``Controls`` fields, the app's names) that run this configuration."""
+    return {k.app: getattr(self, k.name) for k in EXPLORER_KNOBS if k.app}
+
+
+# What the explorer varies: the knob table's explorer knobs, under their one name (talon.knobs)
+Knobs = dataclasses.make_dataclass(
+    "Knobs", [(k.name, Any, k.default) for k in EXPLORER_KNOBS], frozen=True,
+    namespace={"__doc__": "One greedy configuration the explorer replays, named as the knob table names it.",
+               "from_ui": classmethod(_from_ui), "from_controls": classmethod(_from_controls), "values": _values,
+               "config": _config, "controls": _controls})
 
 
 def around(ladder: Sequence[Any], value: Any, count: int) -> list[Any]:
@@ -195,48 +172,3 @@ def best_knobs(atlas_state: AtlasSession, knobs: Knobs) -> Knobs:
     if atlas_state.atlas is None:
         raise ConfigError("no atlas yet: record one for the prompt, or upload one")
     return Knobs.from_ui(**explore(atlas_state, knobs).best.values)
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Words: the greedy-only note, progress, what the atlas holds, what Apply did
-# ---------------------------------------------------------------------------------------------
-
-
-def greedy_note(temperature: Any) -> str:
-    """Said while the temperature control is above 0: the explorer replays greedy decoding only."""
-    if not isinstance(temperature, (int, float)) or temperature <= 0:
-        return ""
-    return (f'<div class="talon-greedy-note">Exact replay is greedy only: the explorer scores temperature 0. '
-            f"With temperature {float(temperature):g} on the left, sampled runs accept differently (the atlas does "
-            "not hold the target's probabilities), so sampling is out of its scope.</div>")
-
-
-def progress_html(fraction: float, message: str) -> str:
-    width = max(0.0, min(1.0, fraction)) * 100
-    return (f'<div class="talon-progress"><div class="bar" style="width: {width:.0f}%"></div></div>'
-            f'<div class="talon-status">{F.esc(message)}</div>')
-
-
-def atlas_words(atlas: Atlas | None) -> str:
-    """What the loaded atlas holds, in one line."""
-    if atlas is None:
-        return ('<div class="talon-status">No atlas yet. <b>Record</b> one for the prompt on the left (the models '
-                "run once), or upload one; then every knob below re-scores instantly, with no model.</div>")
-    record = atlas.record
-    took = f", recorded in {record['run_s'] + record['atlas_s']:.1f} s" if {"run_s", "atlas_s"} <= set(record) else ""
-    prompt = atlas.prompt if len(atlas.prompt) <= 80 else atlas.prompt[:79] + "…"
-    return (f'<div class="talon-atlas-held">Atlas of “{F.esc(prompt)}”: {len(atlas.output)} tokens of the target\'s '
-            f"greedy text, {len(atlas.children):,} draft nodes (up to N {atlas.spec.n_nodes}, K {atlas.spec.root_k}, "
-            f"k {atlas.spec.top_k}, depth {atlas.spec.max_depth}){took}; "
-            f"{F.esc(str(atlas.models.get('target', '')))} with {F.esc(str(atlas.models.get('draft', '')))}.</div>")
-
-
-def apply_words(knobs: Knobs, what: str) -> str:
-    words = f"Applied {what} to the controls on the left: {F.config_words(knobs.values())}."
-    if knobs.retrieval_min_match != RetrievalConfig.min_match:
-        words += (f" Min match {knobs.retrieval_min_match} has no control there (runs use "
-                  f"{RetrievalConfig.min_match}); on the command line: --retrieval-min-match "
-                  f"{knobs.retrieval_min_match}.")
-    return words + (" The prompt box, the length and greedy sampling are the atlas's: press Run to decode it "
-                    "for real.")

@@ -19,9 +19,9 @@ from typing import Any
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
-from talon.run_config import ADMISSIONS, DRAFTER_KINDS, TREE_MODES, ConfigError, RunConfig
-
-ON_OFF: tuple[str, ...] = ("on", "off")
+from talon.drafter_kinds import ATLAS_KINDS
+from talon.knobs import GRID_KNOBS, ON_OFF
+from talon.run_config import ConfigError, RunConfig
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,12 @@ class GridKey:
     choices: tuple[str, ...] = ()
 
 
-# generate's flags that a sweep may vary (as argparse stores them); the rest stay as the base
-# command says. The choices are the ones the configuration records define.
+# generate's flags that a sweep may vary (as argparse stores them: the knob table's grid knobs);
+# the rest stay as the base command says. An atlas replays the drafters it recorded.
 GRID: dict[str, GridKey] = {
-    "drafter": GridKey(str, DRAFTER_KINDS), "tree": GridKey(str, TREE_MODES), "budget": GridKey(int),
-    "root_k": GridKey(int), "top_k": GridKey(int), "mu": GridKey(float), "max_depth": GridKey(int),
-    "min_conf": GridKey(float), "cost_aware": GridKey(str, ON_OFF), "admission": GridKey(str, ADMISSIONS),
-    "retrieval_min_match": GridKey(int), "retrieval_max_continuation": GridKey(int),
-    "graft_threshold": GridKey(int), "retrieval_branches": GridKey(int), "max_new_tokens": GridKey(int),
+    k.name: GridKey({"int": int, "float": float}.get(k.kind, str),
+                    ON_OFF if k.kind == "bool" else tuple(c for c in k.choices if k.name != "drafter" or c in ATLAS_KINDS))
+    for k in GRID_KNOBS
 }
 GRID_KEYS: tuple[str, ...] = tuple(GRID)
 

@@ -25,7 +25,7 @@ Measures, per suite and method (and over all suites, suite ``"all"``):
 The package reads in pipeline order: ``options`` (what a run is asked to do), ``runners`` (one
 per method), ``judge`` (losslessness), ``env`` (the machine and versions), ``loop`` (the
 interleaved loop), ``results`` (rows and aggregation), ``report`` and ``charts`` (what is
-written). The prompts come from ``talon.specbench``; the command line is ``talon.cli.bench``
+written). The prompts come from ``talon.specbench``; the command line is ``talon.bench.command``
 (``__main__`` runs it).
 """
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from talon.cli.bench import main
+from talon.bench.command import main
 
 sys.exit(main())

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from talon.knobs import KNOB, default
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 BENCH_FORMAT = "talon-bench/1"
-METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "talon")
+METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "layerskip",
+                              "talon")
 SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
 ALL_SUITES_ROW = "all"
@@ -84,7 +86,7 @@ class BenchConfig:
     """
 
     methods: tuple[str, ...] = METHODS
-    max_new_tokens: int = 128
+    max_new_tokens: int = default("max_new_tokens")
     hf_assistant_tokens: tuple[str, ...] = ("4", "8", "default")
     pld_tokens: int = 10
     pld_ngrams: tuple[int, ...] = (2, 3)
@@ -93,7 +95,7 @@ class BenchConfig:
     talon_variants: tuple[str, ...] = ()
     tie_tol: float | None = None
     warmup_tokens: int = 8
-    cost_model: str = "fixed"
+    cost_model: str = KNOB["cost_model"].bench
     atlas: bool = False
 
     def __post_init__(self) -> None:

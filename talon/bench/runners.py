@@ -26,7 +26,8 @@ from talon.decode import Engine
 from talon.prompt import eos_ids
 from talon.decode import generate as talon_generate
 from talon.models import LoadedModel
-from talon.run_config import ConfigError, RetrievalConfig, RunConfig, TreeConfig
+from talon.knobs import KNOBS
+from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 
 @dataclass(frozen=True)
@@ -167,44 +168,33 @@ def talon_run_config(method: str, talon_async: bool, cost_model: str = "fixed") 
         "static": RunConfig(drafter="model", tree=TreeConfig(mode="static", **pure)),
         "adaptive": RunConfig(drafter="model", tree=TreeConfig(mode="adaptive", **pure)),
         "hybrid": RunConfig(drafter="hybrid", tree=TreeConfig(mode="adaptive", cost_aware=False)),
+        "layerskip": RunConfig(drafter="layerskip"),  # the target drafts for itself: no draft model
         "talon": RunConfig(async_draft=talon_async),
     }
     return configs[method].replace(cost_model=cost_model)
 
 
-VARIANT_KEYS: dict[str, str] = {
-    **{f.name: "tree" for f in dataclasses.fields(TreeConfig) if f.name != "mode"},
-    **{f.name: "retrieval" for f in dataclasses.fields(RetrievalConfig) if f.name != "corpus"},
-}
+VARIANT_KEYS: tuple[str, ...] = tuple(k.name for k in KNOBS if k.section in ("tree", "retrieval") and k.kind != "path"
+                                  and k.name != "tree")
 
 
 def talon_variant(base: RunConfig, text: str) -> RunConfig:
-    """``base`` with ``key=value[,key=value]`` changes of its tree or retrieval knobs, e.g.
-    ``top_k=3`` or ``mu=0.3,budget=24`` (ConfigError if a key or value is bad)."""
-    changes: dict[str, dict[str, Any]] = {"tree": {}, "retrieval": {}}
+    """``base`` with ``key=value[,key=value]`` changes of its tree or retrieval knobs (named as
+    the knob table names them: ``top_k=3``, ``mu=0.3,budget=24``, ``graft_threshold=2``);
+    ConfigError if a key or value is bad."""
+    changes: dict[str, str] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in VARIANT_KEYS:
             raise ConfigError(f"talon variant {text!r}: expected key=value with a key among {', '.join(VARIANT_KEYS)}")
-        part = VARIANT_KEYS[key]
-        current = getattr(getattr(base, part), key)
-        try:
-            if isinstance(current, bool):
-                word = value.strip().lower()
-                if word not in ("true", "false", "on", "off"):
-                    raise ValueError(value)
-                parsed: Any = word in ("true", "on")
-            else:
-                parsed = type(current)(value)
-        except ValueError:
-            kind = {"bool": "true or false", "int": "an integer", "float": "a number"}[type(current).__name__]
-            raise ConfigError(f"talon variant {text!r}: {key} must be {kind}, got {value!r}") from None
-        changes[part][key] = parsed
-    if not changes["tree"] and not changes["retrieval"]:
+        changes[key] = value.strip()
+    if not changes:
         raise ConfigError(f"talon variant {text!r} changes nothing")
-    return base.replace(tree=dataclasses.replace(base.tree, **changes["tree"]),
-                        retrieval=dataclasses.replace(base.retrieval, **changes["retrieval"]))
+    try:
+        return base.with_knobs(changes)
+    except ConfigError as error:
+        raise ConfigError(f"talon variant {text!r}: {error}") from None
 
 
 def variant_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:

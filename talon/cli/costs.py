@@ -7,11 +7,11 @@ import json
 import logging
 from pathlib import Path
 
-from talon.cli.args import add_model_args
+from talon.cli.args import add_knob, add_model_args
 from talon.cost import CostModel
 from talon.cost_cache import MAX_AGE_DAYS, cache_path, load_or_probe
 from talon.models import ModelLoadError, load_pair
-from talon.run_config import RunConfig
+from talon.knobs import KNOB
 from talon.settings import Settings
 
 log = logging.getLogger("talon")
@@ -27,8 +27,7 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
                       help="measure the curves of the given pair now and cache them")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
     add_model_args(c, settings)
-    c.add_argument("--draft-vocab", type=int, default=RunConfig().draft_vocab,
-                   help="draft logits over the first V token ids (as in generate; default: %(default)s)")
+    add_knob(c, KNOB["draft_vocab"])
 
 
 def costs_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,6 +9,8 @@ import logging
 from pathlib import Path
 
 from talon.atlas.data import load_atlases
+from talon.cli.args import add_knob
+from talon.knobs import KNOB
 from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
 from talon.lessons.asynchrony import GPU_COSTS, async_lesson, async_table
@@ -24,8 +26,7 @@ def add_lessons_parser(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("atlases", nargs="*", type=Path, help=f"atlas files or folders (default: {LESSONS_DIR})")
     p.add_argument("--lesson", choices=["adaptive", "hybrid", "async", "all"], default="all")
-    p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"],
-                   help="the equal budget N of the adaptive lesson (default: EAGLE-3's 59)")
+    add_knob(p, KNOB["budget"], EAGLE3_SHAPE["budget"], "the equal budget N of the adaptive lesson (EAGLE-3's)")
     p.add_argument("--json", action="store_true", help="print the per-prompt numbers as JSON")
 
 
@@ -36,7 +37,7 @@ def add_export_parser(p: argparse.ArgumentParser) -> None:
                    help="a talon-trace/1 file (python -m talon generate --trace-out; default: the app's opening recording)")
     p.add_argument("--lesson", type=int, default=0, help="which bundled lesson atlas (0-based, suites in order; default 0)")
     p.add_argument("--atlas", type=Path, default=None, help="an atlas of your own instead of a bundled one")
-    p.add_argument("--budget", type=int, default=EAGLE3_SHAPE["budget"], help="the adaptive lesson's budget N")
+    add_knob(p, KNOB["budget"], EAGLE3_SHAPE["budget"], "the adaptive lesson's budget N")
     p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
 
 

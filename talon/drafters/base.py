@@ -22,8 +22,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from talon.drafters.model import ModelDrafter
+    from talon.models import LoadedModel
     from talon.plan import AcceptanceModel, Planner
+    from talon.run_config import RunConfig
     from talon.verify import Verdict
 
 Children = list[list[tuple[int, float]]]  # per expanded node: (token, draft probability q), best first
@@ -81,6 +85,17 @@ class DraftSource(Protocol):
 
     def take_timings(self) -> list[tuple[int, float]]:
         """(tokens fed, seconds) of the forwards since the last call; clears the record."""
+
+
+class SourceModels(Protocol):
+    """What a drafter kind's source maker (``talon.drafter_kinds``: ``source``) gets from the
+    engine: the loaded pair, and a model drafter over any model on the engine's step (dynamic,
+    static or CUDA graphs, with its pools)."""
+
+    target: LoadedModel
+    draft: LoadedModel | None
+
+    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter: ...
 
 
 @runtime_checkable

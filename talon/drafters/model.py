@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -18,7 +19,12 @@ from transformers import DynamicCache, PreTrainedModel
 from talon.kv import clone_cache, gather_entries, keep_entries
 from talon.models.quant import int8_head
 from talon.tree import DraftTree
+from talon.run_config import ConfigError
 from talon.verify import forward_hidden, lm_logits
+
+if TYPE_CHECKING:
+    from talon.drafters.base import SourceModels
+    from talon.run_config import RunConfig
 
 PathKey = tuple[int, ...]
 
@@ -56,6 +62,13 @@ class DraftLedger:
         """(tokens fed, seconds) of the forwards since the last call; clears the record."""
         taken, self.timings = self.timings, []
         return taken
+
+
+def draft_model_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
+    """The ``hybrid`` and ``model`` kinds' draft source: the pair's draft model."""
+    if models.draft is None:
+        raise ConfigError(f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval")
+    return models.model_drafter(models.draft.model, cfg, prompt_len)
 
 
 class ModelDrafter(DraftLedger):

@@ -290,7 +290,8 @@ def decode_on_device(
                 yield index, step
         assert run.summary is not None
         if run.costs is not None and not run.fixed_costs and not cancel.is_set():
-            engine.adopt_costs(run.costs, job.cfg.draft_vocab)  # learn mode: the next run starts from these
+            if job.cfg.needs_draft_model or not job.cfg.uses_model:  # a view's curves stay its own
+                engine.adopt_costs(run.costs, job.cfg.draft_vocab)  # learn mode: the next run starts from these
         yield index, run.summary
     if engine is not None:  # the last run's pair is the one held now
         yield Learned(pair_key(settings, job.preset), {v: c.to_dict() for v, c in engine.cost_snapshots().items()})

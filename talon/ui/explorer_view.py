@@ -20,17 +20,9 @@ from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig
 from talon.settings import Settings
 from talon.ui.backend import DeviceRun
 from talon.ui.controls import UI_DRAFTERS, Controls, user_error
-from talon.atlas.explorer import (
-    AtlasSession,
-    Knobs,
-    apply_words,
-    atlas_words,
-    best_knobs,
-    explore,
-    greedy_note,
-    progress_html,
-)
+from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, explore
 from talon.ui.explorer_io import read_atlas, record_on_device, write_atlas
+from talon.ui.explorer_words import apply_words, atlas_words, greedy_note, progress_html
 from talon.ui.measure_view import build_measure_panel
 from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.words import EXPLAIN

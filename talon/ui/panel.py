@@ -10,10 +10,9 @@ from typing import Any
 import gradio as gr
 
 from talon.examples import Example
-from talon.run_config import TREE_MODES
+from talon.knobs import BY_APP, Knob
 from talon.settings import Settings
 from talon.ui.backend import initial_preset, presets
-from talon.ui.controls import UI_DRAFTERS, Controls
 
 MODEL_CONCURRENCY_ID = "model"
 
@@ -35,6 +34,28 @@ class ControlPanel:
     stop: gr.Button
 
 
+# the knobs' controls, in the panel's order (talon.knobs: label, range, default)
+DRAFTER_AND_TREE = ("drafter", "tree_mode", "budget", "root_k", "top_k", "mu", "max_depth", "min_conf",
+                    "retrieval_threshold", "skip_layers")
+SAMPLING_AND_LENGTH = ("temperature", "top_p", "seed", "max_new_tokens")
+ASYNC_WHY = ("Off by default, because it measured slower: on a CPU the pre-draft takes the verifier's cores; on a "
+             "GPU an in-line draft layer is a CUDA-graph replay (about 3 ms on an H100) while a pre-draft runs eagerly "
+             "on its own thread (about 15 ms). The output is the target's either way.")
+
+
+def control(knob: Knob, limit: int | None = None, **options: Any) -> Any:
+    """The component of one knob of the table: a radio for a choice, a checkbox for a switch, a
+    slider over its app range (``limit``: the server's cap on an open range), a number box else."""
+    if knob.kind == "choice":
+        return gr.Radio(label=knob.label, choices=list(knob.app_choices or knob.choices), value=knob.default, **options)
+    if knob.kind == "bool":
+        return gr.Checkbox(value=knob.default, label=knob.label, **options)
+    if knob.slider is None and limit is None:
+        return gr.Number(value=knob.default, precision=0, label=knob.label, minimum=knob.lo, **options)
+    lo, hi, step = knob.slider or (knob.lo, limit, 1)
+    return gr.Slider(lo, hi, value=min(knob.default, hi), step=step, label=knob.label, **options)
+
+
 def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     prompt = gr.Textbox(label="Prompt", value=examples[0].prompt, lines=6, max_lines=14, elem_id="talon-prompt")
     picker = gr.Dropdown(
@@ -49,37 +70,17 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="talon-run")
         stop = gr.Button("Stop", variant="stop", elem_id="talon-stop")
-    defaults, limit = Controls(), settings.max_new_tokens_limit
+    limit = settings.max_new_tokens_limit
     offered, initial = presets(settings), initial_preset(settings)
     c: dict[str, Any] = {}
     with gr.Accordion("Drafter and tree", open=True):
         c["preset"] = gr.Dropdown(label="Models", choices=[(p.label, p.key) for p in offered], value=initial)
-        c["drafter"] = gr.Radio(label="Drafter", choices=list(UI_DRAFTERS), value=defaults.drafter)
-        c["tree_mode"] = gr.Radio(label="Tree", choices=list(TREE_MODES), value=defaults.tree_mode)
-        c["budget"] = gr.Slider(1, 128, value=defaults.budget, step=1, label="Budget N (nodes verified per step)")
-        c["root_k"] = gr.Slider(1, 16, value=defaults.root_k, step=1, label="Root K (children of the root)")
-        c["top_k"] = gr.Slider(1, 8, value=defaults.top_k, step=1, label="k (children per expanded node)")
-        c["mu"] = gr.Slider(0.0, 1.0, value=defaults.mu, step=0.01, label="Gate μ (expand if c ≥ μ × layer max)")
-        c["max_depth"] = gr.Slider(1, 32, value=defaults.max_depth, step=1, label="Max depth")
-        c["min_conf"] = gr.Slider(
-            0.0, 1.0, value=defaults.min_conf, step=0.01, label="Min confidence (stop deepening below it; 0 = off)"
-        )
-        c["retrieval_threshold"] = gr.Slider(
-            1, 16, value=defaults.retrieval_threshold, step=1, label="Retrieval threshold (match length to graft)"
-        )
+        for name in DRAFTER_AND_TREE:
+            c[name] = control(BY_APP[name])
     with gr.Accordion("Sampling and length", open=False):
-        c["temperature"] = gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05, label="Temperature (0 = greedy)")
-        c["top_p"] = gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p")
-        c["seed"] = gr.Number(value=defaults.seed, precision=0, label="Seed", minimum=0)
-        c["max_new_tokens"] = gr.Slider(
-            1, limit, value=min(defaults.max_new_tokens, limit), step=1, label="Max new tokens"
-        )
-    c["cost_aware"] = gr.Checkbox(
-        value=defaults.cost_aware,
-        label="Cost-aware (stop the tree when the next layer does not pay on this hardware; skip the "
-        "draft model when retrieval alone is faster)",
-        elem_id="talon-cost-aware",
-    )
+        for name in SAMPLING_AND_LENGTH:
+            c[name] = control(BY_APP[name], limit if name == "max_new_tokens" else None)
+    c["cost_aware"] = control(BY_APP["cost_aware"], elem_id="talon-cost-aware")
     c["draft_quant"] = gr.Radio(
         label="Draft weights",
         choices=[("server default", "auto"), ("bf16/fp32", "none"), ("int8 (CPU)", "int8")],
@@ -93,12 +94,7 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         info="int4 streams a quarter of the bytes per step on a CPU: plain decoding about 2x faster, trees "
         "not (its kernel takes a row at a time); the packed model is the target",
     )
-    c["async_draft"] = gr.Checkbox(
-        value=defaults.async_draft, label="Async drafting (draft the next tree while verifying)",
-        info="Off by default, because it measured slower: on a CPU the pre-draft takes the verifier's cores; on a "
-        "GPU an in-line draft layer is a CUDA-graph replay (about 3 ms on an H100) while a pre-draft runs eagerly "
-        "on its own thread (about 15 ms). The output is the target's either way.",
-    )
+    c["async_draft"] = control(BY_APP["async_draft"], info=ASYNC_WHY)
     compare_ar = gr.Checkbox(value=False, label="Compare with autoregressive (runs the prompt again without drafts)")
     step_through = gr.Checkbox(value=False, label="Step-through: reveal the run one step per click")
     return ControlPanel(prompt=prompt, components=c, compare_ar=compare_ar, step_through=step_through, run=run,

@@ -22,9 +22,10 @@ from talon.bench.options import (
 )
 from talon.bench.report import speed_table
 from talon.bench.runners import talon_variant
-from talon.cli.args import add_model_args, csv, csv_of
+from talon.cli.args import add_knob, add_model_args, csv, csv_of
+from talon.knobs import KNOB
 from talon.models import ModelLoadError, load_pair, resolve_device
-from talon.run_config import COST_MODES, RunConfig
+from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, default_data_dir, load_prompts
 
@@ -42,8 +43,7 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--start", type=int, default=0,
                    help="skip this many prompts of each suite first, e.g. to sweep defaults on prompts "
                    "the reported benchmark does not use (default: 0)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help="new tokens per prompt (default: %(default)s)")
+    add_knob(p, KNOB["max_new_tokens"], DEFAULT_MAX_NEW_TOKENS, "new tokens per prompt")
     add_model_args(p, settings)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output dir (default: %(default)s)")
     p.add_argument("--methods", type=csv, default=None,
@@ -64,8 +64,8 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--tie-tol", type=float, default=None,
                    help="near-tie tolerance floor in logits, to which 2 rounding steps of the dtype "
                    "at the best logit are added (default: 1e-3 float32, 0.05 half)")
-    p.add_argument("--cost-model", choices=COST_MODES, default=BenchConfig.cost_model,
-                   help="how the talon methods plan on the measured cost curves: fixed = on the one "
+    add_knob(p, KNOB["cost_model"], BenchConfig.cost_model,
+             "how the talon methods plan on the measured cost curves: fixed = on the one "
                    "snapshot read at start (probe or cache) and predicted times only, so the same "
                    "command on the same host gives the same trees and every row plans alike; learn = "
                    "each run refines its own copy from its step timings (default: %(default)s)")
