@@ -27,7 +27,7 @@ from talon.models import LoadedModel, ModelLoadError  # noqa: E402
 from talon.models.memory import GIB, KNOWN_SHAPES, estimate_pair  # noqa: E402
 from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig  # noqa: E402
 from talon.settings import Settings  # noqa: E402
-from talon.ui.backend import check_preset_memory  # noqa: E402
+from talon.ui.models import check_preset_memory  # noqa: E402
 from gpu_pairs import (  # noqa: E402
     BF16,
     CHI2_Z,

@@ -31,7 +31,8 @@ from talon.presets import ModelPreset  # noqa: E402
 from talon.models import LoadedModel, ModelLoadError, load_pair  # noqa: E402
 from talon.models.memory import GIB  # noqa: E402
 from talon.settings import Settings  # noqa: E402
-import talon.ui.backend as backend  # noqa: E402
+import talon.ui.models as ui_models  # noqa: E402
+import talon.ui.pair as ui_pair  # noqa: E402
 from talon.ui.launch import serve_app  # noqa: E402
 from gpu_pairs import (  # noqa: E402
     F32,
@@ -165,23 +166,23 @@ def recording_slot() -> Iterator[dict[str, list]]:
 
     def build(key: Any) -> Engine:
         seen["events"].append(f"load {Path(key.target).parent.name}")
-        return backend.build_engine(key)
+        return ui_models.build_engine(key)
 
     def release() -> None:
         seen["events"].append("release")
-        backend.release_memory()
+        ui_models.release_memory()
 
     def free(device: str) -> int | None:
-        seen["free"].append(backend.free_device_bytes(device))
+        seen["free"].append(ui_models.free_device_bytes(device))
         return seen["free"][-1]
 
-    held = backend.SLOT
-    backend.SLOT = backend.PairSlot(build, release, free)
+    held = ui_models.SLOT
+    ui_models.SLOT = ui_pair.PairSlot(build, release, free)
     try:
         yield seen
     finally:
-        backend.SLOT.drop()
-        backend.SLOT = held
+        ui_models.SLOT.drop()
+        ui_models.SLOT = held
 
 
 def preset_switch_check(spec: PairSpec, device: torch.device) -> Outcome:
@@ -198,14 +199,14 @@ def preset_switch_check(spec: PairSpec, device: torch.device) -> Outcome:
         presets["C"] = dataclasses.replace(presets["B"], key="check-C", target=str(Path(root) / "C" / "target"))
         bytes_held = {}
         for name in ("A", "B"):
-            backend.load_engine(settings, presets[name])
+            ui_models.load_engine(settings, presets[name])
             bytes_held[name] = torch.cuda.memory_allocated(device) if cuda else None
         try:
-            backend.load_engine(settings, presets["C"])
+            ui_models.load_engine(settings, presets["C"])
             refused = ""
         except ModelLoadError as error:
             refused = str(error)
-        engine = backend.SLOT.held.engine if backend.SLOT.held is not None else None
+        engine = ui_models.SLOT.held.engine if ui_models.SLOT.held is not None else None
         ids = prompt_ids(pair_specs(True, {spec.key})[0].draft.vocab, 24, 55)
         decodes = engine is not None and generate(engine, ids, greedy_cfg("hybrid", 12))[0].token_ids == reference(
             engine.target, ids, 12)

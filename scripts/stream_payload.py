@@ -22,7 +22,7 @@ from talon import figures as F  # noqa: E402
 from talon.examples import load_examples  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 from talon.ui.decode_view import make_generate  # noqa: E402
-from talon.ui.decode_view import decode_panel  # noqa: E402
+from talon.ui.decode_tab import decode_panel  # noqa: E402
 from talon.ui.session import Session  # noqa: E402
 
 

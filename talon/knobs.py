@@ -175,7 +175,7 @@ KNOBS: tuple[Knob, ...] = (
          "host gives the same trees; learn = this run refines its own copy from its step timings (sampled runs "
          "always plan fixed; the benchmark's default is fixed)", choices=COST_MODES, bench="fixed"),
     Knob("retrieval_min_match", "retrieval.min_match", "int", 2, "retrieval: the shortest suffix match that "
-         "proposes at all", 1, 64, metavar="L", grid=True, explore=True),
+         "proposes at all", 1, 64, metavar="L", slider=(1, 16, 1), grid=True, explore=True),
     Knob("retrieval_max_continuation", "retrieval.max_continuation", "int", 16, "retrieval: the longest "
          "continuation drafted from one match", 1, 128, metavar="L", grid=True),
     Knob("graft_threshold", "retrieval.graft_threshold", "int", 3, "hybrid: graft the retrieval trie when its "

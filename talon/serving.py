@@ -368,7 +368,7 @@ def serving_config(
     ``vocab_sizes``: (target, draft) embedding rows when known (else looked up for known models)."""
     target_id, notes = hub_id(target)
     draft_id = None
-    if draft is not None and cfg.uses_model:
+    if draft is not None and cfg.needs_draft_model:
         draft_id, draft_notes = hub_id(draft)
         notes += draft_notes
     half = _draft_half(cfg, draft_id)

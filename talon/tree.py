@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from talon.shape import ancestor_rows
 
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
 

@@ -8,7 +8,7 @@ GPU attached. So on ZeroGPU Talon
 * loads the start-up pair on the main thread at start (``app.py``), never in a thread;
 * makes every other CUDA touch (another preset's load, the memory check, the cost probe, every
   decode) inside one ``@spaces.GPU`` call per user action, reserved for a duration computed from
-  the request (``talon.ui.backend``);
+  the request (``talon.ui.device``);
 * hands back what a call learned (step traces, cost curves) as plain data, because changes made
   to Python state in the worker do not come back.
 

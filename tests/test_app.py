@@ -15,8 +15,9 @@ import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
+import talon.ui.models as ui_models
 import talon.trace
-import talon.ui.backend as ui_device
+
 from talon.decode import Engine
 from talon.prompt import PromptError
 from talon.examples import BUILTIN_EXAMPLES, load_examples
@@ -32,7 +33,7 @@ from talon.trace import (
 from talon.ui.controls import Controls, check_prompt, user_error
 from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
 from talon.ui.launch import serve_app
-from talon.ui.decode_view import decode_panel
+from talon.ui.decode_tab import decode_panel
 from talon.ui.session import Session, stop
 from talon.ui.measure_view import parse_sweep
 from tests.test_figures import make_step
@@ -335,7 +336,7 @@ def tiny_engine() -> Engine:
 
 @pytest.fixture()
 def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
-    monkeypatch.setattr(ui_device, "load_engine", lambda settings, preset: tiny_engine)
+    monkeypatch.setattr(ui_models, "load_engine", lambda settings, preset: tiny_engine)
     with gr.Blocks():
         decode_view, _, _ = decode_panel()
     return decode_view

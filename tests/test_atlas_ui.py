@@ -33,9 +33,9 @@ from talon.atlas.explorer import (
 )
 from talon.ui.explorer_words import greedy_note
 from talon.ui.explorer_io import read_atlas, write_atlas
+from talon.ui.explorer_tab import explorer_panel
 from talon.ui.explorer_view import (
     ExplorerView,
-    explorer_panel,
     make_apply,
     make_record,
     make_rescore,

@@ -19,7 +19,9 @@ import torch
 from transformers import DynamicCache
 
 import app
-import talon.ui.backend as backend
+import talon.ui.actions as ui_actions
+import talon.ui.device as ui_call
+import talon.ui.models as ui_models
 from talon import zerogpu
 from talon.accept import accept_sampling
 from talon.decode import Engine
@@ -214,15 +216,15 @@ def test_out_of_memory_while_loading_is_a_load_error_and_the_default_pair_comes_
 def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend's own wiring: GPU presets, the guard's estimate at this server's limits."""
     gpu = FakeGPU({"Qwen/Qwen2.5-7B-Instruct": 17 * GIB, "Qwen/Qwen2.5-Coder-7B-Instruct": 17 * GIB})
-    monkeypatch.setattr(backend, "cuda_available", lambda: True)
-    monkeypatch.setattr(backend, "SLOT", PairSlot(gpu.build, gpu.release, lambda device: gpu.free(device)))
+    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
+    monkeypatch.setattr(ui_models, "SLOT", PairSlot(gpu.build, gpu.release, lambda device: gpu.free(device)))
     settings = Settings(device="cuda")
-    backend.load_engine(settings, backend.find_preset(settings, "qwen2.5-7b"))
-    backend.load_engine(settings, backend.find_preset(settings, "qwen2.5-coder-7b"))
+    ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
+    ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-coder-7b"))
     assert gpu.events == ["load Qwen/Qwen2.5-7B-Instruct", "release", "load Qwen/Qwen2.5-Coder-7B-Instruct"]
     monkeypatch.setattr(gpu, "free", lambda device: 10 * GIB)  # someone else holds the card
     with pytest.raises(ModelLoadError, match=r"needs about 18\.\d GiB.*CUDA-graph buffers.*10\.0 GiB free.*back on Qwen/Qwen2.5-Coder-7B"):
-        backend.load_engine(settings, backend.find_preset(settings, "qwen2.5-7b"))
+        ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.Monke
 def test_an_unusable_gpu_is_a_banner_and_a_log_line(monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(gpu_health, "nvidia_visible", lambda: False)
-    assert gpu_health.unusable_gpu() is None and backend.server_notices() == []
+    assert gpu_health.unusable_gpu() is None and ui_models.server_notices() == []
     monkeypatch.setattr(gpu_health, "nvidia_visible", lambda: True)
     monkeypatch.setattr(gpu_health, "driver_version", lambda: "535.104.05")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -325,7 +327,7 @@ class ZeroGPUHarness:
                 continue  # a test's own decorated function
             monkeypatch.setattr(sys.modules[module_name], attr, self.gpu(duration=duration)(fn))
         for owner, attr in ((torch.nn.Module, "__call__"), (torch, "Generator"), (torch.cuda, "mem_get_info"),
-                            (torch.cuda, "empty_cache"), (torch.cuda, "synchronize"), (backend, "build_engine")):
+                            (torch.cuda, "empty_cache"), (torch.cuda, "synchronize"), (ui_models, "build_engine")):
             monkeypatch.setattr(owner, attr, self.tripwire(getattr(owner, attr), attr))
 
     def gpu(self, task=None, *, duration=None, size=None):  # noqa: ANN001 - spaces.GPU's signature
@@ -360,14 +362,14 @@ def zero_gpu(tiny_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> I
     harness = ZeroGPUHarness(monkeypatch)
     monkeypatch.setattr(app, "ZEROGPU", True)
     monkeypatch.setattr(zerogpu, "unmet_requirements", lambda *args: [])
-    monkeypatch.setattr(backend, "SLOT", PairSlot(lambda k: backend.build_engine(k), backend.release_memory,
-                                                   lambda device: backend.free_device_bytes(device)))
+    monkeypatch.setattr(ui_models, "SLOT", PairSlot(lambda k: ui_models.build_engine(k), ui_models.release_memory,
+                                                   lambda device: ui_models.free_device_bytes(device)))
     settings = dataclasses.replace(Settings.from_env(), target=str(tiny_dirs[0]), draft=str(tiny_dirs[1]),
                                    device="cpu", dtype="float32")  # from_env: the suite's own cost cache
     harness.starting = True
     app.start_models(settings)  # the main thread, before launch
     harness.starting = False
-    assert backend.SLOT.held is not None and not harness.calls
+    assert ui_models.SLOT.held is not None and not harness.calls
     yield harness, settings
 
 
@@ -380,11 +382,11 @@ def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.M
             guards.append(guard)
             return "engine"
 
-    monkeypatch.setattr(backend, "SLOT", Recording(None, None, None))
+    monkeypatch.setattr(ui_models, "SLOT", Recording(None, None, None))
     monkeypatch.setattr(zerogpu, "active", lambda: True)
-    backend.warm_up(Settings())
+    ui_models.warm_up(Settings())
     monkeypatch.setattr(zerogpu, "active", lambda: False)
-    backend.warm_up(Settings())
+    ui_models.warm_up(Settings())
     assert guards[0] is None and callable(guards[1])
 
 
@@ -395,15 +397,15 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
     from talon.ui import explorer_io
     from talon.ui.compare_view import make_compare
     from talon.ui.controls import Controls
-    from talon.ui.decode_view import decode_panel
+    from talon.ui.decode_tab import decode_panel
 
     harness, settings = zero_gpu
-    assert {"talon.ui.backend.decode_on_device", "talon.ui.explorer_io.record_on_device"} <= set(zerogpu.DECORATED)
+    assert {"talon.ui.device.decode_on_device", "talon.ui.explorer_io.record_on_device"} <= set(zerogpu.DECORATED)
     with gr.Blocks():
         view, _, _ = decode_panel()
     session = Session()
     updates = list(make_generate(view, settings)("abc abc abc", session, compare_ar=True, max_new_tokens=8))
-    assert len(harness.calls) == 1 and harness.calls[0] >= backend.GPU_BASE_S + 1
+    assert len(harness.calls) == 1 and harness.calls[0] >= ui_call.GPU_BASE_S + 1
     assert "waiting for a GPU slot" in str(updates[0])
     assert session.summary is not None and session.ar_summary is not None
     assert session.summary.token_ids == session.ar_summary.token_ids  # lossless, and the baseline ran
@@ -415,7 +417,7 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
                                                              sweep_tokens=4))
     assert len(harness.calls) == 3, "Compare's A and B, and every sweep cell, share one reservation each"
 
-    run = backend.DeviceRun(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
+    run = ui_actions.DeviceRun(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
     items = list(explorer_io.record_on_device(settings, run.preset, "abc abc", run.cfg))
     assert len(harness.calls) == 4 and type(items[-1]).__name__ == "Atlas"
 
@@ -423,7 +425,7 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
 def test_zerogpu_an_error_before_the_gpu_call_needs_no_device(zero_gpu: tuple[ZeroGPUHarness, Settings]) -> None:
     harness, settings = zero_gpu
     with gr.Blocks():
-        from talon.ui.decode_view import decode_panel
+        from talon.ui.decode_tab import decode_panel
 
         view, _, _ = decode_panel()
     with pytest.raises(gr.Error, match="empty"):
@@ -437,15 +439,15 @@ def test_what_a_gpu_call_learned_comes_back_as_plain_data(tiny_engine: Engine) -
     from talon.cost import synthetic_costs
 
     learned_costs = synthetic_costs({1: 0.05, 128: 0.5}, {1: 0.01, 32: 0.02})
-    held = backend.SLOT.held
+    held = ui_models.SLOT.held
     try:
-        backend.SLOT.held = Held(key("start-up"), tiny_engine)
-        backend.adopt_learned(backend.Learned(key("start-up"), {0: learned_costs.to_dict()}))
+        ui_models.SLOT.held = Held(key("start-up"), tiny_engine)
+        ui_call.adopt_learned(ui_call.Learned(key("start-up"), {0: learned_costs.to_dict()}))
         assert tiny_engine.cost_snapshot(0).verify_s(1) == pytest.approx(0.05)
-        backend.adopt_learned(backend.Learned(key("another pair"), {0: synthetic_costs({1: 9.0}, {1: 9.0}).to_dict()}))
+        ui_call.adopt_learned(ui_call.Learned(key("another pair"), {0: synthetic_costs({1: 9.0}, {1: 9.0}).to_dict()}))
         assert tiny_engine.cost_snapshot(0).verify_s(1) == pytest.approx(0.05)  # not this pair's curves
     finally:
-        backend.SLOT.held = held
+        ui_models.SLOT.held = held
 
 
 def test_the_zerogpu_space_bundle_meets_zerogpus_versions(tmp_path: Path) -> None:

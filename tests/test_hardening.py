@@ -29,27 +29,18 @@ from gradio_client.utils import Status
 
 import app
 import talon.verify
-import talon.ui.backend as ui_device
+import talon.ui.device as ui_call
+import talon.ui.models as ui_models
+import talon.ui.pair as ui_pair
 import talon.zerogpu
 from talon.ui.pair import Held
 from talon.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
-from talon.ui.backend import (
-    GPU_BASE_S,
-    GPU_MAX_S,
-    DeviceRun,
-    Job,
-    decode_on_device,
-    find_preset,
-    gpu_seconds,
-    initial_preset,
-    load_engine,
-    on_gpu,
-    plan_run,
-    presets,
-    warm_up,
-)
+from talon.ui.actions import DeviceRun
+from talon.ui.device import decode_on_device, GPU_BASE_S, GPU_MAX_S, gpu_seconds, on_gpu
+from talon.ui.models import find_preset, initial_preset, load_engine, presets, warm_up
+from talon.ui.request import Job, plan_run
 from talon.ui.controls import Controls
 from talon.ui.decode_view import DecodeView, make_generate
 from talon.ui.launch import REPO
@@ -253,9 +244,9 @@ def test_hostile_values_in_error_messages_are_escaped() -> None:
 
 def test_the_target_weights_control_reaches_the_pair_and_is_checked_before_loading() -> None:
     preset, _ = plan_run(Settings(device="cpu"), "abc", Controls(target_weights="int4"))
-    assert ui_device.pair_key(Settings(device="cpu"), preset).target_weights == "int4"
+    assert ui_models.pair_key(Settings(device="cpu"), preset).target_weights == "int4"
     preset, _ = plan_run(Settings(device="cpu", target_weights="int4"), "abc", Controls())  # auto: the server's
-    assert ui_device.pair_key(Settings(device="cpu", target_weights="int4"), preset).target_weights == "int4"
+    assert ui_models.pair_key(Settings(device="cpu", target_weights="int4"), preset).target_weights == "int4"
     with pytest.raises(gr.Error, match="need the CPU"):
         plan_run(Settings(device="cuda"), "abc", Controls(target_weights="int4"))
     with pytest.raises(gr.Error, match="int8 target weights are not offered"):
@@ -394,7 +385,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
 
     emptied: list[bool] = []
     monkeypatch.setattr(talon.verify, "verify_tree", exhausted)
-    monkeypatch.setattr(ui_device, "cuda_available", lambda: True)
+    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     generate = make_generate(view, Settings())
     session = Session()
@@ -405,7 +396,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
     monkeypatch.setattr(talon.verify, "verify_tree", verify_tree)
     final = list(generate("abc abc abc", session, max_new_tokens=12))[-1]
     assert session.summary is not None and len(session.summary.token_ids) == 12
-    assert final[view.download] and not ui_device._CANCELS
+    assert final[view.download] and not len(ui_call.CANCELS)
 
 
 def test_other_runtime_errors_are_not_reported_as_out_of_memory(
@@ -452,17 +443,17 @@ def test_gpu_seconds_grow_with_max_new_tokens_and_a_load() -> None:
         jobs = [Job(preset, "abc", Controls(max_new_tokens=n).to_config(100_000)) for n in tokens]
         return gpu_seconds(Settings(), jobs, "id")
 
-    held = ui_device.SLOT.held
+    held = ui_models.SLOT.held
     try:
-        ui_device.SLOT.held = Held(ui_device.pair_key(Settings(), preset), None)
+        ui_models.SLOT.held = Held(ui_models.pair_key(Settings(), preset), None)
         assert seconds(10) == GPU_BASE_S + 1
         assert seconds(100) < seconds(1000) <= GPU_MAX_S
         assert seconds(10, 10) == GPU_BASE_S + 2  # a Compare: one reservation for both runs
         assert seconds(100_000) == GPU_MAX_S
-        ui_device.SLOT.held = None
-        assert seconds(10) == GPU_BASE_S + ui_device.GPU_LOAD_S + 1  # the pair loads inside the call
+        ui_models.SLOT.held = None
+        assert seconds(10) == GPU_BASE_S + ui_call.GPU_LOAD_S + 1  # the pair loads inside the call
     finally:
-        ui_device.SLOT.held = held
+        ui_models.SLOT.held = held
 
 
 def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> None:
@@ -474,17 +465,17 @@ def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> Non
     items = pickle.loads(pickle.dumps(list(decode_on_device(settings, jobs, "id"))))
     assert [i for i, item in items[:-1] if isinstance(item, RunSummary)] == [0, 1] and len(items) >= 4
     assert all(type(item[1]) in (StepTrace, RunSummary) for item in items[:-1])
-    assert isinstance(items[-1], ui_device.Learned)  # what the call learned, as plain data
+    assert isinstance(items[-1], ui_call.Learned)  # what the call learned, as plain data
 
 
 def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ui_device, "cuda_available", lambda: False)
+    monkeypatch.setattr(ui_models, "cuda_available", lambda: False)
     assert [p.key for p in presets(Settings())] == [DEFAULT_PRESET]
     assert initial_preset(Settings()) == DEFAULT_PRESET
 
-    monkeypatch.setattr(ui_device, "cuda_available", lambda: True)
+    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
     gpu = [p for p in presets(Settings()) if p.needs_cuda]
     assert {"qwen2.5-7b", "llama-3.1-8b"} <= {p.key for p in gpu}
     assert all(p.dtype == "bfloat16" and p.target and p.draft for p in gpu)
@@ -492,12 +483,12 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     assert initial_preset(Settings()) == STARTUP_GPU_PRESET
     assert initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
 
-    loads: list[ui_device.PairKey] = []
-    def fake_engine(key: ui_device.PairKey) -> SimpleNamespace:
+    loads: list[ui_pair.PairKey] = []
+    def fake_engine(key: ui_pair.PairKey) -> SimpleNamespace:
         loads.append(key)
         return SimpleNamespace(target=None, draft=None)
 
-    monkeypatch.setattr(ui_device, "SLOT", ui_device.PairSlot(fake_engine, lambda: None, lambda device: None))
+    monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(fake_engine, lambda: None, lambda device: None))
     warm_up(Settings())
     load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
     load_engine(Settings(), find_preset(Settings(), DEFAULT_PRESET))
@@ -523,9 +514,9 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 
-    monkeypatch.setattr(ui_device, "load_pair", fake_load_pair)
-    monkeypatch.setattr(ui_device, "Engine", lambda target, draft, **kwargs: SimpleNamespace(target=None, draft=None))
-    monkeypatch.setattr(ui_device, "SLOT", ui_device.PairSlot(ui_device.build_engine, lambda: None, lambda d: None))
+    monkeypatch.setattr(ui_models, "load_pair", fake_load_pair)
+    monkeypatch.setattr(ui_models, "Engine", lambda target, draft, **kwargs: SimpleNamespace(target=None, draft=None))
+    monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
         load_engine(Settings.from_env(env), PRESETS[0])
     assert seen == [False, True]

@@ -84,6 +84,28 @@ def mutual_imports(root: Path = REPO) -> set[tuple[str, str]]:
     return {(a, b) for a, b in arrows if (b, a) in arrows and a < b}
 
 
+# one Decode press, in the order its call descends: the button's wiring, its handler, the user
+# action, the device call, the request's checks and run, the pair held, the engine's loop
+REQUEST_WAY = ("talon.ui.decode_tab", "talon.ui.decode_view", "talon.ui.actions", "talon.ui.device",
+               "talon.ui.request", "talon.ui.models", "talon.ui.pair", "talon.decode")
+
+
+def climbs(way: tuple[str, ...], root: Path = REPO) -> set[tuple[str, str]]:
+    """(module, earlier module it imports) along ``way``: a call that would climb back."""
+    found = set()
+    for i, module in enumerate(way):
+        path = root / (module.replace(".", "/") + ".py")
+        names = imports(path)
+        found.update((module, earlier) for earlier in way[:i] if earlier in names
+                     or any(n.startswith(earlier + ".") for n in names))
+    return found
+
+
+def test_a_decode_request_descends_without_climbing_back() -> None:
+    assert climbs(REQUEST_WAY) == set()
+    assert climbs(("talon.ui.device", "talon.ui.actions")) == {("talon.ui.actions", "talon.ui.device")}
+
+
 def test_no_two_parts_import_each_other() -> None:
     assert mutual_imports() == set()
 

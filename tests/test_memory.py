@@ -10,7 +10,7 @@ from talon.presets import PRESETS
 from talon.models import ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estimate_pair
 from talon.settings import Settings
-from talon.ui.backend import check_preset_memory
+from talon.ui.models import check_preset_memory
 
 # Published parameter counts (model cards), in billions.
 PUBLISHED = {

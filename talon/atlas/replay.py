@@ -165,6 +165,9 @@ def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:
                           "the target's probabilities, which the atlas does not hold)")
     if cfg.retrieval.corpus:
         raise ConfigError("replay reads retrieval from the prompt and the text only: remove the corpus")
+    if not cfg.kind.atlas:
+        raise ConfigError(f"an atlas records the draft model's and retrieval's children, not the {cfg.drafter} "
+                          "drafter's: run it for real")
     if cfg.draft_vocab != atlas.models.get("draft_vocab", cfg.draft_vocab):
         raise ConfigError(f"the atlas was recorded with draft_vocab {atlas.models.get('draft_vocab')}, "
                           f"not {cfg.draft_vocab}: the draft's q depends on it")

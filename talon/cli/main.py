@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt_file:
             with open(args.prompt_file, encoding="utf-8") as fh:
                 prompt = fh.read()
-        draft = args.draft if cfg.uses_model else None
+        draft = args.draft if cfg.needs_draft_model else None  # layerskip drafts with the target itself
         target, draft_lm = load_pair(
             args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
             target_weights=args.target_weights,

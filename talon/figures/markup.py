@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from talon.drafter_kinds import DRAFTERS
 from talon.figures.common import SOURCE_NAMES, Committed, committed_tokens
 from talon.figures.run import step_end_times
 from talon.figures.text import esc, fmt_number
@@ -155,7 +156,8 @@ def model_skipped_most(summary: RunSummary | None, steps: Sequence[StepTrace]) -
     if summary is None or len(steps) < 2:
         return False
     cost_aware = (summary.config.get("tree") or {}).get("cost_aware", False)
-    uses_model = summary.config.get("drafter") in ("hybrid", "model")
+    kind = DRAFTERS.get(summary.config.get("drafter", ""))
+    uses_model = kind is not None and bool(kind.model)
     return bool(cost_aware and uses_model and 2 * sum(bool(st.model_skipped) for st in steps) > len(steps))
 
 

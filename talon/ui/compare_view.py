@@ -14,7 +14,7 @@ import gradio as gr
 from talon import figures as F
 from talon.run_config import TREE_MODES, RunConfig
 from talon.settings import Settings
-from talon.ui.backend import DeviceAction
+from talon.ui.actions import DeviceAction
 from talon.ui.controls import UI_DRAFTERS, Controls
 from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.session import CompareSession

@@ -22,15 +22,9 @@ from talon.presets import ModelPreset
 from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.trace import TraceFileError, read_json_upload
-from talon.ui.backend import (
-    GPU_MAX_S,
-    GPU_PER_TOKEN_S,
-    Job,
-    gpu_seconds,
-    load_engine,
-    on_gpu,
-    out_of_memory_as_error,
-)
+from talon.ui.device import GPU_MAX_S, GPU_PER_TOKEN_S, gpu_seconds, on_gpu
+from talon.ui.models import load_engine, out_of_memory_as_error
+from talon.ui.request import Job
 from talon.ui.controls import user_error
 from talon.ui.files import TRACE_MAX_AGE_S, trace_dir, upload_path
 

@@ -16,16 +16,13 @@ import gradio as gr
 
 from talon import figures as F
 from talon.atlas.data import Atlas
-from talon.run_config import TREE_MODES, ConfigError, RetrievalConfig
-from talon.settings import Settings
-from talon.ui.backend import DeviceRun
-from talon.ui.controls import UI_DRAFTERS, Controls, user_error
 from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, explore
+from talon.run_config import ConfigError, RetrievalConfig
+from talon.settings import Settings
+from talon.ui.actions import DeviceRun
+from talon.ui.controls import Controls, user_error
 from talon.ui.explorer_io import read_atlas, record_on_device, write_atlas
-from talon.ui.explorer_words import apply_words, atlas_words, greedy_note, progress_html
-from talon.ui.measure_view import build_measure_panel
-from talon.ui.panel import ControlPanel, run_on_click
-from talon.ui.words import EXPLAIN
+from talon.ui.explorer_words import apply_words, atlas_words, progress_html
 
 
 @dataclass
@@ -209,102 +206,3 @@ def make_apply(view: ExplorerView, components: dict[str, Any], best: bool, promp
 # ---------------------------------------------------------------------------------------------
 # Layout and wiring
 # ---------------------------------------------------------------------------------------------
-
-
-def knob_components() -> dict[str, Any]:
-    k = Knobs()
-    c: dict[str, Any] = {}
-    with gr.Row():
-        c["drafter"] = gr.Radio(label="Drafter", choices=list(UI_DRAFTERS), value=k.drafter, elem_id="talon-atlas-drafter")
-        c["tree"] = gr.Radio(label="Tree", choices=list(TREE_MODES), value=k.tree, elem_id="talon-atlas-tree")
-        c["cost_aware"] = gr.Checkbox(label="Cost-aware planning", value=k.cost_aware, elem_id="talon-atlas-cost-aware")
-    with gr.Row():
-        c["budget"] = gr.Slider(1, 128, value=k.budget, step=1, label="Budget N", elem_id="talon-atlas-budget")
-        c["root_k"] = gr.Slider(1, 16, value=k.root_k, step=1, label="Root K", elem_id="talon-atlas-root-k")
-        c["top_k"] = gr.Slider(1, 8, value=k.top_k, step=1, label="k per node", elem_id="talon-atlas-top-k")
-        c["mu"] = gr.Slider(0.0, 1.0, value=k.mu, step=0.01, label="Gate μ", elem_id="talon-atlas-mu")
-    with gr.Row():
-        c["max_depth"] = gr.Slider(1, 32, value=k.max_depth, step=1, label="Max depth", elem_id="talon-atlas-depth")
-        c["min_conf"] = gr.Slider(0.0, 1.0, value=k.min_conf, step=0.01, label="Min confidence",
-                                  elem_id="talon-atlas-min-conf")
-        c["retrieval_min_match"] = gr.Slider(1, 16, value=k.retrieval_min_match, step=1,
-                                             label="Retrieval min match", elem_id="talon-atlas-min-match")
-        c["graft_threshold"] = gr.Slider(1, 16, value=k.graft_threshold, step=1, label="Graft threshold",
-                                         elem_id="talon-atlas-graft")
-    return c
-
-
-def explorer_panel() -> ExplorerView:
-    """The atlas explorer's components (call inside the Threshold explorer tab)."""
-    note = gr.HTML("", elem_id="talon-atlas-note")
-    with gr.Row(equal_height=True):
-        record = gr.Button("Record an atlas of this prompt (runs the models once)", variant="primary", scale=2,
-                           elem_id="talon-atlas-record")
-        upload = gr.File(label="…or load an atlas (JSON)", file_types=[".json"], scale=1, height=90,
-                         elem_id="talon-atlas-upload")
-        download = gr.File(label="Download this atlas", interactive=False, scale=1, height=90,
-                           elem_id="talon-atlas-download")
-    status = gr.HTML(atlas_words(None), elem_id="talon-atlas-status")
-    gr.Markdown("#### Knobs: every move replays the atlas (greedy, no model)")
-    knobs = knob_components()
-    score = gr.HTML(F.atlas_score_html(None), elem_id="talon-atlas-score")
-    with gr.Row():
-        to_best = gr.Button("★ Move the knobs to the best", size="sm", elem_id="talon-atlas-to-best")
-        apply_knobs = gr.Button("Apply the knobs to the controls ←", size="sm", elem_id="talon-atlas-apply")
-        apply_best = gr.Button("Apply the best to the controls ←", size="sm", elem_id="talon-atlas-apply-best")
-    with gr.Row():
-        mu_mat = gr.Plot(show_label=False, elem_id="talon-atlas-mu-mat")
-        mu_speed = gr.Plot(show_label=False, elem_id="talon-atlas-mu-speed")
-    with gr.Row():
-        k_mat = gr.Plot(show_label=False, elem_id="talon-atlas-k-mat")
-        k_speed = gr.Plot(show_label=False, elem_id="talon-atlas-k-speed")
-    pareto_plot = gr.Plot(show_label=False, elem_id="talon-atlas-pareto")
-    gr.Markdown("#### A replayed step of the knobs' configuration")
-    step = gr.Slider(0, 1, value=0, step=1, label="Replayed step", elem_id="talon-atlas-step")
-    caption = gr.HTML(F.step_caption_html([], 0), elem_id="talon-atlas-caption")
-    with gr.Row():
-        tree = gr.Plot(show_label=False, scale=3, elem_id="talon-atlas-tree")
-        gates = gr.Plot(show_label=False, scale=2, elem_id="talon-atlas-gates")
-    return ExplorerView(record=record, upload=upload, download=download, note=note, status=status, knobs=knobs,
-                        score=score, to_best=to_best, apply_knobs=apply_knobs, apply_best=apply_best, mu_mat=mu_mat,
-                        mu_speed=mu_speed, k_mat=k_mat, k_speed=k_speed, pareto=pareto_plot, step=step,
-                        caption=caption, tree=tree, gates=gates, state=gr.State(AtlasSession()))
-
-
-def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = None) -> None:
-    """Every handler but Record (a model run, wired with the other tabs' run buttons); ``components``
-    are the left panel's controls, ``prompt`` its prompt box (Apply sets it to the atlas's)."""
-    quick = dict(concurrency_limit=None, show_progress="hidden")
-    knob_inputs = {**view.knobs, "atlas_state": view.state}
-    rescore = make_rescore(view)
-    for name, component in view.knobs.items():
-        component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
-                        trigger_mode="always_last", api_name="atlas_score" if name == "mu" else None,
-                        api_visibility="public" if name == "mu" else "private", **quick)
-    view.step.input(make_show_step(view), [view.step, view.state], [view.step, view.caption, view.tree, view.gates],
-                    trigger_mode="always_last", api_visibility="private", **quick)
-    view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
-                       outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
-    view.to_best.click(make_to_best(view), inputs_kwargs=knob_inputs,
-                       outputs=[*view.knobs.values(), *view.score_outputs()], api_visibility="private", **quick)
-    apply_outputs = [*(components[name] for name in Knobs().controls()), components["max_new_tokens"],
-                     components["temperature"], view.status] + ([prompt] if prompt is not None else [])
-    view.apply_knobs.click(make_apply(view, components, best=False, prompt=prompt), inputs_kwargs=knob_inputs,
-                           outputs=apply_outputs, api_visibility="private", **quick)
-    view.apply_best.click(make_apply(view, components, best=True, prompt=prompt), inputs_kwargs=knob_inputs,
-                          outputs=apply_outputs, api_visibility="private", **quick)
-    components["temperature"].change(greedy_note, components["temperature"], view.note, api_visibility="private",
-                                     **quick)
-
-
-def build_explorer_tab(panel: ControlPanel, settings: Settings) -> ExplorerView:
-    """The Threshold explorer tab, built and wired (call inside the tab): the atlas explorer, then
-    the measured part."""
-    gr.Markdown(EXPLAIN["explorer"], elem_classes=["talon-explain"])
-    view = explorer_panel()
-    record_extra = {"atlas_state": view.state, "min_match": view.knobs["retrieval_min_match"]}
-    run_on_click(view.record, make_record(view, settings), panel, record_extra, view.all_outputs(),
-                 "record_atlas", settings)
-    wire_explorer(view, panel.components, panel.prompt)
-    build_measure_panel(panel, settings)
-    return view

@@ -15,7 +15,7 @@ import gradio as gr
 from talon import figures as F
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
-from talon.ui.backend import DeviceAction
+from talon.ui.actions import DeviceAction
 from talon.ui.controls import Controls, user_error
 from talon.ui.files import upload_path
 from talon.ui.panel import ControlPanel, run_on_click

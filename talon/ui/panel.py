@@ -12,7 +12,7 @@ import gradio as gr
 from talon.examples import Example
 from talon.knobs import BY_APP, Knob
 from talon.settings import Settings
-from talon.ui.backend import initial_preset, presets
+from talon.ui.models import initial_preset, presets
 
 MODEL_CONCURRENCY_ID = "model"
 
@@ -45,15 +45,17 @@ ASYNC_WHY = ("Off by default, because it measured slower: on a CPU the pre-draft
 
 def control(knob: Knob, limit: int | None = None, **options: Any) -> Any:
     """The component of one knob of the table: a radio for a choice, a checkbox for a switch, a
-    slider over its app range (``limit``: the server's cap on an open range), a number box else."""
+    slider over its app range (``limit``: the server's cap on an open range), a number box else;
+    ``options`` (a shorter label, fewer choices, an elem_id) go to the component."""
+    given = {"label": knob.label, "value": knob.default, **options}
     if knob.kind == "choice":
-        return gr.Radio(label=knob.label, choices=list(knob.app_choices or knob.choices), value=knob.default, **options)
+        return gr.Radio(**{"choices": list(knob.app_choices or knob.choices), **given})
     if knob.kind == "bool":
-        return gr.Checkbox(value=knob.default, label=knob.label, **options)
+        return gr.Checkbox(**given)
     if knob.slider is None and limit is None:
-        return gr.Number(value=knob.default, precision=0, label=knob.label, minimum=knob.lo, **options)
+        return gr.Number(**{"precision": 0, "minimum": knob.lo, **given})
     lo, hi, step = knob.slider or (knob.lo, limit, 1)
-    return gr.Slider(lo, hi, value=min(knob.default, hi), step=step, label=knob.label, **options)
+    return gr.Slider(lo, hi, step=step, **{**given, "value": min(given["value"], hi)})
 
 
 def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:

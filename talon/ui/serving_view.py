@@ -17,7 +17,7 @@ from talon.models.loading import NO_DRAFT
 from talon.run_config import ConfigError
 from talon.serving import serving_config
 from talon.settings import Settings
-from talon.ui.backend import find_preset
+from talon.ui.models import find_preset
 from talon.ui.controls import Controls, user_error
 from talon.ui.panel import ControlPanel
 from talon.ui.words import EXPLAIN

@@ -1,0 +1,88 @@
+"""One request, validated before any forward: the controls into a preset and a RunConfig
+(``plan_run``), then every check a user can act on (``check_job``: the prompt, the context
+window, the drafter, the server's prompt limit), so every error a user can fix is raised
+before any output changes. ``Job`` is the result, handed on to the device call."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import zerogpu
+from talon.decode import Run
+from talon.models import ModelLoadError
+from talon.models.quant import resolve_target_weights
+from talon.presets import ModelPreset
+from talon.prompt import PromptError
+from talon.run_config import ConfigError, RunConfig
+from talon.settings import Settings
+from talon.ui.controls import Controls, check_prompt, user_error
+from talon.ui import models as pairs
+from talon.ui.models import find_preset, held_key, out_of_memory_as_error, pair_key, server_device
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a user action, validated: what ``decode_on_device`` runs (picklable)."""
+
+    preset: ModelPreset
+    prompt: str
+    cfg: RunConfig
+
+
+def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: Any) -> tuple[ModelPreset, RunConfig]:
+    """Validate a request without touching a model (``overrides`` replace RunConfig fields);
+    every problem a user can fix becomes a gr.Error with the validator's message."""
+    try:
+        check_prompt(prompt, settings)
+        cfg = controls.to_config(settings.max_new_tokens_limit).replace(**overrides)
+        quant = None if controls.draft_quant == "auto" else controls.draft_quant  # auto: TALON_DRAFT_QUANT
+        weights = None if controls.target_weights == "auto" else controls.target_weights  # TALON_TARGET_WEIGHTS
+        if weights is not None:
+            resolve_target_weights(weights, server_device(settings))  # int4: a CPU only
+        preset = dataclasses.replace(find_preset(settings, controls.preset), draft_quant=quant, target_weights=weights)
+        return preset, cfg
+    except (ConfigError, PromptError) as error:
+        raise user_error(str(error)) from error
+
+
+def check_prompt_tokens(settings: Settings, tokens: int) -> None:
+    if tokens > settings.max_prompt_tokens:
+        raise gr.Error(f"the prompt has {tokens} tokens; this server accepts at most {settings.max_prompt_tokens}")
+
+
+def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event) -> Run:
+    """Load the preset's models (cached) and start a run, before any forward: a model that cannot
+    be loaded or a prompt the server refuses becomes a gr.Error that says why."""
+    try:
+        run = pairs.load_engine(settings, preset).run(prompt, cfg, cancel)
+    except (ConfigError, PromptError, ModelLoadError) as error:
+        raise user_error(str(error)) from error
+    check_prompt_tokens(settings, len(run.prompt_ids))
+    return run
+
+
+def check_job(settings: Settings, job: Job) -> None:
+    """Every check a user can act on, before any output changes (the prompt, the context window,
+    the drafter, the server's prompt limit). Elsewhere the models load here (held); on ZeroGPU no
+    device may be touched in this process, so the held pair's tokenizer checks the prompt, and a
+    pair not held here is loaded (and checked) in the GPU call."""
+    if zerogpu.active():
+        if held_key() != pair_key(settings, job.preset):
+            return
+        engine = pairs.SLOT.held.engine
+    else:
+        with out_of_memory_as_error(job.cfg):
+            try:
+                engine = pairs.load_engine(settings, job.preset)
+            except ModelLoadError as error:
+                raise user_error(str(error)) from error
+    try:
+        ids = engine.prepare(job.prompt, job.cfg)
+    except (ConfigError, PromptError) as error:
+        raise user_error(str(error)) from error
+    check_prompt_tokens(settings, len(ids))
