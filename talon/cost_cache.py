@@ -1,8 +1,14 @@
 """The cost cache: a probe's curves kept as JSON (``talon-cost/1``) under their key, read back
 while they are recent (``MAX_AGE_DAYS``), so that the same command on the same host plans on the
-same curves (``cost_model="fixed"`` gives the same trees). A probe taken on a busy host is kept
-too, flagged ``noisy`` with its spread (``python -m talon costs --show`` lists it, ``--probe``
-measures again)."""
+same curves (``cost_model="fixed"`` gives the same trees). The cache keeps only what it can trust:
+
+* a probe whose timings of one size stayed more than ``BUSY_SPREAD`` apart was taken while
+  something else ran: it plans its own run, is never cached, and such an entry is never read;
+  a probe merely ``noisy`` (over ``SPREAD_OK``: a 2-core CPU's usual jitter) is kept, flagged;
+* a cached curve that a later run's measured steps contradict (``contradicts``: off by more than
+  ``CONTRADICTED`` times where both measured) is retired, and the next start probes again.
+
+``python -m talon costs --show`` lists the entries, ``--probe`` measures again."""
 
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from talon.cost_probe import Timer, cost_key, probe_costs
 log = logging.getLogger(__name__)
 
 MAX_AGE_DAYS = 30  # a cached model older than this is measured again
+BUSY_SPREAD = 0.5  # a probe whose best timings of one size stayed this far apart ran on a busy host
+CONTRADICTED = 1.5  # a run's measured step this many times off the cached curve retires the curve
 
 
 def cache_path(cache_dir: Path, key: str) -> Path:
@@ -35,6 +43,10 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
         costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
         log.warning("ignoring cost cache %s: %s", path, err)
+        return None
+    if costs.provenance.spread > BUSY_SPREAD:
+        log.info("cost cache %s was probed on a busy host (spread %.0f%%): measuring again", path,
+                 100 * costs.provenance.spread)
         return None
     age = costs.provenance.age_days()
     if costs.key != key or age is None or age > max_age_days:
@@ -68,9 +80,32 @@ def load_or_probe(
     log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
              1e3 * costs.draft_s(1), costs.provenance.describe())
-    if path is not None:
+    if path is not None and costs.provenance.spread > BUSY_SPREAD:
+        log.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
+                    100 * costs.provenance.spread)
+    elif path is not None:
         save_costs(costs, path)
     return costs
+
+
+def contradicts(cached: CostModel, measured: CostModel) -> bool:
+    """The run's refined curves (``measured``) are more than ``CONTRADICTED`` times off the cached
+    ones at a size both hold a measurement for: a verification of 1 or 16 nodes, a 1-token draft."""
+    pairs = [(cached.verify_s(n), measured.verify_s(n)) for n in (1, 16)]
+    if cached.draft_s(1) > 0 and measured.draft_s(1) > 0:
+        pairs.append((cached.draft_s(1), measured.draft_s(1)))
+    return any(max(a, b) > CONTRADICTED * min(a, b) for a, b in pairs if a > 0 and b > 0)
+
+
+def retire_if_contradicted(cache_dir: Path | None, cached: CostModel, measured: CostModel) -> bool:
+    """Remove ``cached``'s cache entry when ``measured`` contradicts it: the next start probes again."""
+    if cache_dir is None or not contradicts(cached, measured):
+        return False
+    path = cache_path(cache_dir, cached.key)
+    log.warning("the cached cost curves %s disagree with this run's steps by over %.1fx: retired, the next "
+                "start measures again", path, CONTRADICTED)
+    path.unlink(missing_ok=True)
+    return True
 
 
 def save_costs(costs: CostModel, path: Path) -> None:

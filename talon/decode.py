@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +20,8 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from talon.cost import CostModel
-from talon.cost_cache import load_or_probe
-from talon.drafters.base import Draft, Drafter, PreDraft, Verifier
+from talon.cost_cache import load_or_probe, retire_if_contradicted
+from talon.drafters.base import Draft, Drafter, PreDraft, PreDrafter, Verifier
 from talon.drafters.hybrid import HybridDrafter, build_drafter
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
@@ -97,8 +97,11 @@ class Engine:
             return dict(self._snapshots)
 
     def adopt_costs(self, costs: CostModel, draft_vocab: int = 0) -> None:
-        """Make ``costs`` (a learn-mode run's refined copy) the snapshot later runs start from."""
+        """Make ``costs`` (a learn-mode run's refined copy) the snapshot later runs start from; a
+        cached curve it contradicts is retired (``talon.cost_cache``)."""
         with self._cost_lock:
+            if (old := self._snapshots.get(draft_vocab)) is not None and self._given_costs is None:
+                retire_if_contradicted(self.cost_cache, old, costs)
             self._snapshots[draft_vocab] = costs.copy()
 
     def corpus(self, path: str) -> CorpusIndex:
@@ -147,10 +150,12 @@ class Engine:
             )
         return prompt_ids
 
-    def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None) -> "Run":
-        """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad)."""
+    def run(self, prompt: str | list[int], cfg: RunConfig, cancel: threading.Event | None = None,
+            prepared: Sequence[int] | None = None) -> "Run":
+        """A run of ``prompt`` verified by the target model (PromptError, ConfigError if bad);
+        ``prepared``: its ids as ``prepare`` gave them for this pair (not checked again)."""
         tok = self.target.tokenizer
-        prompt_ids = self.prepare(prompt, cfg)
+        prompt_ids = list(prepared) if prepared is not None else self.prepare(prompt, cfg)
         drafter = self.make_drafter(cfg, len(prompt_ids))
         costs = None
         if cfg.tree.cost_aware and cfg.drafts:
@@ -283,7 +288,7 @@ class Run:
         tree = draft.tree
         t_draft = time.perf_counter()
         ahead = None
-        if pool is not None and (pre := self.drafter.begin_predraft(tree)) is not None:
+        if pool is not None and isinstance(self.drafter, PreDrafter) and (pre := self.drafter.begin_predraft(tree)):
             ahead = pool.submit(self.drafter.grow, pre, t0)
         t_verify_start = time.perf_counter()
         verdict = self.verifier.verify(tree)

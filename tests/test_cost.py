@@ -512,3 +512,53 @@ def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
     assert len(engine.static_pools["draft"].free) == engine.static_pools["draft"].made == 1
     assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"
 
+
+
+def test_the_cache_keeps_only_what_it_can_trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe taken on a busy host plans its run but is never cached nor read back; a cached
+    curve that a run's measured steps contradict is retired, so the next start probes again."""
+    import dataclasses
+    import datetime
+
+    import talon.cost_cache as cache
+
+    target = tiny_loaded("llama", 1)
+    spreads = iter([0.9, 0.1, 0.1])
+
+    def probe(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - probe_costs' signature
+        costs = synthetic_costs({1: 0.3, 16: 0.5}, {1: 0.1})
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        costs.provenance = dataclasses.replace(costs.provenance, spread=next(spreads), measured_at=now)
+        return costs
+
+    monkeypatch.setattr(cache, "probe_costs", probe)
+    busy = load_or_probe(target.model, None, ("t", "none"), tmp_path)
+    path = cache_path(tmp_path, busy.key)
+    assert busy.provenance.spread == 0.9 and not path.exists(), "a busy probe is used, never cached"
+    quiet = load_or_probe(target.model, None, ("t", "none"), tmp_path)
+    assert path.exists() and read_cached(path, quiet.key) is not None
+    data = json.loads(path.read_text())
+    data["provenance"]["spread"] = 0.9
+    path.write_text(json.dumps(data))
+    assert read_cached(path, quiet.key) is None, "a busy entry is never read"
+    load_or_probe(target.model, None, ("t", "none"), tmp_path)  # probed again, quietly, and cached
+    cached = read_cached(path, quiet.key)
+    assert cached is not None
+    assert not cache.retire_if_contradicted(tmp_path, cached, synthetic_costs({1: 0.33, 16: 0.55}, {1: 0.11}))
+    assert path.exists(), "steps that agree within 1.5x keep the curve"
+    assert cache.retire_if_contradicted(tmp_path, cached, synthetic_costs({1: 0.9, 16: 1.5}, {1: 0.1}))
+    assert not path.exists(), "a curve the steps contradict is retired"
+
+
+def test_an_engine_retires_the_cached_curve_a_learned_run_contradicts(tmp_path: Path) -> None:
+    target = tiny_loaded("llama", 1)
+    engine = Engine(target, noisy_copy(target, 2, 0.1), cost_cache=tmp_path)
+    snapshot = engine.cost_snapshot(64)
+    path = cache_path(tmp_path, snapshot.key)
+    if not path.exists():
+        pytest.skip("this host was too busy to cache the probe (spread over BUSY_SPREAD)")
+    engine.adopt_costs(snapshot.copy(), 64)
+    assert path.exists(), "the same curves do not contradict themselves"
+    slower = synthetic_costs({n: 3 * snapshot.verify_s(n) for n in (1, 16, 64)}, {1: snapshot.draft_s(1)})
+    engine.adopt_costs(slower, 64)
+    assert not path.exists() and engine.cost_snapshot(64).verify_s(1) == slower.verify_s(1)

@@ -7,17 +7,19 @@ run's drafter is put together (the engine's real models and the atlas's replay b
   small model, an n-gram table, a toy) implements these members and nothing else.
 * ``Drafter``: what ``Run`` calls each step. ``HybridDrafter`` is the one implementation: it
   combines a ``DraftSource`` with retrieval under TALON's budget and gates.
+* ``PreDrafter``: a ``Drafter`` that can also draft the next tree while the target verifies
+  (async pre-drafting, its own small protocol); it needs a ``ForkableSource``.
 * ``Verifier``: what ``Run`` calls to score a tree. ``talon.verify.TargetVerifier`` runs the
   target; ``talon.atlas.replay.TextVerifier`` matches a recorded greedy text.
 
-Asynchronous pre-drafting needs a source that can fork (``ModelDrafter``); with any other
-source the loop drafts synchronously.
+Asynchronous pre-drafting needs a source that can fork (``ForkableSource``: ``ModelDrafter``);
+with any other source, or a drafter that is not a ``PreDrafter``, the loop drafts synchronously.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from talon.tree import DraftTree
 
@@ -50,7 +52,7 @@ class PreDraft:
 
     Its root is the last assumed token; its root's children are the bonus tokens it bets on."""
 
-    drafter: ModelDrafter
+    drafter: ForkableSource
     assumed: list[int]
     tree: DraftTree | None = None
     busy: tuple[float, float] = (0.0, 0.0)
@@ -108,13 +110,35 @@ class Drafter(Protocol):
 
     def draft(self, root: int, planner: Planner | None = None) -> Draft: ...
 
-    def begin_predraft(self, tree: DraftTree) -> PreDraft | None: ...
-
-    def grow(self, pre: PreDraft, clock: float) -> PreDraft: ...
-
-    def adopt(self, pre: PreDraft, new_tokens: list[int]) -> Draft | None: ...
-
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class PreDrafter(Drafter, Protocol):
+    """A drafter that drafts the next tree during verification (``RunConfig.async_draft``)."""
+
+    def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
+        """A fork betting on ``tree``'s likeliest path (None: draft this step in line)."""
+
+    def grow(self, pre: PreDraft, clock: float) -> PreDraft:
+        """Draft the next tree on the fork (on the drafter thread)."""
+
+    def adopt(self, pre: PreDraft, new_tokens: list[int]) -> Draft | None:
+        """The pre-drafted tree, if its bet held (None: draft anew)."""
+
+
+@runtime_checkable
+class ForkableSource(DraftSource, Protocol):
+    """A draft source that forks: an independent copy in the same state drafts ahead, and is
+    adopted in place of the original when its bet held."""
+
+    model: Any  # the module that drafts (its device picks the stream)
+
+    def fork(self) -> ForkableSource: ...
+
+    def adopt_subtree(self, tree: DraftTree, node: int, subtree_nodes: list[int]) -> None: ...
 
     def close(self) -> None: ...
 

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from talon.builder import Expand, Scores, build_tree, keep_best, path_confidence
-from talon.drafters.base import Draft, DraftSource, PreDraft
-from talon.drafters.model import ModelDrafter
+from talon.drafters.base import Draft, DraftSource, ForkableSource, PreDraft
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
 from talon.plan import AcceptanceModel
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
@@ -79,7 +78,7 @@ class HybridDrafter:
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
         self.acceptance = AcceptanceModel()
-        self.forks: list[ModelDrafter] = []  # pre-drafters not yet adopted or dropped (close gives them back)
+        self.forks: list[ForkableSource] = []  # pre-drafters not yet adopted or dropped (close gives them back)
 
     def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
         """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed."""
@@ -166,8 +165,8 @@ class HybridDrafter:
     def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
         """Fork the model drafter as if the most confident path of ``tree`` were accepted.
         Cheap (a cache copy); call before ``commit``. ``PreDraft.tree`` is grown by ``grow``."""
-        if not isinstance(self.model, ModelDrafter) or not self.model.engaged:
-            return None  # only a real model forks; other sources draft synchronously
+        if not isinstance(self.model, ForkableSource) or not self.model.engaged:
+            return None  # only a source that forks pre-drafts; others draft synchronously
         path = tree.path(tree.best_leaf())
         assumed = [tree.tokens[n] for n in path[1:]]
         fork = self.model.fork()
@@ -212,7 +211,7 @@ class HybridDrafter:
         return Draft(tree=keep_best(tree, self.tree_cfg.budget, scores), match_len=proposal.match_len,
                      forwards=pre.drafter.take_timings())
 
-    def _drop(self, fork: ModelDrafter) -> None:
+    def _drop(self, fork: ForkableSource) -> None:
         self.forks = [f for f in self.forks if f is not fork]
 
     def close(self) -> None:

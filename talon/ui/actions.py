@@ -29,8 +29,7 @@ class DeviceAction:
         for prompt, controls, overrides in requests:
             preset, cfg = plan_run(settings, prompt, controls, **overrides)
             self.jobs.append(Job(preset, prompt, cfg))
-        for job in self.jobs:
-            check_job(settings, job)
+        self.jobs = [check_job(settings, job) for job in self.jobs]  # validated once, the ids handed on
         self.settings, self.cancel = settings, cancel
         self.summaries: list[RunSummary | None] = [None] * len(self.jobs)
         self.runs = [ActionRun(self, i) for i in range(len(self.jobs))]

@@ -102,7 +102,7 @@ def decode_on_device(
         if cancel.is_set() and index > 0:  # stopped: the first run still ends with its summary
             break
         with out_of_memory_as_error(job.cfg):
-            run = open_run(settings, job.preset, job.prompt, job.cfg, cancel)
+            run = open_run(settings, job, cancel)
             engine = run.engine
             for step in run:
                 yield index, step

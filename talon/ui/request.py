@@ -27,11 +27,14 @@ from talon.ui.models import find_preset, held_key, out_of_memory_as_error, pair_
 
 @dataclass(frozen=True)
 class Job:
-    """One run of a user action, validated: what ``decode_on_device`` runs (picklable)."""
+    """One run of a user action, validated: what ``decode_on_device`` runs (picklable).
+    ``prompt_ids``: the prompt's ids as ``check_job`` checked them on this preset's pair (None
+    where it could not: on ZeroGPU with another pair held, the device call checks them)."""
 
     preset: ModelPreset
     prompt: str
     cfg: RunConfig
+    prompt_ids: tuple[int, ...] | None = None
 
 
 def plan_run(settings: Settings, prompt: Any, controls: Controls, **overrides: Any) -> tuple[ModelPreset, RunConfig]:
@@ -55,25 +58,28 @@ def check_prompt_tokens(settings: Settings, tokens: int) -> None:
         raise gr.Error(f"the prompt has {tokens} tokens; this server accepts at most {settings.max_prompt_tokens}")
 
 
-def open_run(settings: Settings, preset: ModelPreset, prompt: str, cfg: RunConfig, cancel: threading.Event) -> Run:
-    """Load the preset's models (cached) and start a run, before any forward: a model that cannot
-    be loaded or a prompt the server refuses becomes a gr.Error that says why."""
+def open_run(settings: Settings, job: Job, cancel: threading.Event) -> Run:
+    """Load the job's models (cached) and start its run, before any forward: the prompt's ids as
+    ``check_job`` checked them (the same pair, so the same tokenizer and window), else checked
+    now; a model that cannot be loaded or a prompt the server refuses becomes a gr.Error."""
     try:
-        run = pairs.load_engine(settings, preset).run(prompt, cfg, cancel)
+        run = pairs.load_engine(settings, job.preset).run(job.prompt, job.cfg, cancel, prepared=job.prompt_ids)
     except (ConfigError, PromptError, ModelLoadError) as error:
         raise user_error(str(error)) from error
-    check_prompt_tokens(settings, len(run.prompt_ids))
+    if job.prompt_ids is None:
+        check_prompt_tokens(settings, len(run.prompt_ids))
     return run
 
 
-def check_job(settings: Settings, job: Job) -> None:
+def check_job(settings: Settings, job: Job) -> Job:
     """Every check a user can act on, before any output changes (the prompt, the context window,
-    the drafter, the server's prompt limit). Elsewhere the models load here (held); on ZeroGPU no
-    device may be touched in this process, so the held pair's tokenizer checks the prompt, and a
-    pair not held here is loaded (and checked) in the GPU call."""
+    the drafter, the server's prompt limit), done once: the job comes back with the prompt's
+    checked ids. Elsewhere the models load here (held); on ZeroGPU no device may be touched in
+    this process, so the held pair's tokenizer checks the prompt, and a pair not held here is
+    loaded (and checked) in the GPU call."""
     if zerogpu.active():
         if held_key() != pair_key(settings, job.preset):
-            return
+            return job
         engine = pairs.SLOT.held.engine
     else:
         with out_of_memory_as_error(job.cfg):
@@ -86,3 +92,4 @@ def check_job(settings: Settings, job: Job) -> None:
     except (ConfigError, PromptError) as error:
         raise user_error(str(error)) from error
     check_prompt_tokens(settings, len(ids))
+    return dataclasses.replace(job, prompt_ids=tuple(ids))
