@@ -38,6 +38,8 @@ class ControlPanel:
 DRAFTER_AND_TREE = ("drafter", "tree_mode", "budget", "root_k", "top_k", "mu", "max_depth", "min_conf",
                     "retrieval_threshold", "skip_layers")
 SAMPLING_AND_LENGTH = ("temperature", "top_p", "seed", "max_new_tokens")
+DRAFTER_INFO = ("hybrid: the draft model's tree with retrieval grafted in; layerskip: the target drafts for itself "
+                "with a middle block of its layers skipped (its nodes show as the draft model's)")
 ASYNC_WHY = ("Off by default, because it measured slower: on a CPU the pre-draft takes the verifier's cores; on a "
              "GPU an in-line draft layer is a CUDA-graph replay (about 3 ms on an H100) while a pre-draft runs eagerly "
              "on its own thread (about 15 ms). The output is the target's either way.")
@@ -78,7 +80,7 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     with gr.Accordion("Drafter and tree", open=True):
         c["preset"] = gr.Dropdown(label="Models", choices=[(p.label, p.key) for p in offered], value=initial)
         for name in DRAFTER_AND_TREE:
-            c[name] = control(BY_APP[name])
+            c[name] = control(BY_APP[name], **({"info": DRAFTER_INFO} if name == "drafter" else {}))
     with gr.Accordion("Sampling and length", open=False):
         for name in SAMPLING_AND_LENGTH:
             c[name] = control(BY_APP[name], limit if name == "max_new_tokens" else None)
