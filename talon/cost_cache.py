@@ -3,7 +3,8 @@ while they are recent (``MAX_AGE_DAYS``), so that the same command on the same h
 same curves (``cost_model="fixed"`` gives the same trees). The cache keeps only what it can trust:
 
 * a probe whose timings of one size stayed more than ``BUSY_SPREAD`` apart was taken while
-  something else ran: it plans its own run, is never cached, and such an entry is never read;
+  something else ran (``busy``: a quiet 2-core host stays under 0.5, a busy one measured 2.2):
+  it plans its own run, is never cached, and such an entry is never read;
   a probe merely ``noisy`` (over ``SPREAD_OK``: a 2-core CPU's usual jitter) is kept, flagged;
 * a cached curve that a later run's measured steps contradict (``contradicts``: off by more than
   ``CONTRADICTED`` times where both measured) is retired, and the next start probes again.
@@ -27,7 +28,8 @@ from talon.cost_probe import Timer, cost_key, probe_costs
 log = logging.getLogger(__name__)
 
 MAX_AGE_DAYS = 30  # a cached model older than this is measured again
-BUSY_SPREAD = 0.5  # a probe whose best timings of one size stayed this far apart ran on a busy host
+BUSY_SPREAD = 1.0  # a probe whose best timings of one size stayed this far apart ran on a busy host
+BUSY_FLOOR_S = 0.005  # below this a forward's jitter says nothing of the host (a tiny model's microseconds)
 CONTRADICTED = 1.5  # a run's measured step this many times off the cached curve retires the curve
 
 
@@ -44,7 +46,7 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
         log.warning("ignoring cost cache %s: %s", path, err)
         return None
-    if costs.provenance.spread > BUSY_SPREAD:
+    if busy(costs):
         log.info("cost cache %s was probed on a busy host (spread %.0f%%): measuring again", path,
                  100 * costs.provenance.spread)
         return None
@@ -80,12 +82,18 @@ def load_or_probe(
     log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
              1e3 * costs.draft_s(1), costs.provenance.describe())
-    if path is not None and costs.provenance.spread > BUSY_SPREAD:
+    if path is not None and busy(costs):
         log.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
                     100 * costs.provenance.spread)
     elif path is not None:
         save_costs(costs, path)
     return costs
+
+
+def busy(costs: CostModel) -> bool:
+    """Probed while something else ran: its best timings of one size stayed over ``BUSY_SPREAD``
+    apart, on forwards long enough (``BUSY_FLOOR_S``) for that to be the host's doing."""
+    return costs.provenance.spread > BUSY_SPREAD and costs.verify_s(1) >= BUSY_FLOOR_S
 
 
 def contradicts(cached: CostModel, measured: CostModel) -> bool:
