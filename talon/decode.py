@@ -246,7 +246,8 @@ class Run:
             self.drafter.reset(ids, lazy_model=True)  # the planner decides when the model's prefill pays
         else:
             self.drafter.reset(ids)
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if self.cfg.async_draft else None
+        predrafts = self.cfg.async_draft and isinstance(self.drafter, PreDrafter)  # once, not per step
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if predrafts else None
         root, reason, ahead = ids[-1], "", None
         try:
             while not reason and not self.cancel.is_set():
@@ -288,7 +289,7 @@ class Run:
         tree = draft.tree
         t_draft = time.perf_counter()
         ahead = None
-        if pool is not None and isinstance(self.drafter, PreDrafter) and (pre := self.drafter.begin_predraft(tree)):
+        if pool is not None and (pre := self.drafter.begin_predraft(tree)) is not None:  # a PreDrafter: see __iter__
             ahead = pool.submit(self.drafter.grow, pre, t0)
         t_verify_start = time.perf_counter()
         verdict = self.verifier.verify(tree)

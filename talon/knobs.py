@@ -14,6 +14,7 @@ once, by ``Knob.read``; a value inside a record is checked once, by ``Knob.check
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,10 +106,8 @@ class Knob:
         app's narrower choices apply; ``cap``: a server's own upper bound."""
         if self.kind in ("int", "float"):
             if isinstance(value, str):
-                try:
+                with contextlib.suppress(ValueError):  # text that is no number is refused below, as given
                     value = float(value.strip()) if self.kind == "float" else int(value.strip())
-                except ValueError:
-                    value = value  # said below, as given
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if self.kind == "int":
                 if not number or value != int(value):

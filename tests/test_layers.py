@@ -29,13 +29,18 @@ def layer_of(module: str, table: dict[str, int]) -> int | None:
     return table.get(parts[1]) if parts[0] == "talon" and len(parts) > 1 else None
 
 
+def is_module(name: str) -> bool:
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-            if node.module == "talon":
-                names.update(f"talon.{alias.name}" for alias in node.names)
+            if node.module == "talon" or node.module.startswith("talon."):  # a module imported by name
+                names.update(name for alias in node.names if is_module(name := f"{node.module}.{alias.name}"))
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
@@ -104,6 +109,8 @@ def climbs(way: tuple[str, ...], root: Path = REPO) -> set[tuple[str, str]]:
 def test_a_decode_request_descends_without_climbing_back() -> None:
     assert climbs(REQUEST_WAY) == set()
     assert climbs(("talon.ui.device", "talon.ui.actions")) == {("talon.ui.actions", "talon.ui.device")}
+    assert climbs(("talon.ui.models", "talon.ui.request")) == {("talon.ui.request", "talon.ui.models")}, \
+        "a module imported by name (from talon.ui import models) counts too"
 
 
 def test_no_two_parts_import_each_other() -> None:
