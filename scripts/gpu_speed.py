@@ -110,6 +110,7 @@ LOOP_RUNS = (  # (step, drafter, async, prompt): prompt "chain" is accepted in p
     ("graphs", "model", False, "chain"), ("graphs", "hybrid", False, "chain"),
     ("graphs", "hybrid", True, "chain"), ("graphs", "hybrid", False, "random"),
 )
+DRAFT_RUN = ("graphs", "model", False, "random")  # chain trees: every draft forward 1 node (draft_overhead_s)
 
 
 def loop_speeds(target, draft, spec, tokens: int = 128) -> dict[str, Any]:  # noqa: ANN001 - LoadedModel
@@ -120,18 +121,20 @@ def loop_speeds(target, draft, spec, tokens: int = 128) -> dict[str, Any]:  # no
     out: dict[str, Any] = {}
     prompts = {"chain": prompt_ids(spec.draft.vocab, PREFIX, 5), "random": random_ids(spec.draft.vocab, PREFIX, 5)}
     engines: dict[str, Engine] = {}
-    for step, drafter, async_draft, which in LOOP_RUNS:
+    for step, drafter, async_draft, which in (*LOOP_RUNS, DRAFT_RUN):
         engine = engines.setdefault(step, Engine(target, draft, step=step))
+        mode = "chain" if (step, drafter, async_draft, which) == DRAFT_RUN else "adaptive"
         cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
-                        async_draft=async_draft, tree=TreeConfig(cost_aware=False))
+                        async_draft=async_draft, tree=TreeConfig(mode=mode, cost_aware=False))
         start = time.perf_counter()
         generate(engine, prompts[which], cfg)  # warm: the first run builds (and captures) its static forwards
         warm_s = time.perf_counter() - start
         summary, steps = generate(engine, prompts[which], cfg)
-        key = f"{step}/{drafter}{'/async' if async_draft else ''}/{which}"
+        key = f"{step}/{drafter}{'/async' if async_draft else ''}/{which}{'/chain-tree' if mode == 'chain' else ''}"
         out[key] = {"tok_s": round(summary.tokens_per_second, 2), "mat": round(summary.mean_accepted_tokens, 2),
                     "ms_per_step": round(1e3 * summary.seconds / max(len(steps), 1), 3),
-                    "split_ms": step_split(steps), "first_run_s": round(warm_s, 2)}
+                    "split_ms": step_split(steps), "first_run_s": round(warm_s, 2),
+                    "draft_forwards_per_step": round(sum(s.draft_forwards for s in steps) / max(len(steps), 1), 3)}
         print(key, out[key], flush=True)
     del engines
     torch.cuda.empty_cache()
@@ -143,6 +146,26 @@ def loop_other_s(none_ms_per_step: float, costs) -> float:  # noqa: ANN001 - Cos
     the commit, the trace): the curve's ``other_s``, which the cost model's default (5 ms) only
     guesses."""
     return max(none_ms_per_step / 1e3 - costs.verify_s(1), 0.0)
+
+
+def draft_overhead_s(record: dict[str, Any], costs) -> float:  # noqa: ANN001 - CostModel
+    """What the loop pays per draft forward beyond the curve's bare replay (its readout: softmax,
+    top-k, the copy back; the tree's bookkeeping), from a run whose draft forwards are 1-node:
+    the drafter's own clock, which a learning run's curve would hold."""
+    forwards = record.get("draft_forwards_per_step", 0)
+    if not forwards:
+        return 0.0
+    return max(record["split_ms"]["draft"] / 1e3 / forwards - costs.draft_s(1), 0.0)
+
+
+def with_draft_overhead(costs, seconds: float):  # noqa: ANN001, ANN201 - CostModel
+    """``costs`` with ``seconds`` added to every draft forward (``draft_overhead_s``)."""
+    data = costs.to_dict()
+    data["draft_s"] = [v + seconds for v in data["draft_s"]]
+    adjusted = type(costs).from_dict(data)
+    adjusted.provenance = dataclasses.replace(costs.provenance, weights=f"{costs.provenance.weights}; each draft "
+                                              f"forward + {1e3 * seconds:.2f} ms of the loop's readout")
+    return adjusted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     for costs, run in ((eager, "dynamic/none/random"), (graph, "graphs/none/random")):
         if run in report["loop"]:  # a step's cost beyond its forward, as the loop measured it
             costs.other_s = loop_other_s(report["loop"][run]["ms_per_step"], costs)
+    if "graphs/model/random/chain-tree" in report["loop"]:  # and a draft forward's beyond its replay
+        record = report["loop"]["graphs/model/random/chain-tree"]
+        report["draft_overhead_ms"] = round(1e3 * draft_overhead_s(record, graph), 3)
+        graph = with_draft_overhead(graph, report["draft_overhead_ms"] / 1e3)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for label, costs in (("eager", eager), ("graph", graph)):
         (args.out_dir / f"{slug}-{label}-{args.pair}.cost.json").write_text(json.dumps(costs.to_dict(), indent=1))

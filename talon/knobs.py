@@ -30,6 +30,8 @@ class ConfigError(ValueError):
 TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
 ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
 COST_MODES: tuple[str, ...] = ("fixed", "learn")
+# how an engine's forwards run (a server setting, TALON_STEP, not a run knob): talon.static.resolve_step
+STEPS: tuple[str, ...] = ("auto", "dynamic", "static", "graphs", "compiled")
 ON_OFF: tuple[str, ...] = ("on", "off")
 MAX_BUDGET = 256  # draft nodes one verification may hold
 BAR = "\\|"  # a | inside a markdown table

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from talon.knobs import STEPS
 from talon.run_config import ConfigError
 
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
@@ -59,6 +60,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "groups of 32, a GGUF's own Q4_K blocks where it has them, the other layers weight-only "
         "int8, bf16 activations; CPU). The packed model is the target: output stays its own "
         "greedy text.",
+    ),
+    "TALON_STEP": (
+        "auto",
+        "How forwards run: auto (CUDA graphs on one GPU, the dynamic cache elsewhere), dynamic, "
+        "static, graphs, or compiled (graphs with the draft model's small steps through "
+        "torch.compile: faster drafts, about 35 s of compiling per step size at first use; not on ZeroGPU).",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -112,6 +119,7 @@ class Settings:
     dtype: str = "auto"
     draft_quant: str = "auto"
     target_weights: str = "dense"
+    step: str = "auto"
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
@@ -128,6 +136,8 @@ class Settings:
             raise ConfigError(f"TALON_TARGET_WEIGHTS: {INT8_REFUSED}")
         if self.target_weights not in TARGET_WEIGHTS:
             raise ConfigError(f"TALON_TARGET_WEIGHTS must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
+        if self.step not in STEPS:
+            raise ConfigError(f"TALON_STEP must be one of {STEPS}, got {self.step!r}")
         if not self.target:
             raise ConfigError("TALON_TARGET must name a model, got an empty string")
         if not self.device:
@@ -151,6 +161,7 @@ class Settings:
             dtype=_get(env, "TALON_DTYPE").lower(),
             draft_quant=_get(env, "TALON_DRAFT_QUANT").lower(),
             target_weights=_get(env, "TALON_TARGET_WEIGHTS").lower(),
+            step=_get(env, "TALON_STEP").lower(),
             allow_remote_code=_parse_bool(
                 "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
             ),

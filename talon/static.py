@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from talon.knobs import STEPS
 from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
 from talon.rng import generator_for
 from talon.run_config import ConfigError, SamplingConfig
@@ -42,7 +44,8 @@ CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
 
 
-STEPS = ("auto", "dynamic", "static", "graphs")  # how a step's forwards run: see ``talon.decode.Engine``
+COMPILED: "weakref.WeakKeyDictionary[PreTrainedModel, torch.nn.Module]" = weakref.WeakKeyDictionary()
+COMPILED_UPTO = 32  # on the ``compiled`` step, the draft's buckets up to this size run torch.compile'd
 
 
 def spans_devices(model: PreTrainedModel) -> bool:
@@ -53,13 +56,15 @@ def spans_devices(model: PreTrainedModel) -> bool:
 def resolve_step(step: str, device: torch.device, split: bool = False) -> str:
     """``auto``: graphs on one CUDA device (a step is launch-bound there), the dynamic cache
     elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
-    over several GPUs (a graph is captured on one device's stream)."""
+    over several GPUs (a graph is captured on one device's stream). ``compiled`` is graphs with
+    the draft model's small buckets through ``torch.compile`` (opt-in: each bucket compiles for
+    about 35 s at its first use, and ZeroGPU does not support it)."""
     if step not in STEPS:
         raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
     if step == "auto":
         return "graphs" if device.type == "cuda" and not split else "dynamic"
-    if step == "graphs" and device.type != "cuda":
-        raise ConfigError(f"step 'graphs' replays CUDA graphs: the target is on {device}")
+    if step in ("graphs", "compiled") and device.type != "cuda":
+        raise ConfigError(f"step {step!r} replays CUDA graphs: the target is on {device}")
     if step != "dynamic" and split:
         raise ConfigError(f"step {step!r} needs each model on one device; this pair is spread over several GPUs")
     return step
@@ -71,6 +76,21 @@ def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
         if b >= tokens:
             return b
     raise ValueError(f"{tokens} nodes exceed the largest bucket ({buckets[-1]})")
+
+
+def compiled_decoder(model: PreTrainedModel):  # noqa: ANN201 - a torch.compile wrapper
+    """``model``'s decoder through ``torch.compile`` (inductor, static shapes), one per model.
+    Every (bucket, cache length) compiles once, so dynamo's recompile limit (8 per function) is
+    raised to hold a server's buckets and slot-cache sizes (past it, dynamo would fall back to
+    eager without a word)."""
+    with CAPTURE_LOCK:
+        compiled = COMPILED.get(model)
+        if compiled is None:
+            import torch._dynamo  # noqa: PLC0415 - only the compiled step needs it
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            compiled = COMPILED[model] = torch.compile(model.get_decoder(), dynamic=False)
+    return compiled
 
 
 class Slots:
@@ -123,9 +143,14 @@ class StaticForward:
     ``T`` nodes after ``length`` committed tokens; ``keep_path`` commits a path."""
 
     def __init__(self, model: PreTrainedModel, max_len: int, buckets: tuple[int, ...] = BUCKETS,
-                 vocab: int = 0, graphs: bool = False) -> None:
-        """``graphs``: capture each bucket as a CUDA graph at its first use, and replay it."""
+                 vocab: int = 0, graphs: bool = False, compile_upto: int = 0) -> None:
+        """``graphs``: capture each bucket as a CUDA graph at its first use, and replay it.
+        ``compile_upto``: buckets up to this size run the decoder through ``torch.compile``
+        (inductor fuses a layer's small kernels; one compile per bucket, captured the same way);
+        larger ones (a prefill's chunks, not launch-bound) stay eager."""
         self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
+        self.compile_upto = compile_upto
+        self.compiled = compiled_decoder(model) if compile_upto else None
         self.pool = None  # the buckets' shared graph memory pool (CUDA), made at the first capture
         self.device = model.device
         self.slots = Slots()
@@ -147,7 +172,8 @@ class StaticForward:
         """The model over ``bucket``'s buffers: (B, V) float32 logits (captured as is), the head
         limited to the first ``vocab`` rows as the dynamic path's (``lm_logits``)."""
         self.slots.current = bucket.slots
-        out = self.model.get_decoder()(input_ids=bucket.ids, position_ids=bucket.positions,
+        decoder = self.compiled if self.compiled is not None and bucket.size <= self.compile_upto else self.model.get_decoder()
+        out = decoder(input_ids=bucket.ids, position_ids=bucket.positions,
                                        attention_mask=bucket.mask, past_key_values=self.cache, use_cache=True)
         return lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
 
@@ -294,8 +320,12 @@ class StaticPool:
     """The static forwards of one model, kept between runs (their caches and, on CUDA, their
     graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
 
-    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM) -> None:
-        self.model, self.graphs, self.quantum = model, graphs, quantum
+    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM,
+                 compile_upto: int = 0) -> None:
+        """``compile_upto``: see ``StaticForward``; such a pool rounds its slot caches up to 4x
+        ``quantum``, so that fewer cache lengths each compile."""
+        self.model, self.graphs, self.compile_upto = model, graphs, compile_upto
+        self.quantum = quantum * 4 if compile_upto else quantum
         self.free: list[StaticForward] = []
         self.made = 0  # forwards built: with none in use, all of them are free
         self.lock = threading.Lock()
@@ -308,7 +338,7 @@ class StaticPool:
                 if sf.max_len >= tokens + max(sf.buckets) and sf.vocab == vocab:
                     return self.free.pop(i)
         max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
-        sf = StaticForward(self.model, max_len, vocab=vocab, graphs=self.graphs)
+        sf = StaticForward(self.model, max_len, vocab=vocab, graphs=self.graphs, compile_upto=self.compile_upto)
         with self.lock:
             self.made += 1
         return sf

@@ -1,4 +1,4 @@
-"""How an engine's models run: the step (``dynamic``, ``static`` or ``graphs``; see
+"""How an engine's models run: the step (``dynamic``, ``static``, ``graphs`` or ``compiled``; see
 ``talon.static``) and, on the static steps, the pools of preallocated forwards it keeps, one
 per model that verifies or drafts: the target's, the draft model's, the async forks' (eager
 under graphs: no graph is captured or replayed on the drafter thread, docs/gpu.md), and any
@@ -15,7 +15,7 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.models import LoadedModel
 from talon.run_config import RunConfig
-from talon.static import StaticPool, StaticTimer, StaticVerifier, resolve_step, spans_devices, static_timer
+from talon.static import COMPILED_UPTO, StaticPool, StaticTimer, StaticVerifier, resolve_step, spans_devices, static_timer
 from talon.verify import TargetVerifier
 
 
@@ -25,7 +25,8 @@ class StepForwards:
         split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
         self.step = resolve_step(step, target.device, split)
         self.target = target
-        self.graphs = self.step == "graphs"
+        self.graphs = self.step in ("graphs", "compiled")
+        self.compile_upto = COMPILED_UPTO if self.step == "compiled" else 0  # the drafting models' small buckets
         self._lock = threading.Lock()
         self._target: StaticPool | None = None
         self._pools: dict[int, tuple[StaticPool, StaticPool | None]] = {}  # id(model) -> (pool, async forks' pool)
@@ -38,7 +39,8 @@ class StepForwards:
         """The drafting ``model``'s pool and its async forks' (made at first use)."""
         with self._lock:
             if id(model) not in self._pools:
-                self._pools[id(model)] = (StaticPool(model, self.graphs), StaticPool(model) if self.graphs else None)
+                self._pools[id(model)] = (StaticPool(model, self.graphs, compile_upto=self.compile_upto),
+                                         StaticPool(model) if self.graphs else None)
             return self._pools[id(model)]
 
     def roles(self, draft: PreTrainedModel | None) -> dict[str, StaticPool]:

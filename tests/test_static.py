@@ -295,3 +295,55 @@ def test_auto_picks_graphs_on_one_cuda_device_only() -> None:
     assert resolve_step("auto", cuda, split=True) == "dynamic", "a pair spread over GPUs stays dynamic"
     with pytest.raises(ConfigError, match="spread over several GPUs"):
         resolve_step("static", cuda, split=True)
+
+
+def test_the_compiled_step_is_cuda_only_and_a_known_name() -> None:
+    from talon.static import resolve_step
+    from talon.run_config import ConfigError
+
+    assert resolve_step("compiled", torch.device("cuda")) == "compiled"
+    with pytest.raises(ConfigError, match="'compiled' replays CUDA graphs"):
+        resolve_step("compiled", torch.device("cpu"))
+
+
+def test_compiled_small_buckets_score_as_the_eager_forward(model) -> None:  # noqa: ANN001
+    """The ``compiled`` step's forward, run eagerly on the CPU: buckets up to ``compile_upto`` go
+    through torch.compile (inductor), larger ones stay eager, and both score as the plain forward."""
+    import torch._dynamo
+
+    tree = a_tree(int(PROMPT[-1]))  # 5 nodes: a bucket of 8, eager; its first 3: a bucket of 4, compiled
+    small = DraftTree.with_root(tree.tokens[0])
+    for parent, token in ((0, tree.tokens[1]), (1, tree.tokens[2])):
+        small.add(parent, token, 0.5, "model")
+    length = len(PROMPT) - 1
+    got = {}
+    torch._dynamo.reset()
+    for upto in (0, 4):
+        sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8), compile_upto=upto)
+        sf.prefill(PROMPT[:-1])  # 19 tokens: chunks of 8 and 8 (eager), then 3 in a bucket of 4 (compiled)
+        got[upto] = [sf.forward(torch.tensor(t.tokens), tree_positions(t, length), tree_mask(t), length).clone()
+                     for t in (small, tree)]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the compiled buckets really compiled"
+    assert talon.static.COMPILED.get(model) is not None
+    for want, have in zip(got[0], got[4]):
+        torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+
+
+def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from talon import zerogpu
+    from talon.run_config import ConfigError
+    from talon.settings import Settings
+    from talon.ui import models
+    from talon.ui.pair import PairKey
+
+    assert Settings.from_env({}).step == "auto"
+    assert Settings.from_env({"TALON_STEP": "Compiled"}).step == "compiled"
+    with pytest.raises(ConfigError, match="TALON_STEP must be one of"):
+        Settings.from_env({"TALON_STEP": "fast"})
+    loads = []
+    monkeypatch.setattr(models, "load_pair", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(zerogpu, "active", lambda: True)
+    key = PairKey("t", "d", "auto", "auto", "auto", False, "/tmp", "/tmp", step="compiled")
+    with pytest.raises(ConfigError, match="ZeroGPU does not support torch.compile"):
+        models.build_engine(key)
+    assert loads == [], "refused before any weight is loaded"

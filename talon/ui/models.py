@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(key: PairKey) -> Engine:
+    if key.step == "compiled" and zerogpu.active():
+        raise ConfigError("TALON_STEP=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
     target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
                                     key.cache_dir, key.draft_quant, key.target_weights)
-    return Engine(target_lm, draft_lm, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
+    return Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
 
 
 def free_device_bytes(device: str) -> int | None:
@@ -50,7 +52,7 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
         dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto", device=settings.device,
         draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
         cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
-        target_weights=preset.target_weights or settings.target_weights,
+        target_weights=preset.target_weights or settings.target_weights, step=settings.step,
     )
 
 

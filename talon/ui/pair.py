@@ -38,6 +38,7 @@ class PairKey:
     cache_dir: str
     cost_cache: str
     target_weights: str = "dense"
+    step: str = "auto"  # talon.static.resolve_step
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"

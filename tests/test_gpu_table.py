@@ -1,0 +1,46 @@
+"""The README's GPU table is a prediction from the committed curves (``data/gpu_costs``) replayed
+on the bundled lesson atlases: each figure must be what ``python -m talon atlas sweep`` predicts
+from them today, so a changed curve, planner or atlas cannot leave the table stale."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from talon.cli.main import main
+from talon.cost import CostModel
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = {"eager": "eager", "CUDA graphs (default)": "graph", "graphs, draft compiled": "compiled"}
+DRAFTERS = ("none", "retrieval", "model", "hybrid")
+
+
+def readme_rows() -> dict[str, list[float]]:
+    """The H100 table's tok/s per row, in the order none, retrieval, model, hybrid."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] in ROWS:
+            rows[ROWS[cells[0]]] = [float(re.sub(r"[^0-9.]", "", c.replace("tok/s", ""))) for c in cells[1:5]]
+    return rows
+
+
+def predicted(curve: Path, capsys: pytest.CaptureFixture[str]) -> list[float]:
+    assert main(["atlas", "sweep", str(ROOT / "data" / "lessons"), "--costs", str(curve),
+                 "--grid", "drafter=" + ",".join(DRAFTERS), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    by = {r["values"]["drafter"]: r["tokens_per_s"] for r in rows}
+    return [by[d] for d in DRAFTERS]
+
+
+def test_the_readme_gpu_table_is_the_sweep_of_the_committed_curves(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = readme_rows()
+    assert set(rows) == set(ROWS.values()), "every row of the README's H100 table was found"
+    for label, figures in rows.items():
+        curve = ROOT / "data" / "gpu_costs" / f"h100-80gb-hbm3-{label}-qwen2.5-7b.cost.json"
+        CostModel.from_dict(json.loads(curve.read_text()))  # a valid talon-cost/1 file
+        want = predicted(curve, capsys)
+        assert figures == pytest.approx(want, abs=0.06), f"{label}: the README says {figures}, the sweep {want}"
