@@ -106,6 +106,7 @@ class PairCheck:
     first, and each is gated before the check runs); ``peak`` what it holds at its peak when that
     is more (the fit test takes the larger)."""
 
+    key: str  # what ``--checks`` names it by, exactly
     name: str
     fn: Callable[[PairRun], Outcome]
     needs: tuple[Role, ...]
@@ -117,20 +118,20 @@ BF16_PAIR = (("target", BF16), ("draft", BF16))
 # What a Space meets first comes first: losslessness, async, memory and sampling on the default
 # step, then the other steps, the bf16 checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
-    PairCheck("lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
-    PairCheck("async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
+    PairCheck("lossless", "lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
+    PairCheck("async", "async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
               FP32_PAIR + (("small-target", F32),)),
-    PairCheck("memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
-    PairCheck("sampling: first token distributed as the target's softmax", sampling_distribution,
+    PairCheck("memory", "memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
+    PairCheck("sampling", "sampling: first token distributed as the target's softmax", sampling_distribution,
               FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
-    PairCheck("the other steps (dynamic, static; graphs are the default on CUDA): greedy equals generate()",
+    PairCheck("steps", "the other steps (dynamic, static; graphs are the default on CUDA): greedy equals generate()",
               static_step_lossless, FP32_PAIR),
-    PairCheck("bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
+    PairCheck("bf16", "bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
               peak=(("target", F32),)),
-    PairCheck("seeded sampling repeats", seeded_sampling, BF16_PAIR),
-    PairCheck("cost model on this device", cost_model, BF16_PAIR),
-    PairCheck("draft is the target: deep trees, full paths", draft_is_target, (("small-target", F32),)),
-    PairCheck("draft is the target + noise: partial acceptance", draft_is_noisy_target, (("small-target", F32),),
+    PairCheck("seeded", "seeded sampling repeats", seeded_sampling, BF16_PAIR),
+    PairCheck("costs", "cost model on this device", cost_model, BF16_PAIR),
+    PairCheck("deep", "draft is the target: deep trees, full paths", draft_is_target, (("small-target", F32),)),
+    PairCheck("noise", "draft is the target + noise: partial acceptance", draft_is_noisy_target, (("small-target", F32),),
               peak=(("small-target", F32),) * 2),
 ]
 
@@ -276,13 +277,35 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def choose_checks(keys: str, after: Path | None) -> list[PairCheck]:
+    """The pair checks to run: those ``keys`` names (comma list, exact), less those that passed
+    in the ``after`` stream (a check skipped there and passed in a later call counts as passed;
+    one that failed or was invalid for any pair runs again)."""
+    chosen = list(PAIR_CHECKS)
+    if keys:
+        wanted = [k for k in keys.split(",") if k]
+        unknown = sorted(set(wanted) - {c.key for c in PAIR_CHECKS})
+        if unknown:
+            raise ValueError(f"unknown check key(s) {', '.join(unknown)}: the keys are "
+                             + ", ".join(c.key for c in PAIR_CHECKS))
+        chosen = [c for c in chosen if c.key in wanted]
+    if after is not None:
+        lines = [json.loads(line) for line in after.read_text(encoding="utf-8").splitlines() if line.strip()]
+        failed = {x["name"] for x in lines if not x.get("ok") and not x.get("skipped")}
+        passed = {x["name"] for x in lines if x.get("ok")} - failed
+        chosen = [c for c in chosen if c.name not in passed]
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="shrunk shapes on the CPU, in minutes (the test suite runs this)")
     p.add_argument("--pairs", default="", help="comma list of preset keys (default: every GPU preset)")
     p.add_argument("--no-app", action="store_true", help="skip starting the app")
-    p.add_argument("--checks", default="",
-                   help="comma list of words: run only the pair checks whose name contains one (and no once-per-run check)")
+    p.add_argument("--checks", default="", help="comma list of check keys (" + ", ".join(c.key for c in PAIR_CHECKS)
+                   + "): run only those pair checks (and no once-per-run check)")
+    p.add_argument("--after", type=Path, default=None,
+                   help="a --stream file of an earlier run: run only the pair checks that did not pass there")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     p.add_argument("--stream", type=Path, default=None,
                    help="write one JSON line per check here as each ends (a time limit loses only the check in flight)")
@@ -294,11 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --tiny for the CPU-sized checks", file=sys.stderr)
         return 2
     deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s
-    if args.checks:
-        words = [w for w in args.checks.split(",") if w]
-        PAIR_CHECKS[:] = [c for c in PAIR_CHECKS if any(w in c.name for w in words)]
+    try:
+        chosen = choose_checks(args.checks, args.after)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    PAIR_CHECKS[:] = chosen
+    once = not args.checks and args.after is None
     report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
-                        stream=Stream(args.stream, deadline), once=not args.checks, tiny_on_cuda=args.tiny_on_cuda)
+                        stream=Stream(args.stream, deadline), once=once, tiny_on_cuda=args.tiny_on_cuda)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

@@ -229,7 +229,7 @@ def test_the_memory_check_runs_with_every_earlier_model_dropped(gpu_check, monke
 
     monkeypatch.setattr(part("gpu_pairs"), "random_model", tracked)
     only_checks(gpu_check, monkeypatch, named(gpu_check, "seeded sampling"), named(gpu_check, "draft is the target:"),
-                gpu_check.PairCheck("probe", alive_now, ()), named(gpu_check, "memory"))
+                gpu_check.PairCheck("probe", "probe", alive_now, ()), named(gpu_check, "memory"))
     checks = gpu_check.run_pair(gpu_check.pair_specs(True, {"qwen2.5-7b"})[0], CPU, True)
     assert all(c.ok for c in checks), [c.detail for c in checks]
     assert {k: checks[2].detail[k] for k in ("alive", "built")} == {"alive": 0, "built": 3}
@@ -294,3 +294,20 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
     plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
     assert not ok and detail["steps"] == ["static"] and detail["failures"]
+
+
+def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check, tmp_path: Path) -> None:
+    """``--checks async`` once also ran "lossless float32 (every drafter x tree x async)" on a
+    lent GPU (a word inside a name): keys are exact now, and ``--after`` reruns only what did not
+    pass, here after the H100 run whose time ran out."""
+    assert [c.key for c in gpu_check.choose_checks("async", None)] == ["async"]
+    with pytest.raises(ValueError, match="unknown check key.*the keys are lossless, async"):
+        gpu_check.choose_checks("asyncc", None)
+    run = REPO / "docs" / "gpu_runs" / "2026-11-26-h100-check-graphs.jsonl"
+    rest = [c.key for c in gpu_check.choose_checks("", run)]
+    assert rest == ["memory", "bf16", "seeded", "costs", "deep", "noise"]
+    stream = tmp_path / "s.jsonl"
+    stream.write_text(json.dumps({"name": named(gpu_check, "memory").name, "ok": False}) + "\n"
+                      + json.dumps({"name": named(gpu_check, "bf16").name, "ok": True}) + "\n")
+    assert [c.key for c in gpu_check.choose_checks("memory,bf16,seeded", stream)] == ["memory", "seeded"]
+    assert gpu_check.main(["--tiny", "--checks", "nope"]) == 2
