@@ -391,3 +391,12 @@ def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: DecodeV
 def test_error_messages_quoting_user_input_are_escaped() -> None:
     error = user_error("tree mode must be one of ('adaptive',), got '<img src=x onerror=alert(1)>'")
     assert "<img" not in error.message and "&lt;img" in error.message and "'adaptive'" in error.message
+
+
+def test_a_starting_run_says_the_figures_below_are_the_earlier_run(view: DecodeView) -> None:
+    """Until the first step arrives (the prompt's prefill: 10-20 s on a 2-core CPU) the caption says
+    so, instead of the recording's step sitting next to an emptied text."""
+    session = Session()
+    first = next(make_generate(view, Settings())("abc abc abc", session, max_new_tokens=8))
+    assert "Reading the prompt" in first[view.caption] and "earlier run" in first[view.caption]
+    assert 'data-step="' not in first[view.text]

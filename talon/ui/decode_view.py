@@ -112,6 +112,7 @@ class DecodeView:
         steps = session.steps
         if not steps:  # a run is starting: what was on screen (an earlier run, the recording) goes
             updates[self.text] = F.text_html([])
+            updates[self.caption] = STARTING
         elif session.step_through:
             updates[self.text] = F.text_html(
                 [], status=f"{len(steps)} steps recorded; step-through reveals them after the run."
@@ -124,6 +125,10 @@ class DecodeView:
                 updates[self.per_step] = F.accepted_per_step_figure(steps, session.shown)
         return updates
 
+
+# the step caption while a run reads its prompt (on a 2-core CPU, 10-20 s before the first step)
+STARTING = ('<div class="talon-caption"><b>Reading the prompt.</b> The new run\'s first step appears here; '
+            "until then the figures below still show the earlier run.</div>")
 
 AUTOREGRESSIVE = {"drafter": "none", "async_draft": False}  # the baseline: one target forward per token
 
