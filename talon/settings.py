@@ -65,7 +65,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "How forwards run: auto (CUDA graphs on one GPU, the dynamic cache elsewhere), dynamic, "
         "static, graphs, or compiled (graphs with the draft model's small steps through "
-        "torch.compile: faster drafts, about 35 s of compiling per step size at first use; not on ZeroGPU).",
+        "torch.compile: faster drafts, a few minutes of compiling when the pair loads; not on ZeroGPU).",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",

@@ -58,7 +58,7 @@ def resolve_step(step: str, device: torch.device, split: bool = False) -> str:
     elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
     over several GPUs (a graph is captured on one device's stream). ``compiled`` is graphs with
     the draft model's small buckets through ``torch.compile`` (opt-in: each bucket compiles for
-    about 35 s at its first use, and ZeroGPU does not support it)."""
+    about 30 s, at start-up, and ZeroGPU does not support it)."""
     if step not in STEPS:
         raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
     if step == "auto":
@@ -346,6 +346,26 @@ class StaticPool:
     def give(self, sf: StaticForward) -> None:
         with self.lock:
             self.free.append(sf)
+
+    def precompile(self) -> float:
+        """Compile (and on CUDA capture) every compiled bucket now, on a forward the pool keeps,
+        so that no run pays for it (about 30 s a bucket on an H100); seconds taken. Nothing to do
+        for a pool that compiles nothing."""
+        if not self.compile_upto:
+            return 0.0
+        start = time.perf_counter()
+        sf = self.take(0)
+        try:
+            if self.graphs:
+                sf.capture(0)
+            else:  # eager (the CPU): one forward per bucket, largest first as ``capture`` (an
+                # eager one fills the cache's layers first, as a run's prefill does)
+                for size in sorted(sf.buckets, reverse=True):
+                    sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(size),
+                               torch.ones(size, size, dtype=torch.bool).tril(), 0)
+        finally:
+            self.give(sf)
+        return time.perf_counter() - start
 
 
 class StaticVerifier(TargetVerifier):

@@ -347,3 +347,24 @@ def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeyp
     with pytest.raises(ConfigError, match="ZeroGPU does not support torch.compile"):
         models.build_engine(key)
     assert loads == [], "refused before any weight is loaded"
+
+
+def test_a_precompiled_pool_compiles_nothing_in_a_run(model) -> None:  # noqa: ANN001
+    """``StaticPool.precompile`` (the compiled step's start-up) compiles every small bucket on a
+    forward the pool keeps; a run's forwards then compile nothing more."""
+    import torch._dynamo
+
+    from talon.static import StaticPool
+
+    torch._dynamo.reset()
+    pool = StaticPool(model, compile_upto=4, quantum=64)
+    assert StaticPool(model).precompile() == 0.0, "a pool that compiles nothing has nothing to do"
+    assert pool.precompile() > 0 and len(pool.free) == 1
+    compiled = dict(torch._dynamo.utils.counters["stats"])
+    sf = pool.take(len(PROMPT) + 4)
+    sf.prefill(PROMPT[:-1])  # 19 tokens: the last 3 in a bucket of 4, compiled at start
+    length = len(PROMPT) - 1
+    for size in (1, 2, 4):
+        sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(length, length + size),
+                   torch.ones(size, size, dtype=torch.bool).tril(), length)
+    assert dict(torch._dynamo.utils.counters["stats"]) == compiled, "no compile during the run"

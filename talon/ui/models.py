@@ -32,7 +32,10 @@ def build_engine(key: PairKey) -> Engine:
         raise ConfigError("TALON_STEP=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
     target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
                                     key.cache_dir, key.draft_quant, key.target_weights)
-    return Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
+    engine = Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
+    if engine.step == "compiled":
+        log.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
+    return engine
 
 
 def free_device_bytes(device: str) -> int | None:
