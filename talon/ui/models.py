@@ -33,7 +33,7 @@ def build_engine(key: PairKey) -> Engine:
     target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
                                     key.cache_dir, key.draft_quant, key.target_weights)
     engine = Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None)
-    if engine.step == "compiled":
+    if key.step == "compiled":  # (resolve_step refused it off CUDA)
         log.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
     return engine
 
