@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from talon.decode import Engine, generate  # noqa: E402
+from talon.run_config import RunConfig, TreeConfig  # noqa: E402
 from talon.static import StaticForward  # noqa: E402
-from gpu_pairs import BF16, pair_specs, random_model  # noqa: E402
-from gpu_speed import PREFIX, bucket_times  # noqa: E402
+from gpu_pairs import BF16, pair_specs, random_ids, random_model  # noqa: E402
+from gpu_speed import PREFIX, bucket_times, step_split  # noqa: E402
 
 
 def compare(model: torch.nn.Module, sizes: list[int]) -> dict[str, Any]:
@@ -57,11 +59,6 @@ def loop(spec, tokens: int) -> dict[str, Any]:  # noqa: ANN001 - PairSpec
     """Talon's loop, drafter ``model`` with chain trees (every draft forward a bucket of 1, so
     the compiled step compiles once), on ``graphs`` and on ``compiled``: ms a step, its split,
     and whether both produced the same tokens (the same verifier; only the drafts differ)."""
-    from talon.decode import Engine, generate
-    from talon.run_config import RunConfig, TreeConfig
-    from gpu_pairs import random_ids
-    from gpu_speed import step_split
-
     device = torch.device("cuda")
     target = random_model(spec.target, spec.family, 1, BF16, device, chain_vocab=spec.draft.vocab)
     draft = random_model(spec.draft, spec.family, 2, BF16, device, chain_vocab=spec.draft.vocab, untie=False)

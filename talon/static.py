@@ -44,6 +44,7 @@ CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
 
 
+COMPILE_LOCK = threading.Lock()  # one torch.compile wrapper per model, made once
 COMPILED: "weakref.WeakKeyDictionary[PreTrainedModel, torch.nn.Module]" = weakref.WeakKeyDictionary()
 COMPILED_UPTO = 32  # on the ``compiled`` step, the draft's buckets up to this size run torch.compile'd
 
@@ -83,7 +84,7 @@ def compiled_decoder(model: PreTrainedModel):  # noqa: ANN201 - a torch.compile 
     Every (bucket, cache length) compiles once, so dynamo's recompile limit (8 per function) is
     raised to hold a server's buckets and slot-cache sizes (past it, dynamo would fall back to
     eager without a word)."""
-    with CAPTURE_LOCK:
+    with COMPILE_LOCK:
         compiled = COMPILED.get(model)
         if compiled is None:
             import torch._dynamo  # noqa: PLC0415 - only the compiled step needs it
@@ -355,14 +356,11 @@ class StaticPool:
             return 0.0
         start = time.perf_counter()
         sf = self.take(0)
-        try:
-            if self.graphs:
-                sf.capture(0)
-            else:  # eager (the CPU): one forward per bucket, largest first as ``capture`` (an
-                # eager one fills the cache's layers first, as a run's prefill does)
-                for size in sorted(sf.buckets, reverse=True):
-                    sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(size),
-                               torch.ones(size, size, dtype=torch.bool).tril(), 0)
+        try:  # one forward per bucket (each captured at its first use under graphs), largest first:
+            # an eager one fills the cache's layers first, as a run's prefill does
+            for size in sorted(sf.buckets, reverse=True):
+                sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(size),
+                           torch.ones(size, size, dtype=torch.bool).tril(), 0)
         finally:
             self.give(sf)
         return time.perf_counter() - start
