@@ -30,7 +30,7 @@ from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
-from talon.static import StaticPool
+from talon.static_pool import StaticPool
 from talon.steps import StepForwards
 from talon.verify import Verdict, head_rows
 

@@ -9,10 +9,15 @@ live as long as the model does:
 * the KV cache is ``max_len`` slots per layer (``SlotLayer``), written where ``slots`` says, not
   appended: a step's nodes go into the slots after the committed tokens;
 * ``T`` nodes go in as a bucket of ``B >= T`` (1, 2, 4, ... 256, 257): the pads are token 0 at the last
-  node's position, each seeing only its own slot (never a fully masked row, which would make
-  NaNs that a masked score cannot hide), and no real node sees a pad;
-* the 4D additive mask covers all ``max_len`` slots: the committed prefix, the node's ancestors;
-  a slot past them is masked, whatever stale entry it holds (finite, so masked to zero weight);
+  node's position, each seeing the prefix and its own slot (never a fully masked row, which
+  would make NaNs that a masked score cannot hide), and no real node sees a pad;
+* a step's inputs cross to the device in one copy of packed bytes (``fill``): length, base, ids,
+  positions, each node's slots from earlier draft layers, and which of the step's own slots it
+  sees. The forward makes the rest from them, so a graph replays it too: the slots it writes
+  and the 4D additive mask over all ``max_len`` slots (the committed prefix, the node's
+  ancestors; a slot past them is masked, whatever stale entry it holds: finite, so masked to
+  zero weight); a drafting forward also reads out each node's top-K children (``top``), so a
+  draft layer is a replay and one copy back;
 * keeping the accepted path moves its entries to the slots right after the prefix
   (``keep_path``), inside the same tensors.
 
@@ -29,16 +34,15 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
-from talon.knobs import STEPS
-from talon.models.memory import GRAPH_BUCKET, SLOT_QUANTUM
-from talon.rng import generator_for
-from talon.run_config import ConfigError, SamplingConfig
-from talon.tree import DraftTree
-from talon.verify import head_device, lm_logits, TargetVerifier, tree_mask, tree_positions, Verdict
+from talon.knobs import KNOB, STEPS
+from talon.models.memory import GRAPH_BUCKET
+from talon.run_config import ConfigError
+from talon.verify import lm_logits
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
@@ -47,6 +51,8 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tre
 COMPILE_LOCK = threading.Lock()  # one torch.compile wrapper per model, made once
 COMPILED: "weakref.WeakKeyDictionary[PreTrainedModel, torch.nn.Module]" = weakref.WeakKeyDictionary()
 COMPILED_UPTO = 32  # on the ``compiled`` step, the draft's buckets up to this size run torch.compile'd
+EARLIER = int(KNOB["max_depth"].hi)  # a drafted node's ancestors from earlier layers: at most the deepest tree
+READOUT_K = int(max(KNOB["root_k"].hi, KNOB["top_k"].hi))  # a drafting forward's top-K, in the forward
 
 
 def spans_devices(model: PreTrainedModel) -> bool:
@@ -119,15 +125,28 @@ class SlotLayer(StaticLayer):
 
 @dataclass
 class Bucket:
-    """The static buffers of one size, and its graph once captured."""
+    """The static buffers of one size, and its graph once captured. A step's inputs arrive in
+    ``packed`` with one copy to the device (``StaticForward.fill``); the mask, the slots and the
+    readout are made from it inside the forward, so that a graph replays them too."""
 
     size: int
-    ids: torch.Tensor  # (1, B) long
-    positions: torch.Tensor  # (1, B) long
-    slots: torch.Tensor  # (B,) long
-    mask: torch.Tensor  # (1, 1, B, L) additive, the model's dtype
-    logits: torch.Tensor | None = None  # (B, V) float32: the graph's output
+    earlier: int  # E: the slots from earlier layers of a step a node may see (drafting forwards)
+    packed: torch.Tensor  # (8 * (2 + 2B + B*E) + B*B,) uint8: see ``StaticForward.pack``
+    logits: torch.Tensor | None = None  # (B, V) float32: the forward's output
+    top: torch.Tensor | None = None  # (B, 2K) float64: top-K probabilities, then their ids (drafting)
     graph: "torch.cuda.CUDAGraph | None" = None
+
+    @property
+    def ints(self) -> torch.Tensor:
+        """(2 + 2B + B*E,) int64: length, base, ids, positions, earlier slots (row-major)."""
+        b, e = self.size, self.earlier
+        return self.packed[: 8 * (2 + 2 * b + b * e)].view(torch.int64)
+
+    @property
+    def window(self) -> torch.Tensor:
+        """(B, B) uint8: which of the step's own slots (``length ..``) each row sees."""
+        b = self.size
+        return self.packed[8 * (2 + 2 * b + b * self.earlier):].view(b, b)
 
 
 @dataclass
@@ -141,70 +160,120 @@ class CaptureReport:
 
 class StaticForward:
     """One model, its slot cache of ``max_len`` and a buffer set per bucket. ``forward`` scores
-    ``T`` nodes after ``length`` committed tokens; ``keep_path`` commits a path."""
+    ``T`` nodes after ``length`` committed tokens (``top``: their top-k children, for a drafting
+    forward); ``keep_path`` commits a path."""
 
     def __init__(self, model: PreTrainedModel, max_len: int, buckets: tuple[int, ...] = BUCKETS,
-                 vocab: int = 0, graphs: bool = False, compile_upto: int = 0) -> None:
+                 vocab: int = 0, graphs: bool = False, compile_upto: int = 0, drafts: bool = False) -> None:
         """``graphs``: capture each bucket as a CUDA graph at its first use, and replay it.
         ``compile_upto``: buckets up to this size run the decoder through ``torch.compile``
         (inductor fuses a layer's small kernels; one compile per bucket, captured the same way);
-        larger ones (a prefill's chunks, not launch-bound) stay eager."""
+        larger ones (a prefill's chunks, not launch-bound) stay eager. ``drafts``: a drafting
+        model's forward: its nodes may see slots of earlier layers (up to ``EARLIER``), and it
+        reads out each node's top ``READOUT_K`` children inside the forward (``top``)."""
         self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
         self.compile_upto = compile_upto
         self.compiled = compiled_decoder(model) if compile_upto else None
+        self.earlier, self.readout_k = (EARLIER, READOUT_K) if drafts else (0, 0)
         self.pool = None  # the buckets' shared graph memory pool (CUDA), made at the first capture
         self.device = model.device
         self.slots = Slots()
         layers = model.config.num_hidden_layers
         self.cache = Cache(layers=[SlotLayer(max_len, self.slots) for _ in range(layers)])
+        self.columns = torch.arange(max_len, device=self.device)  # (L,): slot numbers, read by the mask
         self.buckets = {b: self._buffers(b) for b in buckets}
         self.minimum = torch.finfo(model.dtype).min
         self.capture_report = CaptureReport()
 
     def _buffers(self, size: int) -> Bucket:
-        d = self.device
-        return Bucket(size, torch.zeros(1, size, dtype=torch.long, device=d),
-                      torch.zeros(1, size, dtype=torch.long, device=d), torch.arange(size, device=d),
-                      torch.zeros(1, 1, size, self.max_len, dtype=self.model.dtype, device=d))
+        nbytes = 8 * (2 + 2 * size + size * self.earlier) + size * size
+        return Bucket(size, self.earlier, torch.zeros(nbytes, dtype=torch.uint8, device=self.device))
 
     # ------------------------------------------------------------------ the step
 
     def _run(self, bucket: Bucket) -> torch.Tensor:
-        """The model over ``bucket``'s buffers: (B, V) float32 logits (captured as is), the head
-        limited to the first ``vocab`` rows as the dynamic path's (``lm_logits``)."""
-        self.slots.current = bucket.slots
-        decoder = self.compiled if self.compiled is not None and bucket.size <= self.compile_upto else self.model.get_decoder()
-        out = decoder(input_ids=bucket.ids, position_ids=bucket.positions,
-                                       attention_mask=bucket.mask, past_key_values=self.cache, use_cache=True)
-        return lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
+        """The model over ``bucket``'s packed inputs: (B, V) float32 logits (captured as is), the
+        head limited to the first ``vocab`` rows as the dynamic path's (``lm_logits``); a drafting
+        forward's top-K table too (``bucket.top``). Every operation reads device buffers only, so
+        the whole of it replays as one graph."""
+        b, e = bucket.size, bucket.earlier
+        ints = bucket.ints
+        length, base = ints[0], ints[1]
+        ids, positions = ints[2:2 + b].view(1, b), ints[2 + b:2 + 2 * b].view(1, b)
+        own = length + self.columns[:b]  # (B,): the slots this step writes
+        self.slots.current = own
+        seen = torch.zeros(b, self.max_len + 1, dtype=torch.uint8, device=self.device)  # the last: a sink
+        seen.scatter_(1, own.expand(b, b), bucket.window)  # the step's own slots: ancestors, itself
+        if e:  # ancestors written by earlier layers (the sink where a row has fewer)
+            seen.scatter_(1, ints[2 + 2 * b:].view(b, e), 1)
+        visible = seen[:, :-1].bool() | (self.columns < base)  # and the committed prefix
+        mask = torch.where(visible, 0.0, self.minimum).to(self.model.dtype).view(1, 1, b, self.max_len)
+        decoder = self.compiled if self.compiled is not None and b <= self.compile_upto else self.model.get_decoder()
+        out = decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
+                      past_key_values=self.cache, use_cache=True)
+        logits = lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
+        if self.readout_k:
+            q, top = torch.softmax(logits, dim=-1).topk(min(self.readout_k, logits.shape[-1]), dim=-1)
+            bucket.top = torch.cat([q.double(), top.double()], dim=1)  # (B, 2K): one copy back
+        return logits
+
+    def pack(self, bucket: Bucket, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+             length: int, base: int) -> np.ndarray:
+        """One step's inputs as ``bucket.packed``'s bytes, built on the host: length, base, the
+        ids and positions (pads: token 0 at the last node's position), each row's slots from
+        earlier layers (``base .. length - 1``; the sink ``max_len`` past its own), and the
+        (B, B) window of the step's own slots (a pad sees itself only)."""
+        t, b, e = ids.shape[0], bucket.size, bucket.earlier
+        out = np.zeros(bucket.packed.shape[0], dtype=np.uint8)
+        ints = out[: 8 * (2 + 2 * b + b * e)].view(np.int64)
+        ints[0], ints[1] = length, base
+        ints[2:2 + t] = ids.numpy()
+        ints[2 + b:2 + b + t] = positions.numpy()
+        ints[2 + b + t:2 + 2 * b] = int(positions[-1])
+        vis = visible.numpy()
+        early = vis[:, : length - base]
+        counts = early.sum(axis=1)
+        if counts.size and counts.max() > e:
+            raise ValueError(f"a node sees {int(counts.max())} slots of earlier layers; this forward holds {e}")
+        if e:
+            slots = ints[2 + 2 * b:].reshape(b, e)
+            slots.fill(self.max_len)
+            rows, cols = np.nonzero(early)
+            rank = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+            slots[rows, rank] = base + cols
+        window = out[8 * (2 + 2 * b + b * e):].reshape(b, b)
+        window[:t, :t] = vis[:, length - base:]
+        window[np.arange(t, b), np.arange(t, b)] = 1
+        return out
 
     def fill(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
              base: int | None = None) -> Bucket:
-        """Copy one step into its bucket's buffers: ``T`` nodes written at slots ``length ..
-        length + T - 1``. ids, positions: (T,) long. Every node sees slots ``0 .. base - 1``
-        (``base`` defaults to ``length``: the committed prefix); ``visible``: (T, length - base + T)
-        bool says which of the slots ``base .. length + T - 1`` it sees too (its ancestors, written
-        by this step or, for a drafter, by its earlier layers, and itself)."""
+        """Copy one step into its bucket's buffers, in one copy: ``T`` nodes written at slots
+        ``length .. length + T - 1``. ids, positions: (T,) long. Every node sees slots ``0 .. base
+        - 1`` (``base`` defaults to ``length``: the committed prefix); ``visible``: (T, length -
+        base + T) bool says which of the slots ``base .. length + T - 1`` it sees too (its
+        ancestors, written by this step or, for a drafter, by its earlier layers, and itself)."""
         t = ids.shape[0]
         base = length if base is None else base
         bucket = self.buckets[bucket_for(t, tuple(self.buckets))]
-        b = bucket.size
-        if length + b > self.max_len:
-            raise ValueError(f"{length} tokens + a bucket of {b} exceed the static cache ({self.max_len} slots)")
+        if length + bucket.size > self.max_len:
+            raise ValueError(f"{length} tokens + a bucket of {bucket.size} exceed the static cache ({self.max_len} slots)")
         if visible.shape != (t, length - base + t):
             raise ValueError(f"visible is {tuple(visible.shape)}, not ({t}, {length - base + t})")
-        bucket.ids.zero_()
-        bucket.ids[0, :t].copy_(ids, non_blocking=True)
-        bucket.positions[0, :t].copy_(positions, non_blocking=True)
-        bucket.positions[0, t:] = bucket.positions[0, t - 1]  # pads sit at the last node's position
-        torch.arange(length, length + b, out=bucket.slots)
-        mask = bucket.mask[0, 0]  # (B, L)
-        mask.fill_(self.minimum)
-        mask[:t, :base] = 0.0  # every node sees the committed prefix
-        seen = mask[:t, base:length + t]
-        seen.masked_fill_(visible.to(self.device, non_blocking=True), 0.0)  # and its ancestors
-        pads = torch.arange(t, b, device=self.device)
-        mask[pads, length + pads] = 0.0  # a pad sees itself only
+        packed = self.pack(bucket, ids.cpu(), positions.cpu(), visible.cpu(), length, base)
+        bucket.packed.copy_(torch.from_numpy(packed), non_blocking=True)  # pageable: staged before it returns
+        return bucket
+
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
+              base: int | None) -> Bucket:
+        """Fill a bucket and run it: a replay of its graph when one was captured."""
+        bucket = self.fill(ids, positions, visible, length, base)
+        if bucket.graph is None and self.graphs:
+            self._capture(bucket)  # its warm-ups write this step's own entries: harmless
+        if bucket.graph is not None:
+            bucket.graph.replay()
+        else:
+            bucket.logits = self._run(bucket)
         return bucket
 
     @torch.inference_mode()
@@ -212,28 +281,46 @@ class StaticForward:
                 base: int | None = None) -> torch.Tensor:
         """(T, V) float32 logits of ``T`` nodes written after slot ``length`` (see ``fill``); a
         replay of the bucket's graph when one was captured."""
-        t = ids.shape[0]
-        bucket = self.fill(ids, positions, visible, length, base)
-        if bucket.graph is None and self.graphs:
-            self._capture(bucket)  # its warm-ups write this step's own entries: harmless
-        if bucket.graph is not None:
-            bucket.graph.replay()
-            return bucket.logits[:t]
-        return self._run(bucket)[:t]
+        return self._step(ids, positions, visible, length, base).logits[:ids.shape[0]]
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def top(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int, k: int,
+            base: int | None = None) -> tuple[list[list[float]], list[list[int]]]:
+        """A drafting forward's readout: each of the ``T`` nodes' top-``k`` children (their
+        probabilities, their ids), made inside the forward and copied back at once."""
+        return self.read_top(self._step(ids, positions, visible, length, base), ids.shape[0], k)
+
+    def read_top(self, bucket: Bucket, rows: int, k: int, last: bool = False) -> tuple[list[list[float]], list[list[int]]]:
+        """The first ``rows`` rows of ``bucket``'s top-K table (``last``: row ``rows - 1`` alone),
+        cut to ``k`` children: one copy to the host."""
+        if not self.readout_k or k > self.readout_k:
+            raise ValueError(f"this forward reads out {self.readout_k} children a node, not {k}")
+        table = (bucket.top[rows - 1:rows] if last else bucket.top[:rows]).cpu().numpy()
+        return table[:, :k].tolist(), table[:, self.readout_k:self.readout_k + k].astype(np.int64).tolist()
+
+    def _prefill(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
         """Write ``P`` tokens' entries, causally, into slots ``start .. start + P - 1`` (the
-        tokens at those positions), bucket by bucket; the last one's logits, (1, V)."""
+        tokens at those positions), a bucket at a time, each chunk seeing every slot before it as
+        committed; the last chunk's bucket and its size."""
         step = max(self.buckets)
-        logits = None
         for at in range(0, ids.shape[0], step):
             chunk = ids[at:at + step]
             t, length = chunk.shape[0], start + at
-            causal = torch.ones(t, t, dtype=torch.bool).tril()
-            visible = torch.cat([torch.ones(t, at, dtype=torch.bool), causal], dim=1)
-            logits = self.forward(chunk, torch.arange(length, length + t), visible, length, base=start)
-        return logits[-1:]
+            bucket = self._step(chunk, torch.arange(length, length + t), torch.ones(t, t, dtype=torch.bool).tril(),
+                                length, None)
+        return bucket, t
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``_prefill``; the last token's logits, (1, V)."""
+        bucket, t = self._prefill(ids, start)
+        return bucket.logits[t - 1:t]
+
+    @torch.inference_mode()
+    def prefill_top(self, ids: torch.Tensor, start: int, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """``_prefill`` on a drafting forward; the last token's top-``k`` children (``top``)."""
+        bucket, t = self._prefill(ids, start)
+        return self.read_top(bucket, t, k, last=True)
 
     @torch.inference_mode()
     def keep_path(self, length: int, path: list[int]) -> None:
@@ -312,124 +399,3 @@ class StaticForward:
             report.buckets = sorted([*report.buckets, bucket.size])
             report.seconds += time.perf_counter() - start
             report.pool_bytes += torch.cuda.memory_reserved(self.device) - before
-
-
-# ------------------------------------------------------------------ the loop's verifier
-
-
-class StaticPool:
-    """The static forwards of one model, kept between runs (their caches and, on CUDA, their
-    graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
-
-    def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM,
-                 compile_upto: int = 0) -> None:
-        """``compile_upto``: see ``StaticForward``; such a pool rounds its slot caches up to 4x
-        ``quantum``, so that fewer cache lengths each compile."""
-        self.model, self.graphs, self.compile_upto = model, graphs, compile_upto
-        self.quantum = quantum * 4 if compile_upto else quantum
-        self.free: list[StaticForward] = []
-        self.made = 0  # forwards built: with none in use, all of them are free
-        self.lock = threading.Lock()
-
-    def take(self, tokens: int, vocab: int = 0) -> StaticForward:
-        """A static forward whose cache holds ``tokens`` plus the largest bucket, its head over the
-        first ``vocab`` ids (0: all)."""
-        with self.lock:
-            for i, sf in enumerate(self.free):
-                if sf.max_len >= tokens + max(sf.buckets) and sf.vocab == vocab:
-                    return self.free.pop(i)
-        max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
-        sf = StaticForward(self.model, max_len, vocab=vocab, graphs=self.graphs, compile_upto=self.compile_upto)
-        with self.lock:
-            self.made += 1
-        return sf
-
-    def give(self, sf: StaticForward) -> None:
-        with self.lock:
-            self.free.append(sf)
-
-    def precompile(self) -> float:
-        """Compile (and on CUDA capture) every compiled bucket now, on a forward the pool keeps,
-        so that no run pays for it (about 30 s a bucket on an H100); seconds taken. Nothing to do
-        for a pool that compiles nothing."""
-        if not self.compile_upto:
-            return 0.0
-        start = time.perf_counter()
-        sf = self.take(0)
-        try:  # one forward per bucket (each captured at its first use under graphs), largest first:
-            # an eager one fills the cache's layers first, as a run's prefill does
-            for size in sorted(sf.buckets, reverse=True):
-                sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(size),
-                           torch.ones(size, size, dtype=torch.bool).tril(), 0)
-        finally:
-            self.give(sf)
-        return time.perf_counter() - start
-
-
-class StaticVerifier(TargetVerifier):
-    """``TargetVerifier`` on a static forward: the same verdicts, from a preallocated cache at
-    bucketed sizes (graph replays where the pool captured them). ``close`` gives the forward back."""
-
-    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, pool: StaticPool, tokens: int,
-                 capture_all: bool = False) -> None:
-        """``capture_all``: capture every bucket now (before another thread drafts: see
-        ``Engine.run``), not each at its first use."""
-        self.model, self.sampling, self.pool = model, sampling, pool
-        self.generator = generator_for(head_device(model), sampling.seed)
-        self.static: StaticForward | None = pool.take(tokens)
-        if capture_all and self.static.graphs:
-            self.static.capture(0)
-        self.cache = self.static.cache
-        self.length = 0  # committed tokens in the cache (all but the root)
-
-    def prefill(self, ids: list[int]) -> None:
-        if len(ids) > 1:
-            self.static.prefill(torch.tensor(ids[:-1]))
-        self.length = len(ids) - 1
-
-    def verify(self, tree: DraftTree) -> Verdict:
-        positions = tree_positions(tree, self.length)  # (T,)
-        logits = self.static.forward(torch.tensor(tree.tokens), positions, tree_mask(tree), self.length)
-        return self.judge(tree, logits, positions)
-
-    def commit(self, verdict: Verdict) -> None:
-        accepted = verdict.acceptance.accepted
-        self.static.keep_path(self.length, accepted)
-        self.length += len(accepted)
-
-    def close(self) -> None:
-        if self.static is not None:
-            self.pool.give(self.static)
-            self.static = None
-
-
-class StaticTimer:
-    """The cost probe's timer on the static step (``talon.cost_probe.probe_costs(timers=...)``): one
-    forward of ``size`` new nodes after a ``prefix``-token slot cache, graphs replayed where the
-    pool captured them; ``close`` gives the forward back."""
-
-    def __init__(self, pool: StaticPool, prefix: int, vocab: int, max_size: int) -> None:
-        self.pool, self.prefix, self.vocab = pool, prefix, vocab
-        self.static = pool.take(prefix + max_size, vocab)
-        model = pool.model
-        self.ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
-        self.static.prefill(self.ids[:prefix])
-
-    def __call__(self, size: int) -> float:
-        device = self.static.device
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
-        p = self.prefix
-        causal = torch.ones(size, size, dtype=torch.bool).tril()
-        sync(device)
-        start = time.perf_counter()
-        self.static.forward(self.ids[p:p + size], torch.arange(p, p + size), causal, p).argmax(-1)
-        sync(device)
-        return time.perf_counter() - start
-
-    def close(self) -> None:
-        self.pool.give(self.static)
-
-
-def static_timer(pool: StaticPool):  # noqa: ANN201 - a talon.cost_probe.Timer
-    """A ``talon.cost_probe.Timer`` over ``pool``'s model (the model argument is the pool's)."""
-    return lambda _model, prefix, vocab, max_size: StaticTimer(pool, prefix, vocab, max_size)

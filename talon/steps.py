@@ -15,7 +15,8 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.models import LoadedModel
 from talon.run_config import RunConfig
-from talon.static import COMPILED_UPTO, StaticPool, StaticTimer, StaticVerifier, resolve_step, spans_devices, static_timer
+from talon.static import COMPILED_UPTO, resolve_step, spans_devices
+from talon.static_pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.verify import TargetVerifier
 
 
@@ -39,8 +40,8 @@ class StepForwards:
         """The drafting ``model``'s pool and its async forks' (made at first use)."""
         with self._lock:
             if id(model) not in self._pools:
-                self._pools[id(model)] = (StaticPool(model, self.graphs, compile_upto=self.compile_upto),
-                                         StaticPool(model) if self.graphs else None)
+                self._pools[id(model)] = (StaticPool(model, self.graphs, compile_upto=self.compile_upto, drafts=True),
+                                         StaticPool(model, drafts=True) if self.graphs else None)
             return self._pools[id(model)]
 
     def precompile(self) -> float:

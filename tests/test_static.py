@@ -76,14 +76,16 @@ def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) ->
 
 def plant_visible_pads(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planted bug: every real node of a step sees its bucket's pads."""
-    real = StaticForward.fill
+    real = StaticForward.pack
 
-    def pads_seen(self, ids, positions, visible, length, base=None):  # noqa: ANN001, ANN202
-        bucket = real(self, ids, positions, visible, length, base)
-        bucket.mask[0, 0, : ids.shape[0], length + ids.shape[0]: length + bucket.size] = 0.0
-        return bucket
+    def pads_seen(self, bucket, ids, positions, visible, length, base):  # noqa: ANN001, ANN202
+        packed = real(self, bucket, ids, positions, visible, length, base)
+        b, t = bucket.size, ids.shape[0]
+        window = packed[8 * (2 + 2 * b + b * bucket.earlier):].reshape(b, b)
+        window[:t, t:] = 1
+        return packed
 
-    monkeypatch.setattr(StaticForward, "fill", pads_seen)
+    monkeypatch.setattr(StaticForward, "pack", pads_seen)
 
 
 def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -105,6 +107,44 @@ def test_too_long_a_step_for_the_static_cache_is_refused(model) -> None:  # noqa
     sf = StaticForward(model, max_len=16, buckets=(1, 2, 4, 8))
     with pytest.raises(ValueError, match="exceed the static cache"):
         sf.forward(torch.zeros(5, dtype=torch.long), torch.arange(12, 17), torch.eye(5, dtype=torch.bool), 12)
+
+
+def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None:  # noqa: ANN001
+    """The readout made inside the forward (so that a graph replays it) is the softmax's top-k of
+    the logits the same forward returns, copied back in one table."""
+    from talon.static import READOUT_K
+
+    sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
+    sf.prefill(PROMPT[:-1])
+    tree, length = a_tree(int(PROMPT[-1])), len(PROMPT) - 1
+    args = (torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
+    q, ids = sf.top(*args, k=3)
+    want_q, want_ids = torch.softmax(sf.forward(*args), dim=-1).topk(3, dim=-1)
+    assert ids == want_ids.tolist()
+    torch.testing.assert_close(torch.tensor(q, dtype=torch.float64), want_q.double(), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="reads out"):
+        sf.top(*args, k=READOUT_K + 1)
+    with pytest.raises(ValueError, match="reads out 0"):
+        StaticForward(model, max_len=64, buckets=(1, 2, 4, 8)).top(*args, k=3)  # a target's forward
+
+
+def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(model) -> None:  # noqa: ANN001
+    """A drafting forward carries each node's slots from earlier layers of its step, up to the
+    deepest tree (``EARLIER``); more, or any on a target's forward, is refused, not cut."""
+    from talon.knobs import KNOB
+    from talon.static import EARLIER
+
+    assert EARLIER >= KNOB["max_depth"].hi  # a node at the deepest layer sees max_depth - 1 of them
+    drafting = StaticForward(model, max_len=EARLIER + 16, buckets=(1, 2), drafts=True)
+    one = torch.tensor([5])
+    fits = torch.ones(1, EARLIER + 1, dtype=torch.bool)  # EARLIER earlier slots and itself
+    assert drafting.forward(one, torch.tensor([EARLIER]), fits, EARLIER, base=0).shape[0] == 1
+    with pytest.raises(ValueError, match="slots of earlier layers"):
+        drafting.forward(one, torch.tensor([EARLIER + 1]), torch.ones(1, EARLIER + 2, dtype=torch.bool),
+                         EARLIER + 1, base=0)
+    with pytest.raises(ValueError, match="this forward holds 0"):
+        StaticForward(model, max_len=64, buckets=(1, 2)).forward(one, torch.tensor([3]),
+                                                                 torch.ones(1, 2, dtype=torch.bool), 1, base=0)
 
 
 def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN001
@@ -187,9 +227,9 @@ def same_children(a: list, b: list) -> bool:
 def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(model) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelDrafter
     from talon.drafters.static_draft import StaticModelDrafter
-    from talon.static import StaticPool
+    from talon.static_pool import StaticPool
 
-    pool = StaticPool(model)
+    pool = StaticPool(model, drafts=True)
     want = drafting(ModelDrafter(model))
     got = drafting(StaticModelDrafter(model, pool, tokens=64))
     assert len(want) == 8 and same_children(want, got)
@@ -200,7 +240,7 @@ def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_ad
 def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelDrafter
     from talon.drafters.static_draft import StaticModelDrafter
-    from talon.static import StaticPool
+    from talon.static_pool import StaticPool
 
     if bug == "keep one slot off":
         real = StaticForward.keep
@@ -216,7 +256,7 @@ def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.Monk
 
         monkeypatch.setattr(StaticForward, "fill", unseen)
     want = drafting(ModelDrafter(model))
-    got = drafting(StaticModelDrafter(model, StaticPool(model), tokens=64))
+    got = drafting(StaticModelDrafter(model, StaticPool(model, drafts=True), tokens=64))
     assert not same_children(want, got)
 
 
@@ -354,7 +394,7 @@ def test_a_precompiled_pool_compiles_nothing_in_a_run(model) -> None:  # noqa: A
     forward the pool keeps; a run's forwards then compile nothing more."""
     import torch._dynamo
 
-    from talon.static import StaticPool
+    from talon.static_pool import StaticPool
 
     torch._dynamo.reset()
     pool = StaticPool(model, compile_upto=4, quantum=64)

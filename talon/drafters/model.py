@@ -109,12 +109,15 @@ class ModelDrafter(DraftLedger):
         """Top-k children (token, q) of each node in ``nodes``, with one draft forward."""
         start = time.perf_counter()
         fed = self.pending if nodes == [0] else len(nodes)
-        probs = torch.softmax(self._logits(tree, nodes), dim=-1)  # (T, V)
-        q, tokens = probs.topk(k, dim=-1)  # (T, k)
-        q, tokens = q.tolist(), tokens.tolist()  # the layer's one copy back: the gates decide on the host
+        q, tokens = self._top(tree, nodes, k)  # the layer's one copy back: the gates decide on the host
         out = [list(zip(t, p)) for t, p in zip(tokens, q)]
         self.timings.append((max(fed, 1), time.perf_counter() - start))
         return out
+
+    def _top(self, tree: DraftTree, nodes: list[int], k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Each node's top-k children: (T, k) probabilities and ids, on the host."""
+        q, tokens = torch.softmax(self._logits(tree, nodes), dim=-1).topk(k, dim=-1)  # (T, k)
+        return q.tolist(), tokens.tolist()
 
     def _logits(self, tree: DraftTree, nodes: list[int]) -> torch.Tensor:
         """(T, V) draft logits of ``nodes`` (the root alone: after feeding the pending context)."""

@@ -7,7 +7,8 @@ nodes go into the next free slots (``used``), and a node sees the committed cont
 ancestors' slots and its own. ``commit`` moves the accepted path's entries to the slots after
 the context; an async fork takes a second forward from the pool and copies the used slots.
 
-Each layer makes one copy back to the host (its top-k children and their probabilities): the
+Each layer makes one copy back to the host: its nodes' top-k children and their probabilities,
+read out inside the forward (so that a graph replays the softmax and the top-k too); the
 confidence gate and the budget decide on the host which nodes the next layer expands.
 """
 
@@ -19,7 +20,8 @@ import torch
 from transformers import PreTrainedModel
 
 from talon.drafters.model import ModelDrafter, path_key
-from talon.static import StaticForward, StaticPool
+from talon.static import StaticForward
+from talon.static_pool import StaticPool
 from talon.tree import DraftTree
 
 
@@ -30,6 +32,8 @@ class StaticModelDrafter(ModelDrafter):
         (prompt, new tokens, a step's nodes), which the forward's slot cache must hold.
         ``fork_pool``: where an async fork takes its forward (default ``pool``); ``capture_all``:
         capture every bucket of this drafter's forward when it is taken, not each at first use."""
+        if not pool.drafts or (fork_pool is not None and not fork_pool.drafts):
+            raise ValueError("a static model drafter needs drafting pools (StaticPool(..., drafts=True))")
         super().__init__(model, vocab_size, target_vocab)
         self.pool, self.tokens, self.capture_all = pool, tokens, capture_all
         self.fork_pool = fork_pool or pool
@@ -49,15 +53,15 @@ class StaticModelDrafter(ModelDrafter):
             self._forward().prefill(self.embeddable_ids(prompt_ids[:-1]))
             self.fed = self.used = len(prompt_ids) - 1
 
-    def _logits(self, tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+    def _top(self, tree: DraftTree, nodes: list[int], k: int) -> tuple[list[list[float]], list[list[int]]]:
         static = self._forward()
         if nodes == [0]:
             if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
                 self.fed -= 1
-            logits = static.prefill(self.embeddable_ids(self.context[self.fed:]), start=self.fed)
+            top = static.prefill_top(self.embeddable_ids(self.context[self.fed:]), self.fed, k)
             self.fed = self.used = len(self.context)
             self.slots = {(): self.fed - 1}
-            return logits
+            return top
         t = len(nodes)
         visible = torch.zeros(t, self.used - self.fed + t, dtype=torch.bool)  # over slots fed .. used + T
         for row, node in enumerate(nodes):
@@ -68,9 +72,9 @@ class StaticModelDrafter(ModelDrafter):
         root_pos = len(self.context) - 1
         positions = torch.tensor([root_pos + tree.depths[n] for n in nodes])
         ids = self.embeddable_ids([tree.tokens[n] for n in nodes])
-        logits = static.forward(ids, positions, visible, self.used, base=self.fed)
+        top = static.top(ids, positions, visible, self.used, k, base=self.fed)
         self.used += t
-        return logits
+        return top
 
     def _keep(self, slots: list[int]) -> None:
         self._forward().keep(self.fed, slots)
