@@ -44,3 +44,20 @@ def test_the_readme_gpu_table_is_the_sweep_of_the_committed_curves(capsys: pytes
         CostModel.from_dict(json.loads(curve.read_text()))  # a valid talon-cost/1 file
         want = predicted(curve, capsys)
         assert figures == pytest.approx(want, abs=0.06), f"{label}: the README says {figures}, the sweep {want}"
+
+
+def test_the_what_if_rows_start_from_the_committed_curve_and_pay_for_a_cheaper_draft(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``scripts/gpu_whatif.py`` (docs/gpu.md's what-if table): its first row is the README's
+    compiled row, and every cheaper draft forward predicts at least as much for hybrid."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_whatif import main as whatif
+
+    curve = ROOT / "data" / "gpu_costs" / "h100-80gb-hbm3-compiled-qwen2.5-7b.cost.json"
+    assert whatif([str(curve), "--bare-ms", "1.545"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    hybrid = [float(line.strip("|").split("|")[6]) for line in lines]
+    assert hybrid[0] == pytest.approx(readme_rows()["compiled"][3], abs=0.06)
+    assert len(hybrid) == 6 and hybrid == sorted(hybrid)
