@@ -293,10 +293,11 @@ class StaticForward:
     def read_top(self, bucket: Bucket, rows: int, k: int, last: bool = False) -> tuple[list[list[float]], list[list[int]]]:
         """The first ``rows`` rows of ``bucket``'s top-K table (``last``: row ``rows - 1`` alone),
         cut to ``k`` children: one copy to the host."""
-        if not self.readout_k or k > self.readout_k:
-            raise ValueError(f"this forward reads out {self.readout_k} children a node, not {k}")
+        width = bucket.top.shape[1] // 2 if bucket.top is not None else 0  # K, or the vocabulary when smaller
+        if not self.readout_k or k > width:
+            raise ValueError(f"this forward reads out {width} children a node, not {k}")
         table = (bucket.top[rows - 1:rows] if last else bucket.top[:rows]).cpu().numpy()
-        return table[:, :k].tolist(), table[:, self.readout_k:self.readout_k + k].astype(np.int64).tolist()
+        return table[:, :k].tolist(), table[:, width:width + k].astype(np.int64).tolist()
 
     def _prefill(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
         """Write ``P`` tokens' entries, causally, into slots ``start .. start + P - 1`` (the

@@ -80,7 +80,8 @@ RUN_FINISHED = (
 
 def wait_for_recording(page) -> None:
     """The shipped recording is on screen (so a click on Run replaces it, not the reverse)."""
-    page.wait_for_function("document.querySelector('#talon-summary').textContent.includes('RECORDING')")
+    # the page may not have rendered the summary yet: wait for it, not only for its text
+    page.wait_for_function("(document.querySelector('#talon-summary')?.textContent || '').includes('RECORDING')")
 
 
 TREE_DATA = "document.querySelector('#talon-tree .js-plotly-plot').data"

@@ -126,6 +126,14 @@ def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None
         sf.top(*args, k=READOUT_K + 1)
     with pytest.raises(ValueError, match="reads out 0"):
         StaticForward(model, max_len=64, buckets=(1, 2, 4, 8)).top(*args, k=3)  # a target's forward
+    small = tiny_model("qwen2", seed=4, layers=1, vocab=6)  # fewer ids than READOUT_K: the table is narrower
+    sf = StaticForward(small, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
+    sf.prefill(torch.tensor([1, 2, 3]))
+    args = (torch.tensor([4, 5]), torch.tensor([3, 4]), torch.ones(2, 2, dtype=torch.bool).tril(), 3)
+    q, ids = sf.top(*args, k=6)
+    want_q, want_ids = torch.softmax(sf.forward(*args), dim=-1).topk(6, dim=-1)
+    assert ids == want_ids.tolist() and sorted(ids[0]) == list(range(6))
+    torch.testing.assert_close(torch.tensor(q, dtype=torch.float64), want_q.double(), atol=1e-6, rtol=1e-6)
 
 
 def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(model) -> None:  # noqa: ANN001
