@@ -520,3 +520,21 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
         load_engine(Settings.from_env(env), PRESETS[0])
     assert seen == [False, True]
+
+
+def test_the_models_menu_names_the_default_pair_by_its_models() -> None:
+    """A first-time visitor reads which models run, not environment-variable names (the old label,
+    "Default pair (TALON_TARGET + TALON_DRAFT)", was also cut off in the narrow column)."""
+    import dataclasses
+
+    from talon.presets import PRESETS
+    from talon.settings import Settings
+    from talon.ui.models import preset_label
+
+    default, gpu = PRESETS[0], PRESETS[1]
+    built_in = preset_label(default, Settings())
+    assert "Qwen2.5-Coder" in built_in and "TALON_" not in built_in and len(built_in) <= 27
+    served = dataclasses.replace(Settings(), target="Qwen/Qwen2.5-7B-Instruct", draft="/srv/models/tiny-draft.gguf")
+    assert preset_label(default, served) == "Server pair: Qwen2.5-7B-Instruct + tiny-draft"
+    assert preset_label(default, dataclasses.replace(served, draft="")).endswith("+ no draft model")
+    assert preset_label(gpu, Settings()) == gpu.label

@@ -124,6 +124,23 @@ def presets(settings: Settings) -> list[ModelPreset]:
     return available_presets(cuda_available() and not settings.device.startswith("cpu"))
 
 
+def model_short_name(name: str) -> str:
+    """A model's name as a menu shows it: the last part of a Hub id, path or ``embedded:`` name."""
+    tail = name.rstrip("/").replace("\\", "/").split("/")[-1].split(":")[-1]
+    return tail.removesuffix(".gguf")
+
+
+def preset_label(preset: ModelPreset, settings: Settings) -> str:
+    """The Models menu's entry: the default pair named by its models (the built-in pair, or the
+    server's TALON_TARGET / TALON_DRAFT), the GPU presets by their own labels."""
+    if preset.target is not None or preset.needs_cuda:
+        return preset.label
+    if (settings.target, settings.draft) == (EMBEDDED_TARGET, EMBEDDED_DRAFT):
+        return "Qwen2.5-Coder 1.5B + 0.5B"  # the narrow column shows about 27 characters
+    draft = model_short_name(settings.draft) if settings.draft else "no draft model"
+    return f"Server pair: {model_short_name(settings.target)} + {draft}"
+
+
 def initial_preset(settings: Settings) -> str:
     """The preset selected (and loaded) at start; see ``talon.examples.startup_preset``."""
     gpu = any(p.needs_cuda for p in presets(settings))

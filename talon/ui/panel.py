@@ -12,9 +12,11 @@ import gradio as gr
 from talon.examples import Example
 from talon.knobs import BY_APP, Knob
 from talon.settings import Settings
-from talon.ui.models import initial_preset, presets
+from talon.ui.models import initial_preset, preset_label, presets
 
 MODEL_CONCURRENCY_ID = "model"
+MODELS_INFO_CPU = "target + draft (larger pairs appear on a server with a GPU)"
+MODELS_INFO = "target + draft; choosing another pair loads it and frees this one"
 
 
 def queue_limits(settings: Settings) -> tuple[int, int]:
@@ -78,7 +80,8 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     offered, initial = presets(settings), initial_preset(settings)
     c: dict[str, Any] = {}
     with gr.Accordion("Drafter and tree", open=True):
-        c["preset"] = gr.Dropdown(label="Models", choices=[(p.label, p.key) for p in offered], value=initial)
+        c["preset"] = gr.Dropdown(label="Models", choices=[(preset_label(p, settings), p.key) for p in offered],
+                                  value=initial, info=MODELS_INFO if len(offered) > 1 else MODELS_INFO_CPU)
         for name in DRAFTER_AND_TREE:
             c[name] = control(BY_APP[name], **({"info": DRAFTER_INFO} if name == "drafter" else {}))
     with gr.Accordion("Sampling and length", open=False):
