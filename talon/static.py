@@ -137,16 +137,19 @@ class Bucket:
     graph: "torch.cuda.CUDAGraph | None" = None
 
     @property
+    def int_bytes(self) -> int:
+        """Where the packed int64 part ends and the window begins."""
+        return 8 * (2 + 2 * self.size + self.size * self.earlier)
+
+    @property
     def ints(self) -> torch.Tensor:
         """(2 + 2B + B*E,) int64: length, base, ids, positions, earlier slots (row-major)."""
-        b, e = self.size, self.earlier
-        return self.packed[: 8 * (2 + 2 * b + b * e)].view(torch.int64)
+        return self.packed[:self.int_bytes].view(torch.int64)
 
     @property
     def window(self) -> torch.Tensor:
         """(B, B) uint8: which of the step's own slots (``length ..``) each row sees."""
-        b = self.size
-        return self.packed[8 * (2 + 2 * b + b * self.earlier):].view(b, b)
+        return self.packed[self.int_bytes:].view(self.size, self.size)
 
 
 @dataclass
@@ -225,7 +228,7 @@ class StaticForward:
         (B, B) window of the step's own slots (a pad sees itself only)."""
         t, b, e = ids.shape[0], bucket.size, bucket.earlier
         out = np.zeros(bucket.packed.shape[0], dtype=np.uint8)
-        ints = out[: 8 * (2 + 2 * b + b * e)].view(np.int64)
+        ints = out[:bucket.int_bytes].view(np.int64)
         ints[0], ints[1] = length, base
         ints[2:2 + t] = ids.numpy()
         ints[2 + b:2 + b + t] = positions.numpy()
@@ -241,7 +244,7 @@ class StaticForward:
             rows, cols = np.nonzero(early)
             rank = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
             slots[rows, rank] = base + cols
-        window = out[8 * (2 + 2 * b + b * e):].reshape(b, b)
+        window = out[bucket.int_bytes:].reshape(b, b)
         window[:t, :t] = vis[:, length - base:]
         window[np.arange(t, b), np.arange(t, b)] = 1
         return out
