@@ -16,6 +16,7 @@ keeps every best-N set ancestor closed. TALON's gates (mu x the layer's best ``c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Callable, Protocol
 
@@ -144,7 +145,7 @@ def _build_adaptive(
         frontier = passing
         if tree.num_draft >= budget:
             score = scores(tree)
-            floor = min(score[i] for i in range(1, len(tree)) if tree.sources[i] == "model")
+            floor = min((score[i] for i in range(1, len(tree)) if tree.sources[i] == "model"), default=math.inf)
             frontier = [n for n in passing if score[n] > floor]
         if not frontier:
             stop = "budget"

@@ -45,14 +45,16 @@ class Engine:
         cost_cache: Path | None = None,
         costs: CostModel | None = None,
         step: str = "auto",
+        chain: bool = False,
     ) -> None:
         """``cost_cache``: the directory where probed cost curves are cached (None = probe once
         per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``step``:
         how the target verifies and the draft model drafts: ``dynamic`` (a cache that grows, one
         forward of the tree's own size), ``static`` (``talon.static``: a preallocated cache,
         bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
-        ``auto`` (``resolve_step``)."""
-        self.forwards = StepForwards(step, target, draft)
+        ``auto`` (``resolve_step``). ``chain``: on a static step, TALON's adaptive trees grow on
+        the draft model's device, their layers chained with no host turnaround (``talon.chain``)."""
+        self.forwards = StepForwards(step, target, draft, chain)
         self.step = self.forwards.step
         self.target = target
         self.draft = draft

@@ -270,9 +270,14 @@ class StaticForward:
     def _step(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
               base: int | None) -> Bucket:
         """Fill a bucket and run it: a replay of its graph when one was captured."""
-        bucket = self.fill(ids, positions, visible, length, base)
+        return self.launch(self.fill(ids, positions, visible, length, base))
+
+    def launch(self, bucket: Bucket) -> Bucket:
+        """Run ``bucket`` on its packed inputs as they stand (filled by ``fill``, or on the device
+        by ``talon.chain``): a replay of its graph when one was captured (at its first use under
+        ``graphs``; the warm-ups write the step's own entries: harmless)."""
         if bucket.graph is None and self.graphs:
-            self._capture(bucket)  # its warm-ups write this step's own entries: harmless
+            self._capture(bucket)
         if bucket.graph is not None:
             bucket.graph.replay()
         else:
@@ -302,7 +307,7 @@ class StaticForward:
         table = (bucket.top[rows - 1:rows] if last else bucket.top[:rows]).cpu().numpy()
         return table[:, :k].tolist(), table[:, width:width + k].astype(np.int64).tolist()
 
-    def _prefill(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
+    def prefill_step(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
         """Write ``P`` tokens' entries, causally, into slots ``start .. start + P - 1`` (the
         tokens at those positions), a bucket at a time, each chunk seeing every slot before it as
         committed; the last chunk's bucket and its size."""
@@ -316,14 +321,14 @@ class StaticForward:
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """``_prefill``; the last token's logits, (1, V)."""
-        bucket, t = self._prefill(ids, start)
+        """``prefill_step``; the last token's logits, (1, V)."""
+        bucket, t = self.prefill_step(ids, start)
         return bucket.logits[t - 1:t]
 
     @torch.inference_mode()
     def prefill_top(self, ids: torch.Tensor, start: int, k: int) -> tuple[list[list[float]], list[list[int]]]:
-        """``_prefill`` on a drafting forward; the last token's top-``k`` children (``top``)."""
-        bucket, t = self._prefill(ids, start)
+        """``prefill_step`` on a drafting forward; the last token's top-``k`` children (``top``)."""
+        bucket, t = self.prefill_step(ids, start)
         return self.read_top(bucket, t, k, last=True)
 
     @torch.inference_mode()

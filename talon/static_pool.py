@@ -23,10 +23,11 @@ class StaticPool:
     graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM,
-                 compile_upto: int = 0, drafts: bool = False) -> None:
-        """``compile_upto``, ``drafts``: see ``StaticForward``; a compiling pool rounds its slot
-        caches up to 4x ``quantum``, so that fewer cache lengths each compile."""
+                 compile_upto: int = 0, drafts: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
+        """``compile_upto``, ``drafts``, ``buckets``: see ``StaticForward``; a compiling pool
+        rounds its slot caches up to 4x ``quantum``, so that fewer cache lengths each compile."""
         self.model, self.graphs, self.compile_upto, self.drafts = model, graphs, compile_upto, drafts
+        self.buckets = buckets
         self.quantum = quantum * 4 if compile_upto else quantum
         self.free: list[StaticForward] = []
         self.made = 0  # forwards built: with none in use, all of them are free
@@ -39,9 +40,9 @@ class StaticPool:
             for i, sf in enumerate(self.free):
                 if sf.max_len >= tokens + max(sf.buckets) and sf.vocab == vocab:
                     return self.free.pop(i)
-        max_len = -(-(tokens + BUCKETS[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
-        sf = StaticForward(self.model, max_len, vocab=vocab, graphs=self.graphs, compile_upto=self.compile_upto,
-                           drafts=self.drafts)
+        max_len = -(-(tokens + self.buckets[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
+        sf = StaticForward(self.model, max_len, self.buckets, vocab=vocab, graphs=self.graphs,
+                           compile_upto=self.compile_upto, drafts=self.drafts)
         with self.lock:
             self.made += 1
         return sf

@@ -14,17 +14,23 @@ from transformers import PreTrainedModel
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.models import LoadedModel
-from talon.run_config import RunConfig
+from talon.run_config import ConfigError, RunConfig
 from talon.static import COMPILED_UPTO, resolve_step, spans_devices
 from talon.static_pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.verify import TargetVerifier
 
 
 class StepForwards:
-    def __init__(self, step: str, target: LoadedModel, draft: LoadedModel | None) -> None:
-        """``step``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere)."""
+    def __init__(self, step: str, target: LoadedModel, draft: LoadedModel | None, chain: bool = False) -> None:
+        """``step``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere).
+        ``chain``: model drafters grow TALON's adaptive trees on the device (``talon.chain``);
+        a static step only."""
         split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
         self.step = resolve_step(step, target.device, split)
+        if chain and self.step == "dynamic":
+            raise ConfigError("chained drafting grows the tree in a static forward's buffers: "
+                              "it needs the static, graphs or compiled step, not dynamic")
+        self.chain = chain
         self.target = target
         self.graphs = self.step in ("graphs", "compiled")
         self.compile_upto = COMPILED_UPTO if self.step == "compiled" else 0  # the drafting models' small buckets
@@ -81,5 +87,7 @@ class StepForwards:
             return ModelDrafter(model, cfg.draft_vocab, target_vocab)
         pool, fork = self.pools_of(model)
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
+        if self.chain:  # its layers of a bucket holding the budget, up to max_depth of them
+            tokens += cfg.tree.max_depth * max(cfg.tree.budget, 1) * 2
         return StaticModelDrafter(model, pool, tokens, cfg.draft_vocab, target_vocab, fork_pool=fork,
-                                  capture_all=cfg.async_draft)
+                                  capture_all=cfg.async_draft, chain=self.chain)

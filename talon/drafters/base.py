@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from talon.drafters.model import ModelDrafter
     from talon.models import LoadedModel
     from talon.plan import AcceptanceModel, Planner
-    from talon.run_config import RunConfig
+    from talon.run_config import RunConfig, TreeConfig
     from talon.verify import Verdict
 
 Children = list[list[tuple[int, float]]]  # per expanded node: (token, draft probability q), best first
@@ -87,6 +87,17 @@ class DraftSource(Protocol):
 
     def take_timings(self) -> list[tuple[int, float]]:
         """(tokens fed, seconds) of the forwards since the last call; clears the record."""
+
+
+@runtime_checkable
+class ChainingSource(DraftSource, Protocol):
+    """A source that can grow a whole adaptive tree itself, on its device (``talon.chain``):
+    ``StaticModelDrafter`` with ``chain``. The hybrid drafter asks ``chains`` each step."""
+
+    def chains(self, cfg: TreeConfig) -> bool: ...
+
+    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, budget: int, match_len: int, acceptance: AcceptanceModel,
+                     calibrated: bool, planner: Planner | None) -> DraftTree: ...
 
 
 class SourceModels(Protocol):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from talon.builder import Expand, Scores, build_tree, keep_best, path_confidence
-from talon.drafters.base import Draft, DraftSource, ForkableSource, PreDraft
+from talon.drafters.base import ChainingSource, Draft, DraftSource, ForkableSource, PreDraft
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
 from talon.plan import AcceptanceModel
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
@@ -100,8 +100,13 @@ class HybridDrafter:
         if self.model is not None and planner is not None:
             skipped = planner.model_decision(shared, match_len, self.model.pending, self.model.engaged, alone)
         if self.model is not None and not skipped:
-            scores = self.scores(match_len)
-            tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)
+            if isinstance(self.model, ChainingSource) and self.model.chains(self.tree_cfg):
+                calibrated = self.tree_cfg.admission != "confidence"
+                tree = self.model.chained_tree(shared, self.tree_cfg, budget, match_len, self.acceptance, calibrated,
+                                               planner)
+            else:
+                scores = self.scores(match_len)
+                tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)
         else:
             tree = alone
             tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")

@@ -1,0 +1,268 @@
+"""TALON's adaptive tree grown on the device (talon/chain.py) against the host's builder: the same
+tree, node for node and float for float, through grafts that merge, calibrated scores, the cost
+planner, the budget and the gates, over several committed steps; layers launched past the
+tree's stop change nothing; the layer update reads no value on the host (it runs on the meta
+device); each of a planted bug in the merge, the budget cut and the planner's check fails; and
+a run through the engine stays lossless."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+import talon.chain
+import talon.drafters.static_draft
+from talon.builder import build_tree, path_confidence
+from talon.chain import ChainState, chain_width, make_plan
+from talon.cost import synthetic_costs
+from talon.drafters.model import ModelDrafter
+from talon.drafters.static_draft import StaticModelDrafter
+from talon.plan import AcceptanceModel, Planner
+from talon.run_config import TreeConfig
+from talon.static_pool import StaticPool
+from talon.tree import DraftTree
+from tests.tiny import tiny_model
+
+PROMPT = list(range(3, 23))
+COSTS = synthetic_costs({1: 0.010, 8: 0.011, 16: 0.016, 32: 0.024, 64: 0.040},
+                        {1: 0.002, 8: 0.0024, 32: 0.003}, other_s=0.001)
+
+
+@pytest.fixture(scope="module")
+def model():  # noqa: ANN201
+    return tiny_model("qwen2", seed=3, layers=2)
+
+
+def grafted(model, context: list[int], rng: random.Random) -> DraftTree:  # noqa: ANN001
+    """A retrieval graft the draft model will partly propose too (so some of its proposals
+    merge, ``both``): the model's own best root child and its best child, and a stray token."""
+    peek = ModelDrafter(model)
+    peek.reset(context)
+    tree = DraftTree.with_root(context[-1])
+    (first, q1), (second, _) = peek.expand(tree, [0], 2)[0]
+    a = tree.add(0, first, 0.6, "retrieval")
+    b = tree.add(a, peek.expand(tree, [a], 1)[0][0][0], 0.5, "retrieval")
+    tree.add(b, rng.randrange(200), 0.4, "retrieval")
+    if rng.random() < 0.5:
+        tree.add(0, second, 0.3, "retrieval")
+    return tree
+
+
+def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool, ahead: bool = False,  # noqa: ANN001
+             steps: int = 5, seed: int = 0) -> list[tuple[DraftTree, list[int]]]:
+    """``steps`` trees grown by the host's builder or on the device, each step's best path
+    committed; per step the tree and the planner's forward widths."""
+    width = chain_width(cfg.budget, 4, (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    pool = StaticPool(model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
+    drafter = StaticModelDrafter(model, pool, tokens=400, chain=chain, ahead=ahead)
+    drafter.reset(PROMPT)
+    acceptance = AcceptanceModel()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        shared = grafted(model, drafter.context, rng)
+        match_len = rng.randrange(6)
+        planner = Planner(COSTS, cfg, 64, predicted=True, acceptance=acceptance) if costs else None
+        if planner is not None:
+            planner.begin_step()
+        if chain:
+            tree = drafter.chained_tree(shared, cfg, cfg.budget, match_len, acceptance, calibrated, planner)
+        else:
+            def expand(tree, nodes, k):  # noqa: ANN001, ANN202 - the hybrid drafter's reporting expand
+                children = drafter.expand(tree, nodes, k)
+                if planner is not None:
+                    planner.forward_done(drafter.last_width)
+                return children
+
+            scores = (lambda t: acceptance.node_probs(t, match_len)) if calibrated else path_confidence
+            tree = build_tree(shared, expand, cfg, cfg.budget, planner, match_len, scores)
+        out.append((tree, list(planner.step_widths) if planner is not None else []))
+        path = tree.path(tree.best_leaf())
+        acceptance.observe(tree, path, match_len)
+        drafter.commit(tree, path, [tree.tokens[n] for n in path[1:]] + [rng.randrange(200)])
+        drafter.take_timings()
+    return out
+
+
+def same(a: DraftTree, b: DraftTree) -> bool:
+    return (a.tokens, a.parents, a.q_draft, a.path_conf, a.sources, a.gates, a.stop) == \
+        (b.tokens, b.parents, b.q_draft, b.path_conf, b.sources, b.gates, b.stop)
+
+
+CASES = {
+    "confidence": (TreeConfig(mode="adaptive", budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, min_conf=0.0,
+                              cost_aware=False, admission="confidence"), False, False),
+    "calibrated": (TreeConfig(mode="adaptive", budget=10, root_k=4, top_k=3, mu=0.02, max_depth=7, min_conf=0.0,
+                              cost_aware=False), True, False),
+    "planner": (TreeConfig(mode="adaptive", budget=24, root_k=4, top_k=2, mu=0.05, max_depth=8, min_conf=0.0),
+                True, True),
+    "gates": (TreeConfig(mode="adaptive", budget=6, root_k=5, top_k=2, mu=0.5, max_depth=5, min_conf=0.02),
+              False, True),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_device_grows_the_hosts_tree(model, case: str) -> None:  # noqa: ANN001
+    cfg, calibrated, costs = CASES[case]
+    host = drafting(model, cfg, False, calibrated, costs)
+    device = drafting(model, cfg, True, calibrated, costs)
+    for step, ((want, want_widths), (got, got_widths)) in enumerate(zip(host, device)):
+        assert same(want, got), (case, step, want, got)
+        assert want_widths == got_widths, (case, step)
+    trees = [tree for tree, _ in host]
+    assert any("both" in t.sources for t in trees), "a proposal merged with a graft"
+    assert any(t.num_draft > 4 for t in trees), "the model drafted beyond the graft"
+    if case == "planner":
+        assert {t.stop for t in trees} - {"budget", "depth"}, "the planner or a gate stopped a tree"
+
+
+def test_layers_launched_past_the_stop_change_nothing(model) -> None:  # noqa: ANN001
+    cfg, calibrated, costs = CASES["planner"]
+    host = drafting(model, cfg, False, calibrated, False, steps=6)
+    drafter_ahead = drafting(model, cfg, True, calibrated, False, ahead=True, steps=6)
+    assert all(same(a, b) for (a, _), (b, _) in zip(host, drafter_ahead))
+
+
+def test_a_layer_update_reads_no_value_on_the_host() -> None:
+    """Every operation between two layers has a fixed shape and reads nothing back: on the meta
+    device (no data at all) any ``.item()``, ``bool(tensor)`` or boolean index would fail."""
+    cfg = TreeConfig(mode="adaptive", budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, min_conf=0.1)
+    shared = DraftTree.with_root(5)
+    shared.add(0, 9, 0.5, "retrieval")
+    meta = torch.device("meta")
+    planner = Planner(COSTS, cfg, 64, predicted=True)
+    plan = make_plan(shared, cfg, cfg.budget, 16, 2, True, planner.acceptance, planner, meta)
+    state = ChainState(shared, plan, 300, meta)
+    q = torch.empty(1, cfg.root_k, dtype=torch.float64, device=meta)
+    state.admit(q, torch.empty(1, cfg.root_k, dtype=torch.long, device=meta), state.idx[:1], state.idx[:1] == 0)
+    state.keep_best()
+    state.gate(1)
+    parents, real = state.frontier, state.idx[:16] < state.rows
+    state.drafted_forward()
+    q = torch.empty(16, cfg.top_k, dtype=torch.float64, device=meta)
+    state.admit(q, torch.empty(16, cfg.top_k, dtype=torch.long, device=meta), parents, real)
+    state.keep_best()
+    state.gate(2)
+    assert state.stop.device.type == "meta" and state.frontier.shape == (16,)
+
+
+def random_case(seed: int) -> tuple[DraftTree, list[int], Planner, TreeConfig, int]:
+    """A random tree (sources mixed), a frontier of its deepest nodes, and a planner with a
+    random cost model, a learnt acceptance model and some drafting already charged."""
+    rng = random.Random(seed)
+    tree = DraftTree.with_root(1)
+    for _ in range(rng.randrange(2, 30)):
+        tree.add(rng.randrange(len(tree)), rng.randrange(100), rng.random() ** 0.3, rng.choice(["model", "retrieval", "both"]))
+    deepest = max(tree.depths)
+    frontier = [n for n in range(1, len(tree)) if tree.depths[n] == deepest]
+    rng.shuffle(frontier)
+    flat, step = rng.uniform(0.005, 0.02), rng.uniform(0.0, 0.0005)
+    costs = synthetic_costs({t: flat + step * t ** 0.5 for t in (1, 4, 16, 64, 128)},
+                            {1: rng.uniform(0.0, 0.002), 64: rng.uniform(0.0, 0.004)}, other_s=rng.uniform(0, 0.01))
+    cfg = TreeConfig(mode="adaptive", budget=rng.randrange(4, 40), top_k=rng.randrange(1, 4),
+                     max_depth=deepest + rng.randrange(1, 6))
+    acceptance = AcceptanceModel()
+    for _ in range(rng.randrange(4)):
+        acceptance.observe(tree, tree.path(rng.randrange(len(tree))), rng.randrange(8))
+    planner = Planner(costs, cfg, 64, predicted=True, acceptance=acceptance)
+    for _ in range(rng.randrange(3)):
+        planner.forward_done(rng.randrange(1, 20))
+    return tree, frontier, planner, cfg, rng.randrange(8)
+
+
+def test_the_devices_cost_check_is_the_planners() -> None:
+    verdicts = []
+    for seed in range(120):
+        tree, frontier, planner, cfg, match_len = random_case(seed)
+        want = planner.worth_layer(tree, frontier, cfg.top_k, cfg.budget, match_len)
+        assert device_worth(make_plan, tree, frontier, planner, cfg, match_len) == want, seed
+        verdicts.append(want)
+    assert 20 < sum(verdicts) < 100, "both verdicts are common, so a wrong one would show"
+
+
+@pytest.mark.parametrize("bug", ["budget", "continues", "clock"])
+def test_a_planted_bug_in_the_cost_check_is_caught(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
+    real = make_plan
+    if bug == "budget":  # room for one node more than the budget
+        monkeypatch.setattr(talon.chain, "make_plan",
+                            lambda *a, **k: dataclasses.replace(real(*a, **k), budget=a[2] + 1))
+    elif bug == "continues":  # c ** (i + 1) for c ** i
+        def shifted(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            plan = real(*a, **k)
+            return dataclasses.replace(plan, costs=dataclasses.replace(plan.costs, cpow=plan.costs.cpow.roll(-1)))
+        monkeypatch.setattr(talon.chain, "make_plan", shifted)
+    else:  # the drafting so far not charged
+        monkeypatch.setattr(talon.chain, "make_plan",
+                            lambda *a, **k: dataclasses.replace(real(*a, **k), costs=dataclasses.replace(
+                                real(*a, **k).costs, drafted=0.0)))
+    wrong = 0
+    for seed in range(120):
+        tree, frontier, planner, cfg, match_len = random_case(seed)
+        plan_of = talon.chain.make_plan
+        got = device_worth(plan_of, tree, frontier, planner, cfg, match_len)
+        wrong += got != planner.worth_layer(tree, frontier, cfg.top_k, cfg.budget, match_len)
+    assert wrong, bug
+
+
+def device_worth(plan_of, tree, frontier, planner, cfg, match_len) -> bool:  # noqa: ANN001
+    """``ChainState.worth_layer`` on ``tree`` with ``frontier`` as its newest layer, the plan
+    made by ``plan_of``."""
+    plan = plan_of(tree, cfg, cfg.budget, 64, match_len, True, planner.acceptance, planner, torch.device("cpu"))
+    state = ChainState(tree, plan, 999, torch.device("cpu"))
+    state.p = state.probs()
+    mask = torch.zeros_like(state.alive)
+    mask[frontier] = True
+    state.rank[frontier] = torch.arange(len(frontier))
+    order = torch.sort(torch.where(mask, state.rank, state.BIG), stable=True).indices[:64]
+    return bool(state.worth_layer(mask, order, mask.sum(), max(tree.depths)))
+
+
+@pytest.mark.parametrize("bug", ["merge", "budget"])
+def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
+    cfg, calibrated, costs = CASES["confidence" if bug == "budget" else "planner"]
+    host = drafting(model, cfg, False, calibrated, costs)
+    if bug == "merge":  # a proposal a graft holds is added again instead of merged
+        real = ChainState.admit
+
+        def admit(self, q, ids, parents, valid):  # noqa: ANN001, ANN202
+            self.alive = self.alive & (self.src != talon.chain.RETRIEVAL)
+            real(self, q, ids, parents, valid)
+            self.alive = self.idx < self.count
+        monkeypatch.setattr(ChainState, "admit", admit)
+    elif bug == "budget":  # one node more than the budget kept
+        monkeypatch.setattr(talon.drafters.static_draft, "make_plan",
+                            lambda *a, **k: dataclasses.replace(make_plan(*a, **k), budget=a[2] + 1))
+    device = drafting(model, cfg, True, calibrated, costs)
+    assert not all(same(a, b) for (a, _), (b, _) in zip(host, device)), bug
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_a_chained_run_is_lossless(drafter: str) -> None:
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig
+    from tests.test_engine import PROMPTS, noisy_copy, reference
+    from tests.tiny import tiny_loaded
+
+    target = tiny_loaded("llama", 11)
+    engine = Engine(target, noisy_copy(target, 12, 0.3), step="static", chain=True)
+    mats = []
+    for cost_aware in (False, True):
+        tree = TreeConfig(mode="adaptive", budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, cost_aware=cost_aware)
+        cfg = RunConfig(drafter=drafter, tree=tree, max_new_tokens=40)
+        for prompt in PROMPTS[:2]:
+            summary, _ = generate(engine, prompt, cfg)
+            assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, cost_aware)
+            mats.append(summary.mean_accepted_tokens)
+    assert max(mats) > 1.2, "drafts must be accepted for the test to bite"
+
+
+def test_chaining_needs_a_static_step() -> None:
+    from talon.decode import Engine
+    from talon.run_config import ConfigError
+    from tests.tiny import tiny_loaded
+
+    with pytest.raises(ConfigError, match="static"):
+        Engine(tiny_loaded("llama", 11), None, step="dynamic", chain=True)
