@@ -88,16 +88,18 @@ def static_step_lossless(ctx: PairRun) -> Outcome:
     """The steps the lossless check does not run (it runs the default: CUDA graphs on CUDA, the
     dynamic cache on the CPU): greedy output equals ``generate()`` for each drafter, on the
     prompt where its drafts are accepted, with the others (``dynamic`` and eager ``static`` on
-    CUDA, ``static`` on the CPU)."""
+    CUDA, ``static`` on the CPU), and with the adaptive tree grown on the device
+    (``+chain``: ``TALON_CHAIN``, on graphs on CUDA, eager ``static`` on the CPU)."""
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
-    steps = ("dynamic", "static") if ctx.device.type == "cuda" else ("static",)
+    steps = ("dynamic", "static", "graphs+chain") if ctx.device.type == "cuda" else ("static", "static+chain")
     start = time.perf_counter()
     prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
     failures, mats = [], {}
     for step in steps:
-        engine = Engine(target, draft, step=step)
+        engine = Engine(target, draft, step=step.split("+")[0], chain=step.endswith("+chain"))
         for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
-                                     ("model", "static", "random"), ("retrieval", "adaptive", "chain")):
+                                     ("model", "static", "random"), ("retrieval", "adaptive", "chain"),
+                                     ("model", "adaptive", "chain")):
             want = reference(target, prompts[which], ctx.tokens)
             summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
             mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)

@@ -109,6 +109,9 @@ LOOP_RUNS = (  # (step, drafter, async, prompt): prompt "chain" is accepted in p
     ("graphs", "none", False, "random"), ("graphs", "retrieval", False, "chain"),
     ("graphs", "model", False, "chain"), ("graphs", "hybrid", False, "chain"),
     ("graphs", "hybrid", True, "chain"), ("graphs", "hybrid", False, "random"),
+    # the adaptive tree grown on the device (TALON_CHAIN=1): the same runs, draft time set against graphs'
+    ("graphs+chain", "model", False, "chain"), ("graphs+chain", "hybrid", False, "chain"),
+    ("graphs+chain", "hybrid", False, "random"),
 )
 DRAFT_RUN = ("graphs", "model", False, "random")  # chain trees: every draft forward 1 node (draft_overhead_s)
 
@@ -122,7 +125,7 @@ def loop_speeds(target, draft, spec, tokens: int = 128) -> dict[str, Any]:  # no
     prompts = {"chain": prompt_ids(spec.draft.vocab, PREFIX, 5), "random": random_ids(spec.draft.vocab, PREFIX, 5)}
     engines: dict[str, Engine] = {}
     for step, drafter, async_draft, which in (*LOOP_RUNS, DRAFT_RUN):
-        engine = engines.setdefault(step, Engine(target, draft, step=step))
+        engine = engines.setdefault(step, Engine(target, draft, step=step.split("+")[0], chain=step.endswith("+chain")))
         mode = "chain" if (step, drafter, async_draft, which) == DRAFT_RUN else "adaptive"
         cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
                         async_draft=async_draft, tree=TreeConfig(mode=mode, cost_aware=False))

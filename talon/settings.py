@@ -67,6 +67,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "static, graphs, or compiled (graphs with the draft model's small steps through "
         "torch.compile: faster drafts, a few minutes of compiling when the pair loads; not on ZeroGPU).",
     ),
+    "TALON_CHAIN": (
+        "0",
+        "1 to grow TALON's adaptive trees on the draft model's device (talon/chain.py): the draft "
+        "layers back to back, no host turnaround between them; needs a static step (static, graphs "
+        "or compiled). Off by default until a GPU run measures it.",
+    ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
         "1 to let Hub models run their own modelling code (trust_remote_code).",
@@ -120,6 +126,7 @@ class Settings:
     draft_quant: str = "auto"
     target_weights: str = "dense"
     step: str = "auto"
+    chain: bool = False
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
@@ -162,6 +169,7 @@ class Settings:
             draft_quant=_get(env, "TALON_DRAFT_QUANT").lower(),
             target_weights=_get(env, "TALON_TARGET_WEIGHTS").lower(),
             step=_get(env, "TALON_STEP").lower(),
+            chain=_parse_bool("TALON_CHAIN", _get(env, "TALON_CHAIN")),
             allow_remote_code=_parse_bool(
                 "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
             ),

@@ -266,3 +266,13 @@ def test_chaining_needs_a_static_step() -> None:
 
     with pytest.raises(ConfigError, match="static"):
         Engine(tiny_loaded("llama", 11), None, step="dynamic", chain=True)
+
+
+def test_talon_chain_reaches_the_servers_engine() -> None:
+    from talon.presets import PRESETS
+    from talon.settings import Settings
+    from talon.ui.models import pair_key
+
+    assert not Settings.from_env({}).chain
+    settings = Settings.from_env({"TALON_CHAIN": "1", "TALON_STEP": "static"})
+    assert settings.chain and pair_key(settings, PRESETS[0]).chain

@@ -293,7 +293,7 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
 
     plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
-    assert not ok and detail["steps"] == ["static"] and detail["failures"]
+    assert not ok and detail["steps"] == ["static", "static+chain"] and detail["failures"]
 
 
 def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check, tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ class PairKey:
     cost_cache: str
     target_weights: str = "dense"
     step: str = "auto"  # talon.static.resolve_step
+    chain: bool = False  # talon.chain: adaptive trees grown on the draft model's device
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"
