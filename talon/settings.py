@@ -70,8 +70,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_CHAIN": (
         "0",
         "1 to grow TALON's adaptive trees on the draft model's device (talon/chain.py): the draft "
-        "layers back to back, no host turnaround between them; needs a static step (static, graphs "
-        "or compiled). Off by default until a GPU run measures it.",
+        "layers back to back, no host turnaround between them, each layer's update a captured "
+        "graph on CUDA; needs a static step (static, graphs or compiled). Off by default until a "
+        "GPU run measures it.",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",

@@ -187,6 +187,7 @@ class StaticForward:
         self.buckets = {b: self._buffers(b) for b in buckets}
         self.minimum = torch.finfo(model.dtype).min
         self.capture_report = CaptureReport()
+        self.chains: dict = {}  # talon.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
 
     def _buffers(self, size: int) -> Bucket:
         nbytes = 8 * (2 + 2 * size + size * self.earlier) + size * size

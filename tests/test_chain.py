@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 import torch
 
 import talon.chain
-import talon.drafters.static_draft
 from talon.builder import build_tree, path_confidence
-from talon.chain import ChainState, chain_width, make_plan
+from talon.chain import ChainShape, ChainState, StepTables, chain_width
+from talon.static import BUCKETS, Bucket
 from talon.cost import synthetic_costs
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
@@ -27,8 +28,8 @@ from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
 PROMPT = list(range(3, 23))
-COSTS = synthetic_costs({1: 0.010, 8: 0.011, 16: 0.016, 32: 0.024, 64: 0.040},
-                        {1: 0.002, 8: 0.0024, 32: 0.003}, other_s=0.001)
+COSTS = synthetic_costs({1: 0.010, 8: 0.0102, 16: 0.0106, 32: 0.0115, 64: 0.014},
+                        {1: 0.0004, 8: 0.0005, 32: 0.0007}, other_s=0.001)
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +53,12 @@ def grafted(model, context: list[int], rng: random.Random) -> DraftTree:  # noqa
 
 
 def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool, ahead: bool = False,  # noqa: ANN001
-             steps: int = 5, seed: int = 0) -> list[tuple[DraftTree, list[int]]]:
+             steps: int = 5, seed: int = 0, rehearse: bool = False) -> list[tuple[DraftTree, list[int]]]:
     """``steps`` trees grown by the host's builder or on the device, each step's best path
     committed; per step the tree and the planner's forward widths."""
-    width = chain_width(cfg.budget, 4, (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    width = chain_width(cfg.budget, BUCKETS)
     pool = StaticPool(model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
-    drafter = StaticModelDrafter(model, pool, tokens=400, chain=chain, ahead=ahead)
+    drafter = StaticModelDrafter(model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
     drafter.reset(PROMPT)
     acceptance = AcceptanceModel()
     rng = random.Random(seed)
@@ -126,27 +127,52 @@ def test_layers_launched_past_the_stop_change_nothing(model) -> None:  # noqa: A
     assert all(same(a, b) for (a, _), (b, _) in zip(host, drafter_ahead))
 
 
+def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(model) -> None:  # noqa: ANN001
+    """The capture path without a GPU: each update's warm-ups run and are undone, and the update
+    made at the first step is the one every later step runs again (as a graph replays), so a
+    value of a step baked into it rather than loaded into a buffer would change the trees. The
+    buffers keep their addresses (a graph reads them by address)."""
+    cfg, calibrated, costs = CASES["planner"]
+    host = drafting(model, cfg, False, calibrated, costs, steps=6)
+    rehearsed = drafting(model, cfg, True, calibrated, costs, steps=6, rehearse=True)
+    assert all(same(a, b) for (a, _), (b, _) in zip(host, rehearsed))
+    width = chain_width(cfg.budget, BUCKETS)
+    drafter = StaticModelDrafter(model, StaticPool(model, drafts=True, buckets=(width, 257)), tokens=400, chain=True,
+                                 rehearse=True)
+    drafter.reset(PROMPT)
+    addresses = None
+    for step in range(3):
+        tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, cfg.budget, 0, AcceptanceModel(),
+                                    True, None)
+        (state,) = drafter.static.chains.values()
+        now = [buf.data_ptr() for buf in state.buffers()]
+        assert addresses in (None, now), step
+        addresses = now
+        path = tree.path(tree.best_leaf())
+        drafter.commit(tree, path, [tree.tokens[n] for n in path[1:]] + [9])
+    assert len(state.captured) >= 2, "the root's update and a layer's were kept and run again"
+
+
 def test_a_layer_update_reads_no_value_on_the_host() -> None:
-    """Every operation between two layers has a fixed shape and reads nothing back: on the meta
+    """Every operation of an update has a fixed shape and reads nothing back: on the meta
     device (no data at all) any ``.item()``, ``bool(tensor)`` or boolean index would fail."""
     cfg = TreeConfig(mode="adaptive", budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, min_conf=0.1)
     shared = DraftTree.with_root(5)
     shared.add(0, 9, 0.5, "retrieval")
     meta = torch.device("meta")
     planner = Planner(COSTS, cfg, 64, predicted=True)
-    plan = make_plan(shared, cfg, cfg.budget, 16, 2, True, planner.acceptance, planner, meta)
-    state = ChainState(shared, plan, 300, meta)
-    q = torch.empty(1, cfg.root_k, dtype=torch.float64, device=meta)
-    state.admit(q, torch.empty(1, cfg.root_k, dtype=torch.long, device=meta), state.idx[:1], state.idx[:1] == 0)
-    state.keep_best()
-    state.gate(1)
-    parents, real = state.frontier, state.idx[:16] < state.rows
-    state.drafted_forward()
-    q = torch.empty(16, cfg.top_k, dtype=torch.float64, device=meta)
-    state.admit(q, torch.empty(16, cfg.top_k, dtype=torch.long, device=meta), parents, real)
-    state.keep_best()
-    state.gate(2)
-    assert state.stop.device.type == "meta" and state.frontier.shape == (16,)
+    shape = ChainShape.of(cfg, 1, BUCKETS, True, True, 64)
+    state = ChainState(shape, 300, meta)
+    state.load(shared, StepTables.of(shape, 2, planner.acceptance, planner), 20, 20, 20)
+
+    def bucket(size: int) -> Bucket:
+        made = Bucket(size, 64, torch.empty(8 * (2 + 2 * size + size * 64) + size * size, dtype=torch.uint8, device=meta))
+        made.top = torch.empty(size, 128, dtype=torch.float64, device=meta)
+        return made
+    layer = bucket(shape.width)
+    state.root_update(bucket(1), 0, layer, 1000)
+    state.layer_update(2, layer, 1000)
+    assert state.stop.device.type == "meta" and state.frontier.shape == (shape.width,)
 
 
 def random_case(seed: int) -> tuple[DraftTree, list[int], Planner, TreeConfig, int]:
@@ -173,51 +199,48 @@ def random_case(seed: int) -> tuple[DraftTree, list[int], Planner, TreeConfig, i
     return tree, frontier, planner, cfg, rng.randrange(8)
 
 
+def device_worth(tree: DraftTree, frontier: list[int], planner: Planner, cfg: TreeConfig, match_len: int,
+                 bug: str = "") -> bool:
+    """``ChainState.worth_layer`` on ``tree`` with ``frontier`` as its newest layer (``bug``:
+    one planted in its inputs)."""
+    cpu = torch.device("cpu")
+    shape = ChainShape.of(cfg, max(tree.depths), BUCKETS, True, True, 64)
+    shape = dataclasses.replace(shape, capacity=shape.capacity + len(tree))  # a random tree may exceed the budget
+    tables = StepTables.of(shape, match_len, planner.acceptance, planner)
+    if bug == "budget":  # room for one node more than the budget
+        shape = dataclasses.replace(shape, cfg=dataclasses.replace(cfg, budget=cfg.budget + 1))
+    elif bug == "continues":  # c ** (i + 1) for c ** i
+        tables = dataclasses.replace(tables, cpow=np.roll(tables.cpow, -1))
+    elif bug == "clock":  # the drafting so far not charged
+        tables = dataclasses.replace(tables, drafted=0.0)
+    state = ChainState(shape, 999, cpu)
+    state.load(tree, tables, 0, 0, 0)
+    state.p.copy_(state.probs(max(tree.depths)))
+    mask = torch.zeros_like(state.alive)
+    mask[frontier] = True
+    state.rank[frontier] = torch.arange(len(frontier))
+    order = torch.sort(torch.where(mask, state.rank, talon.chain.BIG), stable=True).indices[:shape.width]
+    return bool(state.worth_layer(mask, order, mask.sum(), max(tree.depths)))
+
+
 def test_the_devices_cost_check_is_the_planners() -> None:
     verdicts = []
     for seed in range(120):
         tree, frontier, planner, cfg, match_len = random_case(seed)
         want = planner.worth_layer(tree, frontier, cfg.top_k, cfg.budget, match_len)
-        assert device_worth(make_plan, tree, frontier, planner, cfg, match_len) == want, seed
+        assert device_worth(tree, frontier, planner, cfg, match_len) == want, seed
         verdicts.append(want)
     assert 20 < sum(verdicts) < 100, "both verdicts are common, so a wrong one would show"
 
 
 @pytest.mark.parametrize("bug", ["budget", "continues", "clock"])
-def test_a_planted_bug_in_the_cost_check_is_caught(monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
-    real = make_plan
-    if bug == "budget":  # room for one node more than the budget
-        monkeypatch.setattr(talon.chain, "make_plan",
-                            lambda *a, **k: dataclasses.replace(real(*a, **k), budget=a[2] + 1))
-    elif bug == "continues":  # c ** (i + 1) for c ** i
-        def shifted(*a, **k):  # noqa: ANN002, ANN003, ANN202
-            plan = real(*a, **k)
-            return dataclasses.replace(plan, costs=dataclasses.replace(plan.costs, cpow=plan.costs.cpow.roll(-1)))
-        monkeypatch.setattr(talon.chain, "make_plan", shifted)
-    else:  # the drafting so far not charged
-        monkeypatch.setattr(talon.chain, "make_plan",
-                            lambda *a, **k: dataclasses.replace(real(*a, **k), costs=dataclasses.replace(
-                                real(*a, **k).costs, drafted=0.0)))
+def test_a_planted_bug_in_the_cost_check_is_caught(bug: str) -> None:
     wrong = 0
     for seed in range(120):
         tree, frontier, planner, cfg, match_len = random_case(seed)
-        plan_of = talon.chain.make_plan
-        got = device_worth(plan_of, tree, frontier, planner, cfg, match_len)
+        got = device_worth(tree, frontier, planner, cfg, match_len, bug)
         wrong += got != planner.worth_layer(tree, frontier, cfg.top_k, cfg.budget, match_len)
     assert wrong, bug
-
-
-def device_worth(plan_of, tree, frontier, planner, cfg, match_len) -> bool:  # noqa: ANN001
-    """``ChainState.worth_layer`` on ``tree`` with ``frontier`` as its newest layer, the plan
-    made by ``plan_of``."""
-    plan = plan_of(tree, cfg, cfg.budget, 64, match_len, True, planner.acceptance, planner, torch.device("cpu"))
-    state = ChainState(tree, plan, 999, torch.device("cpu"))
-    state.p = state.probs()
-    mask = torch.zeros_like(state.alive)
-    mask[frontier] = True
-    state.rank[frontier] = torch.arange(len(frontier))
-    order = torch.sort(torch.where(mask, state.rank, state.BIG), stable=True).indices[:64]
-    return bool(state.worth_layer(mask, order, mask.sum(), max(tree.depths)))
 
 
 @pytest.mark.parametrize("bug", ["merge", "budget"])
@@ -227,14 +250,15 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
     if bug == "merge":  # a proposal a graft holds is added again instead of merged
         real = ChainState.admit
 
-        def admit(self, q, ids, parents, valid):  # noqa: ANN001, ANN202
-            self.alive = self.alive & (self.src != talon.chain.RETRIEVAL)
-            real(self, q, ids, parents, valid)
-            self.alive = self.idx < self.count
+        def admit(self, q, ids, parents, valid, depth):  # noqa: ANN001, ANN202
+            self.alive.copy_(self.alive & (self.src != talon.chain.RETRIEVAL))
+            real(self, q, ids, parents, valid, depth)
+            self.alive.copy_(self.idx < self.count)
         monkeypatch.setattr(ChainState, "admit", admit)
-    elif bug == "budget":  # one node more than the budget kept
-        monkeypatch.setattr(talon.drafters.static_draft, "make_plan",
-                            lambda *a, **k: dataclasses.replace(make_plan(*a, **k), budget=a[2] + 1))
+    else:  # one node more than the budget kept
+        real_of = ChainShape.of
+        monkeypatch.setattr(ChainShape, "of", staticmethod(
+            lambda cfg, *a: real_of(dataclasses.replace(cfg, budget=cfg.budget + 1), *a)))
     device = drafting(model, cfg, True, calibrated, costs)
     assert not all(same(a, b) for (a, _), (b, _) in zip(host, device)), bug
 

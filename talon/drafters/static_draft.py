@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from talon.chain import ChainState, chain_width, make_plan, pack_layer, tree_of
+from talon.chain import ChainShape, ChainState, StepTables, chain_width, tree_of
 from talon.drafters.model import ModelDrafter, path_key
 from talon.static import StaticForward
 from talon.static_pool import StaticPool
@@ -37,14 +37,15 @@ if TYPE_CHECKING:
 class StaticModelDrafter(ModelDrafter):
     def __init__(self, model: PreTrainedModel, pool: StaticPool, tokens: int, vocab_size: int = 0,
                  target_vocab: int = 0, fork_pool: StaticPool | None = None, capture_all: bool = False,
-                 chain: bool = False, ahead: bool | None = None) -> None:
+                 chain: bool = False, ahead: bool | None = None, rehearse: bool = False) -> None:
         """``pool``: the draft model's static forwards; ``tokens``: the most a run commits
         (prompt, new tokens, a step's nodes), which the forward's slot cache must hold.
         ``fork_pool``: where an async fork takes its forward (default ``pool``); ``capture_all``:
         capture every bucket of this drafter's forward when it is taken, not each at first use.
         ``chain``: grow adaptive trees on the device (``chained_tree``); ``ahead``: launch as many
         layers as the last step used before reading the state (default: on CUDA, where a launch
-        does not wait; on the CPU every layer is read, so no forward is wasted)."""
+        does not wait; on the CPU every layer is read, so no forward is wasted); ``rehearse``: run
+        each chained update's capture warm-ups and restores without a GPU (tests)."""
         if not pool.drafts or (fork_pool is not None and not fork_pool.drafts):
             raise ValueError("a static model drafter needs drafting pools (StaticPool(..., drafts=True))")
         super().__init__(model, vocab_size, target_vocab)
@@ -52,7 +53,7 @@ class StaticModelDrafter(ModelDrafter):
         self.fork_pool = fork_pool or pool
         self.static: StaticForward | None = None
         self.used = 0  # slots written: the committed context's, then this step's nodes'
-        self.chain = chain
+        self.chain, self.rehearse = chain, rehearse
         self.ahead = (model.device.type == "cuda") if ahead is None else ahead
         self.last_layers = 0  # the chained layers the last step used (how many to launch unread)
         self.idle_forwards = 0  # chained forwards launched after the tree had stopped (this run)
@@ -101,49 +102,45 @@ class StaticModelDrafter(ModelDrafter):
     def chained_tree(self, shared: DraftTree, cfg: TreeConfig, budget: int, match_len: int,
                      acceptance: AcceptanceModel, calibrated: bool, planner: Planner | None) -> DraftTree:
         """``build_tree(shared, ...)`` for TALON's adaptive tree, grown on the device
-        (``talon.chain``): the root's forward and each layer's are launched back to back, the
-        gate, the budget, the merge and the planner's check run between them as tensor
-        operations, and the tree comes back in one copy (one more for each layer launched past
-        the last step's count, to see whether the tree has stopped)."""
+        (``talon.chain``): the root's forward and each layer's are launched back to back, each
+        followed by its update (the gate, the budget, the merge and the planner's check as tensor
+        operations, a captured graph under ``graphs``), and the tree comes back in one copy (one
+        more read of the stop flag for each layer launched past the last step's count)."""
+        if budget != cfg.budget:
+            raise ValueError("a chained tree fills the configured budget")
         static = self._forward()
         start = time.perf_counter()
-        device = static.device
         if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
             self.fed -= 1
         pending = self.embeddable_ids(self.context[self.fed:])
         root_width = max(len(pending), 1)
         if planner is not None:
             planner.forward_done(root_width)
-        width = chain_width(budget, shared.num_draft, tuple(static.buckets))
-        plan = make_plan(shared, cfg, budget, width, match_len, calibrated, acceptance, planner, device)
-        state = ChainState(shared, plan, static.max_len, device)
-        if self.fed + len(pending) + cfg.max_depth * width > static.max_len:
+        width = chain_width(budget, tuple(static.buckets))
+        if len(self.context) + cfg.max_depth * width > static.max_len:
             raise ValueError(f"a chained tree of {cfg.max_depth} layers of {width} exceeds the static cache")
         bucket, t = static.prefill_step(pending, self.fed)
         self.fed = self.used = len(self.context)
         self.slots = {(): self.fed - 1}
-        state.used.fill_(self.used)
-        top = bucket.top[t - 1:t]
-        half = top.shape[1] // 2
-        state.admit(top[:, :cfg.root_k], top[:, half:half + cfg.root_k].long(), state.idx[:1], state.idx[:1] == 0)
-        state.keep_best()
-        state.gate(1)
+        shape = ChainShape.of(cfg, max(shared.depths), tuple(static.buckets), calibrated, planner is not None,
+                              bucket.top.shape[1] // 2)
+        state = static.chains.get(shape)
+        if state is None:
+            state = static.chains[shape] = ChainState(shape, static.max_len, static.device, graphs=static.graphs,
+                                                      rehearse=self.rehearse)
+        state.load(shared, StepTables.of(shape, match_len, acceptance, planner), self.used, self.fed,
+                   len(self.context) - 1)
         layer = static.buckets[width]
+        state.root_update(bucket, t - 1, layer, self.embed_rows)
         unread = self.last_layers if self.ahead else 0
         launched = 0
         for depth in range(2, cfg.max_depth + 1):
             if launched >= unread and int(state.stop):  # a read: has the tree stopped?
                 break
-            parents, real = state.frontier, state.idx[:width] < state.rows
-            pack_layer(state, layer, self.fed, len(self.context) - 1 + depth - 1, self.embed_rows)
             static.launch(layer)
-            state.drafted_forward()
-            half = layer.top.shape[1] // 2
-            state.admit(layer.top[:, :cfg.top_k], layer.top[:, half:half + cfg.top_k].long(), parents, real)
-            state.keep_best()
-            state.gate(depth)
+            state.layer_update(depth, layer, self.embed_rows)
             launched += 1
-        fields, stop, widths = state.read()
+        fields, stop, widths = state.read(launched)
         tree = tree_of(fields, stop)
         keys: list[tuple[int, ...]] = [()]
         for i in range(1, len(tree)):
