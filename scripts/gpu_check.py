@@ -124,7 +124,8 @@ PAIR_CHECKS: list[PairCheck] = [
     PairCheck("memory", "memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
     PairCheck("sampling", "sampling: first token distributed as the target's softmax", sampling_distribution,
               FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
-    PairCheck("steps", "the other steps (dynamic, static; graphs are the default on CUDA): greedy equals generate()",
+    PairCheck("steps", "the other steps (dynamic, static, graphs with the tree grown on the device; graphs are the "
+              "default on CUDA): greedy equals generate()",
               static_step_lossless, FP32_PAIR),
     PairCheck("bf16", "bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
               peak=(("target", F32),)),
