@@ -28,7 +28,7 @@ import torch
 
 from talon.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, AcceptanceModel, Planner
 from talon.run_config import TreeConfig
-from talon.static import CAPTURE_LOCK, Bucket
+from talon.static import CAPTURE_LOCK, Bucket, bucket_for
 from talon.tree import SOURCES, DraftTree, Gate
 
 STOPS = ("", "budget", "depth", "min_conf", "cost", "empty")  # the device's stop codes (0: growing)
@@ -57,18 +57,10 @@ class ChainShape:
         """The shape for ``cfg``'s trees; grafts are at most the budget (the hybrid drafter's
         share of it), so one shape serves a run unless a graft is deeper than any before
         (``graft_bound`` rounds up to 4s)."""
-        width = chain_width(cfg.budget, buckets)
+        width = bucket_for(max(cfg.budget, 1), buckets)
         return ChainShape(cfg=cfg, width=width, capacity=2 + cfg.budget + max(cfg.root_k, width * cfg.top_k),
                           graft_bound=max(-(-graft_depth // 4) * 4, 4), calibrated=calibrated, costs=costs,
                           readout=readout)
-
-
-def chain_width(budget: int, buckets: tuple[int, ...]) -> int:
-    """The bucket of a chained layer: it holds the widest layer (the budget)."""
-    for b in buckets:
-        if b >= max(budget, 1):
-            return b
-    raise ValueError(f"a layer of {budget} nodes exceeds the largest bucket ({buckets[-1]})")
 
 
 @dataclass(frozen=True)

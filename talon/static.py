@@ -327,12 +327,6 @@ class StaticForward:
         return bucket.logits[t - 1:t]
 
     @torch.inference_mode()
-    def prefill_top(self, ids: torch.Tensor, start: int, k: int) -> tuple[list[list[float]], list[list[int]]]:
-        """``prefill_step`` on a drafting forward; the last token's top-``k`` children (``top``)."""
-        bucket, t = self.prefill_step(ids, start)
-        return self.read_top(bucket, t, k, last=True)
-
-    @torch.inference_mode()
     def keep_path(self, length: int, path: list[int]) -> None:
         """Move the entries of the accepted nodes (``path``: node indices, the step's slots being
         ``length + i``) to slots ``length .. length + K - 1``, every layer, in place."""

@@ -16,8 +16,8 @@ import torch
 
 import talon.chain
 from talon.builder import build_tree, path_confidence
-from talon.chain import ChainShape, ChainState, StepTables, chain_width
-from talon.static import BUCKETS, Bucket
+from talon.chain import ChainShape, ChainState, StepTables
+from talon.static import BUCKETS, Bucket, bucket_for
 from talon.cost import synthetic_costs
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
@@ -58,7 +58,7 @@ def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool,
     """``steps`` trees grown by the host's builder or on the device, each step's best path
     committed; per step the tree and the planner's forward widths (``drafters``: gets the
     drafter, to look at after)."""
-    width = chain_width(cfg.budget, BUCKETS)
+    width = bucket_for(cfg.budget)
     pool = StaticPool(model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
     drafter = StaticModelDrafter(model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
     drafter.reset(PROMPT)
@@ -74,7 +74,7 @@ def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool,
         if planner is not None:
             planner.begin_step()
         if chain:
-            tree = drafter.chained_tree(shared, cfg, cfg.budget, match_len, acceptance, calibrated, planner)
+            tree = drafter.chained_tree(shared, cfg, match_len, acceptance, calibrated, planner)
         else:
             def expand(tree, nodes, k):  # noqa: ANN001, ANN202 - the hybrid drafter's reporting expand
                 children = drafter.expand(tree, nodes, k)
@@ -145,13 +145,13 @@ def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(mode
     host = drafting(model, cfg, False, calibrated, costs, steps=6)
     rehearsed = drafting(model, cfg, True, calibrated, costs, steps=6, rehearse=True)
     assert all(same(a, b) for (a, _), (b, _) in zip(host, rehearsed))
-    width = chain_width(cfg.budget, BUCKETS)
+    width = bucket_for(cfg.budget)
     drafter = StaticModelDrafter(model, StaticPool(model, drafts=True, buckets=(width, 257)), tokens=400, chain=True,
                                  rehearse=True)
     drafter.reset(PROMPT)
     addresses = None
     for step in range(3):
-        tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, cfg.budget, 0, AcceptanceModel(),
+        tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, 0, AcceptanceModel(),
                                     True, None)
         (state,) = drafter.static.chains.values()
         now = [buf.data_ptr() for buf in state.buffers()]

@@ -96,7 +96,7 @@ class ChainingSource(DraftSource, Protocol):
 
     def chains(self, cfg: TreeConfig) -> bool: ...
 
-    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, budget: int, match_len: int, acceptance: AcceptanceModel,
+    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, match_len: int, acceptance: AcceptanceModel,
                      calibrated: bool, planner: Planner | None) -> DraftTree: ...
 
 

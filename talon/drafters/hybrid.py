@@ -102,8 +102,7 @@ class HybridDrafter:
         if self.model is not None and not skipped:
             if isinstance(self.model, ChainingSource) and self.model.chains(self.tree_cfg):
                 calibrated = self.tree_cfg.admission != "confidence"
-                tree = self.model.chained_tree(shared, self.tree_cfg, budget, match_len, self.acceptance, calibrated,
-                                               planner)
+                tree = self.model.chained_tree(shared, self.tree_cfg, match_len, self.acceptance, calibrated, planner)
             else:
                 scores = self.scores(match_len)
                 tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)

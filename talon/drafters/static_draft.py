@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from talon.chain import ChainShape, ChainState, StepTables, chain_width, tree_of
+from talon.chain import ChainShape, ChainState, StepTables, tree_of
 from talon.drafters.model import ModelDrafter, path_key
-from talon.static import StaticForward
+from talon.static import Bucket, StaticForward, bucket_for
 from talon.static_pool import StaticPool
 from talon.tree import DraftTree
 
@@ -74,12 +74,8 @@ class StaticModelDrafter(ModelDrafter):
     def _top(self, tree: DraftTree, nodes: list[int], k: int) -> tuple[list[list[float]], list[list[int]]]:
         static = self._forward()
         if nodes == [0]:
-            if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
-                self.fed -= 1
-            top = static.prefill_top(self.embeddable_ids(self.context[self.fed:]), self.fed, k)
-            self.fed = self.used = len(self.context)
-            self.slots = {(): self.fed - 1}
-            return top
+            bucket, t = self._feed_root()
+            return static.read_top(bucket, t, k, last=True)
         t = len(nodes)
         visible = torch.zeros(t, self.used - self.fed + t, dtype=torch.bool)  # over slots fed .. used + T
         for row, node in enumerate(nodes):
@@ -94,34 +90,38 @@ class StaticModelDrafter(ModelDrafter):
         self.used += t
         return top
 
+    @torch.inference_mode()
+    def _feed_root(self) -> tuple[Bucket, int]:
+        """Feed the committed tokens not yet in the cache (they end with the root); the bucket
+        holding the root's readout and its row count."""
+        if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
+            self.fed -= 1
+        bucket, t = self._forward().prefill_step(self.embeddable_ids(self.context[self.fed:]), self.fed)
+        self.fed = self.used = len(self.context)
+        self.slots = {(): self.fed - 1}
+        return bucket, t
+
     def chains(self, cfg: TreeConfig) -> bool:
         """Does this drafter grow ``cfg``'s trees on the device (``chained_tree``)?"""
         return self.chain and cfg.mode == "adaptive"
 
     @torch.inference_mode()
-    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, budget: int, match_len: int,
-                     acceptance: AcceptanceModel, calibrated: bool, planner: Planner | None) -> DraftTree:
+    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, match_len: int, acceptance: AcceptanceModel,
+                     calibrated: bool, planner: Planner | None) -> DraftTree:
         """``build_tree(shared, ...)`` for TALON's adaptive tree, grown on the device
         (``talon.chain``): the root's forward and each layer's are launched back to back, each
         followed by its update (the gate, the budget, the merge and the planner's check as tensor
         operations, a captured graph under ``graphs``), and the tree comes back in one copy (one
         more read of the stop flag for each layer launched past the last step's count)."""
-        if budget != cfg.budget:
-            raise ValueError("a chained tree fills the configured budget")
         static = self._forward()
         start = time.perf_counter()
-        if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
-            self.fed -= 1
-        pending = self.embeddable_ids(self.context[self.fed:])
-        root_width = max(len(pending), 1)
-        if planner is not None:
-            planner.forward_done(root_width)
-        width = chain_width(budget, tuple(static.buckets))
+        width = bucket_for(max(cfg.budget, 1), tuple(static.buckets))
         if len(self.context) + cfg.max_depth * width > static.max_len:
             raise ValueError(f"a chained tree of {cfg.max_depth} layers of {width} exceeds the static cache")
-        bucket, t = static.prefill_step(pending, self.fed)
-        self.fed = self.used = len(self.context)
-        self.slots = {(): self.fed - 1}
+        root_width = max(self.pending, 1)  # tokens the root's forward feeds (1: its redo)
+        bucket, t = self._feed_root()
+        if planner is not None:
+            planner.forward_done(root_width)
         shape = ChainShape.of(cfg, max(shared.depths), tuple(static.buckets), calibrated, planner is not None,
                               bucket.top.shape[1] // 2)
         state = static.chains.get(shape)
