@@ -39,6 +39,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from talon.attention import use_folded
 from talon.knobs import KNOB, STEPS
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
@@ -175,6 +176,7 @@ class StaticForward:
         model's forward: its nodes may see slots of earlier layers (up to ``EARLIER``), and it
         reads out each node's top ``READOUT_K`` children inside the forward (``top``)."""
         self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
+        self.fold = {"fold_gqa": True} if use_folded(model) else {}  # GQA without copying K/V (talon.attention)
         self.compile_upto = compile_upto
         self.compiled = compiled_decoder(model) if compile_upto else None
         self.earlier, self.readout_k = (EARLIER, READOUT_K) if drafts else (0, 0)
@@ -214,7 +216,7 @@ class StaticForward:
         mask = torch.where(visible, 0.0, self.minimum).to(self.model.dtype).view(1, 1, b, self.max_len)
         decoder = self.compiled if self.compiled is not None and b <= self.compile_upto else self.model.get_decoder()
         out = decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
-                      past_key_values=self.cache, use_cache=True)
+                      past_key_values=self.cache, use_cache=True, **self.fold)
         logits = lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
         if self.readout_k:
             q, top = torch.softmax(logits, dim=-1).topk(min(self.readout_k, logits.shape[-1]), dim=-1)

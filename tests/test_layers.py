@@ -151,7 +151,9 @@ def long_modules(root: Path = REPO) -> dict[str, int]:
 TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu", "torch.ops.aten._weight_int8pack_mm",
                  "torch.ops.aten._convert_weight_to_int4pack_for_cpu"}
 # nor has dynamo's recompile limit, which the compiled step raises (talon/static.py: compiled_decoder)
-LIBRARY_INTERNALS = {"quant.py": TORCH_KERNELS, "static.py": {"torch._dynamo"}}
+# nor has the attention implementation a model runs, which talon/attention.py reads before switching it
+LIBRARY_INTERNALS = {"quant.py": TORCH_KERNELS, "static.py": {"torch._dynamo"},
+                     "attention.py": {"model.config._attn_implementation"}}
 
 
 def private_crossings(root: Path = REPO) -> set[str]:

@@ -354,10 +354,16 @@ def test_the_compiled_step_is_cuda_only_and_a_known_name() -> None:
         resolve_step("compiled", torch.device("cpu"))
 
 
-def test_compiled_small_buckets_score_as_the_eager_forward(model) -> None:  # noqa: ANN001
+def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The ``compiled`` step's forward, run eagerly on the CPU: buckets up to ``compile_upto`` go
-    through torch.compile (inductor), larger ones stay eager, and both score as the plain forward."""
+    through torch.compile (inductor), larger ones stay eager, and both score as the plain forward;
+    compiled too, the attention folds its query heads (it never repeats the keys and values)."""
     import torch._dynamo
+    import transformers.integrations.sdpa_attention as hf_sdpa
+
+    def repeated(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("the static forward repeated the keys and values")
+    monkeypatch.setattr(hf_sdpa, "repeat_kv", repeated)
 
     tree = a_tree(int(PROMPT[-1]))  # 5 nodes: a bucket of 8, eager; its first 3: a bucket of 4, compiled
     small = DraftTree.with_root(tree.tokens[0])
