@@ -4,12 +4,17 @@ the static forward: the same logits, and what the copy of the keys and values co
     python scripts/gqa_fold.py --embedded --out docs/gpu_runs/cpu-gqa-fold.json   # the CPU pair
     python scripts/gqa_fold.py --pair qwen2.5-7b --out DIR/fold.json              # CUDA, random weights
     python scripts/gqa_fold.py --tiny                                             # anywhere, seconds
+    python scripts/gqa_fold.py --embedded --loop 2 --out FILE   # + the loop, 2 prompts a suite
 
 For each model and slot-cache length (``--lens``; the engine's pools hold 1024 slots a quantum,
 4096 on the ``compiled`` step) it prefills ``PREFIX`` tokens, then times one step of each size
-(``--sizes``; best of ``--reps``) folded and with the keys and values repeated, the step filled,
-run and its argmax read. On CUDA each variant is captured as a graph and replayed (``--eager``
-to time the eager forward instead). Prints one JSON report (also ``--out``).
+(``--sizes``; best of ``--reps``, the two in turn) folded and with the keys and values
+repeated, the step filled, run and its argmax read. On CUDA each variant is captured as a graph and replayed (``--eager``
+to time the eager forward instead). ``--loop N`` then runs the hybrid drafter on the pair (the
+engine's default step) over ``N`` Spec-Bench prompts of every suite, each prompt both ways in
+turn (``talon.attention.ENABLED``, read by every forward on the dynamic cache), and reports
+tok/s, where the time went and whether the tokens were the same. Prints one JSON report (also
+``--out``).
 """
 
 from __future__ import annotations
@@ -34,46 +39,74 @@ from talon.static import StaticForward  # noqa: E402
 PREFIX = 256
 
 
-def best_s(fn, reps: int, cuda: bool) -> float:  # noqa: ANN001
-    fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def measure(model, max_len: int, sizes: list[int], reps: int, graphs: bool) -> dict[str, Any]:  # noqa: ANN001
-    """Both variants of one model at one cache length: ms a step and the logits' difference."""
+    """Both variants of one model at one cache length, timed in turn (so that a noisy spell of
+    the host hits both): ms a step (best of ``reps``) and the logits' largest difference."""
     cuda = model.device.type == "cuda"
-    buckets = tuple(sorted(set(sizes)))
     ids = torch.randint(1, 1000, (PREFIX + max(sizes),))
-    out: dict[str, Any] = {}
-    logits: dict[str, dict[int, torch.Tensor]] = {}
+    forwards = {}
     for variant in ("repeat", "folded"):
-        sf = StaticForward(model, max_len=max_len, buckets=buckets, graphs=graphs)
+        forwards[variant] = sf = StaticForward(model, max_len=max_len, buckets=tuple(sorted(set(sizes))), graphs=graphs)
         if variant == "repeat":
             sf.fold = {}
         sf.prefill(ids[:PREFIX])
-        logits[variant] = {}
-        for size in sizes:
-            args = (ids[PREFIX:PREFIX + size], torch.arange(PREFIX, PREFIX + size),
-                    torch.ones(size, size, dtype=torch.bool).tril(), PREFIX)
-            logits[variant][size] = sf.forward(*args).float().clone()
-            out.setdefault(variant, {})[size] = round(1e3 * best_s(lambda: sf.forward(*args).argmax(-1).tolist(),
-                                                                    reps, cuda), 3)
-        del sf
-        if cuda:
-            torch.cuda.empty_cache()
-    out["max_logit_diff"] = {s: round(float((logits["folded"][s] - logits["repeat"][s]).abs().max()), 5) for s in sizes}
-    out["same_argmax"] = all(bool((logits["folded"][s].argmax(-1) == logits["repeat"][s].argmax(-1)).all())
-                             for s in sizes)
+    out: dict[str, Any] = {"repeat": {}, "folded": {}, "max_logit_diff": {}, "same_argmax": True}
+    for size in sizes:
+        args = (ids[PREFIX:PREFIX + size], torch.arange(PREFIX, PREFIX + size),
+                torch.ones(size, size, dtype=torch.bool).tril(), PREFIX)
+        logits = {v: sf.forward(*args).float().clone() for v, sf in forwards.items()}  # (a capture, under graphs)
+        out["max_logit_diff"][size] = round(float((logits["folded"] - logits["repeat"]).abs().max()), 5)
+        out["same_argmax"] &= bool((logits["folded"].argmax(-1) == logits["repeat"].argmax(-1)).all())
+        times: dict[str, list[float]] = {v: [] for v in forwards}
+        for _ in range(reps):
+            for variant, sf in forwards.items():
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                sf.forward(*args).argmax(-1).tolist()
+                times[variant].append(time.perf_counter() - start)
+        for variant in forwards:
+            out[variant][size] = round(1e3 * min(times[variant]), 3)
+    del forwards
+    if cuda:
+        torch.cuda.empty_cache()
     out["folded/repeat"] = {s: round(out["folded"][s] / out["repeat"][s], 3) for s in sizes}
+    return out
+
+
+def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
+    """The hybrid drafter on ``per_suite`` prompts of each Spec-Bench suite, folded and not in turn."""
+    import talon.attention
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig
+    from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
+
+    engine, cfg = Engine(*pair), RunConfig(drafter="hybrid", max_new_tokens=tokens)
+    prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, limit=per_suite)
+    generate(engine, prompts[0].text, cfg)  # warm: the cost probe
+    totals = {v: {"seconds": 0.0, "tokens": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0} for v in ("repeat", "folded")}
+    same, suites = True, {}
+    for i, prompt in enumerate(prompts):
+        ids = {}
+        for variant in (("repeat", "folded") if i % 2 == 0 else ("folded", "repeat")):
+            talon.attention.ENABLED = variant == "folded"
+            summary, _ = generate(engine, prompt.text, cfg)
+            ids[variant] = summary.token_ids
+            t = totals[variant]
+            t["seconds"] += summary.seconds
+            t["tokens"] += len(summary.token_ids)
+            for k in ("draft_s", "verify_s", "other_s"):
+                t[k] += getattr(summary, k)
+            suites.setdefault(prompt.suite, {}).setdefault(variant, 0.0)
+            suites[prompt.suite][variant] += summary.seconds
+        same &= ids["repeat"] == ids["folded"]
+        print(prompt.suite, prompt.index, {v: round(suites[prompt.suite][v], 1) for v in ids}, flush=True)
+    talon.attention.ENABLED = True
+    out: dict[str, Any] = {v: {"tok_s": round(t["tokens"] / t["seconds"], 3), **{k: round(x, 2) for k, x in t.items()}}
+                           for v, t in totals.items()}
+    out["folded/repeat seconds"] = round(totals["folded"]["seconds"] / totals["repeat"]["seconds"], 3)
+    out["by suite, folded/repeat seconds"] = {s: round(v["folded"] / v["repeat"], 3) for s, v in suites.items()}
+    out["same_tokens"], out["prompts"], out["tokens_each"] = same, len(prompts), tokens
     return out
 
 
@@ -81,6 +114,7 @@ def models(args: argparse.Namespace) -> list[tuple[str, Any]]:
     if args.embedded:
         from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
         target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT)
+        args.pair_loaded = (target, draft)
         return [("target", target.model), ("draft", draft.model)]
     from gpu_pairs import BF16, F32, pair_specs, random_model
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -99,14 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,8,64", help="step sizes (nodes)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--eager", action="store_true", help="on CUDA, time the eager forward, not a graph replay")
+    parser.add_argument("--loop", type=int, default=0, metavar="N", help="then the loop (--embedded): N prompts a suite")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens a prompt in the loop")
+    parser.add_argument("--skip-forwards", action="store_true", help="the loop only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.loop and not args.embedded:
+        parser.error("--loop runs the embedded pair (--embedded): random weights accept nothing")
     torch.manual_seed(0)
     sizes = [int(s) for s in args.sizes.split(",")]
     report: dict[str, Any] = {"host": hardware_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")), "python": platform.python_version(), "torch": torch.__version__,
                               "prefix": PREFIX, "reps": args.reps}
     with torch.inference_mode():
         for role, model in models(args):
+            if args.skip_forwards:
+                continue
             graphs = model.device.type == "cuda" and not args.eager
             heads = (model.config.num_attention_heads, model.config.num_key_value_heads)
             report[role] = {"dtype": str(model.dtype), "heads/kv": f"{heads[0]}/{heads[1]}",
@@ -114,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             for length in (int(x) for x in args.lens.split(",")):
                 report[role][f"L={length}"] = measure(model, length, sizes, args.reps, graphs)
                 print(role, length, report[role][f"L={length}"], flush=True)
+    if args.loop:
+        report["loop"] = loop(args.pair_loaded, args.loop, args.tokens)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

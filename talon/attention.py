@@ -14,8 +14,9 @@ arithmetic per row. ``pack_gqa`` is the same fold for one node.
 
 It is registered as the attention implementation ``talon_sdpa``: a call without the
 ``fold_gqa`` flag is transformers' ``sdpa`` unchanged, so a model switched to it
-(``use_folded``) computes exactly what it did everywhere else, and only ``talon.static``'s forward,
-which passes the flag, folds.
+(``use_folded``) computes exactly what it did wherever the flag is not passed. The forwards that
+pass it (``fold_kwargs``) are the ones with a custom mask: the static forward's steps and, on the
+dynamic cache, a tree's verification and a draft layer (``talon.verify.forward_hidden``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 NAME = "talon_sdpa"
+ENABLED = True  # off: every forward repeats the keys and values, as transformers does (for measuring)
 
 
 def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -53,6 +55,12 @@ def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 AttentionInterface.register(NAME, folded_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def fold_kwargs(model: PreTrainedModel) -> dict[str, bool]:
+    """What a forward of ``model`` with a 4D mask passes to fold (``{}`` where it cannot, or
+    while ``ENABLED`` is off: ``scripts/gqa_fold.py`` times both ways in one run)."""
+    return {"fold_gqa": True} if ENABLED and use_folded(model) else {}
 
 
 def use_folded(model: PreTrainedModel) -> bool:

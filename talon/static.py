@@ -39,7 +39,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
-from talon.attention import use_folded
+from talon.attention import fold_kwargs
 from talon.knobs import KNOB, STEPS
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
@@ -176,7 +176,7 @@ class StaticForward:
         model's forward: its nodes may see slots of earlier layers (up to ``EARLIER``), and it
         reads out each node's top ``READOUT_K`` children inside the forward (``top``)."""
         self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
-        self.fold = {"fold_gqa": True} if use_folded(model) else {}  # GQA without copying K/V (talon.attention)
+        self.fold = fold_kwargs(model)  # GQA without copying K/V (talon.attention)
         self.compile_upto = compile_upto
         self.compiled = compiled_decoder(model) if compile_upto else None
         self.earlier, self.readout_k = (EARLIER, READOUT_K) if drafts else (0, 0)

@@ -14,6 +14,7 @@ import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
 from talon.accept import Acceptance, accept_greedy, accept_sampling, greedy_readout, target_topk, warp_probs
+from talon.attention import fold_kwargs
 from talon.kv import keep_entries
 from talon.rng import generator_for
 from talon.run_config import SamplingConfig
@@ -63,8 +64,8 @@ def forward_hidden(
     """
     device = model.device
     kwargs = {}
-    if visible is not None:
-        kwargs["attention_mask"] = additive_mask(visible.to(device), model.dtype)
+    if visible is not None:  # a tree's mask: GQA folded, not the keys and values repeated (talon.attention)
+        kwargs = {"attention_mask": additive_mask(visible.to(device), model.dtype), **fold_kwargs(model)}
     out = model.get_decoder()(
         input_ids=input_ids[None].to(device),  # (1, T)
         position_ids=positions[None].to(device),  # (1, T)

@@ -1,7 +1,7 @@
 """Grouped-query attention folded (talon/attention.py): the query heads that share a key/value
 head folded into its rows give transformers' ``sdpa`` result (which repeats the keys and values)
 for every step size and mask; the static forward folds (``repeat_kv`` never runs in it) and
-equals itself unfolded; a model switched to the implementation computes what it did before
+equals itself unfolded, and so does a tree's forward on the dynamic cache; a model switched to the implementation computes what it did before
 wherever the flag is not passed; a mask folded in the wrong order fails."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from transformers import DynamicCache
 import talon.attention
 from talon.attention import NAME, folded_sdpa, use_folded
 from talon.static import StaticForward
+from talon.verify import forward_hidden
 from tests.tiny import tiny_model
 
 PREFIX = torch.arange(3, 40)
@@ -84,6 +85,29 @@ def test_the_static_forward_folds_and_equals_itself_unfolded(model, monkeypatch:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_tree_on_the_dynamic_cache_folds_too(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    calls = []
+    real = hf_sdpa.repeat_kv
+    monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
+    tree = torch.ones(6, 6, dtype=torch.bool).tril()
+    tree[3:, 1] = False  # two branches
+
+    def verify() -> torch.Tensor:
+        cache = DynamicCache(config=model.config)
+        forward_hidden(model, cache, PREFIX, torch.arange(len(PREFIX)), None)
+        visible = torch.cat([torch.ones(6, len(PREFIX), dtype=torch.bool), tree], dim=1)
+        return forward_hidden(model, cache, torch.arange(60, 66), torch.arange(len(PREFIX), len(PREFIX) + 6), visible)
+
+    monkeypatch.setattr(talon.attention, "ENABLED", False)
+    want = verify()
+    assert calls, "unfolded, the tree's forward repeats the keys and values"
+    calls.clear()
+    monkeypatch.setattr(talon.attention, "ENABLED", True)
+    got = verify()
+    assert not calls, "the tree's forward repeated the keys and values"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_switched_model_computes_what_it_did(model) -> None:  # noqa: ANN001
     fresh = tiny_model("llama", seed=6, layers=2)
     ids = torch.arange(3, 30).view(1, -1)
@@ -114,3 +138,22 @@ def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.Monke
     monkeypatch.setitem(talon.attention.AttentionInterface._global_mapping, NAME, wrong)
     got = steps(model, fold=True)
     assert not all(torch.allclose(g, w, atol=1e-3) for g, w in zip(got, want))  # the prefill's chunk too
+
+
+def test_the_timing_script_runs_both_ways_with_the_same_logits(tmp_path) -> None:  # noqa: ANN001
+    """``scripts/gqa_fold.py`` (what a lent GPU runs first, ``scripts/gpu_all.sh``), at the 7B
+    preset's head counts shrunk: both ways, the same logits, a report."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("gqa_fold", Path(__file__).parents[1] / "scripts" / "gqa_fold.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "fold.json"
+    assert script.main(["--tiny", "--lens", "384", "--sizes", "1,8", "--reps", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for role in ("target", "draft"):
+        run = report[role]["L=384"]
+        assert run["same_argmax"] and set(run["repeat"]) == set(run["folded"]) == {"1", "8"}
+        assert max(run["max_logit_diff"].values()) < 1e-4
