@@ -162,6 +162,28 @@ def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(mode
     assert len(state.captured) >= 2, "the root's update and a layer's were kept and run again"
 
 
+def test_compiled_updates_grow_the_same_trees(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """On the ``compiled`` step each update goes through torch.compile (fullgraph: a graph break
+    fails) before its capture: rehearsed on the CPU with inductor, the trees are the host's, node
+    for node and float for float, and every update really compiled."""
+    import torch._dynamo
+
+    import talon.drafters.static_draft
+
+    class Compiled(ChainState):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **{**kwargs, "compiled": True})
+
+    monkeypatch.setattr(talon.drafters.static_draft, "ChainState", Compiled)
+    cfg = TreeConfig(mode="adaptive", budget=6, root_k=3, top_k=2, mu=0.05, max_depth=2, min_conf=0.0,
+                     cost_aware=False, admission="confidence")
+    torch._dynamo.reset()
+    host = drafting(model, cfg, False, False, False, steps=3)
+    compiled = drafting(model, cfg, True, False, False, steps=3, rehearse=True)
+    assert all(same(a, b) for (a, _), (b, _) in zip(host, compiled))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2, "the root's update and a layer's compiled"
+
+
 def test_a_layer_update_reads_no_value_on_the_host() -> None:
     """Every operation of an update has a fixed shape and reads nothing back: on the meta
     device (no data at all) any ``.item()``, ``bool(tensor)`` or boolean index would fail."""

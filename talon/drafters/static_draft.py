@@ -127,7 +127,7 @@ class StaticModelDrafter(ModelDrafter):
         state = static.chains.get(shape)
         if state is None:
             state = static.chains[shape] = ChainState(shape, static.max_len, static.device, graphs=static.graphs,
-                                                      rehearse=self.rehearse)
+                                                      rehearse=self.rehearse, compiled=static.compile_upto > 0)
         state.load(shared, StepTables.of(shape, match_len, acceptance, planner), self.used, self.fed,
                    len(self.context) - 1)
         layer = static.buckets[width]
