@@ -149,7 +149,7 @@ def test_best_marked_is_best_row_and_the_pareto_front_is_pareto(ui, recorded) ->
     best = best_row(rows)
     assert found.best.values == best.values
     updates = make_rescore(view)(session, 0, **knobs.values())
-    assert F.best_words(best, found.current) in updates[view.score].replace("&#x27;", "'")
+    assert F.best_words(best, found.current) in updates[view.score].replace("&#39;", "'")
     # the star sits on the best cell of every heatmap that holds it
     starred = 0
     for plot, x_key, y_key in ((view.mu_mat, "budget", "mu"), (view.k_speed, "top_k", "root_k")):

@@ -4,6 +4,7 @@ hostile text in hovers, labels and HTML. No model, no Gradio."""
 from __future__ import annotations
 
 import json
+import re
 from html.parser import HTMLParser
 
 import plotly.graph_objects as go
@@ -303,12 +304,22 @@ def test_figures_escape_hostile_text(name: str) -> None:
         assert bad not in text, (name, bad)
 
 
+@pytest.mark.parametrize("name", list(all_figures(make_step(), run_steps())))
+def test_figures_use_only_the_entities_plotly_decodes(name: str) -> None:
+    """Plotly's labels and hovers decode ``&amp; &lt; &gt;`` and numeric references; any other
+    named one (``&quot;``) stays on screen as typed."""
+    steps = hostile_steps()
+    text = figure_strings(all_figures(steps[1], steps)[name])
+    assert "&#34;" in text or name not in ("tree", "mask"), "the hostile quotes reach the labels"
+    assert set(re.findall(r"&([A-Za-z]\w*);", text)) <= {"amp", "lt", "gt"}, name
+
+
 def test_tree_hover_shows_escaped_text_with_visible_whitespace() -> None:
     steps = hostile_steps()
     fig = F.tree_figure(steps[0])
     hovers = "\n".join(h for t in node_traces(fig) for h in t.hovertext)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hovers
-    assert "&quot;quoted&#x27;" in hovers
+    assert "&#34;quoted&#39;" in hovers
     assert "tab⇥here↵nl" in hovers and "␇bell␛" in hovers
 
 

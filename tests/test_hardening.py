@@ -229,7 +229,7 @@ def test_hostile_trace_text_is_shown_escaped(client: Client, tmp_path: Path) -> 
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps(data))
     final = client.predict(handle_file(str(path)), api_name="/replay")
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#x27;" in final[TEXT]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39;" in final[TEXT]
     for text in strings_of(final):
         assert "<script" not in text and "\x07" not in text
     hovers = json.dumps(plot_json(final[TREE])["data"])

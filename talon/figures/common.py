@@ -4,13 +4,12 @@ axes, layout, legend, ``empty_figure``)."""
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
 
-from talon.figures.text import esc
+from talon.figures.text import esc, escape
 from talon.trace import StepTrace
 
 # Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
@@ -94,14 +93,14 @@ def make_figure(traces: list[Trace], layout: dict[str, Any]) -> go.Figure:
 def axis_style(title: str = "", **extra: Any) -> dict[str, Any]:
     axis: dict[str, Any] = dict(gridcolor="#ececec", zerolinecolor="#d0d0d0", linecolor="#c8c8c8", automargin=True)
     if title:
-        axis["title"] = dict(text=html.escape(title))
+        axis["title"] = dict(text=escape(title))
     return {**axis, **extra}
 
 
 def base_layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = dict(
         title=dict(
-            text=html.escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)
+            text=escape(title), x=0.01, xanchor="left", y=0.98, yref="container", yanchor="top", font=dict(size=15)
         ),
         font=FONT,
         height=height,

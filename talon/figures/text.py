@@ -1,5 +1,7 @@
 """Text made safe to show: control, bidi and zero-width characters replaced by visible stand-ins,
-then HTML-escaped (``esc``, ``token_label``), for HTML and for Plotly hovers and labels alike."""
+then HTML-escaped (``esc``, ``token_label``), for HTML and for Plotly hovers and labels alike:
+quotes as numeric references (``&#34;``), since Plotly's labels decode only ``&amp; &lt; &gt;``
+and numeric ones by name (a ``&quot;`` stayed on screen as typed)."""
 
 from __future__ import annotations
 
@@ -45,9 +47,14 @@ def visible_ws(text: str) -> str:
     return clean_text("".join(WHITESPACE.get(ch, ch) for ch in text), keep="")
 
 
+def escape(text: str) -> str:
+    """``html.escape`` with the quotes as numeric references, which HTML and Plotly both read."""
+    return html.escape(text, quote=False).replace('"', "&#34;").replace("'", "&#39;")
+
+
 def esc(text: str) -> str:
     """Safe for HTML text and attribute values (quotes escaped); newlines and tabs kept."""
-    return html.escape(clean_text(text), quote=True)
+    return escape(clean_text(text))
 
 
 def token_label(text: str, limit: int = 0) -> str:
@@ -55,7 +62,7 @@ def token_label(text: str, limit: int = 0) -> str:
     shown = visible_ws(text)
     if limit and len(shown) > limit:
         shown = shown[: limit - 1] + "…"
-    return html.escape(shown, quote=True)
+    return escape(shown)
 
 
 def token_vocab(steps: Iterable[StepTrace]) -> dict[int, str]:

@@ -95,7 +95,9 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         title,
         max(340, min(1400, 30 * leaves + 150)),
         xaxis=axis_style("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
-        yaxis=dict(visible=False),
+        # room above the top row for its labels (autorange pads for markers only, and a label
+        # cut there ran into the legend)
+        yaxis=dict(visible=False, range=[min(y for _, y in pos.values()) - 0.5, max(y for _, y in pos.values()) + 0.9]),
         legend=legend_top(),
         margin=dict(l=20, r=20, t=110, b=20),
     )
