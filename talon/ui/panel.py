@@ -68,6 +68,7 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         label="Example prompts (SpecBench suites)",
         choices=[(ex.label, i) for i, ex in enumerate(examples)],
         value=None,
+        info="six kinds of task; a pick replaces the prompt above",
         elem_id="talon-examples",
     )
     picker.input(
