@@ -1,7 +1,7 @@
 """Text made safe to show: control, bidi and zero-width characters replaced by visible stand-ins,
 then HTML-escaped (``esc``, ``token_label``), for HTML and for Plotly hovers and labels alike:
-quotes as numeric references (``&#34;``), since Plotly's labels decode only ``&amp; &lt; &gt;``
-and numeric ones by name (a ``&quot;`` stayed on screen as typed)."""
+quotes as numeric references (``&#34;``): Plotly's labels decode numeric references but, of the
+named ones, only ``&amp; &lt; &gt;`` (a ``&quot;`` stayed on screen as typed)."""
 
 from __future__ import annotations
 

@@ -90,6 +90,7 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         traces.append(_legend_key(GATED_NAME, "gated", "#888888", "circle-x"))
     traces.append(_bonus_trace(step, pos[bonus], vocab))
     leaves = sum(1 for v in graph.nodes if graph.out_degree(v) == 0)
+    rows = [y for _, y in pos.values()]
     title = f"Draft tree, step {step.step}: {n - 1} drafted, {step.accept_len} accepted + bonus"
     layout = base_layout(
         title,
@@ -97,7 +98,7 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         xaxis=axis_style("depth (tokens ahead of the committed text)", dtick=1, zeroline=False),
         # room above the top row for its labels (autorange pads for markers only, and a label
         # cut there ran into the legend)
-        yaxis=dict(visible=False, range=[min(y for _, y in pos.values()) - 0.5, max(y for _, y in pos.values()) + 0.9]),
+        yaxis=dict(visible=False, range=[min(rows) - 0.5, max(rows) + 0.9]),
         legend=legend_top(),
         margin=dict(l=20, r=20, t=110, b=20),
     )
