@@ -20,6 +20,7 @@ from talon.rng import generator_for
 from talon.run_config import SamplingConfig
 from talon.tree import DraftTree
 
+from talon.models.prepack import PrepackedLinear
 from talon.models.quant import PackedLinear, int8_head
 from talon.shape import ancestor_rows
 
@@ -93,13 +94,15 @@ def head_rows(model: PreTrainedModel) -> int:
 def lm_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab_size: int = 0) -> torch.Tensor:
     """(T, H) -> (T, V) float32 logits; ``vocab_size`` > 0 keeps only the first V ids (draft heads).
     An int8 draft (``talon_quant``) uses its int8 head (:func:`talon.models.quant.int8_head`); a
-    packed target its ``PackedLinear`` head."""
+    packed target its ``PackedLinear`` head; a prepacked one its ``PrepackedLinear`` head."""
     if getattr(model, "talon_quant", None) == "int8":
         return int8_head(model, vocab_size)(hidden)  # float32 in and out
     head = model.get_output_embeddings()
     if isinstance(head, PackedLinear):  # a packed target: its head, as generate() runs it
         logits = head(hidden.to(head_device(model))).float()
         return logits[:, :vocab_size] if vocab_size else logits
+    if isinstance(head, PrepackedLinear) and not vocab_size:  # its oneDNN layout, as generate() runs it
+        return head(hidden).float()
     weight = model.get_output_embeddings().weight  # (V_full, H)
     bias = model.get_output_embeddings().bias
     if vocab_size:

@@ -510,7 +510,7 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
     seen: list[bool] = []
 
     def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto",
-                       target_weights: str = "dense"):
+                       target_weights: str = "dense", prepack: bool = True):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 

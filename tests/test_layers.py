@@ -152,7 +152,9 @@ TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu", 
                  "torch.ops.aten._convert_weight_to_int4pack_for_cpu"}
 # nor has dynamo's recompile limit, which the compiled step raises (talon/static.py: compiled_decoder)
 # nor has the attention implementation a model runs, which talon/attention.py reads before switching it
-LIBRARY_INTERNALS = {"quant.py": TORCH_KERNELS, "static.py": {"torch._dynamo"},
+# oneDNN's linear on a weight reordered once has no public name either (talon/models/prepack.py)
+ONEDNN_KERNELS = {"torch.ops.mkldnn._reorder_linear_weight", "torch.ops.mkldnn._linear_pointwise"}
+LIBRARY_INTERNALS = {"quant.py": TORCH_KERNELS, "prepack.py": ONEDNN_KERNELS, "static.py": {"torch._dynamo"},
                      "attention.py": {"model.config._attn_implementation"}}
 
 

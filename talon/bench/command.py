@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = args.draft if cfg.needs_draft_model() else None
         target_lm, draft_lm = load_pair(
             args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
-            target_weights=args.target_weights,
+            target_weights=args.target_weights, prepack=settings.prepack,
         )
         with logging_redirect_tqdm():
             report = run_bench(

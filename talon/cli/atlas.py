@@ -82,7 +82,8 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
             text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
             prompts = [("atlas", text, "")]
         target, draft = load_pair(args.target, args.draft, args.dtype, args.device, settings.allow_remote_code,
-                                  draft_quant=args.draft_quant, target_weights=args.target_weights)
+                                  draft_quant=args.draft_quant, target_weights=args.target_weights,
+                                  prepack=settings.prepack)
         engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
         for name, text, suite in prompts:
             atlas = record_atlas(engine, text, cfg, suite=suite,

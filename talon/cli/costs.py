@@ -48,7 +48,7 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
         draft = None if args.draft.lower() == "none" else args.draft
         target, draft_lm = load_pair(
             args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
-            target_weights=args.target_weights,
+            target_weights=args.target_weights, prepack=settings.prepack,
         )
         names = (target.name, draft_lm.name if draft_lm is not None else "none")
         costs = load_or_probe(target.model, draft_lm.model if draft_lm is not None else None, names,

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = args.draft if cfg.needs_draft_model else None  # layerskip drafts with the target itself
         target, draft_lm = load_pair(
             args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
-            target_weights=args.target_weights,
+            target_weights=args.target_weights, prepack=settings.prepack,
         )
         if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
             cfg = cfg.replace(async_draft=target.device.type == "cuda")

@@ -32,6 +32,7 @@ from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf
 from talon.models.gguf_blocks import Q4KSource
+from talon.models.prepack import prepack as prepack_linears, should_prepack
 from talon.models.quant import quantize_draft, quantize_target, resolve_draft_quant, resolve_target_weights
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline
@@ -213,15 +214,20 @@ def load_pair(
     cache_dir: str | os.PathLike[str] | None = None,
     draft_quant: str = "none",
     target_weights: str = "dense",
+    prepack: bool = True,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
     asked; auto is the same) or int4 (packed from float32 weights, bf16 activations; CPU; an
     embedded model keeps its own Q4_K blocks; int8 is refused: not lossless on a real model):
-    the packed module is the target, so the output stays its own greedy ``generate``."""
+    the packed module is the target, so the output stays its own greedy ``generate``.
+    ``prepack``: float32 weights on a CPU (a dense target, a draft not in int8) laid out once for
+    oneDNN (:mod:`talon.models.prepack`): the same weights, faster trees."""
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":  # auto resolves here too
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
+        if should_prepack(target_lm.model, prepack):
+            prepack_linears(target_lm.model)
     else:
         dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
         # bf16 activations: the int4 kernel's fast path (float32 runs 10x slower)
@@ -232,4 +238,8 @@ def load_pair(
     draft_dtype = "float32" if quant == "int8" else dtype
     draft_lm = load_model(draft, draft_dtype, device, allow_remote_code, cache_dir)
     check_tokenizers_match(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
-    return target_lm, quantize_draft(draft_lm) if quant == "int8" else draft_lm
+    if quant == "int8":
+        return target_lm, quantize_draft(draft_lm)
+    if should_prepack(draft_lm.model, prepack):
+        prepack_linears(draft_lm.model)
+    return target_lm, draft_lm

@@ -31,7 +31,7 @@ def build_engine(key: PairKey) -> Engine:
     if key.step == "compiled" and zerogpu.active():
         raise ConfigError("TALON_STEP=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
     target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
-                                    key.cache_dir, key.draft_quant, key.target_weights)
+                                    key.cache_dir, key.draft_quant, key.target_weights, key.prepack)
     engine = Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
                     chain=key.chain)
     if key.step == "compiled":  # (resolve_step refused it off CUDA)
@@ -57,7 +57,7 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
         draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
         cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
         target_weights=preset.target_weights or settings.target_weights, step=settings.step,
-        chain=settings.chain,
+        chain=settings.chain, prepack=settings.prepack,
     )
 
 

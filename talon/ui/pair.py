@@ -40,6 +40,7 @@ class PairKey:
     target_weights: str = "dense"
     step: str = "auto"  # talon.static.resolve_step
     chain: bool = False  # talon.chain: adaptive trees grown on the draft model's device
+    prepack: bool = True  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"
