@@ -3,16 +3,18 @@
 A tree verification multiplies every weight matrix by a few rows at once (one per node). For a
 float32 product torch's CPU ``F.linear`` calls MKL's sgemm, which lays the weight out again on
 every call unless the product is a single row; at a few rows that costs more than the rows do.
-Measured on a 2-core Xeon (avx512 without avx512_bf16) with the embedded 1.5B target over a
-256-token cache, a forward of 4 / 8 / 16 / 64 tokens took 2.1x / 3.2x / 2.5x / 5.0x a 1-token
-one. Reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``)
-and applied by ``torch.ops.mkldnn._linear_pointwise``, the same forwards took 0.65x / 0.50x /
-0.71x / 0.75x of that time, a 1-token forward the same (docs/design.md, Prepacked weights).
+Measured on a 2-core Xeon (avx512 without avx512_bf16) with the
+embedded 1.5B target over a 256-token cache, a forward of 4 / 8 / 16 / 64 tokens took 1.9x / 2.8x /
+2.1x / 4.9x a 1-token one. Reordered once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) and applied by ``torch.ops.mkldnn._linear_pointwise``,
+the same forwards took 0.71x / 0.55x / 0.86x / 0.78x of that time; one token 0.95x to 1.06x over
+four runs, two tokens 1.2x (docs/design.md, Prepacked weights).
 
 The weights are the model's own, exactly, in float32: only their layout and the order of each
 dot product's additions change, as they change between any two matmul kernels. A prepacked model
 *is* the target: ``generate()`` runs through the same modules, and a row's result does not
-depend on how many rows share the call once there are two or more (tests/test_prepack.py).
+depend on how many rows share the call once there are two or more (tests/test_prepack.py); one
+row takes oneDNN's other path, as it takes MKL's gemv without prepacking.
 
 bfloat16 is left to torch (on a host with avx512_bf16 it already goes to oneDNN; unmeasured
 here), and so is every device but the CPU.
