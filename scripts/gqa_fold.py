@@ -20,7 +20,6 @@ tok/s, where the time went and whether the tokens were the same. Prints one JSON
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from talon.models.device import hardware_name  # noqa: E402
 from talon.static import StaticForward  # noqa: E402
+from report import emit  # noqa: E402  (scripts/report.py)
 
 PREFIX = 256
 
@@ -157,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(role, length, report[role][f"L={length}"], flush=True)
     if args.loop:
         report["loop"] = loop(args.pair_loaded, args.loop, args.tokens)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -27,9 +27,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, cpu_model, load_pair  # noqa: E402
 from talon.verify import forward_hidden, lm_logits  # noqa: E402
+from report import emit  # noqa: E402  (scripts/report.py)
 
 PREFIX = 256
 WAYS = ("plain", "prepacked")
@@ -129,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1), flush=True)
     if args.per_suite > 0:
         report["loop"] = loop(pairs, args.drafters.split(","), args.per_suite, args.tokens)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -12,15 +12,14 @@ import torch
 from torch import nn
 
 from talon.cost_probe import cost_key
-from talon.decode import Engine, generate
 from talon.models import load_pair
 from talon.models.prepack import PREPACKED, PrepackedLinear, is_prepacked, prepack, prepack_supported, should_prepack
 from talon.models.quant import quantize_draft
-from talon.run_config import ConfigError, RunConfig, TreeConfig
+from talon.run_config import ConfigError
 from talon.settings import Settings
 from talon.verify import head_rows, lm_logits
 from tests.test_app import save_tiny_pair
-from tests.tiny import tiny_loaded
+from tests.tiny import assert_decodes_own_generate, tiny_loaded
 
 pytestmark = pytest.mark.skipif(not prepack_supported(), reason="this torch build has no oneDNN CPU linear")
 
@@ -79,17 +78,7 @@ def test_a_prepacked_target_decodes_its_own_greedy_generate(drafter: str, tree: 
     target, _ = prepacked_target()
     draft = tiny_loaded("llama", 1)
     prepack(draft.model)
-    prompt = "abc abc abc abc abd"
-    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        want = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                     max_new_tokens=32)[0, ids.shape[1]:].tolist()
-    engine = Engine(target, None if drafter == "layerskip" else draft, costs=None)
-    cfg = RunConfig(drafter=drafter, max_new_tokens=32, chat_template=False,
-                    tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
-    summary, _ = generate(engine, prompt, cfg)
-    assert summary.token_ids == want[: len(summary.token_ids)]
-    assert len(summary.token_ids) == 32 or summary.stop_reason == "eos"
+    assert_decodes_own_generate(target, None if drafter == "layerskip" else draft, drafter, tree)
 
 
 def test_what_gets_prepacked() -> None:

@@ -15,16 +15,15 @@ from torch import nn
 from talon.cost import CostModel
 from talon.cost_probe import cost_key, probe_costs
 from talon.figures.cost import cost_figure
-from talon.decode import Engine, generate
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from talon.models.gguf_blocks import Q4K_BYTES, Int4Groups, q4k_groups
 from talon.models.quant import PackedLinear, nearest_int4, quantize_target, resolve_target_weights
-from talon.run_config import ConfigError, RunConfig, TreeConfig
+from talon.run_config import ConfigError
 from talon.settings import Settings
-from tests.tiny import tiny_loaded
+from tests.tiny import assert_decodes_own_generate, tiny_loaded
 
 @pytest.mark.parametrize("bits, weight_only", [(8, False), (8, True), (4, False)])
 def test_a_packed_row_is_the_same_alone_or_in_a_tree(bits: int, weight_only: bool) -> None:
@@ -110,17 +109,7 @@ def test_a_packed_target_decodes_its_own_greedy_generate(weights: str, drafter: 
         assert all(m.weight_only for m in target.model.modules() if isinstance(m, PackedLinear) and m.bits == 8)
     else:  # 2 layers x 7, and the head (258 rows: not whole int4 tiles)
         assert len(bits) == 2 * 7 + (weights == "int8")
-    prompt = "abc abc abc abc abd"
-    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        want = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                     max_new_tokens=32)[0, ids.shape[1]:].tolist()
-    engine = Engine(target, tiny_loaded("llama", 1), costs=None)
-    cfg = RunConfig(drafter=drafter, max_new_tokens=32, chat_template=False,
-                    tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
-    summary, steps = generate(engine, prompt, cfg)
-    assert summary.token_ids == want[: len(summary.token_ids)]
-    assert len(summary.token_ids) == 32 or summary.stop_reason == "eos"
+    assert_decodes_own_generate(target, tiny_loaded("llama", 1), drafter, tree)
 
 
 def test_the_weight_mode_is_in_the_cost_key_and_bad_modes_are_refused() -> None:

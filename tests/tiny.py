@@ -60,6 +60,24 @@ def tiny_model(
     return model.eval()
 
 
+def assert_decodes_own_generate(target: LoadedModel, draft: LoadedModel | None, drafter: str, tree: str,
+                                prompt: str = "abc abc abc abc abd", tokens: int = 32) -> None:
+    """Speculative decoding of ``target`` (``draft`` None: the drafter needs none) gives its own
+    greedy ``generate`` token for token."""
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig, TreeConfig
+
+    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        want = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=tokens)[0, ids.shape[1]:].tolist()
+    cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False,
+                    tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
+    summary, _ = generate(Engine(target, draft, costs=None), prompt, cfg)
+    assert summary.token_ids == want[: len(summary.token_ids)]
+    assert len(summary.token_ids) == tokens or summary.stop_reason == "eos"
+
+
 def tiny_loaded(kind: str = "llama", seed: int = 0, **kw: int) -> LoadedModel:
     return LoadedModel(
         model=tiny_model(kind, seed, **kw),
