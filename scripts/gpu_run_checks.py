@@ -108,7 +108,8 @@ def hub_snapshot_check(spec: PairSpec, device: torch.device) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="talon-hub-check-") as root, offline_hub(Path(root)) as cache:
         for repo_id, lm in saved.items():
             write_snapshot(cache, repo_id, lm, byte_tokenizer(tiny.target.vocab))
-        target, draft = load_pair(HUB_TARGET, HUB_DRAFT, dtype="float32", device=device.type)
+        # the loader's path, not the CPU's weight layout: the weights must come back as saved
+        target, draft = load_pair(HUB_TARGET, HUB_DRAFT, dtype="float32", device=device.type, prepack=False)
         got = generate(Engine(target, draft), ids, greedy_cfg("hybrid", n))[0].token_ids
         want = reference(target, ids, n)
     pairs = ((target, saved[HUB_TARGET]), (draft, saved[HUB_DRAFT]))

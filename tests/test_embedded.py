@@ -3,7 +3,6 @@ output is token-for-token the target's own greedy generation, from the API and t
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -15,9 +14,9 @@ from transformers import AutoModelForCausalLM
 
 from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
 from talon.decode import Engine, generate
-from talon.models.loading import load_pair, shipped_blocks
-from talon.settings import EMBEDDED_TARGET
-from talon.models import Int8Linear, LoadedModel, quantize_draft
+from talon.models.loading import load_model, load_pair, shipped_blocks
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.models import Int8Linear, quantize_draft
 from talon.run_config import RunConfig, TreeConfig
 
 pytestmark = pytest.mark.embedded
@@ -81,7 +80,7 @@ def test_cli_json_reproduces_target_greedy(tmp_path: Path) -> None:
 def test_int8_draft_keeps_greedy_output_the_targets(embedded_pair) -> None:
     """Only the draft is quantized: proposals may change, the accepted output cannot."""
     target, draft = embedded_pair
-    int8 = quantize_draft(LoadedModel(copy.deepcopy(draft.model), draft.tokenizer, draft.name, draft.dtype, draft.device))
+    int8 = quantize_draft(load_model(EMBEDDED_DRAFT, "float32", "cpu"))  # the fixture's draft is prepacked
     assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == 7 * draft.model.config.num_hidden_layers
     engine = Engine(target, int8)
     for suite, drafter in (("humaneval", "hybrid"), ("mt_bench", "model")):
@@ -134,12 +133,14 @@ def test_atlas_replays_equal_real_runs(engine: Engine, tmp_path: Path) -> None:
 def test_the_embedded_targets_q4k_blocks_are_its_checkpoint_weights(embedded_pair) -> None:
     """int4 target weights keep the shipped integers: the GGUF's Q4_K blocks, decoded, are the
     converted checkpoint's float32 weights bit for bit, and Q6_K layers are not taken as Q4_K."""
+    from safetensors import safe_open
+
     target, _ = embedded_pair
     blocks = shipped_blocks(target.name, None)
     assert blocks is not None and blocks.count() == 169  # Q4_K_M: 169 Q4_K tensors, 29 Q6_K
-    layers = dict(target.model.named_modules())
-    for name in ("model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj", "model.layers.27.mlp.up_proj"):
-        assert torch.equal(blocks.groups(name).dequantize(), layers[name].weight.float()), name
+    with safe_open(str(Path(target.name) / "model.safetensors"), framework="pt") as checkpoint:  # as converted
+        for name in ("model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj", "model.layers.27.mlp.up_proj"):
+            assert torch.equal(blocks.groups(name).dequantize(), checkpoint.get_tensor(f"{name}.weight").float()), name
     assert blocks.groups("model.layers.0.self_attn.v_proj") is None  # Q6_K: packed to int8 instead
     assert blocks.groups("lm_head") is None
 

@@ -136,7 +136,7 @@ def test_only_the_target_spreads_over_several_gpus(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(loading, "load_model", fake_load_model)
     monkeypatch.setattr(loading, "check_tokenizers_match", lambda *args: None)
-    loading.load_pair("the-target", "the-draft", "bfloat16", "cuda", draft_quant="none")
+    loading.load_pair("the-target", "the-draft", "bfloat16", "cuda", draft_quant="none", prepack=False)
     assert spreads == {"the-target": True, "the-draft": False}
 
 

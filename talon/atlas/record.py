@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from talon.models.prepack import is_prepacked
 from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
 from talon.atlas.replay import replay
 from talon.decode import Engine, generate
@@ -104,7 +105,8 @@ def record_atlas(
                 "dtype": str(engine.target.dtype).removeprefix("torch."),
                 "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
                 "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
-                "draft_quant": getattr(engine.draft.model, "talon_quant", "none"),
+                # the draft's quantization (a prepacked draft is its float32 weights, laid out for oneDNN)
+                "draft_quant": "none" if is_prepacked(engine.draft.model) else getattr(engine.draft.model, "talon_quant", "none"),
                 "chat_template": cfg.chat_template},
         costs=costs.to_dict(),
         record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),

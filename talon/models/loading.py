@@ -226,7 +226,7 @@ def load_pair(
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":  # auto resolves here too
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
-        if should_prepack(target_lm.model, prepack):
+        if prepack and should_prepack(target_lm.model):
             prepack_linears(target_lm.model)
     else:
         dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
@@ -240,6 +240,6 @@ def load_pair(
     check_tokenizers_match(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
     if quant == "int8":
         return target_lm, quantize_draft(draft_lm)
-    if should_prepack(draft_lm.model, prepack):
+    if prepack and should_prepack(draft_lm.model):
         prepack_linears(draft_lm.model)
     return target_lm, draft_lm
