@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from talon.models.prepack import is_prepacked
 from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
 from talon.atlas.replay import replay
 from talon.decode import Engine, generate
@@ -35,6 +34,7 @@ from talon.prompt import eos_ids
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.kv import gather_entries
+from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
 from talon.verify import forward_hidden, lm_logits
 

@@ -27,6 +27,8 @@ import logging
 import torch
 from torch import nn
 
+from talon.models.quant import replace_linears
+
 log = logging.getLogger(__name__)
 
 PREPACKED = "dense-onednn"  # a prepacked model's ``talon_quant``: the cost cache keys on it
@@ -73,11 +75,15 @@ def prepack(model: nn.Module) -> int:
     in place; the plain weights of all but the head are freed. Returns how many were replaced."""
     head = model.get_output_embeddings()
     replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
-                setattr(parent, name, PrepackedLinear(child, keep_weight=child is head))
-                replaced += 1
+
+    def make(_: str, linear: nn.Linear) -> PrepackedLinear | None:
+        nonlocal replaced
+        if linear.weight.dtype != torch.float32:
+            return None
+        replaced += 1
+        return PrepackedLinear(linear, keep_weight=linear is head)
+
+    replace_linears(model, make)
     model.talon_quant = PREPACKED
     log.info("%s: %d float32 Linear layers laid out for oneDNN", type(model).__name__, replaced)
     return replaced
