@@ -10,12 +10,15 @@ at 28 layers.
 The ``conditioned`` init here is stable at any depth and still decisive:
 
 * **residual branches scaled down with depth** (``o_proj`` and ``down_proj`` by 1/sqrt(2 L)),
-  embeddings of unit scale, so the residual stream is the token's embedding plus a context term
-  of the same size, and no layer amplifies rounding;
+  the MLP's by its width too (``REFERENCE_MLP``), and a model narrower than ``REFERENCE_HIDDEN``
+  scaled up to it (its branches and attention logits), embeddings of unit scale, so the residual
+  stream is the token's embedding plus a context term of the same size at any shape, and no
+  layer amplifies rounding;
 * **a planted bigram chain**: the LM head scores token ``j`` by how much the hidden state points
   along the embedding of pi^-1(j), for a permutation pi of short cycles shared by target and
   draft, plus a random part of the same order. So greedy text follows pi where the context
-  agrees and leaves it where it does not: a draft of the same chain is accepted in part,
+  agrees and leaves it where it does not (the random part scaled so its largest value over the
+  vocabulary is what it is over ``REFERENCE_VOCAB`` ids): a draft of the same chain is accepted in part,
   retrieval finds repeats, and a wrong mask or position id (a different context) changes the
   output.
 
@@ -26,7 +29,9 @@ against float32 where the check runs in bf16), and says **invalid**, with the nu
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +46,17 @@ QK_SHARPEN = 2.0  # q and k scale: how peaked (so how position-sensitive) attent
 SPLIT_BOUND = 1e-3  # float32: most any last logit may move between a full and a split forward
 BF16_BOUND = 0.25  # bf16 against float32, in logits: below the judge's near-tie scale at these logits
 SPLIT_TAIL = 4  # the split feeds the last SPLIT_TAIL tokens as one block, as a tree is fed
+# The shape at which the balance of chain, context and noise above was struck (the full-depth
+# test's narrowed models: a draft's trees accepted at MAT 2.7-5.3 and a planted bug caught). A
+# wider MLP writes more into the residual stream and a larger vocabulary has a larger random
+# maximum, which at the presets' real shapes drowned the chain (every model draft rejected):
+# both are scaled back to this reference, so the balance holds at every shape.
+REFERENCE_MLP = 256
+REFERENCE_VOCAB = 2048
+# A narrower model's attention logits and branch outputs are smaller (their std grows with the
+# width): scaled back to this width's, or a tiny model's output ignores its context and a planted
+# position or mask bug goes unnoticed (seen at the --tiny shapes: caught by none of the pairs).
+REFERENCE_HIDDEN = 3584
 
 
 def bigram_chain(vocab: int, seed: int = CHAIN_SEED, cycle: int = CHAIN_CYCLE) -> torch.Tensor:
@@ -88,19 +104,24 @@ def condition(model: PreTrainedModel, init: str, chain_vocab: int, seed: int) ->
         return
     if init != "conditioned":
         raise ValueError(f"init must be one of {INITS}, not {init!r}")
-    branch = 1.0 / math.sqrt(2 * len(layers))
+    narrow = max(1.0, REFERENCE_HIDDEN / model.config.hidden_size)
+    qk = QK_SHARPEN * math.sqrt(narrow)  # q and k both: the logits by ``narrow``
+    branch = narrow / math.sqrt(2 * len(layers))
+    mlp = branch * math.sqrt(min(1.0, REFERENCE_MLP / model.config.intermediate_size))  # (its output's std ~ sqrt(width))
     for layer in layers:
-        layer.self_attn.q_proj.weight.mul_(QK_SHARPEN)
-        layer.self_attn.k_proj.weight.mul_(QK_SHARPEN)
+        layer.self_attn.q_proj.weight.mul_(qk)
+        layer.self_attn.k_proj.weight.mul_(qk)
         layer.self_attn.o_proj.weight.mul_(branch)
-        layer.mlp.down_proj.weight.mul_(branch)
+        layer.mlp.down_proj.weight.mul_(mlp)
     if model.config.tie_word_embeddings:  # one matrix cannot both name a token and predict its successor:
         return  # a tied model gets the conditioning only (the memory check's draft, at its real shape)
     embed = model.get_input_embeddings().weight  # (V, H)
     g = torch.Generator(device=embed.device).manual_seed(seed + 1000)  # drawn where the weights live
     vocab, hidden = embed.shape
     unit = torch.randn(vocab, hidden, generator=g, device=embed.device)  # (V, H): each token's own direction
-    head = torch.randn(vocab, hidden, generator=g, device=embed.device) * (RANDOM_WEIGHT / math.sqrt(hidden))
+    # the largest of V normal draws grows as sqrt(2 ln V): held at its REFERENCE_VOCAB value
+    spread = RANDOM_WEIGHT * math.sqrt(min(1.0, math.log(REFERENCE_VOCAB) / math.log(vocab)))
+    head = torch.randn(vocab, hidden, generator=g, device=embed.device) * (spread / math.sqrt(hidden))
     chain = bigram_chain(chain_vocab).to(embed.device)  # (Vc,)
     prev = torch.empty_like(chain)
     prev[chain] = torch.arange(chain_vocab, device=embed.device)  # pi^-1
@@ -183,3 +204,43 @@ def conditioning(model: PreTrainedModel, ids: list[int], bf16: bool = False) -> 
         problems.append(f"bf16 against float32 moves them by {bf16_drift:.3g} (bound {BF16_BOUND:g})")
     why = "; ".join(problems) or "within bounds"
     return Conditioning(model.config.num_hidden_layers, drift, bf16_drift, gap, not problems, why)
+
+
+# ------------------------------------------------------------------------------------ planted bugs
+
+
+def positions_shifted(tree, prefix_len: int) -> torch.Tensor:  # noqa: ANN001 - a talon.tree.DraftTree
+    """Every node below the root one position too far (the root's right): a tree position bug."""
+    return prefix_len + torch.tensor(tree.depths, dtype=torch.long) + (torch.tensor(tree.depths) > 0).long()
+
+
+def siblings_visible(tree) -> torch.Tensor:  # noqa: ANN001
+    """(T, T): causal over node order, not the tree, so a node sees its elder siblings: a mask bug."""
+    n = len(tree.tokens)
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+PLANTS = {"position": ("tree_positions", positions_shifted), "mask": ("tree_mask", siblings_visible)}
+
+
+@contextlib.contextmanager
+def planted(bug: str | None) -> Iterator[None]:
+    """For the duration, the verification's tree positions or tree mask wrong (``PLANTS``), on
+    every step (the dynamic cache's verifier and the static pool's read them by name): a lossless
+    check that still passes has no teeth. ``None``: nothing planted."""
+    if bug is None:
+        yield
+        return
+    import talon.static_pool
+    import talon.verify
+
+    name, wrong = PLANTS[bug]
+    modules = (talon.verify, talon.static_pool)
+    saved = [getattr(m, name) for m in modules]
+    for m in modules:
+        setattr(m, name, wrong)
+    try:
+        yield
+    finally:
+        for m, real in zip(modules, saved):
+            setattr(m, name, real)

@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
-# One device call: the attention fold's timing (two minutes at most), the speed probe (curves,
-# loop timings), then the check with what time is left.
-#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR CHECK_SECONDS [PAIR]
+# One device call, the proof of the GPU's defaults first, within BUDGET seconds (default 540):
+#   1. every lossless configuration with drafts accepted (MAT floor) on the default path (CUDA
+#      graphs, fold off) and the other paths (fold on, dynamic, static, the tree grown on the
+#      device): scripts/gpu_check.py --checks lossless,steps;
+#   2. the check's teeth on this GPU: a tree mask bug planted, the lossless check must fail;
+#   3. the grouped-query fold timed on and off (two minutes at most);
+#   4. the speed probe (curves, loop timings) with what time is left.
+#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR]
 set -u
-out=${1:?out dir}; check_s=${2:-300}; pair=${3:-qwen2.5-7b}
+out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}
 mkdir -p "$out/costs"
 start=$(date +%s)
-timeout 120 python3 scripts/gqa_fold.py --pair "$pair" --sizes 1,8,64,256 --out "$out/fold.json" > "$out/fold.log" 2>&1
-echo "fold: rc=$? in $(( $(date +%s) - start )) s"; grep -E "^(target|draft) " "$out/fold.log"
-python3 scripts/gpu_speed.py --pair "$pair" --out-dir "$out/costs" > "$out/speed.log" 2>&1
-echo "speed: rc=$? in $(( $(date +%s) - start )) s"; tail -n 25 "$out/speed.log"
-python3 scripts/gpu_check.py --pairs "$pair" --stream "$out/check.jsonl" --out "$out/check.json" \
-  --deadline-s "$check_s" > "$out/check.log" 2>&1
-echo "check: rc=$? in $(( $(date +%s) - start )) s"; tail -n 30 "$out/check.log"
+left() { echo $(( budget - ($(date +%s) - start) )); }
+took() { echo "$1: rc=$2 at $(( $(date +%s) - start )) s"; }
+
+python3 scripts/gpu_check.py --pairs "$pair" --checks lossless,steps --stream "$out/check.jsonl" \
+  --out "$out/check.json" > "$out/check.log" 2>&1
+took "lossless,steps" $?; tail -n 12 "$out/check.log"
+python3 -c "
+import json, sys
+for line in open(sys.argv[1]):
+    c = json.loads(line); d = c['detail']
+    print(c['name'][:40], '| ok', c['ok'], '| step', d.get('step', d.get('steps')), '| MAT', d.get('mat'), '| below floor', d.get('below_floor'))
+" "$out/check.jsonl"
+
+timeout $(( $(left) > 150 ? 150 : $(left) )) python3 scripts/gpu_check.py --pairs "$pair" --checks lossless \
+  --plant mask --out "$out/plant.json" > "$out/plant.log" 2>&1
+took "planted mask bug (rc 0 = caught)" $?; grep -E "^PLANTED|^FAILED" "$out/plant.log"
+
+[ "$(left)" -gt 60 ] && timeout $(( $(left) > 120 ? 120 : $(left) )) python3 scripts/gqa_fold.py --pair "$pair" \
+  --sizes 1,8,64,256 --out "$out/fold.json" > "$out/fold.log" 2>&1
+took fold $?; grep -E "^(target|draft) " "$out/fold.log"
+
+[ "$(left)" -gt 30 ] && timeout "$(left)" python3 scripts/gpu_speed.py --pair "$pair" --out-dir "$out/costs" \
+  > "$out/speed.log" 2>&1
+took speed $?; tail -n 25 "$out/speed.log"

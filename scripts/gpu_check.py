@@ -10,8 +10,12 @@ models it names alive, and each skipped, with the numbers, when ``estimate_pair`
 models would not fit the device:
 
 * lossless float32: greedy output equals ``generate(do_sample=False)`` (TF32 off) for every
-  drafter and tree mode, async on and off, on the default step (CUDA graphs on CUDA); and on the
-  other steps (``Engine(step=...)``: the dynamic cache and the eager static step);
+  drafter and tree mode, async on and off, on the default path (CUDA graphs unfolded on CUDA);
+  and on the other paths (``OTHER_PATHS``: the fold switched, the dynamic cache, the eager static
+  step, the tree grown on the device). Every configuration must accept drafts at depth (mean
+  accepted tokens at least ``MAT_FLOOR``; a step that accepts nothing never reads a tree
+  position or mask) or it fails; ``--plant position|mask`` runs them with a bug planted in the
+  verification and passes only if every one catches it;
 * sampling: the first token of sampled decoding (model drafter) over many seeds is distributed as
   the target's own softmax (chi-square);
 * async drafting against sync: the same tokens on the preset's pair and on the draft-sized
@@ -62,6 +66,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from talon.models.memory import GIB  # noqa: E402
+from check_model import PLANTS, planted  # noqa: E402
 from gpu_pairs import (  # noqa: E402
     BF16,
     F32,
@@ -275,6 +280,10 @@ def table(report: dict[str, Any]) -> str:
     lines += [f"SKIPPED (not a pass): {s}" for s in report["skipped"]]
     lines += [f"INVALID (neither pass nor fail): {s}" for s in report["invalid"]]
     lines += [f"FAILED: {f}" for f in report["failed"]]
+    if "planted" in report:
+        planted_bug = report["planted"]
+        lines.append(f"PLANTED {planted_bug['bug']} bug: configurations that caught it, by pair: "
+                     f"{planted_bug['caught_by']}; missed by {planted_bug['missed'] or 'no pair'}")
     return "\n".join(lines)
 
 
@@ -313,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny-on-cuda", action="store_true", help="with --tiny: the tiny shapes on the CUDA device")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="start no check after this many seconds (the rest are reported skipped, out of time)")
+    p.add_argument("--plant", choices=sorted(PLANTS), default=None,
+                   help="run with a bug planted in the verification (tree positions or mask): the run passes "
+                   "(exit 0) only if every lossless check it runs catches it")
     args = p.parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
         print("no CUDA device: run with --tiny for the CPU-sized checks", file=sys.stderr)
@@ -324,15 +336,38 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     PAIR_CHECKS[:] = chosen
-    once = not args.checks and args.after is None
-    report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
-                        stream=Stream(args.stream, deadline), once=once, tiny_on_cuda=args.tiny_on_cuda)
+    once = not args.checks and args.after is None and args.plant is None
+    with planted(args.plant):
+        report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
+                            stream=Stream(args.stream, deadline), once=once, tiny_on_cuda=args.tiny_on_cuda)
+    if args.plant is not None:
+        caught_planted(report, args.plant)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     print(text)
     print(table(report))
     return 0 if report["ok"] else 1
+
+
+LOSSLESS_KEYS = ("lossless", "steps")
+
+
+def caught_planted(report: dict[str, Any], bug: str) -> None:
+    """With a bug planted, the run is ``ok`` when every pair's lossless step (its lossless checks
+    that ran) saw a token differ from ``generate()`` (not an error, not a floor): the check's
+    teeth, proven where it runs."""
+    names = {c.name for c in PAIR_CHECKS if c.key in LOSSLESS_KEYS}
+    caught: dict[str, list[str]] = {}
+    for key, check in report_rows(report):
+        if check["name"] in names and not check["skipped"]:
+            caught.setdefault(key, [])
+            if not check["ok"] and check["detail"].get("failures"):
+                caught[key] += check["detail"]["failures"]
+    missed = sorted(key for key, failures in caught.items() if not failures)
+    report["planted"] = {"bug": bug, "pairs": len(caught), "missed": missed,
+                         "caught_by": {key: len(failures) for key, failures in caught.items()}}
+    report["ok"] = bool(caught) and not missed and not report["invalid"]
 
 
 if __name__ == "__main__":

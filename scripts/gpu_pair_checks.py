@@ -42,6 +42,9 @@ from gpu_pairs import (  # noqa: E402
     Skipped,
     device_capacity,
     free_memory,
+    MAT_FLOOR,
+    below_floor,
+    check_prompts,
     noisy,
     prompt_ids,
     random_ids,
@@ -63,15 +66,16 @@ def greedy_cfg(drafter: str, tokens: int, **changes: Any) -> RunConfig:
 
 
 def lossless_fp32(ctx: PairRun) -> Outcome:
+    """Greedy output equal to ``generate()`` for every drafter x tree mode x async on the default
+    engine (the step, fold and chain ``auto`` gives on this device), each configuration with
+    drafts accepted at depth (``MAT_FLOOR``)."""
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
     engine = Engine(target, draft)
-    # retrieval on a prompt ending on a walk of the chain (its drafts accepted), the draft model on
-    # random ids (its deep nodes accepted where a wrong mask or position would change them)
-    prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
-    wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items()}
+    prompts = check_prompts(ctx, target)
+    wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items() if name != "chain"}
     failures, mats = [], {}
     for drafter in DRAFTERS:
-        which = "chain" if drafter == "retrieval" else "random"
+        which = "echo" if drafter == "retrieval" else "random"
         ids, want = prompts[which], wants[which]
         for mode in MODES:
             for async_draft in (False, True):
@@ -81,40 +85,62 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
                 if summary.token_ids != want:
                     failures.append(f"{drafter}/{mode}/async={async_draft}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
-    return not failures, {"runs": len(mats), "failures": failures, "vocab": vocab, "mat": mats}
+    low = below_floor(mats)
+    return not failures and not low, {"runs": len(mats), "step": engine.path, "failures": failures, "vocab": vocab,
+                                      "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low}
+
+
+# The paths the lossless check does not run (it runs the device's default), as ``step[+chain][+fold]``
+OTHER_PATHS = {"cuda": ("graphs+fold", "dynamic", "static", "graphs+chain"),
+               "cpu": ("dynamic", "static", "static+fold", "static+chain+fold")}
+
+
+def path_engine(target: LoadedModel, draft: LoadedModel, path: str) -> Engine:
+    """The engine ``path`` names (``graphs+chain+fold``: the step, then what is switched on)."""
+    step, *on = path.split("+")
+    return Engine(target, draft, step=step, chain="chain" in on, fold="fold" in on)
 
 
 def static_step_lossless(ctx: PairRun) -> Outcome:
-    """The steps the lossless check does not run (it runs the default: CUDA graphs on CUDA, the
-    dynamic cache on the CPU): greedy output equals ``generate()`` for each drafter, on the
-    prompt where its drafts are accepted, with the others (``dynamic`` and eager ``static`` on
-    CUDA, ``static`` on the CPU), and with the adaptive tree grown on the device
-    (``+chain``: ``TALON_CHAIN``, on graphs on CUDA, eager ``static`` on the CPU)."""
+    """The paths the lossless check does not run (it runs the default: CUDA graphs unfolded on
+    CUDA, the dynamic cache folded on the CPU), ``OTHER_PATHS``: greedy output equals
+    ``generate()`` for each drafter, on the prompt where its drafts are accepted (each above
+    ``MAT_FLOOR``), with the grouped-query fold switched the other way, the other steps, and the
+    adaptive tree grown on the device (``+chain``: ``TALON_CHAIN``)."""
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
-    steps = ("dynamic", "static", "graphs+chain") if ctx.device.type == "cuda" else ("static", "static+chain")
+    steps = OTHER_PATHS["cuda" if ctx.device.type == "cuda" else "cpu"]
     start = time.perf_counter()
-    prompts = {"chain": prompt_ids(ctx.spec.draft.vocab, 48, 3), "random": random_ids(ctx.spec.draft.vocab, 48, 3)}
+    prompts = check_prompts(ctx, target)
     failures, mats = [], {}
     for step in steps:
-        engine = Engine(target, draft, step=step.split("+")[0], chain=step.endswith("+chain"))
+        engine = path_engine(target, draft, step)
         for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
-                                     ("model", "static", "random"), ("retrieval", "adaptive", "chain"),
+                                     ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
                                      ("model", "adaptive", "chain")):
             want = reference(target, prompts[which], ctx.tokens)
             summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
             mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
             if summary.token_ids != want:
                 failures.append(f"{step}/{drafter}/{mode}")
-    return not failures, {"steps": list(steps), "failures": failures, "mat": mats,
-                          "seconds": round(time.perf_counter() - start, 1)}
+    low = below_floor(mats)
+    return not failures and not low, {"steps": list(steps), "failures": failures, "mat": mats, "mat_floor": MAT_FLOOR,
+                                      "below_floor": low,
+                                      "seconds": round(time.perf_counter() - start, 1)}
 
 
-def flat_temperature(logits: torch.Tensor) -> float:
-    """The temperature (of a few) at which the likeliest token is nearest 30 %: spread enough that
-    a sampler favouring the drafts (or the first of them) shows, peaked enough that several
-    tokens are expected often enough for the chi-square."""
+def flat_temperature(logits: torch.Tensor, seeds: int = SAMPLING_SEEDS) -> float:
+    """The temperature (of a few) that gives the chi-square the most bins (tokens expected at
+    least 5 times in ``seeds`` draws) while the likeliest token stays at most 50 %: spread enough
+    that a sampler favouring the drafts (or the first of them) shows, peaked enough that several
+    tokens are expected often enough. Ties go to the likeliest token nearest 30 %."""
     grid = [round(0.05 * 1.25**k, 4) for k in range(23)]  # 0.05 ... 6.8
-    return min(grid, key=lambda t: abs(float(torch.softmax(logits.double() / t, -1).max()) - 0.3))
+
+    def score(t: float) -> tuple[bool, int, float]:
+        p = torch.softmax(logits.double() / t, -1)
+        top = float(p.max())
+        return top <= 0.5, int((p * seeds >= 5).sum()), -abs(top - 0.3)
+
+    return max(grid, key=score)
 
 
 def chi_square(counts: Counter, expected_p: torch.Tensor, n: int) -> tuple[float, int, float]:
@@ -142,7 +168,7 @@ def sampling_distribution(ctx: PairRun) -> Outcome:
     token over ``SAMPLING_SEEDS`` seeds against the target's own softmax."""
     target = ctx.models.get("target", F32)
     engine = Engine(target, target)
-    ids = prompt_ids(ctx.spec.draft.vocab, 8, 31)
+    ids = random_ids(ctx.spec.draft.vocab, 16, 31)  # the context decides: a spread the chi-square has bins for
     with torch.inference_mode():
         logits = target.model(torch.tensor([ids], device=target.device)).logits[0, -1].double().cpu()  # (V,)
     temperature = flat_temperature(logits)

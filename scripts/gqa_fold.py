@@ -12,7 +12,7 @@ For each model and slot-cache length (``--lens``; the engine's pools hold 1024 s
 repeated, the step filled, run and its argmax read. On CUDA each variant is captured as a graph and replayed (``--eager``
 to time the eager forward instead). ``--loop N`` then runs the hybrid drafter on the pair (the
 engine's default step) over ``N`` Spec-Bench prompts of every suite, each prompt both ways in
-turn (``talon.attention.ENABLED``, read by every forward on the dynamic cache), and reports
+turn (``talon.attention.set_fold`` on both models, read by every forward on the dynamic cache), and reports
 tok/s, where the time went and whether the tokens were the same. Prints one JSON report (also
 ``--out``).
 """
@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from talon.attention import set_fold  # noqa: E402
 from talon.models.device import hardware_name  # noqa: E402
 from talon.static import StaticForward  # noqa: E402
 from report import emit  # noqa: E402  (scripts/report.py)
@@ -43,6 +44,7 @@ def measure(model, max_len: int, sizes: list[int], reps: int, graphs: bool) -> d
     """Both variants of one model at one cache length, timed in turn (so that a noisy spell of
     the host hits both): ms a step (best of ``reps``) and the logits' largest difference."""
     cuda = model.device.type == "cuda"
+    set_fold(model, True)  # the folded forward passes the flag; the other is told not to
     ids = torch.randint(1, 1000, (PREFIX + max(sizes),))
     forwards = {}
     for variant in ("repeat", "folded"):
@@ -76,7 +78,6 @@ def measure(model, max_len: int, sizes: list[int], reps: int, graphs: bool) -> d
 
 def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
     """The hybrid drafter on ``per_suite`` prompts of each Spec-Bench suite, folded and not in turn."""
-    import talon.attention
     from talon.decode import Engine, generate
     from talon.run_config import RunConfig
     from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
@@ -89,7 +90,8 @@ def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
     for i, prompt in enumerate(prompts):
         ids = {}
         for variant in (("repeat", "folded") if i % 2 == 0 else ("folded", "repeat")):
-            talon.attention.ENABLED = variant == "folded"
+            for lm in pair:
+                set_fold(lm.model, variant == "folded")
             summary, _ = generate(engine, prompt.text, cfg)
             ids[variant] = summary.token_ids
             t = totals[variant]
@@ -101,7 +103,6 @@ def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
             suites[prompt.suite][variant] += summary.seconds
         same &= ids["repeat"] == ids["folded"]
         print(prompt.suite, prompt.index, {v: round(suites[prompt.suite][v], 1) for v in ids}, flush=True)
-    talon.attention.ENABLED = True
     out: dict[str, Any] = {v: {"tok_s": round(t["tokens"] / t["seconds"], 3), **{k: round(x, 2) for k, x in t.items()}}
                            for v, t in totals.items()}
     out["folded/repeat seconds"] = round(totals["folded"]["seconds"] / totals["repeat"]["seconds"], 3)

@@ -16,6 +16,7 @@ nothing else on the cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, cpu_model, load_pair  # noqa: E402
+from talon.models.prepack import CHECK_ROWS, time_layer  # noqa: E402
 from talon.verify import forward_hidden, lm_logits  # noqa: E402
 from report import emit  # noqa: E402  (scripts/report.py)
 
@@ -64,8 +66,11 @@ def forward_times(targets: dict[str, Any], sizes: list[int], reps: int) -> dict[
             for size in sizes}
 
 
-def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int) -> dict[str, Any]:
-    """Each drafter on ``per_suite`` prompts of each Spec-Bench suite, both ways in turn."""
+def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int, planner: str) -> dict[str, Any]:
+    """Each drafter on ``per_suite`` prompts of each Spec-Bench suite, both ways in turn.
+    ``planner``: ``free`` (the cost-aware planner on each pair's own probed curves: it may draft
+    other trees on the two layouts) or ``fixed`` (the planner off: both arms draft the same
+    trees, so the ratio is the layout's alone)."""
     from talon.decode import Engine, generate
     from talon.run_config import RunConfig
     from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
@@ -76,6 +81,8 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
     report: dict[str, Any] = {}
     for drafter in drafters:
         cfg = RunConfig(drafter=drafter, max_new_tokens=tokens)
+        if planner == "fixed":
+            cfg = cfg.replace(tree=dataclasses.replace(cfg.tree, cost_aware=False))
         for engine in engines.values():
             generate(engine, prompts[0].text, cfg)  # warm (and the cost probe, once per pair)
         totals = {w: {"seconds": 0.0, "tokens": 0, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0} for w in WAYS}
@@ -94,7 +101,7 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
                     t[k] += getattr(summary, k)
                 suites.setdefault(prompt.suite, dict.fromkeys(WAYS, 0.0))[way] += summary.seconds
             same &= ids["plain"] == ids["prepacked"]
-            print(drafter, prompt.suite, prompt.index, {w: round(suites[prompt.suite][w], 1) for w in WAYS}, flush=True)
+            print(planner, drafter, prompt.suite, prompt.index, {w: round(suites[prompt.suite][w], 1) for w in WAYS}, flush=True)
         out: dict[str, Any] = {w: {"tok_s": round(t["tokens"] / t["seconds"], 3),
                                    "MAT": round(t["tokens"] / max(t["steps"], 1), 2),
                                    **{k: round(x, 2) for k, x in t.items()}} for w, t in totals.items()}
@@ -102,7 +109,7 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
         out["by suite, prepacked/plain seconds"] = {s: round(v["prepacked"] / v["plain"], 3) for s, v in suites.items()}
         out["same_tokens"] = same
         report[drafter] = out
-    report["prompts"], report["tokens_each"] = len(prompts), tokens
+    report["prompts"], report["tokens_each"], report["planner"] = len(prompts), tokens, planner
     return report
 
 
@@ -114,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-suite", type=int, default=2)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--skip-forwards", action="store_true")
+    p.add_argument("--planner", default="fixed,free",
+                   help="comma list: fixed (cost-aware planning off, the same trees both ways: the layout's own "
+                        "effect) and/or free (each pair's planner on its own probed curves)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     pairs = {way: load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, "float32", "cpu", draft_quant="auto",
@@ -129,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
         report["target forward, prefix %d" % PREFIX] = forward_times({w: pairs[w][0] for w in WAYS}, sizes, args.reps)
         print(json.dumps(report, indent=1), flush=True)
+    report["host check"] = {str(rows): dict(zip(("plain_ms", "prepacked_ms"), (round(t * 1e3, 2) for t in time_layer(rows))))
+                            for rows in CHECK_ROWS}
     if args.per_suite > 0:
-        report["loop"] = loop(pairs, args.drafters.split(","), args.per_suite, args.tokens)
+        for planner in args.planner.split(","):
+            report[f"loop, planner {planner}"] = loop(pairs, args.drafters.split(","), args.per_suite, args.tokens,
+                                                      planner)
     emit(report, args.out)
     return 0
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(REPO))
 from talon.atlas.data import AtlasSpec  # noqa: E402
 from talon.atlas.record import record_atlas  # noqa: E402
 from talon.lessons import lesson_configs  # noqa: E402
-from talon.decode import Engine  # noqa: E402
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair  # noqa: E402
+from talon.engine import PairKey, build_engine  # noqa: E402
+from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
 from talon.run_config import RunConfig  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts  # noqa: E402
@@ -44,8 +44,8 @@ def main() -> int:
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = Settings.from_env()
-    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, "auto", draft_quant="auto")
-    engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
+    engine = build_engine(PairKey.from_settings(settings, target=EMBEDDED_TARGET, draft=EMBEDDED_DRAFT,
+                                                dtype="auto", draft_quant="auto"))
     cfg = RunConfig(max_new_tokens=args.max_new_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     for prompt in load_prompts(default_data_dir(), args.suites.split(","), args.limit, args.start):

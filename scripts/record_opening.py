@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talon.decode import Engine, generate
 from talon.examples import load_examples
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
+from talon.engine import PairKey, build_engine
+from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.opening import criterion_score, opening_criterion, opening_step
 from talon.run_config import RunConfig
 from talon.settings import Settings
@@ -41,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="off where planning skips the draft model on most steps (a CPU host): every step drafts")
     args = p.parse_args(argv)
     settings = Settings.from_env()
-    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, args.dtype, "cpu", False)
-    engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
+    engine = build_engine(PairKey.from_settings(settings, target=EMBEDDED_TARGET, draft=EMBEDDED_DRAFT,
+                                                dtype=args.dtype, device="cpu", allow_remote_code=False))
     cfg = RunConfig().replace(max_new_tokens=args.max_new_tokens, cost_model="fixed")
     cfg = cfg.replace(tree=dataclasses.replace(cfg.tree, cost_aware=args.cost_aware == "on"))
     examples = load_examples()

@@ -14,9 +14,13 @@ arithmetic per row. ``pack_gqa`` is the same fold for one node.
 
 It is registered as the attention implementation ``talon_sdpa``: a call without the
 ``fold_gqa`` flag is transformers' ``sdpa`` unchanged, so a model switched to it
-(``use_folded``) computes exactly what it did wherever the flag is not passed. The forwards that
-pass it (``fold_kwargs``) are the ones with a custom mask: the static forward's steps and, on the
-dynamic cache, a tree's verification and a draft layer (``talon.verify.forward_hidden``).
+(``set_fold``) computes exactly what it did wherever the flag is not passed. The forwards that
+pass it (``fold_kwargs``, for a model switched to it) are the ones with a custom mask: the
+static forward's steps and, on the dynamic cache, a tree's verification and a draft layer
+(``talon.verify.forward_hidden``).
+
+Whether an engine folds is its ``fold`` setting (``TALON_FOLD``): ``resolve_fold`` gives the
+default a device kind has been proven on (``talon.settings.PROVEN``).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from talon.settings import proven_default
+
 NAME = "talon_sdpa"
-ENABLED = True  # off: every forward repeats the keys and values, as transformers does (for measuring)
 
 
 def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -58,17 +63,22 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def fold_kwargs(model: PreTrainedModel) -> dict[str, bool]:
-    """What a forward of ``model`` with a 4D mask passes to fold (``{}`` where it cannot, or
-    while ``ENABLED`` is off: ``scripts/gqa_fold.py`` times both ways in one run)."""
-    return {"fold_gqa": True} if ENABLED and use_folded(model) else {}
+    """What a forward of ``model`` with a 4D mask passes to fold: the flag where ``model`` was
+    switched to fold (``set_fold``), else nothing."""
+    return {"fold_gqa": True} if model.config._attn_implementation == NAME else {}
 
 
-def use_folded(model: PreTrainedModel) -> bool:
-    """Switch ``model`` from ``sdpa`` to ``talon_sdpa`` (the same attention until a forward asks
-    to fold); True when it runs it. A model on another implementation (eager, flash) is left as
-    it is and never folds."""
+def resolve_fold(fold: bool | None, device: torch.device) -> bool:
+    """``None`` (``TALON_FOLD=auto``): the default this device kind was proven on."""
+    return proven_default("fold", device.type).value == "on" if fold is None else fold
+
+
+def set_fold(model: PreTrainedModel, on: bool) -> bool:
+    """Switch ``model`` between ``sdpa`` and ``talon_sdpa`` (the same attention until a forward
+    asks to fold); True when it folds now. A model on another implementation (eager, flash) is
+    left as it is and never folds."""
     current = model.config._attn_implementation
-    if current == "sdpa":
-        model.set_attn_implementation(NAME)
-        current = model.config._attn_implementation
-    return current == NAME
+    wanted, other = (NAME, "sdpa") if on else ("sdpa", NAME)
+    if current == other:
+        model.set_attn_implementation(wanted)
+    return model.config._attn_implementation == NAME

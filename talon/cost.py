@@ -36,6 +36,8 @@ from typing import Any
 from talon.curve import GRID, LEARNING_RATE, Curve, check_times, is_seconds
 
 COST_FORMAT = "talon-cost/1"
+ASSUMED_OTHER = "assumed: 5 ms a step beyond its forwards, the cost model's default, until a run measures it"
+PROBED = {"verify_s": "probe", "draft_s": "probe", "prefill_per_token_s": "probe", "other_s": ASSUMED_OTHER}
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Provenance:
     two best timings of one size in the probe (small = a quiet host); ``noisy``: the probe gave
     up before every size was that consistent."""
 
-    source: str = "synthetic"  # "probe" | "cache" | "synthetic"
+    source: str = "synthetic"  # "probe" | "cache" | "synthetic" | "derived" (some figures not probed: see fields)
     measured_at: str = ""  # ISO 8601, UTC
     hardware: str = ""  # CPU model or GPU name
     torch: str = ""
@@ -52,6 +54,18 @@ class Provenance:
     spread: float = 0.0
     noisy: bool = False
     weights: str = ""  # the target's packed weights when probed ("int8-weights" …); "" = dense
+    # how each figure was obtained: "probe", "derived: from what, how", "fitted: to what" or
+    # "assumed: why" (verify_s, draft_s, prefill_per_token_s, other_s); a probe's own figures
+    # are PROBED, its other_s the assumed default
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def field_source(self, name: str) -> str:
+        """How ``name`` was obtained, as this file says or, for a file that does not, its source."""
+        if name in self.fields:
+            return self.fields[name]
+        if self.source == "synthetic":
+            return "synthetic"
+        return ASSUMED_OTHER if name == "other_s" else self.source
 
     def describe(self) -> str:
         """One line for a caption or a log: 'probe, 2026-11-23 20:47 UTC, AMD EPYC, ...'."""
@@ -60,8 +74,9 @@ class Provenance:
         when = self.measured_at.replace("T", " ").removesuffix("+00:00")[:16] + " UTC" if self.measured_at else "?"
         noise = f"spread {100 * self.spread:.0f}%" + (", noisy host" if self.noisy else "")
         packed = f", target {self.weights}" if self.weights else ""
+        other = [f"{k} {v.split()[0].rstrip(':')}" for k, v in self.fields.items() if not v.startswith("probe")]
         return (f"{self.source}, measured {when} on {self.hardware}{packed}, torch {self.torch}, "
-                f"{self.threads} threads, {noise}")
+                f"{self.threads} threads, {noise}" + (f" ({', '.join(other)})" if other else ""))
 
     def age_days(self, now: datetime.datetime | None = None) -> float | None:
         if not self.measured_at:
@@ -143,6 +158,8 @@ class CostModel:
                 raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value!r}")
         known = {f.name for f in dataclasses.fields(Provenance)}
         given = {k: v for k, v in (data.get("provenance") or {}).items() if k in known}
+        if not isinstance(given.get("fields", {}), dict):
+            raise ValueError("provenance.fields must map a figure's name to how it was obtained")
         provenance = Provenance(**{"source": str(data.get("source", "cache")), **given})
         return CostModel(
             verify=Curve([float(v) for v in data["verify_s"]]),

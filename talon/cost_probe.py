@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.cost import CostModel, Provenance
+from talon.cost import PROBED, CostModel, Provenance
 from talon.curve import GRID, Curve
 from talon.models.device import hardware_name
 from talon.verify import forward_hidden, lm_logits
@@ -145,6 +145,7 @@ def probe_costs(
         spread=round(spread, 4),
         noisy=spread > SPREAD_OK,
         weights=getattr(target, "talon_quant", ""),
+        fields={k: v for k, v in PROBED.items() if draft is not None or k == "verify_s" or k == "other_s"},
     )
     if costs.provenance.noisy:
         log.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "

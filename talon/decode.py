@@ -19,6 +19,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from talon.attention import resolve_fold, set_fold
 from talon.cost import CostModel
 from talon.cost_cache import load_or_probe, retire_if_contradicted
 from talon.drafters.base import Draft, Drafter, PreDraft, PreDrafter, Verifier
@@ -29,7 +30,7 @@ from talon.models import LoadedModel
 from talon.plan import Planner, drafting_without_catch_up
 from talon.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
-from talon.trace import RunSummary, StepTiming, StepTrace, summarize_steps
+from talon.trace import RunModels, RunSummary, StepTiming, StepTrace, summarize_steps
 from talon.static_pool import StaticPool
 from talon.steps import StepForwards
 from talon.verify import Verdict, head_rows
@@ -46,6 +47,7 @@ class Engine:
         costs: CostModel | None = None,
         step: str = "auto",
         chain: bool = False,
+        fold: bool | None = None,
     ) -> None:
         """``cost_cache``: the directory where probed cost curves are cached (None = probe once
         per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``step``:
@@ -53,7 +55,13 @@ class Engine:
         forward of the tree's own size), ``static`` (``talon.static``: a preallocated cache,
         bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
         ``auto`` (``resolve_step``). ``chain``: on a static step, TALON's adaptive trees grow on
-        the draft model's device, their layers chained with no host turnaround (``talon.chain``)."""
+        the draft model's device, their layers chained with no host turnaround (``talon.chain``).
+        ``fold``: grouped-query attention folded (``talon.attention``; None: the device kind's
+        proven default). It switches the models' attention, so engines sharing a model share it."""
+        self.fold = resolve_fold(fold, target.device)
+        for lm in (target, draft):
+            if lm is not None:
+                set_fold(lm.model, self.fold)
         self.forwards = StepForwards(step, target, draft, chain)
         self.step = self.forwards.step
         self.target = target
@@ -68,21 +76,29 @@ class Engine:
         self._source_snapshots: dict[tuple[int, int], CostModel] = {}  # (draft_vocab, id(source)) -> curves
 
     @property
+    def path(self) -> str:
+        """How this engine's forwards run, as a run's summary and the cost cache name it: the
+        step, then ``+chain`` and ``+fold`` where on (``dynamic+fold``, ``graphs``)."""
+        return self.step + ("+chain" if self.forwards.chain else "") + ("+fold" if self.fold else "")
+
+    @property
     def static_pools(self) -> dict[str, StaticPool]:
         """The static step's pools of forwards by role (none on the dynamic step)."""
         return self.forwards.roles(self.draft.model if self.draft is not None else None)
 
-    def cost_snapshot(self, draft_vocab: int = 0, source: PreTrainedModel | None = None) -> CostModel:
+    def cost_snapshot(self, draft_vocab: int = 0, source: PreTrainedModel | None = None,
+                      refresh: bool = False) -> CostModel:
         """The pair's cost model as read once (the probe, or the cache): what every run starts
         from. A run plans on its own copy and never changes this one; ``adopt_costs`` does,
         between runs, when the caller says so. ``source``: the model that drafts, where it is
-        not the pair's draft model (a view of the target): its curves are its own."""
+        not the pair's draft model (a view of the target): its curves are its own. ``refresh``:
+        probe again on this engine's step, whatever is cached (``talon costs --probe``)."""
         pair = source is None or (self.draft is not None and source is self.draft.model)
         model = (self.draft.model if self.draft is not None else None) if pair else source
         store: dict = self._snapshots if pair else self._source_snapshots
         key = draft_vocab if pair else (draft_vocab, id(source))
         with self._cost_lock:
-            if key not in store:
+            if key not in store or refresh:
                 if self._given_costs is not None:
                     store[key] = self._given_costs.copy()
                 else:
@@ -90,7 +106,8 @@ class Engine:
                     if not pair:
                         name = f"{self.target.name}|{getattr(source, 'talon_name', 'source')}"
                     store[key] = load_or_probe(self.target.model, model, (self.target.name, name), self.cost_cache,
-                                               draft_vocab, step=self.step, timers=self.forwards.timers(model))
+                                               draft_vocab, refresh, step=self.path,
+                                               timers=self.forwards.timers(model))
             return store[key]
 
     def cost_snapshots(self) -> dict[int, CostModel]:
@@ -175,20 +192,11 @@ class Engine:
                 draft=self.draft.name if self.draft is not None else "none",
                 dtype=str(self.target.dtype).removeprefix("torch."),
                 device=str(self.target.device),
+                step=self.path,
             ),
             costs=costs,
         )
         return Run(cfg, parts, cancel, engine=self)
-
-
-@dataclass(frozen=True)
-class RunModels:
-    """Which models a run used, as its summary names them."""
-
-    target: str
-    draft: str
-    dtype: str
-    device: str
 
 
 @dataclass
@@ -415,6 +423,7 @@ class Run:
             draft=models.draft,
             dtype=models.dtype,
             device=models.device,
+            step=models.step,
             config=self.cfg.to_dict(),
             stop_reason=reason,
             cost_model=self._cost_record(),

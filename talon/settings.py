@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.knobs import STEPS
+from talon.knobs import ASYNC_OFF_WHY, STEPS
 from talon.run_config import ConfigError
 
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
@@ -74,11 +74,19 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "graph on CUDA; needs a static step (static, graphs or compiled). Off by default until a "
         "GPU run measures it.",
     ),
+    "TALON_FOLD": (
+        "auto",
+        "Grouped-query attention folded (talon/attention.py: the query heads sharing a key/value head "
+        "read it once, no copy of the keys and values per head): auto (the default each device kind "
+        "was proven on, docs/gpu.md: on on a CPU, off on CUDA until a GPU run shows it lossless and "
+        "faster), 1 or 0.",
+    ),
     "TALON_PREPACK": (
-        "1",
-        "1 to lay float32 weights on a CPU (a dense target, a float32 draft) out once in oneDNN's "
-        "blocked format: the same weights, a tree's forward of 4 to 64 tokens measured 0.55x to 0.86x "
-        "the time of torch's default matmul; 0 to keep them as loaded.",
+        "auto",
+        "Float32 weights on a CPU (a dense target, a float32 draft) laid out once in oneDNN's blocked "
+        "format: auto (where a timed check of one layer at 1 and 16 rows at start-up says it pays on "
+        "this host, logged with its figures), 1 (always) or 0 (the weights as loaded). The same "
+        "weights, so the same greedy text.",
     ),
     "TALON_ALLOW_REMOTE_CODE": (
         "0",
@@ -95,6 +103,41 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
 }
 
+@dataclass(frozen=True)
+class Proven:
+    """A switch's default on a device kind, and the committed run that showed that path lossless
+    with drafts accepted there (and measured it, for a switch that is on)."""
+
+    value: str
+    run: str
+
+
+# The step's switches, per device kind ("cpu", "cuda"): what ``auto`` resolves to. A switch is on
+# by default on a kind only after a run there proved it; docs/gpu.md's table is this one.
+PROVEN: dict[tuple[str, str], Proven] = {
+    ("step", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, MAT 2.7-5.3, at the 7B "
+                            "and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static step "
+                            "measured slower on a CPU (hybrid 2.92 against 3.42 tok/s)"),
+    ("step", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
+                             "target on CUDA graphs, deep trees accepted (MAT 12.8), the output equal to generate()"),
+    ("fold", "cpu"): Proven("on", "the CPU suite runs folded (tests/test_full_depth.py, tests/test_attention.py); "
+                            "docs/gpu_runs/2026-11-27-cpu-gqa-loop.json: the loop 0.98x the time, the same tokens; "
+                            "docs/gpu_runs/2026-11-27-cpu-gqa-fold.json: a static step of 8 nodes 0.71x"),
+    ("fold", "cuda"): Proven("off", "no GPU run has run the fold yet (scripts/gpu_all.sh runs it on and off)"),
+    ("chain", "cpu"): Proven("off", "a CUDA-graph feature: nothing to save on a CPU"),
+    ("chain", "cuda"): Proven("off", "no GPU run has run a chained step yet (scripts/gpu_all.sh runs it)"),
+    ("async_draft", "cpu"): Proven("off", ASYNC_OFF_WHY),
+    ("async_draft", "cuda"): Proven("off", ASYNC_OFF_WHY),
+    ("prepack", "cpu"): Proven("auto", "decided on the host by a timed check of one layer "
+                               "(talon.models.prepack.prepack_pays); docs/runs/2026-11-27-cpu-prepack-ab.md: hosts differ"),
+}
+
+
+def proven_default(switch: str, device_type: str) -> Proven:
+    """``switch``'s default on a device kind (a device other than CUDA counts as a CPU)."""
+    return PROVEN[(switch, "cuda" if device_type == "cuda" else "cpu")]
+
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -108,6 +151,16 @@ def _parse_bool(name: str, raw: str) -> bool:
     if value not in _TRUE + _FALSE:
         raise ConfigError(f"{name} must be 0 or 1 (or true/false), got {raw!r}")
     return value in _TRUE
+
+
+def _parse_auto_bool(name: str, raw: str) -> bool | None:
+    """``auto`` (None: decided where it applies), else 0 or 1."""
+    if raw.lower() == "auto":
+        return None
+    try:
+        return _parse_bool(name, raw)
+    except ConfigError:
+        raise ConfigError(f"{name} must be auto, 0 or 1, got {raw!r}") from None
 
 
 def _parse_int(name: str, raw: str, lo: int) -> int:
@@ -134,7 +187,8 @@ class Settings:
     target_weights: str = "dense"
     step: str = "auto"
     chain: bool = False
-    prepack: bool = True
+    fold: bool | None = None  # None: auto, the device kind's proven default (PROVEN)
+    prepack: bool | None = None  # None: auto, measured on the host (talon.models.prepack.prepack_pays)
     allow_remote_code: bool = False
     max_new_tokens_limit: int = 1024
     max_prompt_tokens: int = 4096
@@ -178,7 +232,8 @@ class Settings:
             target_weights=_get(env, "TALON_TARGET_WEIGHTS").lower(),
             step=_get(env, "TALON_STEP").lower(),
             chain=_parse_bool("TALON_CHAIN", _get(env, "TALON_CHAIN")),
-            prepack=_parse_bool("TALON_PREPACK", _get(env, "TALON_PREPACK")),
+            fold=_parse_auto_bool("TALON_FOLD", _get(env, "TALON_FOLD")),
+            prepack=_parse_auto_bool("TALON_PREPACK", _get(env, "TALON_PREPACK")),
             allow_remote_code=_parse_bool(
                 "TALON_ALLOW_REMOTE_CODE", _get(env, "TALON_ALLOW_REMOTE_CODE")
             ),

@@ -43,6 +43,7 @@ from talon.attention import fold_kwargs
 from talon.knobs import KNOB, STEPS
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
+from talon.settings import proven_default
 from talon.verify import lm_logits
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
@@ -70,7 +71,7 @@ def resolve_step(step: str, device: torch.device, split: bool = False) -> str:
     if step not in STEPS:
         raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
     if step == "auto":
-        return "graphs" if device.type == "cuda" and not split else "dynamic"
+        return "dynamic" if split else proven_default("step", device.type).value
     if step in ("graphs", "compiled") and device.type != "cuda":
         raise ConfigError(f"step {step!r} replays CUDA graphs: the target is on {device}")
     if step != "dynamic" and split:

@@ -108,6 +108,17 @@ class StepTrace:
         return StepTrace(**clean)
 
 
+@dataclass(frozen=True)
+class RunModels:
+    """Which models a run used, as its summary names them."""
+
+    target: str
+    draft: str
+    dtype: str
+    device: str
+    step: str = ""  # Engine.path: how the forwards ran
+
+
 @dataclass
 class RunSummary:
     text: str
@@ -121,6 +132,7 @@ class RunSummary:
     draft: str = ""
     dtype: str = ""
     device: str = ""
+    step: str = ""  # how the forwards ran (talon.decode.Engine.path: dynamic+fold, graphs, ...)
     config: dict[str, Any] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     mean_tree_depth: float = 0.0

@@ -230,7 +230,7 @@ def test_bench_records_an_atlas_per_prompt(engine: Engine, tmp_path: Path) -> No
         (data / f"{suite}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     prompts = load_prompts(data, ["humaneval", "qa"], limit=2)
     cfg = BenchConfig(methods=("ar",), max_new_tokens=10, warmup_tokens=0, atlas=True)
-    report = run_bench(engine.target, engine.draft, prompts, cfg, out=tmp_path / "out")
+    report = run_bench(engine, prompts, cfg, out=tmp_path / "out")
     files = sorted((tmp_path / "out" / "atlases").glob("*.json"))
     assert [f.name for f in files] == ["humaneval-0.json", "humaneval-1.json", "qa-0.json"]
     ar = {(s.prompt.suite, s.prompt.index): s.outcome.token_ids for s in report.samples if s.spec.method == "ar"}

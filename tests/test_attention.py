@@ -12,7 +12,7 @@ import transformers.integrations.sdpa_attention as hf_sdpa
 from transformers import DynamicCache
 
 import talon.attention
-from talon.attention import NAME, folded_sdpa, use_folded
+from talon.attention import NAME, folded_sdpa, resolve_fold, set_fold
 from talon.static import StaticForward
 from talon.verify import forward_hidden
 from tests.tiny import tiny_model
@@ -58,9 +58,8 @@ def model():  # noqa: ANN201
 
 def steps(model, fold: bool) -> list[torch.Tensor]:  # noqa: ANN001
     """Logits of a 1-node, a 5-node tree and a 16-node step on a slot cache of 128."""
+    set_fold(model, fold)  # a static forward reads the switch once, when it is made
     sf = StaticForward(model, max_len=128, buckets=(1, 8, 16))
-    if not fold:
-        sf.fold = {}
     sf.prefill(PREFIX)
     out, length = [], len(PREFIX)
     for t in (1, 5, 16):
@@ -98,11 +97,11 @@ def test_a_tree_on_the_dynamic_cache_folds_too(model, monkeypatch: pytest.Monkey
         visible = torch.cat([torch.ones(6, len(PREFIX), dtype=torch.bool), tree], dim=1)
         return forward_hidden(model, cache, torch.arange(60, 66), torch.arange(len(PREFIX), len(PREFIX) + 6), visible)
 
-    monkeypatch.setattr(talon.attention, "ENABLED", False)
+    set_fold(model, False)
     want = verify()
     assert calls, "unfolded, the tree's forward repeats the keys and values"
     calls.clear()
-    monkeypatch.setattr(talon.attention, "ENABLED", True)
+    set_fold(model, True)
     got = verify()
     assert not calls, "the tree's forward repeated the keys and values"
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -116,11 +115,31 @@ def test_a_switched_model_computes_what_it_did(model) -> None:  # noqa: ANN001
         return fresh(input_ids=ids, past_key_values=DynamicCache(config=fresh.config)).logits
 
     before = logits()
-    assert use_folded(fresh) and fresh.config._attn_implementation == NAME
+    assert set_fold(fresh, True) and fresh.config._attn_implementation == NAME
     assert torch.equal(logits(), before)  # no flag: transformers' sdpa, bit for bit
+    assert not set_fold(fresh, False) and fresh.config._attn_implementation == "sdpa"
     eager = tiny_model("llama", seed=6, layers=2)
     eager.set_attn_implementation("eager")
-    assert not use_folded(eager) and eager.config._attn_implementation == "eager"
+    assert not set_fold(eager, True) and eager.config._attn_implementation == "eager"
+
+
+def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
+    """``TALON_FOLD``: auto folds on a CPU and not on CUDA until a GPU run proves it; the
+    engine switches both models, and a run's summary says which path ran."""
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig
+    from talon.settings import PROVEN, Settings
+    from tests.tiny import tiny_loaded
+
+    assert resolve_fold(None, torch.device("cpu")) and not resolve_fold(None, torch.device("cuda"))
+    assert PROVEN[("fold", "cuda")].value == "off" and resolve_fold(True, torch.device("cuda"))
+    assert Settings.from_env({}).fold is None and Settings.from_env({"TALON_FOLD": "0"}).fold is False
+    target, draft = tiny_loaded("qwen2", 0), tiny_loaded("qwen2", 1)
+    for fold, implementation, path in ((None, NAME, "dynamic+fold"), (False, "sdpa", "dynamic")):
+        engine = Engine(target, draft, fold=fold)
+        assert {lm.model.config._attn_implementation for lm in (target, draft)} == {implementation}
+        assert engine.path == path
+        assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].step == path
 
 
 def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001

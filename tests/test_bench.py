@@ -62,7 +62,7 @@ def full_run(pair, data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     target, draft = pair
     prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
     out = tmp_path_factory.mktemp("bench-out")
-    report = run_bench(target, draft, prompts, BenchConfig(**FAST), out=out, command="pytest")
+    report = run_bench(Engine(target, draft), prompts, BenchConfig(**FAST), out=out, command="pytest")
     return report, out
 
 
@@ -213,7 +213,7 @@ def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
     prompts = load_prompts(data_dir, ["sum"], limit=1)
     sweep = SweepConfig(method="hybrid", mus=(0.05, 0.3), budgets=(4, 8, 12), root_ks=(3,))
     cfg = BenchConfig(methods=("ar",), max_new_tokens=8, sweep=sweep, warmup_tokens=0)
-    report = run_bench(target, draft, prompts, cfg, out=tmp_path)
+    report = run_bench(Engine(target, draft), prompts, cfg, out=tmp_path)
     cells = [r for r in report.rows if r.is_sweep and r.suite == "all"]
     assert sorted((r.mu, r.budget) for r in cells) == [(mu, n) for mu in (0.05, 0.3) for n in (4, 8, 12)]
     assert all(r.root_k == 3 and r.lossless for r in cells)
@@ -238,7 +238,7 @@ def test_talon_variants_are_rows_of_their_own(pair, data_dir: Path, tmp_path: Pa
     prompts = load_prompts(data_dir, ["sum"], limit=1)
     cfg = BenchConfig(methods=("ar",), max_new_tokens=8, warmup_tokens=0,
                       talon_variants=("top_k=1", "mu=0.3,graft_threshold=2"))
-    report = run_bench(target, draft, prompts, cfg, out=tmp_path)
+    report = run_bench(Engine(target, draft), prompts, cfg, out=tmp_path)
     rows = {r.method: r for r in report.rows if r.suite == "all"}
     assert set(rows) == {"ar", "talon[top_k=1]", "talon[mu=0.3,graft_threshold=2]"}
     assert all(r.lossless and r.new_tokens == 8 for r in rows.values())
@@ -300,8 +300,8 @@ def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: P
     target, _ = pair
     prompts = load_prompts(data_dir, ["qa"])
     with pytest.raises(ConfigError, match="need.*draft model"):
-        run_bench(target, None, prompts, BenchConfig(methods=("ar", "chain")))
-    report = run_bench(target, None, prompts, BenchConfig(methods=("ar", "hf-pld"), max_new_tokens=6))
+        run_bench(Engine(target, None), prompts, BenchConfig(methods=("ar", "chain")))
+    report = run_bench(Engine(target, None), prompts, BenchConfig(methods=("ar", "hf-pld"), max_new_tokens=6))
     assert {r.method for r in report.rows} == {"ar", "hf-pld"}
 
 
@@ -370,7 +370,7 @@ def test_the_same_command_twice_gives_the_same_trees(pair, data_dir: Path, tmp_p
     target, draft = pair
     prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
     cfg = BenchConfig(methods=("talon", "hybrid"), max_new_tokens=16, warmup_tokens=4)
-    runs = [run_bench(target, draft, prompts, cfg, cost_cache=tmp_path) for _ in range(2)]
+    runs = [run_bench(Engine(target, draft, cost_cache=tmp_path), prompts, cfg) for _ in range(2)]
     trees = [
         {(s.prompt.suite, s.prompt.index, s.spec.name): (s.outcome.draft_sizes, s.outcome.accept_lens)
          for s in run.samples if s.spec.engine == "talon" and s.spec.name != "ar"}

@@ -9,7 +9,8 @@ import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
 from talon.cost import synthetic_costs
-from talon.decode import Run, RunModels, RunParts
+from talon.decode import Run, RunParts
+from talon.trace import RunModels
 from talon.prompt import StopCheck, eos_ids
 from talon.drafters import Drafter, DraftSource, HybridDrafter, ModelDrafter, Verifier, build_drafter
 from talon.drafters.retrieval import RetrievalDrafter

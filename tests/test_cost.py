@@ -507,7 +507,7 @@ def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
     engine = Engine(target, draft, step="static")
     costs = engine.cost_snapshot()
     assert costs.verify_s(16) > 0 and costs.draft_s(4) > 0 and costs.prefill_per_token_s > 0
-    assert costs.key.endswith("|step=static") and "step=" not in cost_key(target.model, draft.model, ("t", "d"))
+    assert costs.key.endswith("|step=static+fold") and "step=" not in cost_key(target.model, draft.model, ("t", "d"))
     assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1
     assert len(engine.static_pools["draft"].free) == engine.static_pools["draft"].made == 1
     assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"

@@ -19,16 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import talon.verify
 from talon.decode import Engine, generate
 from talon.models import LoadedModel
 from talon.models.memory import KNOWN_SHAPES, ModelShape
 from talon.presets import PRESETS
 from talon.run_config import RunConfig, TreeConfig
-from talon.tree import DraftTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from check_model import SPLIT_BOUND, build_model, chain_prompt, conditioning  # noqa: E402
+from check_model import PLANTS, SPLIT_BOUND, build_model, chain_prompt, conditioning, planted  # noqa: E402
 from gpu_pairs import byte_tokenizer, random_ids, reference  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -118,27 +116,17 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
         assert max(m for (_, d, *_), m in mats.items() if d == drafter) > 1.5, (drafter, mats)
 
 
-def positions_shifted(real):  # noqa: ANN001, ANN201
-    return lambda tree, prefix: real(tree, prefix + 1) - (torch.tensor(tree.depths) == 0).long()
-
-
-def siblings_visible(tree: DraftTree) -> torch.Tensor:
-    n = len(tree.tokens)
-    return torch.ones(n, n, dtype=torch.bool).tril()  # (T, T): causal over node order, not the tree
-
-
-@pytest.mark.parametrize("bug", ["position ids below the root one too far", "tree mask shows siblings"])
-def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if bug.startswith("position"):
-        monkeypatch.setattr(talon.verify, "tree_positions", positions_shifted(talon.verify.tree_positions))
-    else:
-        monkeypatch.setattr(talon.verify, "tree_mask", siblings_visible)
+@pytest.mark.parametrize("bug", sorted(PLANTS))
+def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str) -> None:
+    """Position ids below the root one too far, or a tree mask that shows siblings
+    (``check_model.PLANTS``, the GPU check's ``--plant``)."""
     ids, want = pair.prompts["random"]
     caught = []
-    for drafter, mode in (("hybrid", "adaptive"), ("model", "static"), ("hybrid", "static"), ("model", "adaptive")):
-        if generate(pair.engine, ids, config(drafter, mode))[0].token_ids != want:
-            caught.append((drafter, mode))
-            break  # the lossless test above runs these configurations: one differing fails it
+    with planted(bug):
+        for drafter, mode in (("hybrid", "adaptive"), ("model", "static"), ("hybrid", "static"), ("model", "adaptive")):
+            if generate(pair.engine, ids, config(drafter, mode))[0].token_ids != want:
+                caught.append((drafter, mode))
+                break  # the lossless test above runs these configurations: one differing fails it
     assert caught, f"{pair.key}: {bug} went unnoticed"
 
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import talon.accept
-import talon.verify
 import talon.models.memory
 from talon.accept import Acceptance
 from talon.decode import Run
@@ -77,6 +76,12 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
     assert qwen["target_vocab"] - qwen["draft_vocab"] == 152_064 - 151_936  # the real pair's difference
     names = [c["name"] for c in qwen["checks"]]
     assert len(set(names)) == 10 and all(c["ok"] for c in qwen["checks"])
+    for key, pair in report["pairs"].items():  # every lossless configuration accepted drafts at depth
+        for check in (c for c in pair["checks"] if c["name"].startswith(("lossless", "the other"))):
+            mats = check["detail"]["mat"]
+            assert check["detail"]["mat_floor"] == 1.5 and not check["detail"]["below_floor"], (key, mats)
+            drafting = {k: m for k, m in mats.items() if {"model", "hybrid"} & set(k.split("/"))}
+            assert len(drafting) >= 8 and min(drafting.values()) >= 1.5, (key, mats)
     memory = next(c for c in qwen["checks"] if c["name"].startswith("memory"))
     assert memory["detail"]["peak_gib"].startswith("n/a") and memory["detail"]["limits"]["budget"] == 64
     once = {c["name"].split(":")[0].split(" ")[0]: c for c in report["once"]}
@@ -86,17 +91,32 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
 
 
 def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check) -> None:
-    real = talon.verify.tree_positions
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(talon.verify, "tree_positions",
-                   lambda tree, prefix: real(tree, prefix + 1) - (torch.tensor(tree.depths) == 0).long())
-        report = gpu_check.run_checks(tiny=True, only={"llama-3.1-8b"}, with_app=False)
+    with part("check_model").planted("position"):
+        report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False)
     assert not report["ok"]
-    checks = report["pairs"]["llama-3.1-8b"]["checks"]
+    checks = report["pairs"]["qwen2.5-7b"]["checks"]
     assert len(checks) == len(gpu_check.PAIR_CHECKS)  # every check reported, failed or not
     lossless = checks[0]
     assert lossless["name"].startswith("lossless") and not lossless["ok"] and lossless["detail"]["failures"]
-    assert "llama-3.1-8b: " + lossless["name"] in report["failed"]
+    assert "qwen2.5-7b: " + lossless["name"] in report["failed"]
+
+
+@pytest.mark.parametrize("bug", ["position", "mask"])
+def test_plant_passes_only_when_every_lossless_check_catches_the_bug(gpu_check, bug: str, tmp_path: Path) -> None:
+    """``--plant``: what a GPU runs to prove the check's teeth there. The lossless checks of the
+    tiny Qwen pair (every drafter x tree x async on the default path, the other paths) must
+    each see a token differ from ``generate()``; without the bug the same run is not ``caught``."""
+    out = tmp_path / "plant.json"
+    args = ["--tiny", "--pairs", "qwen2.5-7b", "--checks", "lossless,steps", "--out", str(out)]
+    assert gpu_check.main([*args, "--plant", bug]) == 0
+    report = json.loads(out.read_text())
+    planted = report["planted"]
+    assert planted["bug"] == bug and planted["pairs"] == 1 and planted["missed"] == []
+    assert planted["caught_by"]["qwen2.5-7b"] >= 4, planted  # configurations whose tokens differed
+    checks = report["pairs"]["qwen2.5-7b"]["checks"]
+    report["pairs"]["qwen2.5-7b"]["checks"] = [{**c, "ok": True, "detail": {"failures": []}} for c in checks]
+    gpu_check.caught_planted(report, bug)  # the same checks passing: the bug went unnoticed
+    assert not report["ok"] and report["planted"]["missed"] == ["qwen2.5-7b"]
 
 
 def test_without_cuda_the_full_check_says_to_use_tiny() -> None:
@@ -293,7 +313,7 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
 
     plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
-    assert not ok and detail["steps"] == ["static", "static+chain"] and detail["failures"]
+    assert not ok and detail["steps"] == list(part("gpu_pair_checks").OTHER_PATHS["cpu"]) and detail["failures"]
 
 
 def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ any width from two rows up, and a prepacked target decoding token for token its 
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,8 @@ from torch import nn
 
 from talon.cost_probe import cost_key
 from talon.models import load_pair
-from talon.models.prepack import PREPACKED, PrepackedLinear, is_prepacked, prepack, prepack_supported, should_prepack
+import talon.models.prepack
+from talon.models.prepack import PREPACKED, PrepackedLinear, is_prepacked, pays, prepack, prepack_supported, should_prepack
 from talon.models.quant import quantize_draft
 from talon.run_config import ConfigError
 from talon.settings import Settings
@@ -72,11 +75,20 @@ def test_prepacking_a_model_keeps_the_model() -> None:
     assert cost_key(lm.model, None, ("t", "none")) != cost_key(plain.model, None, ("t", "none"))  # re-measured
 
 
+def quiet_layer(lm, i: int):  # noqa: ANN001, ANN201
+    with torch.no_grad():
+        lm.model.model.layers[i].self_attn.o_proj.weight.mul_(0.05)
+        lm.model.model.layers[i].mlp.down_proj.weight.mul_(0.05)
+    return lm
+
+
 @pytest.mark.parametrize("drafter", ["hybrid", "model", "retrieval", "layerskip"])
 @pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
 def test_a_prepacked_target_decodes_its_own_greedy_generate(drafter: str, tree: str) -> None:
-    target, _ = prepacked_target()
-    draft = tiny_loaded("llama", 1)
+    # 4 layers (layerskip keeps the first and last), the one it skips writing little into the
+    # residual stream, so the view drafts close to the target; the draft model is the same weights
+    target, draft = (quiet_layer(tiny_loaded("llama", 0, layers=4), 1) for _ in range(2))
+    prepack(target.model)
     prepack(draft.model)
     assert_decodes_own_generate(target, None if drafter == "layerskip" else draft, drafter, tree)
 
@@ -84,6 +96,7 @@ def test_a_prepacked_target_decodes_its_own_greedy_generate(drafter: str, tree: 
 def test_what_gets_prepacked() -> None:
     lm = tiny_loaded("llama", 0)
     assert should_prepack(lm.model) and not should_prepack(lm.model, enabled=False)
+    assert should_prepack(lm.model, enabled=None) == talon.models.prepack.prepack_pays()
     assert not should_prepack(quantize_draft(tiny_loaded("llama", 1)).model)  # int8 keeps its own kernels
     assert not should_prepack(tiny_loaded("llama", 2).model.to(torch.bfloat16))
     prepack(lm.model)
@@ -92,9 +105,9 @@ def test_what_gets_prepacked() -> None:
 
 def test_load_pair_prepacks_unless_told_not_to(tmp_path: Path) -> None:
     target_dir, draft_dir = save_tiny_pair(tmp_path)
-    t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none")
+    t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=True)
     assert is_prepacked(t.model) and is_prepacked(d.model)
-    t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="int8")
+    t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="int8", prepack=True)
     assert is_prepacked(t.model) and d.model.talon_quant == "int8"
     t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=False)
     assert not is_prepacked(t.model) and not is_prepacked(d.model)
@@ -102,7 +115,64 @@ def test_load_pair_prepacks_unless_told_not_to(tmp_path: Path) -> None:
 
 
 def test_the_setting() -> None:
-    assert Settings().prepack and Settings.from_env({}).prepack
-    assert not Settings.from_env({"TALON_PREPACK": "0"}).prepack
-    with pytest.raises(ConfigError, match="TALON_PREPACK"):
+    assert Settings().prepack is None and Settings.from_env({}).prepack is None  # auto: the host decides
+    assert Settings.from_env({"TALON_PREPACK": "1"}).prepack is True
+    assert Settings.from_env({"TALON_PREPACK": "0"}).prepack is False
+    with pytest.raises(ConfigError, match="TALON_PREPACK must be auto, 0 or 1"):
         Settings.from_env({"TALON_PREPACK": "maybe"})
+
+
+def test_auto_follows_the_hosts_measurement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """``TALON_PREPACK=auto`` prepacks where the timed check of one layer says it pays, and that
+    check says it in the log, with its figures."""
+    target_dir, draft_dir = save_tiny_pair(tmp_path)
+    for pays, packed in ((True, True), (False, False)):
+        monkeypatch.setattr(talon.models.prepack, "prepack_pays", lambda pays=pays: pays)
+        t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=None)
+        assert is_prepacked(t.model) == packed and is_prepacked(d.model) == packed
+    monkeypatch.undo()
+    talon.models.prepack.prepack_pays.cache_clear()
+    with caplog.at_level(logging.INFO, logger="talon.models.prepack"):
+        choice = talon.models.prepack.prepack_pays()
+    line = next(r.getMessage() for r in caplog.records if "CPU layout check" in r.getMessage())
+    assert re.search(r"1 rows [\d.]+ / [\d.]+ ms .*16 rows [\d.]+ / [\d.]+ ms", line), line
+    assert line.endswith("auto = " + ("on" if choice else "off"))
+
+
+def test_the_rule_takes_a_tree_speedup_and_no_one_row_slowdown() -> None:
+    assert pays({1: (1.0, 0.7), 16: (2.0, 1.0)})  # the AVX2 EPYC's kind: faster at both
+    assert pays({1: (1.0, 1.04), 16: (2.0, 1.5)})  # a tree much faster, one row within 5 %
+    assert not pays({1: (1.0, 1.2), 16: (2.0, 1.0)})  # one row 20 % slower: plain decoding would lose
+    assert not pays({1: (1.0, 1.0), 16: (1.0, 0.95)})  # a tree barely faster: not worth the layout
+
+
+def test_a_prepacked_pair_decodes_a_stock_models_greedy_generate(tmp_path: Path) -> None:
+    """The pair as ``load_pair`` prepacks it, against the checkpoint loaded by transformers'
+    own ``from_pretrained`` with nothing of Talon's: token for token, drafts accepted."""
+    from transformers import AutoModelForCausalLM
+
+    from talon.decode import Engine, generate
+    from talon.run_config import RunConfig, TreeConfig
+    from tests.tiny import MAT_FLOOR
+
+    lm = tiny_loaded("llama", 0, layers=3)
+    for name in ("target", "draft"):  # the draft is the target's checkpoint: its drafts are accepted
+        lm.model.save_pretrained(tmp_path / name)
+        lm.tokenizer.save_pretrained(tmp_path / name)
+    target, draft = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), "float32", "cpu",
+                              draft_quant="none", prepack=True)
+    assert is_prepacked(target.model) and is_prepacked(draft.model)
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "target", dtype=torch.float32).eval()
+    ids = torch.tensor([[97, 98, 99, 32, 97, 98, 99]])
+    with torch.inference_mode():
+        ids = stock.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+        want = stock.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=24)[0, ids.shape[1]:].tolist()
+    engine = Engine(target, draft)
+    for drafter in ("hybrid", "model", "retrieval", "layerskip"):
+        cfg = RunConfig(drafter=drafter, max_new_tokens=24, chat_template=False,
+                        tree=TreeConfig(budget=12, cost_aware=False))
+        summary, _ = generate(engine, ids[0].tolist(), cfg)
+        assert summary.token_ids == want, drafter
+        assert summary.mean_accepted_tokens >= MAT_FLOOR, (drafter, summary.mean_accepted_tokens)

@@ -60,22 +60,30 @@ def tiny_model(
     return model.eval()
 
 
+MAT_FLOOR = 1.5  # a run that accepts nothing never reads a tree position, a tree mask or a cache move
+
+
 def assert_decodes_own_generate(target: LoadedModel, draft: LoadedModel | None, drafter: str, tree: str,
-                                prompt: str = "abc abc abc abc abd", tokens: int = 32) -> None:
+                                prompt: str = "abc abc abc abc abd", tokens: int = 32,
+                                min_mat: float = MAT_FLOOR) -> None:
     """Speculative decoding of ``target`` (``draft`` None: the drafter needs none) gives its own
-    greedy ``generate`` token for token."""
+    greedy ``generate`` token for token, with drafts accepted (mean accepted tokens at least
+    ``min_mat``: pass a draft close to the target). The prompt is followed by the target's own
+    greedy text (a random model's greedy text repeats, so retrieval finds its drafts in it)."""
     from talon.decode import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
 
     ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.inference_mode():
+        ids = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
         want = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                      max_new_tokens=tokens)[0, ids.shape[1]:].tolist()
     cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False,
                     tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
-    summary, _ = generate(Engine(target, draft, costs=None), prompt, cfg)
+    summary, _ = generate(Engine(target, draft, costs=None), ids[0].tolist(), cfg)
     assert summary.token_ids == want[: len(summary.token_ids)]
     assert len(summary.token_ids) == tokens or summary.stop_reason == "eos"
+    assert summary.mean_accepted_tokens >= min_mat, f"{drafter}/{tree}: MAT {summary.mean_accepted_tokens:.2f}"
 
 
 def tiny_loaded(kind: str = "llama", seed: int = 0, **kw: int) -> LoadedModel:

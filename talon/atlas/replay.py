@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from talon.atlas.data import Atlas
 from talon.cost import CostModel
 from talon.accept import accept_greedy
-from talon.decode import Run, RunModels, RunParts
+from talon.decode import Run, RunParts
 from talon.prompt import StopCheck
 from talon.drafters.hybrid import build_drafter
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import ConfigError, RunConfig
-from talon.trace import RunSummary, StepTrace
+from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
 from talon.verify import Verdict
 

@@ -119,6 +119,18 @@ class TieJudge:
         self.abs_tol = abs_tol
         self.upcast = upcast and target.dtype != torch.float32 and not is_packed(target.model)
         self._model: PreTrainedModel | None = None
+        self.fallback = ""  # why the judge ran in the run's own dtype after all (recorded in the report)
+
+    @property
+    def precision(self) -> str:
+        """What the judge's logits are computed in: float32, the packed target as it is, or the
+        run's own dtype where the float32 copy could not be made (then ``fallback`` says why)."""
+        if is_packed(self.target.model):
+            return "the packed target as loaded"
+        if self.target.dtype == torch.float32 or (self.upcast and not self.fallback):
+            return "float32"
+        return str(self.target.dtype).removeprefix("torch.") + (f" (float32 copy failed: {self.fallback})"
+                                                                 if self.fallback else "")
 
     def check(
         self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int | None = None,
@@ -173,7 +185,7 @@ class TieJudge:
                 log.info("lossless checks: target upcast to float32")
             except (RuntimeError, MemoryError) as err:
                 log.warning("lossless checks in %s (float32 copy failed: %s)", self.target.dtype, err)
-                self.upcast = False
+                self.upcast, self.fallback = False, str(err)[:200]
                 return self.target.model
         return self._model
 

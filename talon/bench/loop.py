@@ -30,18 +30,17 @@ log = logging.getLogger("talon.bench")
 
 
 def run_bench(
-    target: LoadedModel,
-    draft: LoadedModel | None,
+    engine: Engine,
     prompts: Sequence[Prompt],
     cfg: BenchConfig,
     out: Path | None = None,
     command: str = "",
     progress: bool = False,
-    cost_cache: Path | None = None,
 ) -> BenchReport:
-    """Run every method on every prompt (interleaved), check losslessness, aggregate; write the
-    report to ``out`` when given. Never raises for a mismatch: see ``BenchReport.fatal``."""
-    engine = Engine(target, draft, cost_cache=cost_cache)
+    """Run every method on every prompt (interleaved) on ``engine``'s pair (``talon.engine``
+    builds it as every front end does), check losslessness, aggregate; write the report to
+    ``out`` when given. Never raises for a mismatch: see ``BenchReport.fatal``."""
+    target, draft = engine.target, engine.draft
     runners = build_runners(engine, cfg)
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
         log.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
@@ -64,7 +63,7 @@ def run_bench(
         record_atlases(engine, prompts, cfg, out / "atlases", progress)
     rows = aggregate(samples, checks, runners, verify_curve(engine, runners))
     costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
-    report = BenchReport(BenchEnv.capture(target, draft, command), cfg, rows, checks, samples, costs)
+    report = BenchReport(BenchEnv.capture(target, draft, command, engine.path), cfg, rows, checks, samples, costs, judge.precision)
     if out is not None:
         write_report(report, out)
     return report

@@ -41,7 +41,7 @@ def markdown(report: BenchReport) -> str:
     env = report.env
     head = (
         f"# Talon benchmark\n\n{env.target} ({env.target_weights}) / draft {env.draft} "
-        f"({env.draft_quant}), {env.dtype} on {env.device} "
+        f"({env.draft_quant}), {env.dtype} on {env.device}" + (f", step {env.step} " if env.step else " ") +
         f"({env.gpu or env.cpu}, {env.cores} cores, {env.torch_threads} torch threads), "
         f"torch {env.torch}, transformers {env.transformers}, {env.date}.\n"
         + (f"\n`{env.command}`\n" if env.command else "")
@@ -163,8 +163,9 @@ def lossless_section(report: BenchReport) -> str:
         "## Lossless check\n",
         (
             f"Every token checked: {len(checks)} outputs, {positions} positions, each teacher-forced "
-            f"through the target (float32) and compared with its choice given the method's own prefix. "
-            f"{near} near-tie position(s) in {sum(bool(c.check.near_ties) for c in checks)} output(s); "
+            f"through the target ({report.judged_in}) and compared with its choice given the method's own prefix. "
+            f"{near} near-tie position(s) ({100 * near / max(positions, 1):.2f} % of positions) in "
+            f"{sum(bool(c.check.near_ties) for c in checks)} output(s); "
             f"{len(bad)} output(s) with a real mismatch ({len(report.fatal)} of Talon methods).\n"
         ),
         "| method | outputs | positions | near-tie positions | outputs differing from ar | real mismatches |",

@@ -202,6 +202,7 @@ class BenchReport:
     checks: list[OutputCheck]
     samples: list[Sample] = dataclasses.field(default_factory=list)
     cost_models: dict[str, Any] = dataclasses.field(default_factory=dict)  # the snapshots the Talon runs planned on
+    judged_in: str = "float32"  # the judge's precision (talon.bench.judge.TieJudge.precision)
 
     @property
     def fatal(self) -> list[OutputCheck]:
@@ -215,6 +216,7 @@ class BenchReport:
             "config": dataclasses.asdict(self.config),
             "results": [r.to_dict() for r in self.rows],
             "cost_models": self.cost_models,
+            "judged_in": self.judged_in,
             "checks": [c.to_dict() for c in self.checks],
             "samples": [sample_record(s) for s in self.samples],
         }

@@ -21,10 +21,10 @@ from talon.atlas.engine_sweep import (
 )
 from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
-from talon.cli.args import add_model_args, add_run_args, config_from_args
+from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_from_args
 from talon.cost import CostModel
-from talon.decode import Engine
-from talon.models import ModelLoadError, load_pair
+from talon.engine import build_engine
+from talon.models import ModelLoadError
 from talon.run_config import ConfigError
 from talon.settings import Settings
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
@@ -81,10 +81,7 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
         else:
             text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
             prompts = [("atlas", text, "")]
-        target, draft = load_pair(args.target, args.draft, args.dtype, args.device, settings.allow_remote_code,
-                                  draft_quant=args.draft_quant, target_weights=args.target_weights,
-                                  prepack=settings.prepack)
-        engine = Engine(target, draft, cost_cache=settings.cost_cache_dir)
+        engine = build_engine(pair_from_args(args, settings))
         for name, text, suite in prompts:
             atlas = record_atlas(engine, text, cfg, suite=suite,
                                  progress=lambda f, what: log.info("%3.0f%% %s", 100 * f, what))

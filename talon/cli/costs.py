@@ -7,10 +7,11 @@ import json
 import logging
 from pathlib import Path
 
-from talon.cli.args import add_knob, add_model_args
+from talon.cli.args import add_knob, add_model_args, pair_from_args
 from talon.cost import CostModel
-from talon.cost_cache import MAX_AGE_DAYS, cache_path, load_or_probe
-from talon.models import ModelLoadError, load_pair
+from talon.cost_cache import MAX_AGE_DAYS, cache_path
+from talon.engine import build_engine
+from talon.models import ModelLoadError
 from talon.knobs import KNOB
 from talon.settings import Settings
 
@@ -24,7 +25,8 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
     what = c.add_mutually_exclusive_group(required=True)
     what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
     what.add_argument("--probe", action="store_true",
-                      help="measure the curves of the given pair now and cache them")
+                      help="measure the curves of the given pair now, on the step the server runs (TALON_STEP, "
+                      "TALON_CHAIN, TALON_FOLD), and cache them")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
     add_model_args(c, settings)
     add_knob(c, KNOB["draft_vocab"])
@@ -44,15 +46,8 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
         for path in files:
             print(describe_cached(path))
         return 0
-    try:
-        draft = None if args.draft.lower() == "none" else args.draft
-        target, draft_lm = load_pair(
-            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
-            target_weights=args.target_weights, prepack=settings.prepack,
-        )
-        names = (target.name, draft_lm.name if draft_lm is not None else "none")
-        costs = load_or_probe(target.model, draft_lm.model if draft_lm is not None else None, names,
-                              folder, args.draft_vocab, refresh=True)
+    try:  # the engine the server and every command build, so the curves probed are the ones they read
+        costs = build_engine(pair_from_args(args, settings)).cost_snapshot(args.draft_vocab, refresh=True)
     except (ValueError, ModelLoadError, OSError) as err:
         log.error("%s", err)
         return 2

@@ -8,12 +8,13 @@ import json
 import logging
 import sys
 
-from talon.cli.args import add_model_args, add_run_args, config_from_args
+from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_from_args
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
 from talon.cli.lessons import add_export_parser, add_lessons_parser, export_command, lessons_command
-from talon.decode import Engine, generate
-from talon.models import ModelLoadError, load_pair
+from talon.decode import generate
+from talon.engine import build_engine
+from talon.models import ModelLoadError
 from talon.settings import Settings
 from talon.trace import dump_trace
 
@@ -60,14 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt_file:
             with open(args.prompt_file, encoding="utf-8") as fh:
                 prompt = fh.read()
-        draft = args.draft if cfg.needs_draft_model else None  # layerskip drafts with the target itself
-        target, draft_lm = load_pair(
-            args.target, draft, args.dtype, args.device, settings.allow_remote_code, draft_quant=args.draft_quant,
-            target_weights=args.target_weights, prepack=settings.prepack,
-        )
-        if args.async_draft is None:  # overlap pays where drafter and verifier have their own hardware
-            cfg = cfg.replace(async_draft=target.device.type == "cuda")
-        summary, steps = generate(Engine(target, draft_lm, cost_cache=settings.cost_cache_dir), prompt, cfg)
+        # layerskip drafts with the target itself, retrieval with none
+        engine = build_engine(pair_from_args(args, settings, args.draft if cfg.needs_draft_model else "none"))
+        summary, steps = generate(engine, prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         log.error("%s", err)
         return 2
@@ -78,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(summary.text)
         log.info(
-            "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s",
+            "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s (%s, %s, step %s)",
             len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
-            summary.tokens_per_second, summary.seconds,
+            summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.step,
         )
     return 0

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from talon.drafters.model import ModelDrafter
+from talon.run_config import ConfigError
 
 if TYPE_CHECKING:
     from talon.drafters.base import SourceModels
@@ -29,10 +30,15 @@ VIEWS: "weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[int, ...], PreTrai
 
 
 def skipped_layers(layers: int, share: float) -> tuple[int, ...]:
-    """The layers a draft skips: ``round(share * layers)`` of them (at least one), one block in
-    the middle of the depth. On the embedded Qwen2.5-Coder-1.5B (28 layers, three prompts), the
-    middle block kept the target's greedy token most often: at a quarter skipped 69 % of the time,
-    against 54 % for layers spread over the upper three quarters and 30 % for the upper block."""
+    """The layers a draft skips: ``round(share * layers)`` of them (at least one, and never the
+    first or the last), one block in the middle of the depth; ConfigError for a model of fewer
+    than 3 layers, which has none to skip. On the embedded Qwen2.5-Coder-1.5B (28 layers, three
+    prompts), the middle block kept the target's greedy token most often: at a quarter skipped
+    69 % of the time, against 54 % for layers spread over the upper three quarters and 30 % for
+    the upper block."""
+    if layers < 3:
+        raise ConfigError(f"layerskip needs a target of at least 3 layers (the first and last are kept), "
+                          f"this one has {layers}")
     count = min(layers - 2, max(1, round(share * layers)))
     start = max(1, (layers - count) // 2)
     return tuple(range(start, start + count))

@@ -214,7 +214,7 @@ def load_pair(
     cache_dir: str | os.PathLike[str] | None = None,
     draft_quant: str = "none",
     target_weights: str = "dense",
-    prepack: bool = True,
+    prepack: bool | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
@@ -222,11 +222,12 @@ def load_pair(
     embedded model keeps its own Q4_K blocks; int8 is refused: not lossless on a real model):
     the packed module is the target, so the output stays its own greedy ``generate``.
     ``prepack``: float32 weights on a CPU (a dense target, a draft not in int8) laid out once for
-    oneDNN (:mod:`talon.models.prepack`): the same weights, faster trees."""
+    oneDNN (:mod:`talon.models.prepack`): the same weights, faster trees on some hosts; None (auto)
+    where this host's timed check says it pays."""
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":  # auto resolves here too
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
-        if prepack and should_prepack(target_lm.model):
+        if should_prepack(target_lm.model, prepack):
             prepack_linears(target_lm.model)
     else:
         dense = load_model(target, "float32", device, allow_remote_code, cache_dir)
@@ -240,6 +241,6 @@ def load_pair(
     check_tokenizers_match(target_lm.tokenizer, draft_lm.tokenizer, target, draft)
     if quant == "int8":
         return target_lm, quantize_draft(draft_lm)
-    if prepack and should_prepack(draft_lm.model):
+    if should_prepack(draft_lm.model, prepack):
         prepack_linears(draft_lm.model)
     return target_lm, draft_lm

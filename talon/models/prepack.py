@@ -22,12 +22,15 @@ here), and so is every device but the CPU.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 
 import torch
 from torch import nn
 
 from talon.models.quant import replace_linears
+from talon.rng import generator_for
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +67,63 @@ def prepack_supported() -> bool:
         hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise"))
 
 
-def should_prepack(model: nn.Module, enabled: bool = True) -> bool:
-    """Prepack ``model``: asked to, a float32 model on the CPU, not quantized, and supported."""
-    return (enabled and getattr(model, "talon_quant", "none") == "none" and model.device.type == "cpu"
+def should_prepack(model: nn.Module, enabled: bool | None = True) -> bool:
+    """Prepack ``model``: asked to (``None``: where this host's check says it pays,
+    :func:`prepack_pays`), a float32 model on the CPU, not quantized, and supported."""
+    fits = (getattr(model, "talon_quant", "none") == "none" and model.device.type == "cpu"
             and model.dtype == torch.float32 and prepack_supported())
+    return fits and (enabled if enabled is not None else prepack_pays())
+
+
+# The rows a decoder's linears see on a CPU: one token (plain decoding, a draft layer) and a
+# tree's verification. Prepacking must win at the tree's rows and not lose at one row.
+CHECK_ROWS = (1, 16)
+MIN_TREE_SPEEDUP = 1.1  # at 16 rows, plain / prepacked
+MAX_ROW_SLOWDOWN = 1.05  # at 1 row, prepacked / plain
+
+
+def time_layer(rows: int, dim: int = 4096, reps: int = 6) -> tuple[float, float]:
+    """Best seconds of one (rows x dim) @ (dim x dim) float32 linear, torch's default matmul and
+    prepacked, timed in alternating rounds (a burst of load from elsewhere hits both). The
+    weight (64 MB) is larger than the CPU's caches, as a decoder's weights are."""
+    g = generator_for("cpu", 0)  # this check runs on the CPU only
+    x = torch.randn(rows, dim, generator=g)  # (rows, dim)
+    layer = nn.Linear(dim, dim, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(dim, dim, generator=g))
+    packed = PrepackedLinear(layer)
+    best = [float("inf"), float("inf")]
+    with torch.inference_mode():
+        for i in range(reps + 1):
+            for k, fn in enumerate((layer, packed)):
+                start = time.perf_counter()
+                fn(x)
+                if i:  # the first round warms kernels and caches
+                    best[k] = min(best[k], time.perf_counter() - start)
+    return best[0], best[1]
+
+
+def pays(times: dict[int, tuple[float, float]]) -> bool:
+    """Prepacking pays on these (plain, prepacked) seconds by rows: clearly faster at a tree's
+    rows, and not slower at one."""
+    (row_plain, row_packed), (tree_plain, tree_packed) = times[CHECK_ROWS[0]], times[CHECK_ROWS[1]]
+    return tree_plain / tree_packed >= MIN_TREE_SPEEDUP and row_packed / row_plain <= MAX_ROW_SLOWDOWN
+
+
+@functools.cache
+def prepack_pays() -> bool:
+    """Measured once per process, as the CPU's dtype is (``talon.models.device``): whether this
+    host's oneDNN layout beats torch's default float32 matmul (MKL's sgemm re-lays a weight out at
+    every call of a few rows on some hosts, not on others), logged with its figures."""
+    if not prepack_supported():
+        return False
+    times = {rows: time_layer(rows) for rows in CHECK_ROWS}
+    choice = pays(times)
+    log.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked: %s (need %.2fx at "
+             "%d rows, at most %.2fx slower at %d) -> TALON_PREPACK auto = %s",
+             ", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)" for r, (p, q) in times.items()),
+             MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], "on" if choice else "off")
+    return choice
 
 
 def prepack(model: nn.Module) -> int:

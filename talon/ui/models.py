@@ -10,33 +10,21 @@ import gc
 import logging
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 
 import gradio as gr
 import torch
 
 from talon import zerogpu
 from talon.decode import Engine
-from talon.models import ModelLoadError, gpu_health, load_pair, resolve_device
+from talon.engine import PairKey, build_engine
+from talon.models import ModelLoadError, gpu_health, resolve_device
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.presets import ModelPreset, available_presets, startup_preset
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
-from talon.ui.pair import PairKey, PairSlot, is_out_of_memory
+from talon.ui.pair import PairSlot, is_out_of_memory
 
 log = logging.getLogger(__name__)
-
-
-def build_engine(key: PairKey) -> Engine:
-    if key.step == "compiled" and zerogpu.active():
-        raise ConfigError("TALON_STEP=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
-    target_lm, draft_lm = load_pair(key.target, key.draft, key.dtype, key.device, key.allow_remote_code,
-                                    key.cache_dir, key.draft_quant, key.target_weights, key.prepack)
-    engine = Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
-                    chain=key.chain)
-    if key.step == "compiled":  # (resolve_step refused it off CUDA)
-        log.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
-    return engine
 
 
 def free_device_bytes(device: str) -> int | None:
@@ -51,13 +39,11 @@ SLOT = PairSlot(lambda key: build_engine(key), lambda: release_memory(), lambda 
 
 def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
     """What a preset loads on this server. TALON_DTYPE, when it names a dtype, wins over the preset's."""
-    return PairKey(
-        target=preset.target or settings.target, draft=preset.draft or settings.draft,
-        dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto", device=settings.device,
-        draft_quant=preset.draft_quant or settings.draft_quant, allow_remote_code=settings.allow_remote_code,
-        cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
-        target_weights=preset.target_weights or settings.target_weights, step=settings.step,
-        chain=settings.chain, prepack=settings.prepack,
+    return PairKey.from_settings(
+        settings, target=preset.target or settings.target, draft=preset.draft or settings.draft,
+        dtype=settings.dtype if settings.dtype != "auto" else preset.dtype or "auto",
+        draft_quant=preset.draft_quant or settings.draft_quant,
+        target_weights=preset.target_weights or settings.target_weights,
     )
 
 

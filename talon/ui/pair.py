@@ -20,30 +20,10 @@ from typing import Any
 
 import torch
 
+from talon.engine import PairKey
 from talon.models import ModelLoadError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PairKey:
-    """Everything that makes two loaded pairs different."""
-
-    target: str
-    draft: str
-    dtype: str
-    device: str
-    draft_quant: str
-    allow_remote_code: bool
-    cache_dir: str
-    cost_cache: str
-    target_weights: str = "dense"
-    step: str = "auto"  # talon.static.resolve_step
-    chain: bool = False  # talon.chain: adaptive trees grown on the draft model's device
-    prepack: bool = True  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN
-
-    def describe(self) -> str:
-        return f"{self.target} + {self.draft}"
 
 
 @dataclass(frozen=True)

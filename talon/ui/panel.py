@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from talon.examples import Example
-from talon.knobs import BY_APP, Knob
+from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
 from talon.settings import Settings
 from talon.ui.models import initial_preset, preset_label, presets
 
@@ -42,9 +42,7 @@ DRAFTER_AND_TREE = ("drafter", "tree_mode", "budget", "root_k", "top_k", "mu", "
 SAMPLING_AND_LENGTH = ("temperature", "top_p", "seed", "max_new_tokens")
 DRAFTER_INFO = ("hybrid: the draft model's tree with retrieval grafted in; layerskip: the target drafts for itself "
                 "with a middle block of its layers skipped (its nodes show as the draft model's)")
-ASYNC_WHY = ("Off by default, because it measured slower: on a CPU the pre-draft takes the verifier's cores; on a "
-             "GPU an in-line draft layer is a CUDA-graph replay (about 3 ms on an H100) while a pre-draft runs eagerly "
-             "on its own thread (about 15 ms). The output is the target's either way.")
+ASYNC_WHY = f"Off by default, because {ASYNC_OFF_WHY}. The output is the target's either way."
 
 
 def control(knob: Knob, limit: int | None = None, **options: Any) -> Any:

@@ -1,0 +1,114 @@
+"""One engine for every front end (``talon.engine``): the command line runs the step the settings
+name and says which ran, ``talon costs --probe`` measures the curves of that step, async drafting
+has one default, and no front end builds an engine any other way."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from talon.cli.main import main
+from talon.cost import CostModel
+from talon.knobs import KNOB
+from talon.settings import PROVEN, proven_default
+from tests.tiny import tiny_loaded
+
+REPO = Path(__file__).resolve().parents[1]
+FRONT_ENDS = ("talon/cli", "talon/bench", "talon/ui", "app.py")
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("pair")
+    for name, seed in (("target", 0), ("draft", 1)):
+        lm = tiny_loaded("qwen2", seed)
+        lm.model.save_pretrained(root / name)
+        lm.tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("step,fold,path", [("static", "auto", "static+fold"), ("dynamic", "0", "dynamic")])
+def test_generate_runs_the_configured_step_and_says_so(pair_dirs: tuple[Path, Path], step: str, fold: str,
+                                                      path: str, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TALON_STEP", step)
+    monkeypatch.setenv("TALON_FOLD", fold)
+    target, draft = pair_dirs
+    out = run_cli(["generate", "--prompt", "abc abc", "--target", str(target), "--draft", str(draft), "--device",
+                   "cpu", "--dtype", "float32", "--max-new-tokens", "6", "--no-chat-template", "--json"], capsys)
+    summary = json.loads(out)
+    assert summary["step"] == path and len(summary["token_ids"]) == 6
+    assert summary["config"]["async_draft"] is False  # the knob table's one default, on every device
+
+
+def test_costs_probe_measures_the_configured_step(pair_dirs: tuple[Path, Path], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TALON_STEP", "static")
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
+    target, draft = pair_dirs
+    out = run_cli(["costs", "--probe", "--target", str(target), "--draft", str(draft), "--device", "cpu",
+                   "--dtype", "float32"], capsys)
+    assert "step=static+fold" in out
+    (cached,) = tmp_path.glob("*.json")
+    costs = CostModel.from_dict(json.loads(cached.read_text()))
+    assert costs.key.endswith("|step=static+fold") and costs.provenance.source == "probe"
+    assert costs.provenance.field_source("verify_s") == "probe"
+    assert costs.provenance.field_source("other_s").startswith("assumed")
+
+
+def engine_builders(root: Path = REPO) -> set[str]:
+    """Front-end files that build an engine or load a pair themselves, not through talon.engine."""
+    found = set()
+    paths = [p for entry in FRONT_ENDS for p in ((root / entry).rglob("*.py") if (root / entry).is_dir()
+                                                 else [root / entry] if (root / entry).is_file() else [])]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                    "Engine", "load_pair"):
+                found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_no_front_end_builds_its_engine_another_way(tmp_path: Path) -> None:
+    assert engine_builders() == set()
+    (tmp_path / "talon" / "cli").mkdir(parents=True)
+    (tmp_path / "app.py").write_text("")
+    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.decode import Engine\nengine = Engine(t, d)\n")
+    assert engine_builders(tmp_path) == {"talon/cli/rogue.py"}
+
+
+def test_every_switch_has_one_proven_default_per_device_kind() -> None:
+    switches = {switch for switch, _ in PROVEN}
+    assert switches == {"step", "fold", "chain", "async_draft", "prepack"}
+    for switch in switches - {"prepack"}:  # prepacking is a CPU layout: the host's check decides it
+        for kind in ("cpu", "cuda"):
+            assert proven_default(switch, kind).run, (switch, kind)
+    assert proven_default("async_draft", "cuda").value == "off" and KNOB["async_draft"].default is False
+    assert proven_default("fold", "cuda").value == "off", "no committed GPU run has proven the fold"
+    assert proven_default("chain", "cuda").value == "off"
+    from talon.static import resolve_step
+    assert resolve_step("auto", torch.device("cpu")) == proven_default("step", "cpu").value
+
+
+def proven_table() -> str:
+    """docs/gpu.md's table of defaults, from ``talon.settings.PROVEN`` (so the two cannot drift)."""
+    lines = ["| switch | CPU default | proved by | CUDA default | proved by |", "| --- | --- | --- | --- | --- |"]
+    for switch in dict.fromkeys(s for s, _ in PROVEN):
+        cpu, cuda = PROVEN[(switch, "cpu")], PROVEN.get((switch, "cuda"))
+        lines.append(f"| `{switch}` | {cpu.value} | {cpu.run} | {cuda.value if cuda else 'n/a'} | "
+                     f"{cuda.run if cuda else 'a CPU layout'} |")
+    return "\n".join(lines)
+
+
+def test_the_gpu_doc_states_every_default_and_its_proof() -> None:
+    assert proven_table() in (REPO / "docs" / "gpu.md").read_text(encoding="utf-8")
