@@ -1,4 +1,4 @@
-"""A short device check of the graph loop, for a call with little device time left: the preset's
+"""A short device check of the graph loop, for a short call: the preset's
 real shapes in float32 (random check models), every drafter on CUDA graphs (the default step
 on CUDA), async included, against ``generate()``; each phase under a watchdog that prints every
 thread's stack and exits if it hangs.

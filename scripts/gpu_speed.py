@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from talon.cost import synthetic_costs  # noqa: E402
+from talon.cost import PROBED, synthetic_costs  # noqa: E402
 from talon.cost_probe import probe_costs  # noqa: E402
 from talon.curve import GRID  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
@@ -166,8 +166,10 @@ def with_draft_overhead(costs, seconds: float):  # noqa: ANN001, ANN201 - CostMo
     data = costs.to_dict()
     data["draft_s"] = [v + seconds for v in data["draft_s"]]
     adjusted = type(costs).from_dict(data)
-    adjusted.provenance = dataclasses.replace(costs.provenance, weights=f"{costs.provenance.weights}; each draft "
-                                              f"forward + {1e3 * seconds:.2f} ms of the loop's readout")
+    adjusted.provenance = dataclasses.replace(
+        costs.provenance, weights=f"{costs.provenance.weights}; each draft forward + {1e3 * seconds:.2f} ms of the "
+        "loop's readout", fields={**costs.provenance.fields, "draft_s": f"derived: each probed replay + "
+                                 f"{1e3 * seconds:.2f} ms of the loop's readout, measured by scripts/gpu_speed.py"})
     return adjusted
 
 
@@ -207,12 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     v, d = curves["graph"]
     graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
                             prefill_per_token_s=eager.prefill_per_token_s)
-    graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/static.py)")
+    graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/static.py)",
+                                           fields=dict(PROBED))  # its own replays, probed here
     graph.key = f"{args.pair}/graph"
     eager.key = f"{args.pair}/eager"
     for costs, run in ((eager, "dynamic/none/random"), (graph, "graphs/none/random")):
         if run in report["loop"]:  # a step's cost beyond its forward, as the loop measured it
             costs.other_s = loop_other_s(report["loop"][run]["ms_per_step"], costs)
+            costs.provenance = dataclasses.replace(costs.provenance, fields={**costs.provenance.fields, "other_s": (
+                "fitted: the loop's measured `none` step (scripts/gpu_speed.py) less the 1-token forward, so the "
+                "predicted `none` equals that measured loop (not an independent prediction)")})
     if "graphs/model/random/chain-tree" in report["loop"]:  # and a draft forward's beyond its replay
         record = report["loop"]["graphs/model/random/chain-tree"]
         report["draft_overhead_ms"] = round(1e3 * draft_overhead_s(record, graph), 3)

@@ -58,10 +58,10 @@ class Engine:
         the draft model's device, their layers chained with no host turnaround (``talon.chain``).
         ``fold``: grouped-query attention folded (``talon.attention``; None: the device kind's
         proven default). It switches the models' attention, so engines sharing a model share it."""
-        self.fold = resolve_fold(fold, target.device)
-        for lm in (target, draft):
-            if lm is not None:
-                set_fold(lm.model, self.fold)
+        wanted = resolve_fold(fold, target.device)
+        self.fold = set_fold(target.model, wanted)  # False for a model on eager or flash attention
+        if draft is not None:
+            set_fold(draft.model, wanted)
         self.forwards = StepForwards(step, target, draft, chain)
         self.step = self.forwards.step
         self.target = target

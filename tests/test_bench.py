@@ -170,6 +170,26 @@ def test_stopping_early_or_after_eos_is_a_mismatch(pair) -> None:
     assert not judge.check(prompt, [], 8).lossless
 
 
+def test_the_judge_says_when_it_could_not_judge_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A half-precision target is judged on a float32 copy; where the copy cannot be made the
+    judge runs in the target's own dtype and says so (the report prints it), never silently."""
+    import talon.bench.judge as judge_module
+
+    target = tiny_loaded("llama", 3)
+    half = type(target)(target.model.to(torch.bfloat16), target.tokenizer, target.name, torch.bfloat16, target.device)
+    prompt, out = [5, 9, 77], greedy_ids(half, [5, 9, 77], 4)
+    judge = TieJudge(half, abs_tol=0.05)
+    assert judge.check(prompt, out).positions == 4 and judge.precision == "float32"
+
+    def no_room(_: object) -> object:
+        raise RuntimeError("not enough memory")
+
+    monkeypatch.setattr(judge_module.copy, "deepcopy", no_room)
+    fallback = TieJudge(half, abs_tol=0.05)
+    assert fallback.check(prompt, out).positions == 4
+    assert fallback.precision == "bfloat16 (float32 copy failed: not enough memory)"
+
+
 def test_a_planted_off_by_one_position_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tree verified with every draft node one position too far: the judge must flag the
     output, while the same run with correct positions passes."""

@@ -96,8 +96,20 @@ def test_every_switch_has_one_proven_default_per_device_kind() -> None:
     assert proven_default("async_draft", "cuda").value == "off" and KNOB["async_draft"].default is False
     assert proven_default("fold", "cuda").value == "off", "no committed GPU run has proven the fold"
     assert proven_default("chain", "cuda").value == "off"
+
+
+
+def test_auto_resolves_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` reads the table, nothing else: change a row and the resolution follows."""
+    import talon.settings
+    from talon.attention import resolve_fold
     from talon.static import resolve_step
-    assert resolve_step("auto", torch.device("cpu")) == proven_default("step", "cpu").value
+
+    cpu = torch.device("cpu")
+    assert resolve_step("auto", cpu) == "dynamic" and resolve_fold(None, cpu)
+    monkeypatch.setitem(talon.settings.PROVEN, ("step", "cpu"), talon.settings.Proven("static", "a test"))
+    monkeypatch.setitem(talon.settings.PROVEN, ("fold", "cpu"), talon.settings.Proven("off", "a test"))
+    assert resolve_step("auto", cpu) == "static" and not resolve_fold(None, cpu)
 
 
 def proven_table() -> str:

@@ -510,12 +510,15 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
     seen: list[bool] = []
 
     def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto",
-                       target_weights: str = "dense", prepack: bool = True):
+                       target_weights: str = "dense", prepack: bool | None = None):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 
-    monkeypatch.setattr(ui_models, "load_pair", fake_load_pair)
-    monkeypatch.setattr(ui_models, "Engine", lambda target, draft, **kwargs: SimpleNamespace(target=None, draft=None))
+    import talon.engine
+
+    monkeypatch.setattr(talon.engine, "load_pair", fake_load_pair)
+    monkeypatch.setattr(talon.engine, "Engine", lambda target, draft, **kwargs: SimpleNamespace(
+        target=SimpleNamespace(device="cpu"), draft=None, path="dynamic"))
     monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
         load_engine(Settings.from_env(env), PRESETS[0])

@@ -391,9 +391,9 @@ def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: p
 def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     from talon import zerogpu
     from talon.run_config import ConfigError
+    from talon import engine as models
+    from talon.engine import PairKey
     from talon.settings import Settings
-    from talon.ui import models
-    from talon.ui.pair import PairKey
 
     assert Settings.from_env({}).step == "auto"
     assert Settings.from_env({"TALON_STEP": "Compiled"}).step == "compiled"

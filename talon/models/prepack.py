@@ -16,6 +16,10 @@ dot product's additions change, as they change between any two matmul kernels. A
 depend on how many rows share the call once there are two or more (tests/test_prepack.py); one
 row takes oneDNN's other path, as it takes MKL's gemv without prepacking.
 
+On a 2-core AMD EPYC the same layout took one token's forward to 0.51x and a 16-token one to
+0.43x: hosts differ, so ``TALON_PREPACK=auto`` (the default) prepacks where ``prepack_pays``, a
+timed check of one layer at start-up, says it pays here (docs/runs/2026-11-27-cpu-prepack-ab.md).
+
 bfloat16 is left to torch (on a host with avx512_bf16 it already goes to oneDNN; unmeasured
 here), and so is every device but the CPU.
 """
@@ -88,9 +92,8 @@ def time_layer(rows: int, dim: int = 4096, reps: int = 6) -> tuple[float, float]
     weight (64 MB) is larger than the CPU's caches, as a decoder's weights are."""
     g = generator_for("cpu", 0)  # this check runs on the CPU only
     x = torch.randn(rows, dim, generator=g)  # (rows, dim)
-    layer = nn.Linear(dim, dim, bias=False)
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(dim, dim, generator=g))
+    layer = nn.Linear(dim, dim, bias=False, device="meta")  # no init: the global generator stays as it was
+    layer.weight = nn.Parameter(torch.randn(dim, dim, generator=g), requires_grad=False)
     packed = PrepackedLinear(layer)
     best = [float("inf"), float("inf")]
     with torch.inference_mode():
