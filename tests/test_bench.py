@@ -44,7 +44,7 @@ FAST = {"max_new_tokens": 12, "hf_assistant_tokens": ("4", "default"), "warmup_t
 
 @pytest.fixture(scope="module")
 def pair():
-    target = tiny_loaded("llama", 11)
+    target = tiny_loaded("llama", 11, layers=3)  # layerskip, one of the methods, keeps the first and last layer
     return target, noisy_copy(target, 12, 0.3)
 
 

@@ -56,7 +56,7 @@ def test_costs_probe_measures_the_configured_step(pair_dirs: tuple[Path, Path], 
     monkeypatch.setenv("TALON_STEP", "static")
     monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
     target, draft = pair_dirs
-    out = run_cli(["costs", "--probe", "--target", str(target), "--draft", str(draft), "--device", "cpu",
+    out = run_cli(["costs", "--refresh", "--target", str(target), "--draft", str(draft), "--device", "cpu",
                    "--dtype", "float32"], capsys)
     assert "step=static+fold" in out
     (cached,) = tmp_path.glob("*.json")

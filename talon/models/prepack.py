@@ -74,9 +74,11 @@ def prepack_supported() -> bool:
 def should_prepack(model: nn.Module, enabled: bool | None = True) -> bool:
     """Prepack ``model``: asked to (``None``: where this host's check says it pays,
     :func:`prepack_pays`), a float32 model on the CPU, not quantized, and supported."""
+    if enabled is False:
+        return False
     fits = (getattr(model, "talon_quant", "none") == "none" and model.device.type == "cpu"
             and model.dtype == torch.float32 and prepack_supported())
-    return fits and (enabled if enabled is not None else prepack_pays())
+    return fits and (enabled or prepack_pays())
 
 
 # The rows a decoder's linears see on a CPU: one token (plain decoding, a draft layer) and a
