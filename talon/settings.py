@@ -115,8 +115,8 @@ class Proven:
 # The step's switches, per device kind ("cpu", "cuda"): what ``auto`` resolves to. A switch is on
 # by default on a kind only after a run there proved it; docs/gpu.md's table is this one.
 PROVEN: dict[tuple[str, str], Proven] = {
-    ("step", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, MAT 2.7-5.3, at the 7B "
-                            "and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static step "
+    ("step", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, the draft model's trees "
+                            "accepted above MAT 1.5, at the 7B and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static step "
                             "measured slower on a CPU (hybrid 2.92 against 3.42 tok/s)"),
     ("step", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
                              "target on CUDA graphs, deep trees accepted (MAT 12.8), the output equal to generate()"),

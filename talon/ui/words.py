@@ -7,7 +7,8 @@ HEADER = """
   <p>A small <b>drafter</b> (a draft model and/or retrieval from the text so far) proposes a
   <b>tree</b> of possible next tokens; the big <b>target</b> model checks the whole tree in one
   forward pass and keeps the longest path it agrees with, plus one token of its own (the
-  <b>bonus</b>). The output is exactly what the target alone would write, only faster.</p>
+  <b>bonus</b>). The output is what the target alone would write (token for token in float32; in
+  bfloat16 up to rounding ties), only faster.</p>
 </div>
 """
 
