@@ -46,6 +46,7 @@ from gpu_pairs import (  # noqa: E402
     below_floor,
     check_prompts,
     noisy,
+    path_engine,
     prompt_ids,
     random_ids,
     reference,
@@ -93,12 +94,6 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
 # The paths the lossless check does not run (it runs the device's default), as ``step[+chain][+fold]``
 OTHER_PATHS = {"cuda": ("graphs+fold", "dynamic", "static", "graphs+chain"),
                "cpu": ("dynamic", "static", "static+fold", "static+chain+fold")}
-
-
-def path_engine(target: LoadedModel, draft: LoadedModel, path: str) -> Engine:
-    """The engine ``path`` names (``graphs+chain+fold``: the step, then what is switched on)."""
-    step, *on = path.split("+")
-    return Engine(target, draft, step=step, chain="chain" in on, fold="fold" in on)
 
 
 def static_step_lossless(ctx: PairRun) -> Outcome:

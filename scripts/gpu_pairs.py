@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from talon.decode import Engine  # noqa: E402
 from talon.presets import PRESETS  # noqa: E402
 from talon.models import LoadedModel  # noqa: E402
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled  # noqa: E402
@@ -145,6 +146,12 @@ def echo_ids(target: LoadedModel, ids: list[int], n: int) -> list[int]:
     retrieval finds the suffix and drafts the continuation that followed it, which the target
     repeats, so its deep chains are accepted (a repeating prompt, as real text often is)."""
     return ids + reference(target, ids, n) + ids
+
+
+def path_engine(target: LoadedModel, draft: LoadedModel, path: str) -> Engine:
+    """The engine ``path`` names (``graphs+chain+fold``: the step, then what is switched on)."""
+    step, *on = path.split("+")
+    return Engine(target, draft, step=step, chain="chain" in on, fold="fold" in on)
 
 
 def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:

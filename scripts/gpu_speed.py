@@ -39,7 +39,7 @@ from talon.curve import GRID  # noqa: E402
 from talon.decode import Engine, generate  # noqa: E402
 from talon.run_config import RunConfig, TreeConfig  # noqa: E402
 from talon.static import StaticForward, bucket_for  # noqa: E402
-from gpu_pairs import BF16, pair_specs, prompt_ids, random_ids, random_model  # noqa: E402
+from gpu_pairs import BF16, pair_specs, path_engine, prompt_ids, random_ids, random_model  # noqa: E402
 
 PREFIX = 256  # committed tokens in the cache while timing (the eager probe's prefix too)
 REPS = 20
@@ -125,7 +125,9 @@ def loop_speeds(target, draft, spec, tokens: int = 128) -> dict[str, Any]:  # no
     prompts = {"chain": prompt_ids(spec.draft.vocab, PREFIX, 5), "random": random_ids(spec.draft.vocab, PREFIX, 5)}
     engines: dict[str, Engine] = {}
     for step, drafter, async_draft, which in (*LOOP_RUNS, DRAFT_RUN):
-        engine = engines.setdefault(step, Engine(target, draft, step=step.split("+")[0], chain=step.endswith("+chain")))
+        if step not in engines:  # one engine a path, built once (its pools and graphs are reused)
+            engines[step] = path_engine(target, draft, step)
+        engine = engines[step]
         mode = "chain" if (step, drafter, async_draft, which) == DRAFT_RUN else "adaptive"
         cfg = RunConfig(drafter=drafter, max_new_tokens=tokens, chat_template=False, draft_vocab=0,
                         async_draft=async_draft, tree=TreeConfig(mode=mode, cost_aware=False))
