@@ -10,7 +10,7 @@ import logging
 import threading
 from pathlib import Path
 
-from talon import zerogpu
+from talon.models import zerogpu
 
 ZEROGPU = zerogpu.active()  # first: on ZeroGPU, importing `spaces` patches torch before anything uses CUDA
 

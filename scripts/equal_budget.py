@@ -9,7 +9,7 @@ per target forward) is the same on a busy machine as on a quiet one: this script
 MAT, and leaves speed to ``python -m talon.bench``. Extra ``--mu`` values add adaptive variants
 (ranked by the first ``--admission``). Usage:
 
-    .venv/bin/python scripts/equal_budget.py --limit 5 --max-new-tokens 64 --out bench-equal
+    .venv/bin/python -m scripts.equal_budget --limit 5 --max-new-tokens 64 --out bench-equal
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talon.specbench import default_data_dir, load_prompts  # noqa: E402
-from talon.bench.options import EQUAL_BUDGET  # noqa: E402
-from talon.specbench import SPECBENCH_SUITES  # noqa: E402
-from talon.bench.runners import talon_run_config, talon_variant  # noqa: E402
-from talon.decode import Engine, generate  # noqa: E402
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair  # noqa: E402
-from talon.run_config import ADMISSIONS  # noqa: E402
+from talon.specbench import default_data_dir, load_prompts
+from talon.bench.options import EQUAL_BUDGET
+from talon.specbench import SPECBENCH_SUITES
+from talon.bench.runners import talon_run_config, talon_variant
+from talon.engine.decode import Engine, generate
+from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
+from talon.run_config import ADMISSIONS
 
 
 def main() -> int:

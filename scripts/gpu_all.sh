@@ -2,7 +2,7 @@
 # One device call, the proof of the GPU's defaults first, within BUDGET seconds (default 540):
 #   1. every lossless configuration with drafts accepted (MAT floor) on the default path (CUDA
 #      graphs, fold off) and the other paths (fold on, dynamic, static, the tree grown on the
-#      device): scripts/gpu_check.py --checks lossless,steps;
+#      device): talon/gpucheck/check.py --checks lossless,steps;
 #   2. the check's teeth on this GPU: a tree mask bug planted, the lossless check must fail;
 #   3. the grouped-query fold timed on and off (two minutes at most);
 #   4. the speed probe (curves, loop timings) with what time is left.
@@ -15,7 +15,7 @@ start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 took() { echo "$1: rc=$2 at $(( $(date +%s) - start )) s"; }
 
-python3 scripts/gpu_check.py --pairs "$pair" --checks lossless,steps --stream "$out/check.jsonl" \
+python3 -m talon.gpucheck --pairs "$pair" --checks lossless,steps --stream "$out/check.jsonl" \
   --out "$out/check.json" --deadline-s $(( budget / 2 )) > "$out/check.log" 2>&1
 took "lossless,steps" $?; tail -n 12 "$out/check.log"
 python3 -c "
@@ -27,17 +27,17 @@ for line in open(sys.argv[1]):
 
 cap() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # seconds for the next step: at most $1
 if [ "$(left)" -gt 90 ]; then
-  timeout "$(cap 150)" python3 scripts/gpu_check.py --pairs "$pair" --checks lossless \
+  timeout "$(cap 150)" python3 -m talon.gpucheck --pairs "$pair" --checks lossless \
     --plant mask --out "$out/plant.json" > "$out/plant.log" 2>&1
   took "planted mask bug (rc 0 = caught)" $?; grep -E "^PLANTED" "$out/plant.log"
 fi
 
 if [ "$(left)" -gt 60 ]; then
-  timeout "$(cap 120)" python3 scripts/gqa_fold.py --pair "$pair" --sizes 1,8,64,256 --out "$out/fold.json" \
+  timeout "$(cap 120)" python3 -m experiments.gqa_fold --pair "$pair" --sizes 1,8,64,256 --out "$out/fold.json" \
     > "$out/fold.log" 2>&1
   took fold $?; grep -E "^(target|draft) " "$out/fold.log"
 fi
 if [ "$(left)" -gt 30 ]; then
-  timeout "$(left)" python3 scripts/gpu_speed.py --pair "$pair" --out-dir "$out/costs" > "$out/speed.log" 2>&1
+  timeout "$(left)" python3 -m talon.gpucheck.speed --pair "$pair" --out-dir "$out/costs" > "$out/speed.log" 2>&1
   took speed $?; tail -n 25 "$out/speed.log"
 fi

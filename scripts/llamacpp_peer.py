@@ -4,7 +4,7 @@ n-gram speculation on the bench prompts, one JSON row per (configuration, prompt
     bash scripts/llamacpp_peer.sh     # builds the server, then runs this
 
 Each prompt goes in as the token ids Talon's benchmark feeds its target (the chat template and
-the same truncation, ``talon.prompt.encode_prompt``), greedy (top_k 1, temperature 0), with the
+the same truncation, ``talon.engine.prompt.encode_prompt``), greedy (top_k 1, temperature 0), with the
 server's prompt cache off. A row holds the wall time of the request (prefill and decoding, as
 Talon's ``seconds``), the server's own timings, the drafted and accepted counts, the tokens, and
 whether they equal the same prompt's plain run. ``talon.bench --peer-rows`` merges the rows into
@@ -21,16 +21,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer
 
-from talon.models import cpu_model  # noqa: E402
-from talon.models.convert import resolve_cache_dir  # noqa: E402
-from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths  # noqa: E402
-from talon.prompt import encode_prompt  # noqa: E402
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
-from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts  # noqa: E402
+from talon.models import cpu_model
+from talon.models.convert import resolve_cache_dir
+from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths
+from talon.engine.prompt import encode_prompt
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 
 # name -> extra server flags; {draft} is the draft GGUF. n-gram types are llama.cpp's own, at
 # their defaults (ngram-mod is the one the issue measured best).

@@ -47,7 +47,7 @@ fi
 "$SERVER_BIN" --version 2>&1 | head -2 >&2
 
 mkdir -p "$OUT"
-.venv/bin/python scripts/llamacpp_peer.py --server "$SERVER_BIN" --out "$OUT" \
+.venv/bin/python -m scripts.llamacpp_peer --server "$SERVER_BIN" --out "$OUT" \
   --package-version "$VERSION" --port "${LLAMACPP_PORT:-8766}" --threads "${LLAMACPP_THREADS:-2}" \
   --limit "${LLAMACPP_LIMIT:-2}" --offset "${LLAMACPP_OFFSET:-0}" \
   --max-new-tokens "${LLAMACPP_TOKENS:-96}" ${LLAMACPP_CONFIGS:+--configs "$LLAMACPP_CONFIGS"}

@@ -3,7 +3,7 @@ suite on the embedded pair as the app runs it (dtype auto, the draft int8 on a C
 superset wide enough to replay EAGLE-3's default tree (top-10 children, a static beam of 10,
 depth 8) exactly. Each file is a gzipped ``talon-atlas/1``.
 
-    .venv/bin/python scripts/record_lessons.py --limit 2 --max-new-tokens 64
+    .venv/bin/python -m scripts.record_lessons --limit 2 --max-new-tokens 64
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from talon.atlas.data import AtlasSpec  # noqa: E402
-from talon.atlas.record import record_atlas  # noqa: E402
-from talon.lessons import lesson_configs  # noqa: E402
-from talon.engine import PairKey, build_engine  # noqa: E402
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET  # noqa: E402
-from talon.run_config import RunConfig  # noqa: E402
-from talon.settings import Settings  # noqa: E402
-from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts  # noqa: E402
+from talon.atlas.data import AtlasSpec
+from talon.atlas.record import record_atlas
+from talon.lessons import lesson_configs
+from talon.engine.build import PairKey, build_engine
+from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.run_config import RunConfig
+from talon.settings import Settings
+from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 
 # EAGLE-3's default tree (SafeAILab/EAGLE eagle/model/ea_model.py: top_k=10, depth=7 expansions
 # after the root's layer, total_token=60) fits inside: K and k up to 10, depth up to 8. Whatever

@@ -1,8 +1,8 @@
 """Record the app's opening view: run the embedded pair on candidate prompts (the bundled
 SpecBench examples, in the order the app lists them) and keep the first run that meets the
-teaching criterion of ``talon.opening`` (or, if none does, the one that comes closest).
+teaching criterion of ``talon.figures.opening`` (or, if none does, the one that comes closest).
 
-    .venv/bin/python scripts/record_opening.py [--out static/recording.json] [--max-new-tokens 48]
+    .venv/bin/python -m scripts.record_opening [--out static/recording.json] [--max-new-tokens 48]
 
 The prompt and settings that produced the recording travel inside it (``summary.prompt`` and
 ``summary.config``); the app sets its prompt box and controls from them.
@@ -16,13 +16,12 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talon.decode import Engine, generate
-from talon.examples import load_examples
-from talon.engine import PairKey, build_engine
+from talon.engine.decode import Engine, generate
+from talon.server.examples import load_examples
+from talon.engine.build import PairKey, build_engine
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
-from talon.opening import criterion_score, opening_criterion, opening_step
+from talon.figures.opening import criterion_score, opening_criterion, opening_step
 from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.trace import dump_trace

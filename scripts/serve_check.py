@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 MAX_TOKENS = 48
@@ -40,12 +39,12 @@ WARMUP_PROMPT = "Say hello."
 
 def prepare(out: Path) -> None:
     from talon.atlas.record import record_atlas
-    from talon.decode import Engine
+    from talon.engine.decode import Engine
     from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
     from talon.models.device import hardware_name
-    from talon.prompt import encode_prompt
+    from talon.engine.prompt import encode_prompt
     from talon.run_config import RunConfig
-    from talon.serving import serving_config
+    from talon.atlas.serving import serving_config
     from talon.settings import Settings
     from talon.specbench import default_data_dir, load_prompts
 

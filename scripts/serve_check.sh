@@ -41,7 +41,7 @@ trap stop_server EXIT
 
 # Talon's atlases take minutes on a CPU: kept between runs unless SERVE_CHECK_FRESH=1.
 if [ "${SERVE_CHECK_FRESH:-0}" = 1 ] || [ ! -s "$OUT/mappings.tsv" ] || [ ! -s "$OUT/talon.json" ]; then
-  .venv/bin/python scripts/serve_check.py prepare --out "$OUT" > "$OUT/mappings.tsv"
+  .venv/bin/python -m scripts.serve_check prepare --out "$OUT" > "$OUT/mappings.tsv"
 fi
 TARGET=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['target_dir'])" "$OUT/talon.json")
 [ -n "${SERVE_CHECK_ONLY:-}" ] || rm -f "$OUT/vllm.json"
@@ -63,7 +63,7 @@ while IFS=$'\t' read -r name config; do
     sleep 1
   done
   if [ "$ready" = 1 ]; then
-    .venv/bin/python scripts/serve_check.py query --out "$OUT" --name "$name" --port "$PORT" \
+    .venv/bin/python -m scripts.serve_check query --out "$OUT" --name "$name" --port "$PORT" \
       || echo "   queries failed: see $log" >&2
   else
     echo "   the server did not come up (refused the mapping, or timed out): tail of $log" >&2
@@ -71,4 +71,4 @@ while IFS=$'\t' read -r name config; do
   fi
   stop_server
 done < "$OUT/mappings.tsv"
-.venv/bin/python scripts/serve_check.py report --out "$OUT"
+.venv/bin/python -m scripts.serve_check report --out "$OUT"

@@ -2,7 +2,7 @@
 constants) replayed on every atlas, under the cost model of each host given, scored by predicted
 speedup over plain decoding (``drafter none`` replayed under the same cost model).
 
-    python scripts/tune_on_atlases.py ATLAS_DIR --host amd=costs.json --host xeon=xeon \\
+    python -m scripts.tune_on_atlases ATLAS_DIR --host amd=costs.json --host xeon=xeon \\
         --grid mu=0.05,0.1,0.2 --grid budget=8,16,24 --plan EXPLORE_MODEL_STEPS=1,3,6
 
 ``--host NAME=FILE`` takes a talon-cost/1 file; ``NAME=xeon`` alone takes the Intel Xeon curve the
@@ -21,14 +21,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import talon.plan as plan  # noqa: E402
-from talon.atlas.data import load_atlases  # noqa: E402
-from talon.atlas.sweep import SweepRow, grid_configs, parse_grid, run_sweep  # noqa: E402
-from talon.cli.args import add_run_args, config_from_args  # noqa: E402
-from talon.cost import synthetic_costs  # noqa: E402
-from talon.run_config import RunConfig  # noqa: E402
+import talon.cost.plan as plan
+from talon.atlas.data import load_atlases
+from talon.atlas.sweep import SweepRow, grid_configs, parse_grid, run_sweep
+from talon.cli.args import add_run_args, config_from_args
+from talon.cost.model import synthetic_costs
+from talon.run_config import RunConfig
 
 XEON_VERIFY = {1: 0.518, 4: 0.954, 8: 1.386, 16: 1.566, 32: 1.942}
 XEON_DRAFT = {w: 0.165 * s / XEON_VERIFY[1] for w, s in XEON_VERIFY.items()}

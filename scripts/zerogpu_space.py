@@ -1,8 +1,8 @@
 """Write a copy of this repository that a ZeroGPU Space can run.
 
-    python scripts/zerogpu_space.py OUT_DIR      # then push OUT_DIR to the Space
+    python -m scripts.zerogpu_space OUT_DIR      # then push OUT_DIR to the Space
 
-ZeroGPU supports only some Python and torch versions (``talon.zerogpu``), and this repository's
+ZeroGPU supports only some Python and torch versions (``talon.models.zerogpu``), and this repository's
 own pins are those of the two README commands (Python 3.11, torch 2.13.0). The copy differs in
 three places only: ``requirements.txt`` pins ZeroGPU's torch and adds ``spaces``, and the README's
 front matter sets ZeroGPU's Python and hardware. Files come from ``git ls-files`` (tracked files,
@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from talon.zerogpu import SPACE_PYTHON, SPACE_TORCH  # noqa: E402
+from talon.models.zerogpu import SPACE_PYTHON, SPACE_TORCH
 
-SPACES_PIN = "spaces==0.51.3"  # the version whose ZeroGPU contract talon.zerogpu follows
+SPACES_PIN = "spaces==0.51.3"  # the version whose ZeroGPU contract talon.models.zerogpu follows
 
 
 def tracked_files() -> list[str]:

@@ -6,7 +6,7 @@ says otherwise), the atlas grid, the benchmark's ``--talon-variant`` and the Thr
 The app's controls and its ``/generate`` API keep their public names (``app``); where that name
 differs it is a documented alias (docs/app.md). From this table come the ``RunConfig`` records'
 defaults and their checks (``check``), the command line's flags (``talon.cli.args``), the app's
-controls (``talon.ui.controls``, ``talon.ui.panel``), the explorer's knobs
+controls (``talon.server.request``, ``talon.ui.panel``), the explorer's knobs
 (``talon.atlas.explorer``), the atlas grid (``talon.atlas.sweep``) and docs/cli.md's flag table
 (``markdown_table``). A value from outside (a slider's float, a command line's text) is read
 once, by ``Knob.read``; a value inside a record is checked once, by ``Knob.check``.
@@ -20,7 +20,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from talon.drafter_kinds import DRAFTER_KINDS, DRAFTING_KINDS
+
+# The drafter kinds, registered here and nowhere else. A kind says which model drafts (``model``) and
+# whether retrieval from the text so far drafts too (``retrieval``); where a model drafts, the function
+# that makes its DraftSource is ``talon.drafters.SOURCES[name]``. ``talon.drafters.hybrid.build_drafter``
+# combines the source and retrieval under the budget and gates; how to add one: docs/design.md, "Add a drafter".
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    model: str  # which model drafts: "draft" (the pair's draft model), "target" (the target itself), "" (none)
+    retrieval: bool  # retrieval from the text so far drafts too
+    summary: str  # one line: --help, docs/cli.md, the app
+    atlas: bool = True  # an atlas (which records the draft model's and retrieval's children) replays it
+
+
+DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
+    DrafterKind("hybrid", "draft", True, "the draft model's gated tree with retrieval grafted in (Talon)"),
+    DrafterKind("model", "draft", False, "the draft model alone"),
+    DrafterKind("retrieval", "", True, "retrieval from the text so far alone (a suffix automaton; no model)"),
+    DrafterKind("layerskip", "target", False,
+                "self-speculative: the target itself with some of its layers skipped drafts (no second model)",
+                atlas=False),
+    DrafterKind("none", "", False, "nobody: the autoregressive baseline (one token a step)"),
+)}
+DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
+DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)  # the kinds that draft
+ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
 
 
 class ConfigError(ValueError):
@@ -30,7 +55,7 @@ class ConfigError(ValueError):
 TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
 ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
 COST_MODES: tuple[str, ...] = ("fixed", "learn")
-# how an engine's forwards run (a server setting, TALON_STEP, not a run knob): talon.static.resolve_step
+# how an engine's forwards run (a server setting, TALON_STEP, not a run knob): talon.step.static.resolve_step
 STEPS: tuple[str, ...] = ("auto", "dynamic", "static", "graphs", "compiled")
 ON_OFF: tuple[str, ...] = ("on", "off")
 MAX_BUDGET = 256  # draft nodes one verification may hold
@@ -142,7 +167,7 @@ ASYNC_OFF_WHY = ("it measured slower: on a CPU the pre-draft takes the verifier'
                  "own thread (about 15 ms)")
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("drafter", "drafter", "choice", "hybrid", "who drafts (talon.drafter_kinds): "
+    Knob("drafter", "drafter", "choice", "hybrid", "who drafts (talon.knobs): "
          "hybrid = the draft model's gated tree with retrieval grafted in; model = the draft model alone; "
          "retrieval = retrieval from the text so far alone; layerskip = the target with some layers skipped "
          "(self-speculative, no second model); none = nobody (the autoregressive baseline)",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from talon.drafter_kinds import DRAFTER_KINDS, DRAFTERS, DRAFTING_KINDS, DrafterKind
+from talon.knobs import DRAFTER_KINDS, DRAFTERS, DRAFTING_KINDS, DrafterKind
 from talon.knobs import ADMISSIONS, COST_MODES, MAX_BUDGET, TREE_MODES, ConfigError, check_record, default, nested, values_of
 
 __all__ = ["ADMISSIONS", "COST_MODES", "DRAFTER_KINDS", "DRAFTING_KINDS", "MAX_BUDGET", "TREE_MODES", "ConfigError",
@@ -36,7 +36,7 @@ class TreeConfig:
     min_conf: cost stop (adaptive and chain): a layer is expanded only while the best path
         confidence in it is >= min_conf; each layer costs one draft forward, so on a slow
         drafter deep guesses that will probably be rejected are not worth drafting. 0 = off.
-    cost_aware: goodput planning (``talon.plan``): stop growing when the next layer's expected
+    cost_aware: goodput planning (``talon.cost.plan``): stop growing when the next layer's expected
         accepted tokens do not pay for its draft forward and extra verification on this
         hardware, trim unprofitable nodes, and skip the draft model on steps where retrieval
         alone is expected to do better per second. Off = pure TALON budget fill.
@@ -109,7 +109,7 @@ class RunConfig:
     run's own step timings (the app's default). Sampled runs always plan fixed.
     """
 
-    drafter: str = default("drafter")  # a name in talon.drafter_kinds.DRAFTERS
+    drafter: str = default("drafter")  # a name in talon.knobs.DRAFTERS
     tree: TreeConfig = field(default_factory=TreeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -126,7 +126,7 @@ class RunConfig:
 
     @property
     def kind(self) -> DrafterKind:
-        """The drafter kind's entry in ``talon.drafter_kinds.DRAFTERS``."""
+        """The drafter kind's entry in ``talon.knobs.DRAFTERS``."""
         return DRAFTERS[self.drafter]
 
     @property

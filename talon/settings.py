@@ -69,14 +69,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "TALON_CHAIN": (
         "0",
-        "1 to grow TALON's adaptive trees on the draft model's device (talon/chain.py): the draft "
+        "1 to grow TALON's adaptive trees on the draft model's device (talon/step/chain.py): the draft "
         "layers back to back, no host turnaround between them, each layer's update a captured "
         "graph on CUDA; needs a static step (static, graphs or compiled). Off by default until a "
         "GPU run measures it.",
     ),
     "TALON_FOLD": (
         "auto",
-        "Grouped-query attention folded (talon/attention.py: the query heads sharing a key/value head "
+        "Grouped-query attention folded (talon/models/attention.py: the query heads sharing a key/value head "
         "read it once, no copy of the keys and values per head): auto (the default each device kind "
         "was proven on, docs/gpu.md: on on a CPU, off on CUDA until a GPU run shows it lossless and "
         "faster), 1 or 0.",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from talon.shape import layer_width
+from talon.tree import layer_width
 
 TRACE_FORMAT = "talon-trace/1"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # trace and results.json uploads
@@ -72,8 +72,8 @@ class StepTrace:
     predraft_reused: bool | None = None
     # --- retrieval ---
     match_len: int = 0
-    # --- cost-aware planning (talon.plan) ---
-    tree_stop: str = ""  # why the tree stopped growing: see talon.builder.STOPS
+    # --- cost-aware planning (talon.cost.plan) ---
+    tree_stop: str = ""  # why the tree stopped growing: see talon.tree.STOPS
     model_skipped: str = ""  # why the draft model did not run this step ("" = it ran / absent)
     trimmed: int = 0  # nodes cut by the goodput trim
     draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
@@ -132,7 +132,7 @@ class RunSummary:
     draft: str = ""
     dtype: str = ""
     device: str = ""
-    step: str = ""  # how the forwards ran (talon.decode.Engine.path: dynamic+fold, graphs, ...)
+    step: str = ""  # how the forwards ran (talon.engine.decode.Engine.path: dynamic+fold, graphs, ...)
     config: dict[str, Any] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     mean_tree_depth: float = 0.0

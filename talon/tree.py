@@ -10,11 +10,22 @@ derived from the parents.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
 
+
+# Why a tree stopped growing (DraftTree.stop): the budget is full and no frontier node can place a
+# child among the N best; max_depth reached; the best path confidence fell below min_conf; the
+# next layer would not pay for itself (cost-aware); the drafter proposed nothing new; the draft
+# model did not run this step (retrieval first, or not worth its prefill); a retrieval-only
+# drafter's trie as proposed; no drafter at all (autoregressive).
+STOPS: tuple[str, ...] = ("budget", "depth", "min_conf", "cost", "empty", "skipped", "retrieval", "none")
+# the same stops as the codes a tree grown on the device keeps (``talon.step.chain``; 0: still growing)
+STOP_CODES: dict[str, int] = {name: code for code, name in enumerate(STOPS, start=1)}
 
 @dataclass
 class Gate:
@@ -34,7 +45,7 @@ class DraftTree:
     sources: list[str] = field(default_factory=lambda: ["root"])
     gates: list[Gate | None] = field(default_factory=lambda: [None])
     depths: list[int] = field(default_factory=lambda: [0])
-    stop: str = ""  # why the builder stopped growing it (see talon.builder.STOPS)
+    stop: str = ""  # why the builder stopped growing it (one of ``STOPS``)
 
     @staticmethod
     def with_root(root_token: int) -> "DraftTree":
@@ -105,3 +116,19 @@ class DraftTree:
     def best_leaf(self) -> int:
         """The end of the most confident path: the leaf with the highest path confidence."""
         return max(self.leaves(), key=lambda n: (self.path_conf[n], self.depths[n]))
+
+
+def layer_width(depths: Sequence[int]) -> int:
+    """Largest number of nodes on one layer, the root's layer (depth 0) excluded."""
+    return max(Counter(d for d in depths if d > 0).values(), default=0)
+
+
+def ancestor_rows(parents: Sequence[int]) -> list[list[bool]]:
+    """(T, T) bool as nested lists: row i is True at i and at every ancestor of i. Parents come
+    before children (``parents[i] < i``), so each row extends its parent's."""
+    rows: list[list[bool]] = []
+    for node, parent in enumerate(parents):
+        row = list(rows[parent]) if parent >= 0 else [False] * len(parents)
+        row[node] = True
+        rows.append(row)
+    return rows

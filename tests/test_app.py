@@ -15,12 +15,12 @@ import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
-import talon.ui.models as ui_models
+import talon.server.pair as ui_models
 import talon.trace
 
-from talon.decode import Engine
-from talon.prompt import PromptError
-from talon.examples import BUILTIN_EXAMPLES, load_examples
+from talon.engine.decode import Engine
+from talon.engine.prompt import PromptError
+from talon.server.examples import BUILTIN_EXAMPLES, load_examples
 from talon.run_config import ConfigError, RunConfig
 from talon.settings import Settings
 from talon.trace import (
@@ -30,12 +30,12 @@ from talon.trace import (
     parse_trace,
     read_json_upload,
 )
-from talon.ui.controls import Controls, check_prompt, user_error
-from talon.ui.decode_view import DecodeView, make_generate, make_nudge, make_show_step
-from talon.ui.launch import serve_app
+from talon.server.request import Controls, check_prompt, user_error
+from talon.ui.decode_tab import DecodeView, make_generate, make_nudge, make_show_step
+from talon.gpucheck.launch import serve_app
 from talon.ui.decode_tab import decode_panel
 from talon.ui.session import Session, stop
-from talon.ui.measure_view import parse_sweep
+from talon.ui.measure_panel import parse_sweep
 from tests.test_figures import make_step
 from tests.tiny import tiny_loaded
 
@@ -400,3 +400,47 @@ def test_a_starting_run_says_the_figures_below_are_the_earlier_run(view: DecodeV
     first = next(make_generate(view, Settings())("abc abc abc", session, max_new_tokens=8))
     assert "Reading the prompt" in first[view.caption] and "earlier run" in first[view.caption]
     assert 'data-step="' not in first[view.text]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def talon_way(frames: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(module, function) of the frames in talon's own code, from the Decode handler on."""
+    way = []
+    for filename, function in frames:
+        path = Path(filename).resolve()
+        if REPO / "talon" in path.parents:
+            way.append((".".join(path.relative_to(REPO).with_suffix("").parts), function))
+    start = next(i for i, (module, function) in enumerate(way) if module == "talon.ui.decode_tab")
+    return way[start:]
+
+
+def visits(way: list[tuple[str, str]]) -> list[str]:
+    """The modules in the order the way enters them (consecutive frames of one module: one visit)."""
+    return [module for i, (module, _) in enumerate(way) if i == 0 or way[i - 1][0] != module]
+
+
+def test_a_decode_press_reaches_the_step_loop_in_a_few_calls(view: DecodeView, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted on the real call stack when the first step runs: the calls from the Decode handler
+    to ``Run._step``, in talon's own code (Gradio's frames and the generators' plumbing aside),
+    at most 12, no module entered twice."""
+    import traceback
+
+    from talon.engine.decode import Run
+
+    stacks: list[list[tuple[str, str]]] = []
+    step = Run._step
+
+    def first_step(self: Run, *args: object, **kwargs: object) -> object:
+        if not stacks:
+            stacks.append([(f.filename, f.name) for f in traceback.extract_stack()[:-1]] + [(step.__code__.co_filename, "_step")])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "_step", first_step)
+    list(make_generate(view, Settings())("abc abc abc", Session(), max_new_tokens=4))
+    way = talon_way(stacks[0])
+    assert way[0] == ("talon.ui.decode_tab", "generate") and way[-1] == ("talon.engine.decode", "_step")
+    assert len(way) <= 12, way
+    assert len(visits(way)) == len(set(visits(way))), visits(way)
+    assert len(set(visits(way * 2))) < len(visits(way * 2))  # a way that comes back is caught

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from talon.decode import Engine, generate
+from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from tests.test_engine import PROMPTS, noisy_copy, reference
 from tests.tiny import tiny_loaded
@@ -91,7 +91,7 @@ def test_drafter_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> 
 
 
 def test_verifier_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> None:
-    from talon import verify as decode  # verify_tree is looked up in talon.verify
+    from talon.core import verify as decode  # verify_tree is looked up in talon.core.verify
 
     calls = {"n": 0}
     real = decode.verify_tree

@@ -16,8 +16,8 @@ from talon.atlas.record import record_atlas
 from talon.atlas.replay import compare_runs, replay
 from talon.atlas.sweep import best_row, pareto, run_sweep
 from talon.cli.main import main
-from talon.cost import synthetic_costs
-from talon.decode import Engine, generate
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine, generate
 from talon.drafters.model import DraftLedger
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.trace import TraceFileError

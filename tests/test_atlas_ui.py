@@ -21,7 +21,7 @@ from talon.figures.atlas import knob_text
 from talon.atlas.data import Atlas
 from talon.atlas.replay import replay
 from talon.atlas.sweep import best_row, pareto
-from talon.examples import load_examples
+from talon.server.examples import load_examples
 from talon.settings import Settings
 from talon.atlas.explorer import (
     AtlasSession,
@@ -31,10 +31,10 @@ from talon.atlas.explorer import (
     mu_budget_grid,
     root_top_grid,
 )
-from talon.ui.explorer_words import greedy_note
-from talon.ui.explorer_io import read_atlas, write_atlas
+from talon.ui.explorer_tab import greedy_note
+from talon.ui.files import read_atlas, write_atlas
 from talon.ui.explorer_tab import explorer_panel
-from talon.ui.explorer_view import (
+from talon.ui.explorer_tab import (
     ExplorerView,
     make_apply,
     make_record,
@@ -43,7 +43,7 @@ from talon.ui.explorer_view import (
     make_to_best,
     make_upload,
 )
-from talon.ui.controls import Controls
+from talon.server.request import Controls
 from talon.ui.panel import build_controls
 from tests.test_app import save_tiny_pair
 

@@ -1,4 +1,4 @@
-"""Grouped-query attention folded (talon/attention.py): the query heads that share a key/value
+"""Grouped-query attention folded (talon/models/attention.py): the query heads that share a key/value
 head folded into its rows give transformers' ``sdpa`` result (which repeats the keys and values)
 for every step size and mask; the static forward folds (``repeat_kv`` never runs in it) and
 equals itself unfolded, and so does a tree's forward on the dynamic cache; a model switched to the implementation computes what it did before
@@ -11,10 +11,10 @@ import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 from transformers import DynamicCache
 
-import talon.attention
-from talon.attention import NAME, folded_sdpa, resolve_fold, set_fold
-from talon.static import StaticForward
-from talon.verify import forward_hidden
+import talon.models.attention
+from talon.models.attention import NAME, folded_sdpa, resolve_fold, set_fold
+from talon.step.static import StaticForward
+from talon.core.verify import forward_hidden
 from tests.tiny import tiny_model
 
 PREFIX = torch.arange(3, 40)
@@ -126,7 +126,7 @@ def test_a_switched_model_computes_what_it_did(model) -> None:  # noqa: ANN001
 def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
     """``TALON_FOLD``: auto folds on a CPU and not on CUDA until a GPU run proves it; the
     engine switches both models, and a run's summary says which path ran."""
-    from talon.decode import Engine, generate
+    from talon.engine.decode import Engine, generate
     from talon.run_config import RunConfig
     from talon.settings import PROVEN, Settings
     from tests.tiny import tiny_loaded
@@ -154,21 +154,18 @@ def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.Monke
         return out.reshape(b, h, t, d).transpose(1, 2).contiguous(), None
 
     want = steps(model, fold=True)
-    monkeypatch.setitem(talon.attention.AttentionInterface._global_mapping, NAME, wrong)
+    monkeypatch.setitem(talon.models.attention.AttentionInterface._global_mapping, NAME, wrong)
     got = steps(model, fold=True)
     assert not all(torch.allclose(g, w, atol=1e-3) for g, w in zip(got, want))  # the prefill's chunk too
 
 
 def test_the_timing_script_runs_both_ways_with_the_same_logits(tmp_path) -> None:  # noqa: ANN001
-    """``scripts/gqa_fold.py`` (what a lent GPU runs first, ``scripts/gpu_all.sh``), at the 7B
+    """``experiments/gqa_fold.py`` (the first GPU measurement in ``scripts/gpu_all.sh``), at the 7B
     preset's head counts shrunk: both ways, the same logits, a report."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("gqa_fold", Path(__file__).parents[1] / "scripts" / "gqa_fold.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from experiments import gqa_fold as script
+
     out = tmp_path / "fold.json"
     assert script.main(["--tiny", "--lens", "384", "--sizes", "1,8", "--reps", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())

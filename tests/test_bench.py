@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import talon.verify
+import talon.core.verify
 from talon.bench import (
     METHODS,
     BenchConfig,
@@ -23,8 +23,8 @@ from talon.bench import (
     tie_tolerance,
 )
 from talon.bench.command import main
-from talon.cost import synthetic_costs
-from talon.decode import Engine, generate
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.specbench import SuiteError
 from tests.test_engine import noisy_copy
@@ -204,8 +204,8 @@ def test_a_planted_off_by_one_position_is_caught(monkeypatch: pytest.MonkeyPatch
     checks = {}
     for planted in (False, True):
         if planted:
-            real = talon.verify.tree_positions
-            monkeypatch.setattr(talon.verify, "tree_positions", lambda tree, prefix: real(tree, prefix + 1) - (
+            real = talon.core.verify.tree_positions
+            monkeypatch.setattr(talon.core.verify, "tree_positions", lambda tree, prefix: real(tree, prefix + 1) - (
                 torch.tensor(tree.depths) == 0).long())
         results = [generate(Engine(target, draft), text, cfg)[0] for text in SUITE_TEXTS["humaneval"]]
         checks[planted] = [judge.check(r.prompt_token_ids, r.token_ids, 24, {256}) for r in results]

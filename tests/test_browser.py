@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from talon.ui.decode_view import load_recording
-from talon.ui.launch import REPO
+from talon.ui.decode_tab import load_recording
+from talon.gpucheck.launch import REPO
 from tests.test_app import launch_app
 
 pytestmark = pytest.mark.browser

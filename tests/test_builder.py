@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from talon.builder import build_tree
-from talon.plan import AcceptanceModel
+from talon.core.builder import build_tree
+from talon.cost.plan import AcceptanceModel
 from talon.run_config import TreeConfig
-from talon.shape import layer_width
+from talon.tree import layer_width
 from talon.tree import DraftTree
 
 

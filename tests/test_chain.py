@@ -1,4 +1,4 @@
-"""TALON's adaptive tree grown on the device (talon/chain.py) against the host's builder: the same
+"""TALON's adaptive tree grown on the device (talon/step/chain.py) against the host's builder: the same
 tree, node for node and float for float, through grafts that merge, calibrated scores, the cost
 planner, the budget and the gates, over several committed steps; layers launched past the
 tree's stop change nothing; the layer update reads no value on the host (it runs on the meta
@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-import talon.chain
-from talon.builder import build_tree, path_confidence
-from talon.chain import ChainShape, ChainState, StepTables
-from talon.static import BUCKETS, Bucket, bucket_for
-from talon.cost import synthetic_costs
+import talon.step.chain
+from talon.core.builder import build_tree, path_confidence
+from talon.step.chain import ChainShape, ChainState, StepTables
+from talon.step.static import BUCKETS, Bucket, bucket_for
+from talon.cost.model import synthetic_costs
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
-from talon.plan import AcceptanceModel, Planner
+from talon.cost.plan import AcceptanceModel, Planner
 from talon.run_config import TreeConfig
-from talon.static_pool import StaticPool
+from talon.step.pool import StaticPool
 from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
@@ -252,7 +252,7 @@ def device_worth(tree: DraftTree, frontier: list[int], planner: Planner, cfg: Tr
     mask = torch.zeros_like(state.alive)
     mask[frontier] = True
     state.rank[frontier] = torch.arange(len(frontier))
-    order = torch.sort(torch.where(mask, state.rank, talon.chain.BIG), stable=True).indices[:shape.width]
+    order = torch.sort(torch.where(mask, state.rank, talon.step.chain.BIG), stable=True).indices[:shape.width]
     return bool(state.worth_layer(mask, order, mask.sum(), max(tree.depths)))
 
 
@@ -284,7 +284,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
         real = ChainState.admit
 
         def admit(self, q, ids, parents, valid, depth):  # noqa: ANN001, ANN202
-            self.alive.copy_(self.alive & (self.src != talon.chain.RETRIEVAL))
+            self.alive.copy_(self.alive & (self.src != talon.step.chain.RETRIEVAL))
             real(self, q, ids, parents, valid, depth)
             self.alive.copy_(self.idx < self.count)
         monkeypatch.setattr(ChainState, "admit", admit)
@@ -298,7 +298,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
 
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])
 def test_a_chained_run_is_lossless(drafter: str) -> None:
-    from talon.decode import Engine, generate
+    from talon.engine.decode import Engine, generate
     from talon.run_config import RunConfig
     from tests.test_engine import PROMPTS, noisy_copy, reference
     from tests.tiny import tiny_loaded
@@ -321,7 +321,7 @@ def test_a_chained_run_is_lossless(drafter: str) -> None:
 
 
 def test_chaining_needs_a_static_step() -> None:
-    from talon.decode import Engine
+    from talon.engine.decode import Engine
     from talon.run_config import ConfigError
     from tests.tiny import tiny_loaded
 
@@ -330,9 +330,9 @@ def test_chaining_needs_a_static_step() -> None:
 
 
 def test_talon_chain_reaches_the_servers_engine() -> None:
-    from talon.presets import PRESETS
+    from talon.server.presets import PRESETS
     from talon.settings import Settings
-    from talon.ui.models import pair_key
+    from talon.server.pair import pair_key
 
     assert not Settings.from_env({}).chain
     settings = Settings.from_env({"TALON_CHAIN": "1", "TALON_STEP": "static"})

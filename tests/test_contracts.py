@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
-from talon.cost import synthetic_costs
-from talon.decode import Run, RunParts
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Run, RunParts
 from talon.trace import RunModels
-from talon.prompt import StopCheck, eos_ids
+from talon.engine.prompt import StopCheck, eos_ids
 from talon.drafters import Drafter, DraftSource, HybridDrafter, ModelDrafter, Verifier, build_drafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
-from talon.verify import TargetVerifier
+from talon.core.verify import TargetVerifier
 from tests.tiny import tiny_loaded
 
 

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from talon.builder import build_tree
-from talon.cost import CostModel, synthetic_costs
-from talon.cost_cache import cache_path, load_or_probe, read_cached
-from talon.cost_probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
-from talon.curve import GRID, Curve
-from talon.curve import isotonic
-from talon.decode import Engine, generate
+from talon.core.builder import build_tree
+from talon.cost.model import CostModel, synthetic_costs
+from talon.cost.cache import cache_path, load_or_probe, read_cached
+from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
+from talon.cost.curve import GRID, Curve
+from talon.cost.curve import isotonic
+from talon.engine.decode import Engine, generate
 from talon.drafters.hybrid import SHORT_MATCH, HybridDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.models import cpu_model
-from talon.plan import (
+from talon.cost.plan import (
     ENGAGE_MARGIN,
     EXPLORE_MODEL_STEPS,
     WATCH_STEPS,
@@ -114,7 +114,7 @@ def test_the_planner_and_its_cost_model_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, talon.plan, talon.cost, talon.curve, talon.knobs; print('torch' in sys.modules or 'transformers' in sys.modules)"
+    code = "import sys, talon.cost.plan, talon.cost.model, talon.cost.curve, talon.knobs; print('torch' in sys.modules or 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
@@ -319,7 +319,7 @@ def test_runs_plan_on_their_own_copy_and_fixed_runs_never_read_the_clock(pair, m
     assert any(len(tokens) > 1 for tokens, _ in quiet)
     rng = random.Random(0)
     clock = iter(itertools.accumulate(rng.uniform(0.0, 5.0) for _ in range(100_000)))
-    monkeypatch.setattr("talon.plan.time.perf_counter", lambda: next(clock))  # a wildly busy host
+    monkeypatch.setattr("talon.cost.plan.time.perf_counter", lambda: next(clock))  # a wildly busy host
     assert trees(fixed) == quiet
     engine.adopt_costs(CostModel.from_dict({**snapshot, "verify_s": [10 * v for v in snapshot["verify_s"]]}),
                        learn.draft_vocab)
@@ -498,9 +498,9 @@ def test_the_draft_models_prefill_needs_a_margin_over_its_prior() -> None:
 
 
 def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
-    """A static-step engine probes its curves on the static forward (talon.static.StaticTimer),
+    """A static-step engine probes its curves on the static forward (talon.step.static.StaticTimer),
     caches them under a key naming the step, and gives the probe's forwards back."""
-    from talon.cost_probe import cost_key
+    from talon.cost.probe import cost_key
 
     target = tiny_loaded("llama", 21)
     draft = noisy_copy(target, 22, 0.3)
@@ -520,7 +520,7 @@ def test_the_cache_keeps_only_what_it_can_trust(tmp_path: Path, monkeypatch: pyt
     import dataclasses
     import datetime
 
-    import talon.cost_cache as cache
+    import talon.cost.cache as cache
 
     target = tiny_loaded("llama", 1)
     spreads = iter([2.2, 0.1, 0.1, 2.2])

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
-from talon.decode import Engine, generate
+from talon.engine.decode import Engine, generate
 from talon.models.loading import load_model, load_pair, shipped_blocks
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.models import Int8Linear, quantize_draft

@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from talon.cost import synthetic_costs
-from talon.decode import Engine, generate
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine, generate
 from talon.drafters.hybrid import Draft
-from talon.kv import keep_entries
+from talon.core.kv import keep_entries
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
-from talon.verify import forward_hidden, tree_mask, tree_positions, verify_tree
+from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from tests.tiny import VOCAB, byte_tokenizer, tiny_loaded, tiny_model
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
@@ -205,7 +205,7 @@ def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None
 
 
 def test_bad_input_is_refused_clearly(pair) -> None:
-    from talon.prompt import PromptError
+    from talon.engine.prompt import PromptError
     from talon.run_config import ConfigError
 
     target, draft = pair
@@ -256,7 +256,7 @@ def test_unequal_vocabulary_sizes_stay_lossless(rows: tuple[int, int], drafter: 
 def test_the_greedy_readout_is_the_argmax_and_top_k_in_one_copy() -> None:
     """The verdict's readout equals argmax and ``target_topk`` (ties included: the argmax is
     argmax's own), from a single host copy."""
-    from talon.accept import greedy_readout, target_topk
+    from talon.core.accept import greedy_readout, target_topk
 
     torch.manual_seed(0)
     logits = torch.randn(6, 50)

@@ -26,10 +26,10 @@ from talon.atlas.forecast import forecast
 from talon.atlas.replay import replay
 from talon.atlas.record import record_atlas
 from talon.cli.main import main
-from talon.cost import CostModel, synthetic_costs
-from talon.decode import Engine
+from talon.cost.model import CostModel, synthetic_costs
+from talon.engine.decode import Engine
 from talon.run_config import ConfigError, RunConfig
-from talon.serving import serving_config
+from talon.atlas.serving import serving_config
 from talon.trace import TraceFileError
 from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded

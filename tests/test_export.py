@@ -1,4 +1,4 @@
-"""One lesson as one HTML file (talon/export.py, ``python -m talon export``): written from the
+"""One lesson as one HTML file (talon/figures/export.py, ``python -m talon export``): written from the
 opening recording and a bundled lesson atlas, opened in Chromium from file:// with the network
 blocked, the step slider, the walk and the lesson figures working; bad input refused."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from talon.cli.main import main
-from talon.export import export_html
+from talon.figures.export import export_html
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 

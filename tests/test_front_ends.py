@@ -1,4 +1,4 @@
-"""One engine for every front end (``talon.engine``): the command line runs the step the settings
+"""One engine for every front end (``talon.engine.build``): the command line runs the step the settings
 name and says which ran, ``talon costs --probe`` measures the curves of that step, async drafting
 has one default, and no front end builds an engine any other way."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from talon.cli.main import main
-from talon.cost import CostModel
+from talon.cost.model import CostModel
 from talon.knobs import KNOB
 from talon.settings import PROVEN, proven_default
 from tests.tiny import tiny_loaded
@@ -67,7 +67,7 @@ def test_costs_probe_measures_the_configured_step(pair_dirs: tuple[Path, Path], 
 
 
 def engine_builders(root: Path = REPO) -> set[str]:
-    """Front-end files that build an engine or load a pair themselves, not through talon.engine."""
+    """Front-end files that build an engine or load a pair themselves, not through talon.engine.build."""
     found = set()
     paths = [p for entry in FRONT_ENDS for p in ((root / entry).rglob("*.py") if (root / entry).is_dir()
                                                  else [root / entry] if (root / entry).is_file() else [])]
@@ -83,7 +83,7 @@ def test_no_front_end_builds_its_engine_another_way(tmp_path: Path) -> None:
     assert engine_builders() == set()
     (tmp_path / "talon" / "cli").mkdir(parents=True)
     (tmp_path / "app.py").write_text("")
-    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.decode import Engine\nengine = Engine(t, d)\n")
+    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.engine.decode import Engine\nengine = Engine(t, d)\n")
     assert engine_builders(tmp_path) == {"talon/cli/rogue.py"}
 
 
@@ -102,8 +102,8 @@ def test_every_switch_has_one_proven_default_per_device_kind() -> None:
 def test_auto_resolves_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` reads the table, nothing else: change a row and the resolution follows."""
     import talon.settings
-    from talon.attention import resolve_fold
-    from talon.static import resolve_step
+    from talon.models.attention import resolve_fold
+    from talon.step.static import resolve_step
 
     cpu = torch.device("cpu")
     assert resolve_step("auto", cpu) == "dynamic" and resolve_fold(None, cpu)

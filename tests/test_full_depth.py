@@ -2,32 +2,32 @@
 
 The tiny models of the rest of the suite have 2 layers: a bug that only shows at depth (a tree
 mask, a position id or a cache move that is slightly wrong, amplified through 28 layers) would
-pass them. Here the target has the preset's full depth, heads, KV heads and head size (Qwen2.5
-7B: 28 layers, 28 heads, 4 KV heads, head_dim 128; Llama 3.1 8B: 32 layers, 32 heads, 8 KV
-heads), with a narrow MLP and a reduced vocabulary so it fits the CPU and CI's time; the draft
-has its preset's full depth too. The weights are the GPU check's conditioned init
-(``scripts/check_model.py``), so the model agrees with itself however a sequence is split and a
+pass them. Here the target has the preset's full depth, head size and grouped-query shape (Qwen2.5
+7B: 28 layers, head_dim 128, 7 query heads a KV head; Llama 3.1 8B: 32 layers, 4 a KV head) with
+a quarter of its heads (``SLIM``: what a tree position or mask bug needs is the depth and the
+attention's shape, not its width, ``experiments/check_model_width.py`` covers the real width), a
+narrow MLP and a reduced vocabulary so it fits the CPU and CI's time; the draft has its preset's
+full depth too. The weights are the GPU check's conditioned init
+(``talon/gpucheck/check_model.py``), so the model agrees with itself however a sequence is split and a
 failure is a bug, not noise: the gate proves that first, and the old init trips it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from talon.decode import Engine, generate
+from talon.engine.decode import Engine, generate
 from talon.models import LoadedModel
 from talon.models.memory import KNOWN_SHAPES, ModelShape
-from talon.presets import PRESETS
+from talon.server.presets import PRESETS
 from talon.run_config import RunConfig, TreeConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from check_model import PLANTS, SPLIT_BOUND, build_model, chain_prompt, conditioning, planted  # noqa: E402
-from gpu_pairs import byte_tokenizer, random_ids, reference  # noqa: E402
+from talon.gpucheck.check_model import PLANTS, SPLIT_BOUND, build_model, chain_prompt, conditioning, planted
+from talon.gpucheck.pairs import byte_tokenizer, random_ids, reference
 
 CPU = torch.device("cpu")
 NARROW = 256  # MLP width: the depth and the attention are real, the MLP and vocabulary are not
@@ -37,8 +37,12 @@ FAMILIES = ("qwen2.5-7b", "llama-3.1-8b")  # one preset per family: the coder an
 DRAFTERS, MODES = ("retrieval", "model", "hybrid"), ("adaptive", "static", "chain")
 
 
+SLIM = 4  # heads, KV heads and hidden size divided by this; depth, head size and query heads per KV head kept
+
+
 def narrow(shape: ModelShape, vocab: int) -> ModelShape:
-    return dataclasses.replace(shape, intermediate=NARROW, vocab=vocab)
+    return dataclasses.replace(shape, intermediate=NARROW, vocab=vocab, hidden=shape.hidden // SLIM,
+                               heads=shape.heads // SLIM, kv_heads=max(shape.kv_heads // SLIM, 1))
 
 
 def preset_shapes(key: str) -> tuple[ModelShape, ModelShape, str]:
@@ -84,7 +88,10 @@ def config(drafter: str, mode: str, async_draft: bool = False) -> RunConfig:
 
 def test_the_full_depth_models_have_the_presets_attention_and_are_well_conditioned(pair: Pair) -> None:
     target_shape, draft_shape, _ = preset_shapes(pair.key)
-    assert target_shape.head_dim == 128
+    preset = next(p for p in PRESETS if p.key == pair.key)
+    real = KNOWN_SHAPES[preset.target or ""]
+    assert target_shape.head_dim == real.head_dim == 128 and target_shape.layers == real.layers
+    assert target_shape.heads // target_shape.kv_heads == real.heads // real.kv_heads
     for lm, shape in ((pair.engine.target, target_shape), (pair.engine.draft, draft_shape)):
         cfg = lm.model.config
         assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size) == (
@@ -103,7 +110,7 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
             mats[(prompt, drafter, mode, async_draft)] = summary.mean_accepted_tokens
             if summary.token_ids != want:
                 wrong.append((prompt, drafter, mode, async_draft))
-    static = Engine(pair.engine.target, pair.engine.draft, step="static")  # the static step (talon/static.py)
+    static = Engine(pair.engine.target, pair.engine.draft, step="static")  # the static step (talon/step/static.py)
     for prompt, drafter, mode in (("random", "hybrid", "adaptive"), ("random", "model", "static"),
                                   ("chain", "retrieval", "chain")):
         ids, want = pair.prompts[prompt]
@@ -131,15 +138,14 @@ def test_a_planted_bug_at_depth_fails(pair: Pair, bug: str) -> None:
 
 
 def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_the_old_one() -> None:
-    """Every GPU preset's depth (heads narrowed four times: depth is what conditions), then the
-    old init at the 7B's real attention width, where it is chaotic."""
+    """Every GPU preset's depth (heads narrowed: depth is what conditions), then the old init at
+    the 7B's real attention width, where it is chaotic."""
     ids = random_ids(VOCAB, 48, 3)
     for preset in (p for p in PRESETS if p.needs_cuda and p.target in KNOWN_SHAPES):
-        target, _, family = preset_shapes(preset.key)
-        slim = dataclasses.replace(target, hidden=target.hidden // 4, heads=target.heads // 4,
-                                   kv_heads=max(target.kv_heads // 4, 1))
+        slim, _, family = preset_shapes(preset.key)
         gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=VOCAB), ids)
-        assert gate.valid and gate.layers == target.layers, (preset.key, gate)
-    target, _, family = preset_shapes("qwen2.5-7b")
-    old = conditioning(build_model(target, family, 1, torch.float32, CPU, "sharp"), ids)
+        assert gate.valid and gate.layers == slim.layers, (preset.key, gate)
+    slim, _, family = preset_shapes("qwen2.5-7b")
+    wide = dataclasses.replace(slim, hidden=slim.hidden * SLIM, heads=slim.heads * SLIM, kv_heads=slim.kv_heads * SLIM)
+    old = conditioning(build_model(wide, family, 1, torch.float32, CPU, "sharp"), ids)
     assert not old.valid and old.split_vs_full > 100 * SPLIT_BOUND and "split against full" in old.why, old

@@ -1,11 +1,11 @@
-"""scripts/gpu_check.py, shrunk (``--tiny``): the GPU check's every path runs on the CPU in the
+"""talon/gpucheck/check.py, shrunk (``--tiny``): the GPU check's every path runs on the CPU in the
 suite, so the script cannot rot before a GPU runs it; and for each check, its subject broken on
 purpose makes that check fail (a check that cannot fail proves nothing)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -17,34 +17,29 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-import talon.accept
+import talon.core.accept
 import talon.models.memory
-from talon.accept import Acceptance
-from talon.decode import Run
+from talon.core.accept import Acceptance
+from talon.engine.decode import Run
 from talon.drafters.hybrid import HybridDrafter
 from talon.tree import DraftTree
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "gpu_check.py"
+MODULE = ["-m", "talon.gpucheck"]
 CPU = torch.device("cpu")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def part(name: str):
-    """One of the modules the script is split into (loaded with it), where its names are looked up."""
-    return sys.modules[name]
+    """One of the modules the check is split into, where its names are looked up."""
+    return importlib.import_module(f"talon.gpucheck.{name}")
 
 
 @pytest.fixture
-def gpu_check():
-    return load_script()
+def gpu_check(monkeypatch: pytest.MonkeyPatch):
+    """The check's module, its check list restored after the test (``main`` narrows it to ``--checks``)."""
+    module = part("check")
+    monkeypatch.setattr(module, "PAIR_CHECKS", list(module.PAIR_CHECKS))
+    return module
 
 
 def tiny_run(gpu_check, key: str = "qwen2.5-7b"):
@@ -63,7 +58,7 @@ def named(gpu_check, prefix: str):
 
 def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -122,7 +117,7 @@ def test_plant_passes_only_when_every_lossless_check_catches_the_bug(gpu_check, 
 def test_without_cuda_the_full_check_says_to_use_tiny() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    proc = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *MODULE], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--tiny" in proc.stderr
 
 
@@ -136,8 +131,8 @@ def first_child_always(tree: DraftTree, p_target: torch.Tensor, generator: torch
 
 
 def test_a_biased_sampler_fails_the_sampling_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(talon.accept, "accept_sampling", first_child_always)
-    monkeypatch.setattr(talon.verify, "accept_sampling", first_child_always)
+    monkeypatch.setattr(talon.core.accept, "accept_sampling", first_child_always)
+    monkeypatch.setattr(talon.core.verify, "accept_sampling", first_child_always)
     ok, detail = gpu_check.sampling_distribution(tiny_run(gpu_check))
     assert not ok and detail["chi2"] > detail["critical_p001"]
 
@@ -178,7 +173,7 @@ def test_a_broken_memory_estimate_or_guard_fails_the_memory_check(gpu_check, mon
     if bug == "estimate too small":
         monkeypatch.setattr(talon.models.memory, "OVERHEAD", 0.8)  # the pair holds ~0.83 of the real estimate
     else:
-        monkeypatch.setattr(part("gpu_pair_checks"), "check_preset_memory", lambda *args, **kwargs: None)
+        monkeypatch.setattr(part("pair_checks"), "check_preset_memory", lambda *args, **kwargs: None)
     ok, detail = gpu_check.memory_at_limits(tiny_run(gpu_check))
     assert not ok and detail["peak_gib"].startswith("n/a")
     if bug == "estimate too small":
@@ -188,20 +183,20 @@ def test_a_broken_memory_estimate_or_guard_fails_the_memory_check(gpu_check, mon
 
 
 def test_a_broken_hub_snapshot_fails_the_hub_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = part("gpu_run_checks").write_snapshot
+    real = part("run_checks").write_snapshot
 
     def refs_to_a_missing_commit(cache, repo_id, lm, tokenizer):
         snapshot = real(cache, repo_id, lm, tokenizer)
         (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
         return snapshot
 
-    monkeypatch.setattr(part("gpu_run_checks"), "write_snapshot", refs_to_a_missing_commit)
-    env_before = {k: os.environ.get(k) for k in part("gpu_run_checks").HUB_SWITCHES}
+    monkeypatch.setattr(part("run_checks"), "write_snapshot", refs_to_a_missing_commit)
+    env_before = {k: os.environ.get(k) for k in part("run_checks").HUB_SWITCHES}
     cache_before = huggingface_hub.constants.HF_HUB_CACHE
     spec = gpu_check.pair_specs(True, {"qwen2.5-7b"})[0]
     check = gpu_check.guarded("hub", lambda: gpu_check.hub_snapshot_check(spec, CPU))
     assert not check.ok and not check.skipped and "talon-check/target" in check.detail["error"]
-    assert {k: os.environ.get(k) for k in part("gpu_run_checks").HUB_SWITCHES} == env_before  # restored after the failure
+    assert {k: os.environ.get(k) for k in part("run_checks").HUB_SWITCHES} == env_before  # restored after the failure
     assert huggingface_hub.constants.HF_HUB_CACHE == cache_before
 
 
@@ -236,7 +231,7 @@ def test_a_check_that_does_not_fit_is_skipped_not_passed(gpu_check, monkeypatch:
 
 def test_the_memory_check_runs_with_every_earlier_model_dropped(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[weakref.ref] = []
-    real = part("gpu_pairs").random_model
+    real = part("pairs").random_model
 
     def tracked(*args, **kwargs):
         lm = real(*args, **kwargs)
@@ -247,7 +242,7 @@ def test_the_memory_check_runs_with_every_earlier_model_dropped(gpu_check, monke
         alive = [r for r in built if r() is not None]
         return not alive, {"alive": len(alive), "built": len(built)}
 
-    monkeypatch.setattr(part("gpu_pairs"), "random_model", tracked)
+    monkeypatch.setattr(part("pairs"), "random_model", tracked)
     only_checks(gpu_check, monkeypatch, named(gpu_check, "seeded sampling"), named(gpu_check, "draft is the target:"),
                 gpu_check.PairCheck("probe", "probe", alive_now, ()), named(gpu_check, "memory"))
     checks = gpu_check.run_pair(gpu_check.pair_specs(True, {"qwen2.5-7b"})[0], CPU, True)
@@ -264,7 +259,7 @@ def switch_check(gpu_check) -> dict:
 def test_the_preset_switch_check_passes_and_fails_when_the_slot_is_broken(
     gpu_check, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from talon.ui.pair import Held, PairSlot
+    from talon.server.pair import Held, PairSlot
 
     assert switch_check(gpu_check)["ok"]
     real_switch = PairSlot._switch
@@ -313,13 +308,13 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
 
     plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
-    assert not ok and detail["steps"] == list(part("gpu_pair_checks").OTHER_PATHS["cpu"]) and detail["failures"]
+    assert not ok and detail["steps"] == list(part("pair_checks").OTHER_PATHS["cpu"]) and detail["failures"]
 
 
 def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check, tmp_path: Path) -> None:
-    """``--checks async`` once also ran "lossless float32 (every drafter x tree x async)" on a
-    lent GPU (a word inside a name): keys are exact now, and ``--after`` reruns only what did not
-    pass, here after the H100 run whose time ran out."""
+    """``--checks async`` must not also run "lossless float32 (every drafter x tree x async)" (a
+    word inside a name): keys are exact, and ``--after`` reruns only what did not pass, here after
+    the H100 run whose time ran out."""
     assert [c.key for c in gpu_check.choose_checks("async", None)] == ["async"]
     with pytest.raises(ValueError, match="unknown check key.*the keys are lossless, async"):
         gpu_check.choose_checks("asyncc", None)

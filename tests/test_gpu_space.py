@@ -19,25 +19,26 @@ import torch
 from transformers import DynamicCache
 
 import app
-import talon.ui.actions as ui_actions
-import talon.ui.device as ui_call
-import talon.ui.models as ui_models
-from talon import zerogpu
-from talon.accept import accept_sampling
-from talon.decode import Engine
-from talon.verify import TargetVerifier
-from talon.kv import gather_entries
+import talon.server.device as ui_actions
+from talon.server import facade
+import talon.server.device as ui_call
+import talon.server.pair as ui_models
+from talon.models import zerogpu
+from talon.core.accept import accept_sampling
+from talon.engine.decode import Engine
+from talon.core.verify import TargetVerifier
+from talon.core.kv import gather_entries
 from talon.models import ModelLoadError, gpu_health
 from talon.models import loading
-from talon.rng import DeviceMismatch, generator_for
+from talon.models.rng import DeviceMismatch, generator_for
 from talon.run_config import SamplingConfig
 from talon.settings import Settings
 from talon.tree import DraftTree
-from talon.ui.decode_view import make_generate
+from talon.ui.decode_tab import make_generate
 from talon.ui.layout import build_ui
-from talon.ui.pair import Held, PairKey, PairSlot
+from talon.server.pair import Held, PairKey, PairSlot
 from talon.ui.session import CompareSession, Session
-from talon.verify import lm_logits
+from talon.core.verify import lm_logits
 from tests.test_app import tiny_engine  # noqa: F401 (fixture)
 from tests.test_hardening import tiny_dirs  # noqa: F401 (fixture)
 from tests.tiny import tiny_model
@@ -272,7 +273,7 @@ def test_zerogpu_versions_are_checked() -> None:
 
 def test_an_unsupported_stack_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(zerogpu, "unmet_requirements", lambda *args: ["Python 3.11 (...)"])
-    with pytest.raises(zerogpu.ZeroGPUUnsupported, match=r"does not support Python 3\.11.*zerogpu_space\.py"):
+    with pytest.raises(zerogpu.ZeroGPUUnsupported, match=r"does not support Python 3\.11.*scripts\.zerogpu_space"):
         zerogpu.check_supported()
     assert zerogpu.check_supported(Settings.from_env({"TALON_ZEROGPU_UNSUPPORTED_OK": "1"}).zerogpu_unsupported_ok)
 
@@ -393,14 +394,14 @@ def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.M
 def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_device_outside(
     zero_gpu: tuple[ZeroGPUHarness, Settings], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import talon.ui.measure_view as measure_view
-    from talon.ui import explorer_io
-    from talon.ui.compare_view import make_compare
-    from talon.ui.controls import Controls
+    import talon.ui.measure_panel as measure_view
+    from talon.server import device as explorer_io
+    from talon.ui.compare_tab import make_compare
+    from talon.server.request import Controls
     from talon.ui.decode_tab import decode_panel
 
     harness, settings = zero_gpu
-    assert {"talon.ui.device.decode_on_device", "talon.ui.explorer_io.record_on_device"} <= set(zerogpu.DECORATED)
+    assert {"talon.server.device.decode_on_device", "talon.server.device.record_on_device"} <= set(zerogpu.DECORATED)
     with gr.Blocks():
         view, _, _ = decode_panel()
     session = Session()
@@ -417,7 +418,7 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
                                                              sweep_tokens=4))
     assert len(harness.calls) == 3, "Compare's A and B, and every sweep cell, share one reservation each"
 
-    run = ui_actions.DeviceRun(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
+    run = facade.decode(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
     items = list(explorer_io.record_on_device(settings, run.preset, "abc abc", run.cfg))
     assert len(harness.calls) == 4 and type(items[-1]).__name__ == "Atlas"
 
@@ -436,7 +437,7 @@ def test_zerogpu_an_error_before_the_gpu_call_needs_no_device(zero_gpu: tuple[Ze
 
 
 def test_what_a_gpu_call_learned_comes_back_as_plain_data(tiny_engine: Engine) -> None:  # noqa: F811
-    from talon.cost import synthetic_costs
+    from talon.cost.model import synthetic_costs
 
     learned_costs = synthetic_costs({1: 0.05, 128: 0.5}, {1: 0.01, 32: 0.02})
     held = ui_models.SLOT.held
@@ -452,11 +453,11 @@ def test_what_a_gpu_call_learned_comes_back_as_plain_data(tiny_engine: Engine) -
 
 def test_the_zerogpu_space_bundle_meets_zerogpus_versions(tmp_path: Path) -> None:
     out = tmp_path / "space"
-    subprocess.run([sys.executable, "scripts/zerogpu_space.py", str(out)], cwd=REPO, check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "scripts.zerogpu_space", str(out)], cwd=REPO, check=True, timeout=120)
     pins = dict(line.split("==") for line in (out / "requirements.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
     front = (out / "README.md").read_text().split("---")[1]
     python = next(line.split(":")[1].strip().strip('"') for line in front.splitlines() if line.startswith("python_version"))
     assert zerogpu.unmet_requirements(tuple(int(x) for x in python.split(".")), pins["torch"]) == []
-    assert "spaces" in pins and (out / "app.py").is_file() and (out / "talon" / "zerogpu.py").is_file()
+    assert "spaces" in pins and (out / "app.py").is_file() and (out / "talon" / "models" / "zerogpu.py").is_file()
     assert "torch==2.13.0" in (REPO / "requirements.txt").read_text()  # the CPU commands stay as they are

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from talon.cli.main import main
-from talon.cost import CostModel
+from talon.cost.model import CostModel
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = {"eager (probed)": "eager", "CUDA graphs, the default (probed)": "graph",
@@ -49,12 +49,10 @@ def test_the_readme_gpu_table_is_the_sweep_of_the_committed_curves(capsys: pytes
 
 def test_the_what_if_rows_start_from_the_committed_curve_and_pay_for_a_cheaper_draft(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """``scripts/gpu_whatif.py`` (docs/gpu.md's what-if table): its first row is the README's
+    """``experiments/gpu_whatif.py`` (docs/gpu.md's what-if table): its first row is the README's
     compiled row, and every cheaper draft forward predicts at least as much for hybrid."""
-    import sys
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_whatif import main as whatif
+    from experiments.gpu_whatif import main as whatif
 
     curve = ROOT / "data" / "gpu_costs" / "h100-80gb-hbm3-compiled-qwen2.5-7b.cost.json"
     assert whatif([str(curve), "--bare-ms", "1.545"]) == 0

@@ -28,25 +28,25 @@ from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
 import app
-import talon.verify
-import talon.ui.device as ui_call
-import talon.ui.models as ui_models
-import talon.ui.pair as ui_pair
-import talon.zerogpu
-from talon.ui.pair import Held
-from talon.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
+import talon.core.verify
+import talon.server.device as ui_call
+import talon.server.pair as ui_models
+import talon.server.pair as ui_pair
+import talon.models.zerogpu
+from talon.server.pair import Held
+from talon.server.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
-from talon.ui.actions import DeviceRun
-from talon.ui.device import decode_on_device, GPU_BASE_S, GPU_MAX_S, gpu_seconds, on_gpu
-from talon.ui.models import find_preset, initial_preset, load_engine, presets, warm_up
-from talon.ui.request import Job, plan_run
-from talon.ui.controls import Controls
-from talon.ui.decode_view import DecodeView, make_generate
-from talon.ui.launch import REPO
+from talon.server.facade import decode
+from talon.server.device import decode_on_device, GPU_BASE_S, GPU_MAX_S, gpu_seconds, on_gpu
+from talon.server.pair import find_preset, initial_preset, load_engine, presets, warm_up
+from talon.server.request import Job, plan_run
+from talon.server.request import Controls
+from talon.ui.decode_tab import DecodeView, make_generate
+from talon.gpucheck.launch import REPO
 from talon.ui.panel import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session
-from talon.ui.measure_view import MAX_SWEEP_CELLS
+from talon.ui.measure_panel import MAX_SWEEP_CELLS
 from tests import test_app
 from tests.test_app import (
     CAPTION,
@@ -351,7 +351,7 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
     target = tiny_dirs[0]
     settings = Settings(target=str(target), draft="no-such-org/no-such-model", device="cpu", dtype="float32")
     with pytest.raises(gr.Error, match="no-such-org/no-such-model"):
-        DeviceRun(settings, "abc", Controls(), threading.Event())
+        decode(settings, "abc", Controls(), threading.Event())
 
     other = tmp_path / "other-tokenizer"
     tiny_loaded("llama", 1).model.save_pretrained(other)
@@ -360,7 +360,7 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
     tokenizer.save_pretrained(other)
     settings = Settings(target=str(target), draft=str(other), device="cpu", dtype="float32")
     with pytest.raises(gr.Error, match="does not share the tokenizer"):
-        DeviceRun(settings, "abc", Controls(), threading.Event())
+        decode(settings, "abc", Controls(), threading.Event())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,13 +378,13 @@ def test_unknown_hub_model_and_tokenizer_mismatch_are_clear_errors(
 def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
     view: DecodeView, monkeypatch: pytest.MonkeyPatch, error: RuntimeError
 ) -> None:
-    verify_tree = talon.verify.verify_tree
+    verify_tree = talon.core.verify.verify_tree
 
     def exhausted(*args: object, **kwargs: object) -> torch.Tensor:
         raise error
 
     emptied: list[bool] = []
-    monkeypatch.setattr(talon.verify, "verify_tree", exhausted)
+    monkeypatch.setattr(talon.core.verify, "verify_tree", exhausted)
     monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     generate = make_generate(view, Settings())
@@ -393,7 +393,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
         list(generate("abc abc abc", session, max_new_tokens=12))
     assert emptied, "the CUDA cache should be emptied"
 
-    monkeypatch.setattr(talon.verify, "verify_tree", verify_tree)
+    monkeypatch.setattr(talon.core.verify, "verify_tree", verify_tree)
     final = list(generate("abc abc abc", session, max_new_tokens=12))[-1]
     assert session.summary is not None and len(session.summary.token_ids) == 12
     assert final[view.download] and not len(ui_call.CANCELS)
@@ -405,7 +405,7 @@ def test_other_runtime_errors_are_not_reported_as_out_of_memory(
     def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(talon.verify, "verify_tree", broken)
+    monkeypatch.setattr(talon.core.verify, "verify_tree", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         list(make_generate(view, Settings())("abc abc", Session(), max_new_tokens=4))
 
@@ -419,7 +419,7 @@ def test_on_gpu_is_spaces_gpu_where_spaces_is_importable(monkeypatch: pytest.Mon
     def fn(x: int) -> int:
         return x
 
-    monkeypatch.setattr(talon.zerogpu, "spaces_module", lambda: None)
+    monkeypatch.setattr(talon.models.zerogpu, "spaces_module", lambda: None)
     assert on_gpu(gpu_seconds)(fn) is fn
     assert inspect.isgeneratorfunction(decode_on_device)
 
@@ -429,7 +429,7 @@ def test_on_gpu_is_spaces_gpu_where_spaces_is_importable(monkeypatch: pytest.Mon
         calls.append(duration)
         return lambda task: ("reserved", task)
 
-    monkeypatch.setattr(talon.zerogpu, "spaces_module", lambda: SimpleNamespace(GPU=fake_gpu))
+    monkeypatch.setattr(talon.models.zerogpu, "spaces_module", lambda: SimpleNamespace(GPU=fake_gpu))
     assert on_gpu(gpu_seconds)(fn) == ("reserved", fn)
     assert calls == [gpu_seconds]
     # spaces calls duration with the decorated function's own arguments
@@ -514,10 +514,10 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 
-    import talon.engine
+    import talon.engine.build
 
-    monkeypatch.setattr(talon.engine, "load_pair", fake_load_pair)
-    monkeypatch.setattr(talon.engine, "Engine", lambda target, draft, **kwargs: SimpleNamespace(
+    monkeypatch.setattr(talon.engine.build, "load_pair", fake_load_pair)
+    monkeypatch.setattr(talon.engine.build, "Engine", lambda target, draft, **kwargs: SimpleNamespace(
         target=SimpleNamespace(device="cpu"), draft=None, path="dynamic"))
     monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
@@ -530,9 +530,9 @@ def test_the_models_menu_names_the_default_pair_by_its_models() -> None:
     "Default pair (TALON_TARGET + TALON_DRAFT)", was also cut off in the narrow column)."""
     import dataclasses
 
-    from talon.presets import PRESETS
+    from talon.server.presets import PRESETS
     from talon.settings import Settings
-    from talon.ui.models import preset_label
+    from talon.server.pair import preset_label
 
     default, gpu = PRESETS[0], PRESETS[1]
     built_in = preset_label(default, Settings())

@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 import pytest
 
 from talon import figures as F
-from talon.cost import synthetic_costs
-from talon.decode import Engine, generate
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.trace import StepTrace, TraceFileError, parse_trace, serving_metrics
 from talon.ui.session import Session

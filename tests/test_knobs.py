@@ -16,7 +16,7 @@ from talon.atlas.sweep import GRID
 from talon.cli.args import add_run_args, config_from_args
 from talon.knobs import KNOB, KNOBS, ConfigError, markdown_table
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
-from talon.ui.controls import Controls
+from talon.server.request import Controls
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = {"": RunConfig, "tree": TreeConfig, "retrieval": RetrievalConfig, "sampling": SamplingConfig}
@@ -111,9 +111,9 @@ def test_a_second_declaration_is_caught(tmp_path: Path) -> None:
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
     with (tmp_path / "talon" / "cli" / "args.py").open("a", encoding="utf-8") as fh:
         fh.write('\n\ndef more(p):\n    p.add_argument("--budget", type=int, default=16)\n')
-    with (tmp_path / "talon" / "ui" / "controls.py").open("a", encoding="utf-8") as fh:
+    with (tmp_path / "talon" / "server" / "request.py").open("a", encoding="utf-8") as fh:
         fh.write('\n\nclass Extra:\n    budget: float = 16\n\n\ndef check(v):\n'
                  '    if v > 1:\n        raise ValueError(f"mu must be a number in [0, 1], got {v}")\n')
-    assert declared_elsewhere(tmp_path) == {"talon/cli/args.py: flag --budget", "talon/ui/controls.py: Extra.budget = 16",
-                                            "talon/ui/controls.py: checks mu"}
+    assert declared_elsewhere(tmp_path) == {"talon/cli/args.py: flag --budget", "talon/server/request.py: Extra.budget = 16",
+                                            "talon/server/request.py: checks mu"}
     assert KNOB["mu"].option == "--mu"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talon.decode import Engine, generate
+from talon.engine.decode import Engine, generate
 from talon.drafters.layer_skip import layer_skip_view, skipped_layers, view_of
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.models import LoadedModel

@@ -60,10 +60,22 @@ def upward_imports(table: dict[str, int], root: Path = REPO) -> set[tuple[str, s
 
 def test_the_design_map_places_every_module() -> None:
     table = layers()
-    assert {"settings", "models", "decode", "atlas", "ui", "app"} <= set(table)
+    assert {"settings", "models", "core", "engine", "atlas", "server", "ui", "app"} <= set(table)
     top = {p.stem if p.is_file() else p.name for p in (REPO / "talon").iterdir()
            if (p.suffix == ".py" or (p / "__init__.py").is_file()) and p.stem not in ("__init__", "__main__")}
     assert top <= set(table), f"place these in docs/design.md's map: {sorted(top - set(table))}"
+
+
+MAX_ROOT_MODULES = 8
+
+
+def root_modules(root: Path = REPO) -> list[str]:
+    return sorted(p.name for p in (root / "talon").glob("*.py"))
+
+
+def test_the_root_holds_a_handful_of_modules() -> None:
+    """Everything else lives in a package that says its job (docs/design.md, the map)."""
+    assert len(root_modules()) <= MAX_ROOT_MODULES, root_modules()
 
 
 def test_no_import_runs_up_the_layers() -> None:
@@ -91,8 +103,8 @@ def mutual_imports(root: Path = REPO) -> set[tuple[str, str]]:
 
 # one Decode press, in the order its call descends: the button's wiring, its handler, the user
 # action, the device call, the request's checks and run, the pair held, the engine's loop
-REQUEST_WAY = ("talon.ui.decode_tab", "talon.ui.decode_view", "talon.ui.actions", "talon.ui.device",
-               "talon.ui.request", "talon.ui.models", "talon.ui.pair", "talon.decode")
+REQUEST_WAY = ("talon.ui.decode_tab", "talon.server.facade", "talon.server.device", "talon.server.request",
+               "talon.server.pair", "talon.engine.build", "talon.engine.decode")
 
 
 def climbs(way: tuple[str, ...], root: Path = REPO) -> set[tuple[str, str]]:
@@ -108,9 +120,8 @@ def climbs(way: tuple[str, ...], root: Path = REPO) -> set[tuple[str, str]]:
 
 def test_a_decode_request_descends_without_climbing_back() -> None:
     assert climbs(REQUEST_WAY) == set()
-    assert climbs(("talon.ui.device", "talon.ui.actions")) == {("talon.ui.actions", "talon.ui.device")}
-    assert climbs(("talon.ui.models", "talon.ui.request")) == {("talon.ui.request", "talon.ui.models")}, \
-        "a module imported by name (from talon.ui import models) counts too"
+    assert climbs(("talon.server.pair", "talon.server.request")) == {("talon.server.request", "talon.server.pair")}
+    assert climbs(("talon.server.pair", "talon.server.device")) == {("talon.server.device", "talon.server.pair")}
 
 
 def test_no_two_parts_import_each_other() -> None:
@@ -121,13 +132,15 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
     with (tmp_path / "talon" / "settings.py").open("a", encoding="utf-8") as fh:
-        fh.write("\n\ndef engine():\n    from talon.decode import Engine\n    return Engine\n")
-    assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.decode")}
+        fh.write("\n\ndef engine():\n    from talon.engine.decode import Engine\n    return Engine\n")
+    assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.engine.decode")}
+    (tmp_path / "talon" / "extra.py").write_text('"""one module too many at the root"""\n')
+    assert len(root_modules(tmp_path)) == len(root_modules()) + 1
     with (tmp_path / "talon" / "figures" / "atlas.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from talon.atlas import data\n")
     with (tmp_path / "talon" / "atlas" / "sweep.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\ndef chart():\n    from talon.figures import atlas\n    return atlas\n")
-    assert mutual_imports(tmp_path) == {("atlas", "figures")}
+    assert mutual_imports(tmp_path) == {("atlas", "figures"), ("engine", "settings")}  # the planted settings -> engine too
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +151,8 @@ MAX_LINES = 450
 
 
 def production_files(root: Path = REPO) -> list[Path]:
-    return [*sorted((root / "talon").rglob("*.py")), root / "app.py", *sorted((root / "scripts").glob("*.py"))]
+    return [*sorted((root / "talon").rglob("*.py")), root / "app.py", *sorted((root / "scripts").glob("*.py")),
+            *sorted((root / "experiments").glob("*.py"))]
 
 
 def long_modules(root: Path = REPO) -> dict[str, int]:
@@ -150,8 +164,8 @@ def long_modules(root: Path = REPO) -> dict[str, int]:
 # target, talon/models/quant.py) names them here, and nothing else may reach into a library
 TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu", "torch.ops.aten._weight_int8pack_mm",
                  "torch.ops.aten._convert_weight_to_int4pack_for_cpu"}
-# nor has dynamo's recompile limit, which the compiled step raises (talon/static.py: compiled_decoder)
-# nor has the attention implementation a model runs, which talon/attention.py reads before switching it
+# nor has dynamo's recompile limit, which the compiled step raises (talon/step/static.py: compiled_decoder)
+# nor has the attention implementation a model runs, which talon/models/attention.py reads before switching it
 # oneDNN's linear on a weight reordered once has no public name either (talon/models/prepack.py)
 ONEDNN_KERNELS = {"torch.ops.mkldnn._reorder_linear_weight", "torch.ops.mkldnn._linear_pointwise"}
 LIBRARY_INTERNALS = {"quant.py": TORCH_KERNELS, "prepack.py": ONEDNN_KERNELS, "static.py": {"torch._dynamo"},
@@ -190,9 +204,63 @@ def test_a_long_module_and_a_private_crossing_are_caught(tmp_path: Path) -> None
     shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
-    with (tmp_path / "talon" / "serving.py").open("a", encoding="utf-8") as fh:
+    with (tmp_path / "talon" / "atlas" / "serving.py").open("a", encoding="utf-8") as fh:
         fh.write("\n" * MAX_LINES)
     with (tmp_path / "app.py").open("a", encoding="utf-8") as fh:
         fh.write("\nfrom talon.settings import _get\n\n\ndef subparsers(p):\n    return p._subparsers\n")
-    assert set(long_modules(tmp_path)) == {"talon/serving.py"}
+    assert set(long_modules(tmp_path)) == {"talon/atlas/serving.py"}
     assert private_crossings(tmp_path) == {"app.py: import _get", "app.py: p._subparsers"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The views reach the server through its facade, and no file finds its imports by editing sys.path
+# ---------------------------------------------------------------------------------------------
+
+# what a view may not import: torch, the models, the algorithm, the step, the engine, and any of
+# the server but its facade
+BELOW_THE_FACADE = ("torch", "talon.models", "talon.core", "talon.cost", "talon.step", "talon.drafters",
+                    "talon.engine", "talon.server")
+FACADE = "talon.server.facade"
+
+
+def view_reaches(root: Path = REPO) -> set[tuple[str, str]]:
+    """(view module, what it imports past the facade), deferred and TYPE_CHECKING imports included."""
+    found = set()
+    for path in sorted((root / "talon" / "ui").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for name in imports(path):
+            if name != FACADE and any(name == b or name.startswith(b + ".") for b in BELOW_THE_FACADE):
+                found.add((module, name))
+    return found
+
+
+def path_edits(root: Path = REPO) -> set[str]:
+    """Files that change ``sys.path`` to find their imports (run them as modules instead)."""
+    found = set()
+    for path in production_files(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and ast.unparse(node) in ("sys.path.insert", "sys.path.append"):
+                found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_the_views_import_only_the_server_facade() -> None:
+    assert view_reaches() == set()
+
+
+def test_no_file_edits_sys_path() -> None:
+    assert path_edits() == set()
+
+
+def test_a_view_past_the_facade_and_a_path_edit_are_caught(tmp_path: Path) -> None:
+    for folder in ("talon", "scripts", "experiments"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "app.py", tmp_path / "app.py")
+    with (tmp_path / "talon" / "ui" / "stream.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\ndef device():\n    import torch\n    from talon.engine.decode import Run\n"
+                 "    from talon.server.pair import SLOT\n    return torch, Run, SLOT\n")
+    assert view_reaches(tmp_path) == {("talon.ui.stream", "torch"), ("talon.ui.stream", "talon.engine.decode"),
+                                      ("talon.ui.stream", "talon.server.pair")}
+    with (tmp_path / "scripts" / "report.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\nimport sys\nsys.path.insert(0, '.')\n")
+    assert path_edits(tmp_path) == {"scripts/report.py"}

@@ -14,8 +14,8 @@ from talon.atlas.data import Atlas, AtlasSpec, load_atlases
 from talon.atlas.record import record_atlas
 from talon.atlas.replay import replay
 from talon.cli.main import main
-from talon.cost import synthetic_costs
-from talon.decode import Engine
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine
 from talon.lessons import LESSONS_DIR, lesson_configs
 from talon.lessons.adaptive import (
     DEPTHS,
@@ -161,7 +161,7 @@ def test_the_visitors_own_atlas_joins_the_lessons(atlases: list[Atlas]) -> None:
     explorer's narrower superset is replayed as wide as it holds, and says its coverage."""
     from talon.atlas.data import AtlasSpec as Spec
     from talon.atlas.explorer import AtlasSession
-    from talon.ui.lessons_view import OWN, make_export, make_refresh, pick
+    from talon.ui.lessons_tab import OWN, make_export, make_refresh, pick
 
     narrow = Atlas(**{**atlases[1].__dict__, "spec": Spec()})  # the explorer's default: K <= 8, k <= 4
     session = AtlasSession()
@@ -175,8 +175,8 @@ def test_the_visitors_own_atlas_joins_the_lessons(atlases: list[Atlas]) -> None:
 
 
 def test_the_async_lesson_reads_the_decode_tabs_measured_run() -> None:
-    from talon.ui.decode_view import load_recording
-    from talon.ui.lessons_view import make_show
+    from talon.ui.decode_tab import load_recording
+    from talon.ui.lessons_tab import make_show
     from talon.ui.session import Session
 
     recording = load_recording()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from talon.presets import PRESETS
+from talon.server.presets import PRESETS
 from talon.models import ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estimate_pair
 from talon.settings import Settings
-from talon.ui.models import check_preset_memory
+from talon.server.pair import check_preset_memory
 
 # Published parameter counts (model cards), in billions.
 PUBLISHED = {
@@ -59,7 +59,7 @@ def test_the_refusal_says_what_it_needs_and_what_to_do() -> None:
 
 
 def test_cuda_graphs_add_their_buffers_to_the_guards_estimate() -> None:
-    """On CUDA every step replays graphs (talon.decode.resolve_step): the largest bucket's
+    """On CUDA every step replays graphs (talon.engine.decode.resolve_step): the largest bucket's
     logits and activations and the slot cache's rounding are counted, and the guard counts them."""
     qwen7, qwen05 = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"]
     plain = estimate_pair(qwen7, qwen05, "bfloat16", 5377)

@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from talon.cost_probe import cost_key
+from talon.cost.probe import cost_key
 from talon.models import load_pair
 import talon.models.prepack
 from talon.models.prepack import PREPACKED, PrepackedLinear, is_prepacked, pays, prepack, prepack_supported, should_prepack
 from talon.models.quant import quantize_draft
 from talon.run_config import ConfigError
 from talon.settings import Settings
-from talon.verify import head_rows, lm_logits
+from talon.core.verify import head_rows, lm_logits
 from tests.test_app import save_tiny_pair
 from tests.tiny import assert_decodes_own_generate, tiny_loaded
 
@@ -152,7 +152,7 @@ def test_a_prepacked_pair_decodes_a_stock_models_greedy_generate(tmp_path: Path)
     own ``from_pretrained`` with nothing of Talon's: token for token, drafts accepted."""
     from transformers import AutoModelForCausalLM
 
-    from talon.decode import Engine, generate
+    from talon.engine.decode import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
     from tests.tiny import MAT_FLOOR
 

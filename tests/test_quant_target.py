@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from talon.cost import CostModel
-from talon.cost_probe import cost_key, probe_costs
+from talon.cost.model import CostModel
+from talon.cost.probe import cost_key, probe_costs
 from talon.figures.cost import cost_figure
 import numpy as np
 from gguf import GGMLQuantizationType

@@ -15,7 +15,7 @@ from talon.run_config import (
     SamplingConfig,
     TreeConfig,
 )
-from talon.serving import (
+from talon.atlas.serving import (
     SGLANG_FLAGS,
     VLLM_KEYS,
     ServingConfig,
@@ -147,7 +147,7 @@ def test_every_shape_is_one_sglang_and_vllm_accept(kind: str) -> None:
 
 
 def _check_accepted(cfg: RunConfig, out: ServingConfig) -> None:
-    """The engines' own constraints on what this module emits (files named in talon.serving)."""
+    """The engines' own constraints on what this module emits (files named in talon.atlas.serving)."""
     flags = _flag_values(out.sglang_flags)
     assert set(flags) <= set(SGLANG_FLAGS) and set(out.vllm_config) <= set(VLLM_KEYS)
     if cfg.drafter in ("model", "hybrid"):

@@ -19,7 +19,7 @@ PROBE = """
 import json, sys
 from pathlib import Path
 from talon.bench import SPECBENCH_SUITES, default_data_dir, load_prompts
-from talon.examples import load_examples
+from talon.server.examples import load_examples
 from talon.specbench import SUITE_NAMES
 data = default_data_dir()
 prompts = load_prompts(data, SPECBENCH_SUITES, limit=2)

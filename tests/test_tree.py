@@ -2,9 +2,9 @@
 
 import torch
 
-from talon.shape import ancestor_rows, layer_width
+from talon.tree import ancestor_rows, layer_width
 from talon.tree import DraftTree
-from talon.verify import tree_mask, tree_positions
+from talon.core.verify import tree_mask, tree_positions
 
 
 def hand_tree() -> DraftTree:

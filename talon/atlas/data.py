@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from talon.cost import CostModel
+from talon.cost.model import CostModel
 from talon.run_config import ConfigError, RetrievalConfig
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, TraceFileError, is_number, read_json_upload
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from talon.atlas.engines import EngineRun
-from talon.cost import CostModel
+from talon.cost.model import CostModel
 
 ENGINE_COST_FORMAT = "talon-engine-cost/1"
 COEFFICIENTS = ("step_s", "verify_token_s", "draft_forward_s")

@@ -1,8 +1,8 @@
 """The Threshold explorer's model, free of Gradio: the knobs (one greedy configuration, named as
 ``talon generate``'s flags), the grids drawn around them, a browser session's atlas with every
 configuration replayed on it (``talon.atlas.replay``, remembered: a replay is deterministic), the
-exploration of the knobs (score, heatmaps, Pareto front, best). ``talon.ui.explorer_view`` puts
-it on the page, in the words of ``talon.ui.explorer_words``; ``talon.ui.explorer_io`` records and
+exploration of the knobs (score, heatmaps, Pareto front, best). ``talon.ui.explorer_tab`` puts
+it on the page, in the words of ``talon.ui.explorer_tab``; ``talon.server.device`` records and
 reads atlas files. Nothing here imports Gradio or builds HTML."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.drafter_kinds import ATLAS_KINDS, DRAFTING_KINDS
+from talon.knobs import ATLAS_KINDS, DRAFTING_KINDS
 from talon.knobs import EXPLORER_KNOBS, default
 from talon.run_config import ConfigError, RunConfig
 
@@ -51,7 +51,7 @@ def _from_ui(cls: type, **values: Any) -> Any:
 
 
 def _from_controls(cls: type, controls: Any, min_match: int = default("retrieval.min_match")) -> Any:
-    """The knobs of the left panel's controls (a ``talon.ui.controls.Controls``, which has no
+    """The knobs of the left panel's controls (a ``talon.server.request.Controls``, which has no
     min_match: it is kept)."""
     values = {k.name: getattr(controls, k.app) for k in EXPLORER_KNOBS if k.app}
     return cls.from_ui(**values, retrieval_min_match=min_match)

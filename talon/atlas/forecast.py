@@ -2,7 +2,7 @@
 acceptance replayed on the current prompt's atlas, beside Talon's own, and the engines' best
 settings on it (the Serve it tab; Gradio-free).
 
-The exported flags (``talon.serving``) become engine policies (``talon.atlas.engines``): vLLM's
+The exported flags (``talon.atlas.serving``) become engine policies (``talon.atlas.engines``): vLLM's
 ``draft_model`` and ``ngram`` chains, SGLang's STANDALONE tree. What no policy replays (vLLM's
 suffix method, SGLang's NGRAM over a corpus shared between requests) is said so, never guessed.
 """
@@ -23,7 +23,7 @@ from talon.atlas.engine_sweep import (
 from talon.atlas.engines import EnginePolicy, SglangStandalone, VllmDraftModel, VllmNgram
 from talon.atlas.replay import replay
 from talon.run_config import ConfigError, RunConfig
-from talon.serving import ServingConfig, prompt_lookup_config
+from talon.atlas.serving import ServingConfig, prompt_lookup_config
 
 DEFINITIONS = (
     "**Reading the numbers.** *Talon MAT*: tokens per target forward, the bonus token included. "

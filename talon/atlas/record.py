@@ -29,14 +29,14 @@ from transformers import DynamicCache
 
 from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
 from talon.atlas.replay import replay
-from talon.decode import Engine, generate
-from talon.prompt import eos_ids
+from talon.engine.decode import Engine, generate
+from talon.engine.prompt import eos_ids
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
-from talon.kv import gather_entries
+from talon.core.kv import gather_entries
 from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
-from talon.verify import forward_hidden, lm_logits
+from talon.core.verify import forward_hidden, lm_logits
 
 log = logging.getLogger(__name__)
 

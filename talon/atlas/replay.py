@@ -1,4 +1,4 @@
-"""Exact replay: the real decode loop (``talon.decode.Run``) with the draft model answered from an
+"""Exact replay: the real decode loop (``talon.engine.decode.Run``) with the draft model answered from an
 atlas and verification by matching the target's greedy text. No model is loaded.
 
 * :class:`AtlasModel` is a ``DraftSource`` (``talon.drafters.base``), standing in for
@@ -20,17 +20,17 @@ import threading
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.cost import CostModel
-from talon.accept import accept_greedy
-from talon.decode import Run, RunParts
-from talon.prompt import StopCheck
+from talon.cost.model import CostModel
+from talon.core.accept import accept_greedy
+from talon.engine.decode import Run, RunParts
+from talon.engine.prompt import StopCheck
 from talon.drafters.hybrid import build_drafter
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
-from talon.verify import Verdict
+from talon.core.verify import Verdict
 
 
 @dataclass

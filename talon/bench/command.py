@@ -24,7 +24,7 @@ from talon.bench.report import speed_table
 from talon.bench.runners import talon_variant
 from talon.cli.args import add_knob, add_model_args, csv, csv_of, pair_from_args
 from talon.knobs import KNOB
-from talon.engine import build_engine
+from talon.engine.build import build_engine
 from talon.models import ModelLoadError
 from talon.run_config import RunConfig
 from talon.settings import Settings

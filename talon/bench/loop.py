@@ -20,9 +20,9 @@ from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
-from talon.decode import Engine
-from talon.prompt import encode_prompt, eos_ids
-from talon.verify import head_rows
+from talon.engine.decode import Engine
+from talon.engine.prompt import encode_prompt, eos_ids
+from talon.core.verify import head_rows
 from talon.models import LoadedModel
 from talon.run_config import RunConfig
 
@@ -37,7 +37,7 @@ def run_bench(
     command: str = "",
     progress: bool = False,
 ) -> BenchReport:
-    """Run every method on every prompt (interleaved) on ``engine``'s pair (``talon.engine``
+    """Run every method on every prompt (interleaved) on ``engine``'s pair (``talon.engine.build``
     builds it as every front end does), check losslessness, aggregate; write the report to
     ``out`` when given. Never raises for a mismatch: see ``BenchReport.fatal``."""
     target, draft = engine.target, engine.draft

@@ -22,9 +22,9 @@ from talon.bench.options import (
     SweepCell,
     SweepConfig,
 )
-from talon.decode import Engine
-from talon.prompt import eos_ids
-from talon.decode import generate as talon_generate
+from talon.engine.decode import Engine
+from talon.engine.prompt import eos_ids
+from talon.engine.decode import generate as talon_generate
 from talon.models import LoadedModel
 from talon.knobs import KNOBS
 from talon.run_config import ConfigError, RunConfig, TreeConfig

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from talon.engine import PairKey
+from talon.engine.build import PairKey
 from talon.knobs import KNOB, KNOBS, ON_OFF, Knob
 from talon.run_config import RunConfig
 from talon.settings import DRAFT_QUANTS, DTYPES, TARGET_WEIGHTS, Settings
@@ -31,7 +31,7 @@ def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
 
 def pair_from_args(args: argparse.Namespace, settings: Settings, draft: str | None = None) -> PairKey:
     """The pair ``add_model_args``' flags name, on the settings' step, fold, chain and layout
-    (``talon.engine``: every front end's engine is built the same way). ``draft``: instead of
+    (``talon.engine.build``: every front end's engine is built the same way). ``draft``: instead of
     ``--draft`` (``none`` for a drafter that needs no draft model)."""
     return PairKey.from_settings(settings, target=args.target, draft=args.draft if draft is None else draft,
                                  dtype=args.dtype, device=args.device, draft_quant=args.draft_quant,

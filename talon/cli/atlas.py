@@ -22,8 +22,8 @@ from talon.atlas.engine_sweep import (
 from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
 from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_from_args
-from talon.cost import CostModel
-from talon.engine import build_engine
+from talon.cost.model import CostModel
+from talon.engine.build import build_engine
 from talon.models import ModelLoadError
 from talon.run_config import ConfigError
 from talon.settings import Settings

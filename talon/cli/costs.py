@@ -8,9 +8,9 @@ import logging
 from pathlib import Path
 
 from talon.cli.args import add_knob, add_model_args, pair_from_args
-from talon.cost import CostModel
-from talon.cost_cache import MAX_AGE_DAYS, cache_path
-from talon.engine import build_engine
+from talon.cost.model import CostModel
+from talon.cost.cache import MAX_AGE_DAYS, cache_path
+from talon.engine.build import build_engine
 from talon.models import ModelLoadError
 from talon.knobs import KNOB
 from talon.settings import Settings

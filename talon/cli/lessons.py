@@ -15,8 +15,8 @@ from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
 from talon.lessons.asynchrony import GPU_COSTS, async_lesson, async_table
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
-from talon.export import export_html
-from talon.opening import RECORDING
+from talon.figures.export import export_html
+from talon.figures.opening import RECORDING
 from talon.trace import TraceFileError, parse_trace, read_json_upload
 
 log = logging.getLogger("talon")

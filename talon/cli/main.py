@@ -12,8 +12,8 @@ from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
 from talon.cli.lessons import add_export_parser, add_lessons_parser, export_command, lessons_command
-from talon.decode import generate
-from talon.engine import build_engine
+from talon.engine.decode import generate
+from talon.engine.build import build_engine
 from talon.models import ModelLoadError
 from talon.settings import Settings
 from talon.trace import dump_trace

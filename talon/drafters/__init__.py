@@ -8,18 +8,28 @@
 * ``hybrid``: :class:`HybridDrafter`, retrieval grafts first, the model's gated tree fills the rest;
   :func:`build_drafter` makes a run's;
 * ``base``: the contracts, ``DraftSource`` (a draft model's half), ``Drafter`` and ``Verifier``
-  (what the step loop calls), and the ``Draft`` / ``PreDraft`` records.
+  (what the step loop calls), and the ``Draft`` / ``PreDraft`` records;
+* ``SOURCES``: for every drafter kind a model drafts (``talon.knobs.DRAFTERS``), the function that
+  makes a run's draft source.
 """
+
+from collections.abc import Callable
 
 from talon.drafters.corpus import CorpusIndex
 from talon.drafters.base import Draft, Drafter, DraftSource, PreDraft, Verifier
 from talon.drafters.hybrid import HybridDrafter, build_drafter
-from talon.drafters.model import ModelDrafter
+from talon.drafters.layer_skip import layer_skip_source
+from talon.drafters.model import ModelDrafter, draft_model_source
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.drafters.suffix import SuffixIndex, SuffixMatch
 from talon.drafters.trie import RetrievalProposal, build_trie
 
+# (SourceModels, RunConfig, prompt_len) -> DraftSource, by drafter kind
+SOURCES: dict[str, Callable[..., DraftSource]] = {
+    "hybrid": draft_model_source, "model": draft_model_source, "layerskip": layer_skip_source,
+}
+
 __all__ = [
     "CorpusIndex", "Draft", "DraftSource", "Drafter", "HybridDrafter", "ModelDrafter", "PreDraft",
-    "RetrievalDrafter", "RetrievalProposal", "SuffixIndex", "SuffixMatch", "Verifier", "build_drafter", "build_trie",
+    "RetrievalDrafter", "RetrievalProposal", "SOURCES", "SuffixIndex", "SuffixMatch", "Verifier", "build_drafter", "build_trie",
 ]

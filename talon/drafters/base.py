@@ -9,7 +9,7 @@ run's drafter is put together (the engine's real models and the atlas's replay b
   combines a ``DraftSource`` with retrieval under TALON's budget and gates.
 * ``PreDrafter``: a ``Drafter`` that can also draft the next tree while the target verifies
   (async pre-drafting, its own small protocol); it needs a ``ForkableSource``.
-* ``Verifier``: what ``Run`` calls to score a tree. ``talon.verify.TargetVerifier`` runs the
+* ``Verifier``: what ``Run`` calls to score a tree. ``talon.core.verify.TargetVerifier`` runs the
   target; ``talon.atlas.replay.TextVerifier`` matches a recorded greedy text.
 
 Asynchronous pre-drafting needs a source that can fork (``ForkableSource``: ``ModelDrafter``);
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
     from talon.drafters.model import ModelDrafter
     from talon.models import LoadedModel
-    from talon.plan import AcceptanceModel, Planner
+    from talon.cost.plan import AcceptanceModel, Planner
     from talon.run_config import RunConfig, TreeConfig
-    from talon.verify import Verdict
+    from talon.core.verify import Verdict
 
 Children = list[list[tuple[int, float]]]  # per expanded node: (token, draft probability q), best first
 
@@ -91,7 +91,7 @@ class DraftSource(Protocol):
 
 @runtime_checkable
 class ChainingSource(DraftSource, Protocol):
-    """A source that can grow a whole adaptive tree itself, on its device (``talon.chain``):
+    """A source that can grow a whole adaptive tree itself, on its device (``talon.step.chain``):
     ``StaticModelDrafter`` with ``chain``. The hybrid drafter asks ``chains`` each step."""
 
     def chains(self, cfg: TreeConfig) -> bool: ...
@@ -101,7 +101,7 @@ class ChainingSource(DraftSource, Protocol):
 
 
 class SourceModels(Protocol):
-    """What a drafter kind's source maker (``talon.drafter_kinds``: ``source``) gets from the
+    """What a drafter kind's source maker (``talon.knobs``: ``source``) gets from the
     engine: the loaded pair, and a model drafter over any model on the engine's step (dynamic,
     static or CUDA graphs, with its pools)."""
 

@@ -12,7 +12,7 @@ lookup would send, or the trie's best branches. Under a planner, one-token match
 (``SHORT_MATCH``) on steps without the model; the trim keeps such a guess only where its
 calibrated acceptance pays for the extra verification on this host.
 
-The drafter owns the run's :class:`~talon.plan.AcceptanceModel`: it learns from every commit,
+The drafter owns the run's :class:`~talon.cost.plan.AcceptanceModel`: it learns from every commit,
 ranks the nodes of every tree the builder fills (``TreeConfig.admission``), and the planner
 plans with it.
 """
@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from talon.builder import Expand, Scores, build_tree, keep_best, path_confidence
+from talon.core.builder import Expand, Scores, build_tree, keep_best, path_confidence
 from talon.drafters.base import ChainingSource, Draft, DraftSource, ForkableSource, PreDraft
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
-from talon.plan import AcceptanceModel
+from talon.cost.plan import AcceptanceModel
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
-    from talon.plan import Planner
+    from talon.cost.plan import Planner
 
 SHORT_MATCH = 1  # under a planner, steps without the draft model let matches this short propose
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.kv import clone_cache, gather_entries, keep_entries
+from talon.core.kv import clone_cache, gather_entries, keep_entries
 from talon.models.quant import int8_head
 from talon.tree import DraftTree
 from talon.run_config import ConfigError
-from talon.verify import forward_hidden, lm_logits
+from talon.core.verify import forward_hidden, lm_logits
 
 if TYPE_CHECKING:
     from talon.drafters.base import SourceModels

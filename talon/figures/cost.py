@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from talon.curve import GRID, Curve, check_times
+from talon.cost.curve import GRID, Curve, check_times
 from talon.figures.common import (
     PATH_COLOR,
     SOURCE_COLORS,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from talon.drafter_kinds import DRAFTERS
+from talon.knobs import DRAFTERS
 from talon.figures.common import SOURCE_NAMES, Committed, committed_tokens
 from talon.figures.run import step_end_times
 from talon.figures.text import esc, fmt_number
-from talon.shape import layer_width
+from talon.tree import layer_width
 from talon.trace import RunSummary, StepTrace
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from talon.figures.common import (
     make_figure,
 )
 from talon.figures.text import token_label
-from talon.shape import ancestor_rows
+from talon.tree import ancestor_rows
 from talon.trace import StepTrace
 
 # (3) Tree attention mask

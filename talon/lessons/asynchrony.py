@@ -10,7 +10,7 @@ and the bound each schedule reaches:
 
 Under this host's measured curves (where, on a 2-core CPU, both sides compete for the same cores,
 so the overlap is a bound the host cannot reach), and under a GPU's measured curves: ``GPU_COSTS``,
-an H100 replaying CUDA graphs at the 7B preset's shapes (``scripts/gpu_speed.py``), where a draft
+an H100 replaying CUDA graphs at the 7B preset's shapes (``talon/gpucheck/speed.py``), where a draft
 forward is a third of a verification.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import replay
-from talon.cost import CostModel
+from talon.cost.model import CostModel
 from talon.run_config import RunConfig
 from talon.trace import StepTrace
 

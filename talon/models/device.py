@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from talon.models.base import ModelLoadError
-from talon.rng import generator_for
+from talon.models.rng import generator_for
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from talon import zerogpu
+from talon.models import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from talon.models.quant import replace_linears
-from talon.rng import generator_for
+from talon.models.rng import generator_for
 
 log = logging.getLogger(__name__)
 

@@ -234,7 +234,7 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
     shipped = 0
-    if bits == 8:  # kept for study (scripts/target_weights_check.py); not a user's choice
+    if bits == 8:  # kept for study (experiments/target_weights_check.py); not a user's choice
         log.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
                     "against one-token decoding) into different tokens on a real model; the output is not "
                     "guaranteed to be this model's own generate() (docs/design.md, Target weights)")

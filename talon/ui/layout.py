@@ -8,16 +8,15 @@ from __future__ import annotations
 import gradio as gr
 
 from talon import figures as F
-from talon.examples import load_examples
+from talon.server.facade import load_examples, server_notices
 from talon.settings import Settings
-from talon.ui.models import server_notices
-from talon.ui.compare_view import build_compare_tab
+from talon.ui.compare_tab import build_compare_tab
 from talon.ui.decode_tab import build_decode_tab
-from talon.ui.decode_view import make_show_recording, recording_controls
+from talon.ui.decode_tab import make_show_recording, recording_controls
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.panel import build_controls
-from talon.ui.lessons_view import build_lessons_tab, make_export, make_refresh
-from talon.ui.serving_view import build_serving_tab
+from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
+from talon.ui.serve_tab import build_serving_tab
 from talon.ui.session import stop
 from talon.ui.words import HEADER
 

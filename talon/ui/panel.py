@@ -9,10 +9,9 @@ from typing import Any
 
 import gradio as gr
 
-from talon.examples import Example
+from talon.server.facade import Example, initial_preset, preset_label, presets
 from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
 from talon.settings import Settings
-from talon.ui.models import initial_preset, preset_label, presets
 
 MODEL_CONCURRENCY_ID = "model"
 MODELS_INFO_CPU = "target + draft (larger pairs appear on a server with a GPU)"

@@ -1,0 +1,153 @@
+"""The cost probe: times the loaded models' forwards at the grid's sizes (``talon.cost.model``'s
+curves), each size repeated until its two best timings agree, and names what the curves depend
+on (``cost_key``). Torch and the models live here, not in the pure model the planner reads."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from talon.cost.model import PROBED, CostModel, Provenance
+from talon.cost.curve import GRID, Curve
+from talon.models.device import hardware_name
+from talon.core.verify import forward_hidden, lm_logits
+
+log = logging.getLogger(__name__)
+
+PROBE_VERSION = 4  # in the cache key: a better probe (or cheaper drafting: 4 = the int8 draft head) re-measures
+SPREAD_OK = 0.05  # a size is measured until its two best timings agree within this share
+MIN_REPS, MAX_REPS = 3, 6
+
+
+def cost_key(
+    target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str], draft_vocab: int = 0,
+    step: str = "dynamic",
+) -> str:
+    """What the curves depend on: both models (dtype, device, quantization), the draft
+    vocabulary (the draft head's width), how a step runs (``Engine(step=...)``), the hardware,
+    torch's version and thread count."""
+    def describe(model: PreTrainedModel | None, name: str) -> str:
+        if model is None:
+            return "none"
+        quant = getattr(model, "talon_quant", "none")
+        return f"{name}:{model.dtype}:{model.device}:{quant}"
+
+    host = hardware_name(target.device)
+    return (f"{describe(target, names[0])}|{describe(draft, names[1])}|draft_vocab={draft_vocab}|"
+            f"hw={host}|torch={torch.__version__}|threads={torch.get_num_threads()}|probe={PROBE_VERSION}"
+            + ("" if step == "dynamic" else f"|step={step}"))
+
+
+def _sync(model: PreTrainedModel) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+Timer = Callable[[PreTrainedModel, int, int, int], Callable[[int], float]]
+
+
+def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: int):
+    """A function timing one forward of ``size`` new tokens over a ``prefix``-token cache (the
+    timed tokens are dropped again after each call)."""
+    cache = DynamicCache(config=model.config)
+    ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
+    forward_hidden(model, cache, ids[:prefix], torch.arange(prefix), None)
+
+    def time_once(size: int) -> float:
+        _sync(model)
+        start = time.perf_counter()
+        hidden = forward_hidden(model, cache, ids[prefix : prefix + size], torch.arange(prefix, prefix + size), None)
+        lm_logits(model, hidden, vocab)
+        _sync(model)
+        seconds = time.perf_counter() - start
+        cache.crop(-size)
+        return seconds
+
+    return time_once
+
+
+@dataclass(frozen=True)
+class Probed:
+    best: dict[int, float]  # size -> best seconds
+    spread: float  # largest (second best - best) / best over the sizes
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > SPREAD_OK
+
+
+def spread_of(times: list[float]) -> float:
+    """(second best - best) / best: how far the best timing is from being confirmed."""
+    if len(times) < 2:
+        return float("inf")
+    first, second = sorted(times)[:2]
+    return (second - first) / max(first, 1e-12)
+
+
+def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int,
+                 min_reps: int = MIN_REPS, max_reps: int = MAX_REPS, timer: Timer | None = None) -> Probed:
+    """Best timing per size, the sizes taken round-robin after one warm-up forward (so a slow
+    first call or a burst of other load hits one sample of each size, not all of one), repeated
+    until every size's two best timings agree within ``SPREAD_OK`` or ``max_reps`` rounds ran."""
+    time_once = (timer or _forward_timer)(model, prefix, vocab, max(sizes))
+    try:
+        time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
+        times: dict[int, list[float]] = {s: [] for s in sizes}
+        for rep in range(max_reps):
+            for s in sizes:
+                times[s].append(time_once(s))
+            spread = max(spread_of(t) for t in times.values())
+            if rep + 1 >= min_reps and spread <= SPREAD_OK:
+                break
+    finally:
+        if hasattr(time_once, "close"):
+            time_once.close()
+    return Probed({s: min(t) for s, t in times.items()}, spread)
+
+
+def probe_costs(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    draft_vocab: int = 0,
+    prefix: int = 256,
+    max_tree: int = 64,
+    max_reps: int = MAX_REPS,
+    timers: tuple[Timer | None, Timer | None] = (None, None),
+) -> CostModel:
+    """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
+    each fitted isotonically (more tokens never cost less). ``timers``: how the target's and
+    the draft's forwards run (None: a dynamic cache; ``talon.step.static.static_timer``: the static
+    step, replayed graphs included)."""
+    sizes = [g for g in GRID if g <= max_tree]
+    verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps, timer=timers[0])
+    spread = verify.spread
+    costs = CostModel(verify=Curve.fit_monotone(verify.best))
+    if draft is not None:
+        widths = [g for g in GRID if g <= 32]
+        drafted = _probe_curve(draft, widths, prefix, draft_vocab, max_reps=max_reps, timer=timers[1])
+        costs.draft = Curve.fit_monotone(drafted.best)
+        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, min_reps=1, max_reps=1,
+                            timer=timers[1]).best[GRID[-1]]
+        costs.prefill_per_token_s = long / GRID[-1]
+        spread = max(spread, drafted.spread)
+    costs.provenance = Provenance(
+        source="probe",
+        measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        hardware=hardware_name(target.device),
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        spread=round(spread, 4),
+        noisy=spread > SPREAD_OK,
+        weights=getattr(target, "talon_quant", ""),
+        fields={k: v for k, v in PROBED.items() if draft is not None or k == "verify_s" or k == "other_s"},
+    )
+    if costs.provenance.noisy:
+        log.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
+                    "the curves may be pessimistic", 100 * spread, max_reps)
+    return costs

@@ -1,0 +1,93 @@
+"""How an engine's models run: the step (``dynamic``, ``static``, ``graphs`` or ``compiled``; see
+``talon.step.static``) and, on the static steps, the pools of preallocated forwards it keeps, one
+per model that verifies or drafts: the target's, the draft model's, the async forks' (eager
+under graphs: no graph is captured or replayed on the drafter thread, docs/gpu.md), and any
+other drafting model's (a view of the target, ``talon.drafters.layer_skip``), made at its first
+run. ``Engine`` asks it for a run's verifier and model drafters."""
+
+from __future__ import annotations
+
+import threading
+
+from transformers import PreTrainedModel
+
+from talon.drafters.model import ModelDrafter
+from talon.drafters.static_draft import StaticModelDrafter
+from talon.models import LoadedModel
+from talon.run_config import ConfigError, RunConfig
+from talon.step.static import COMPILED_UPTO, resolve_step, spans_devices
+from talon.step.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
+from talon.core.verify import TargetVerifier
+
+
+class StepForwards:
+    def __init__(self, step: str, target: LoadedModel, draft: LoadedModel | None, chain: bool = False) -> None:
+        """``step``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere).
+        ``chain``: model drafters grow TALON's adaptive trees on the device (``talon.step.chain``);
+        a static step only."""
+        split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
+        self.step = resolve_step(step, target.device, split)
+        if chain and self.step == "dynamic":
+            raise ConfigError("chained drafting grows the tree in a static forward's buffers: "
+                              "it needs the static, graphs or compiled step, not dynamic")
+        self.chain = chain
+        self.target = target
+        self.graphs = self.step in ("graphs", "compiled")
+        self.compile_upto = COMPILED_UPTO if self.step == "compiled" else 0  # the drafting models' small buckets
+        self._lock = threading.Lock()
+        self._target: StaticPool | None = None
+        self._pools: dict[int, tuple[StaticPool, StaticPool | None]] = {}  # id(model) -> (pool, async forks' pool)
+        if self.step != "dynamic":
+            self._target = StaticPool(target.model, self.graphs)
+            if draft is not None:
+                self.pools_of(draft.model)
+
+    def pools_of(self, model: PreTrainedModel) -> tuple[StaticPool, StaticPool | None]:
+        """The drafting ``model``'s pool and its async forks' (made at first use)."""
+        with self._lock:
+            if id(model) not in self._pools:
+                self._pools[id(model)] = (StaticPool(model, self.graphs, compile_upto=self.compile_upto, drafts=True),
+                                         StaticPool(model, drafts=True) if self.graphs else None)
+            return self._pools[id(model)]
+
+    def precompile(self) -> float:
+        """The compiled step: compile the drafting models' buckets now (``StaticPool.precompile``),
+        at start-up rather than in a user's first runs; seconds taken (0 on other steps)."""
+        with self._lock:
+            pools = [pool for pool, _ in self._pools.values()]
+        return sum(pool.precompile() for pool in pools)
+
+    def roles(self, draft: PreTrainedModel | None) -> dict[str, StaticPool]:
+        """The pools by role (none on the dynamic step): target, draft, fork."""
+        if self._target is None:
+            return {}
+        pools = {"target": self._target}
+        if draft is not None:
+            pools["draft"], fork = self.pools_of(draft)
+            pools.update({"fork": fork} if fork is not None else {})
+        return pools
+
+    def timers(self, model: PreTrainedModel | None) -> tuple[StaticTimer | None, StaticTimer | None]:
+        """The cost probe's timers on this step: the target's, the drafting model's."""
+        if self._target is None:
+            return None, None
+        return static_timer(self._target), static_timer(self.pools_of(model)[0]) if model is not None else None
+
+    def verifier(self, cfg: RunConfig, prompt_len: int) -> TargetVerifier:
+        if self._target is None:
+            return TargetVerifier(self.target.model, cfg.sampling)
+        tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
+        # with async drafting every bucket is captured first: no capture while another thread drafts
+        return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft)
+
+    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
+        """A model drafter over ``model`` on this step."""
+        target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
+        if self._target is None:
+            return ModelDrafter(model, cfg.draft_vocab, target_vocab)
+        pool, fork = self.pools_of(model)
+        tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
+        if self.chain:  # its layers of a bucket holding the budget, up to max_depth of them
+            tokens += cfg.tree.max_depth * max(cfg.tree.budget, 1) * 2
+        return StaticModelDrafter(model, pool, tokens, cfg.draft_vocab, target_vocab, fork_pool=fork,
+                                  capture_all=cfg.async_draft, chain=self.chain)

@@ -1,0 +1,280 @@
+"""The GPU check's pairs: random-weight draft/target models at the shapes of each GPU preset,
+built on demand and dropped when a check does not need them, and the records every check returns
+(``talon/gpucheck/check.py`` runs them; see its docstring)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+REPO = Path(__file__).resolve().parents[2]
+
+from talon.engine.decode import Engine
+from talon.server.presets import PRESETS
+from talon.models import LoadedModel
+from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
+from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
+
+DRAFTERS = ("hybrid", "model", "retrieval")
+MODES = ("adaptive", "static", "chain")
+TINY_FACTOR = 16
+TINY_HEAD_DIM = 64  # the tiny shapes' heads (2 of them): narrower, attention cannot tell positions apart
+TINY_VOCAB = 1024  # the tiny pairs keep the real pairs' vocabulary difference on top of this
+F32, BF16 = torch.float32, torch.bfloat16
+SAMPLING_SEEDS = 400  # per pair; the chi-square needs expected counts >= 5 in each bin
+CHI2_Z = 3.09  # the normal quantile of p = 0.001: a correct sampler fails one pair in a thousand
+NOISE_SCALES = (0.3, 1.0, 2.0)  # noisy copies of the draft-sized target, x each tensor's std
+FIT_TOKENS = 1024  # context the fit test allows the short checks (prompt + new tokens + tree)
+HUB_TARGET, HUB_DRAFT = "talon-check/target", "talon-check/draft"
+TINY_LIMITS = (192, 32, 64)  # --tiny: (prompt tokens, max_new_tokens, tree budget) on the CPU
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False  # did not run (``detail["skipped"]`` says why); never a pass
+    seconds: float = 0.0
+    invalid: bool = False  # its model failed the conditioning gate (``detail["invalid"]``): neither pass nor fail
+
+
+class Skipped(Exception):
+    """Raised by a check that cannot run here; the message says why, with the numbers."""
+
+
+class Invalid(Exception):
+    """Raised when a check's model fails its conditioning gate: the check would prove nothing.
+    ``detail`` holds the gate's numbers."""
+
+    def __init__(self, why: str, detail: dict[str, Any]) -> None:
+        super().__init__(why)
+        self.detail = detail
+
+
+Outcome = tuple[bool, dict[str, Any]]  # what a check function returns: passed?, and what it saw
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    key: str
+    target: ModelShape
+    draft: ModelShape
+    gpu_gib: float | None
+    family: str  # "llama" | "qwen2"
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
+    """One spec per GPU preset whose shapes are known; ``tiny`` shrinks width, depth and the
+    vocabulary but keeps the difference between the two vocabularies."""
+    specs = []
+    for p in PRESETS:
+        if not p.needs_cuda or (only and p.key not in only) or p.target not in KNOWN_SHAPES:
+            continue
+        target, draft = KNOWN_SHAPES[p.target], KNOWN_SHAPES[p.draft or ""]
+        if tiny:
+            extra = target.vocab - draft.vocab
+            target, draft = scaled(target, TINY_FACTOR), scaled(draft, TINY_FACTOR)
+            target = dataclasses.replace(target, vocab=TINY_VOCAB + extra, hidden=target.heads * TINY_HEAD_DIM)
+            draft = dataclasses.replace(draft, vocab=TINY_VOCAB, hidden=draft.heads * TINY_HEAD_DIM)
+        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, "qwen2" if target.qkv_bias else "llama"))
+    return specs
+
+
+def byte_tokenizer(size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE without merges: ids 0-255 are the bytes, the rest up to ``size`` filler
+    tokens (as a real vocabulary's unused rows); no EOS, so random models always run to
+    max_new_tokens and every comparison covers the same length."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab.update({f"<extra_{i}>": i for i in range(len(vocab), size)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def random_model(shape: ModelShape, family: str, seed: int, dtype: torch.dtype, device: torch.device,
+                 init: str = "conditioned", chain_vocab: int | None = None, untie: bool = True) -> LoadedModel:
+    """A random-weight check model (``check_model``: conditioned, with the pair's bigram chain
+    over ``chain_vocab`` ids), with a byte tokenizer of its vocabulary."""
+    model = build_model(shape, family, seed, dtype, device, init, chain_vocab, untie)
+    return LoadedModel(model, byte_tokenizer(max(shape.vocab, 2)), f"random-{family}-{seed}", dtype, device)
+
+
+def noisy(lm: LoadedModel, scale: float, seed: int) -> LoadedModel:
+    """A copy of ``lm`` with Gaussian noise (``scale`` x each tensor's std) on its weights."""
+    twin = dataclasses.replace(copy.deepcopy(lm), name=f"{lm.name}-noise{scale:g}")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in twin.model.parameters():
+            p.add_(torch.randn_like(p) * scale * p.float().std().to(p.dtype))
+    return twin
+
+
+def prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
+    """A prompt that ends on a second walk of the models' bigram chain, so that retrieval has
+    something to find and the target something to agree with."""
+    return chain_prompt(vocab, length, seed)
+
+
+def random_ids(vocab: int, length: int, seed: int) -> list[int]:
+    """Random ids with a span repeated: here the target follows its context more than its chain,
+    so the draft model's deep nodes are accepted where a wrong mask or position would change them."""
+    g = torch.Generator().manual_seed(seed)
+    span = torch.randint(1, vocab, (max(length // 3, 4),), generator=g).tolist()
+    return (span + torch.randint(1, vocab, (length,), generator=g).tolist() + span)[:length]
+
+
+def echo_ids(target: LoadedModel, ids: list[int], n: int) -> list[int]:
+    """``ids``, the target's own greedy continuation of them (``n`` tokens), then ``ids`` again:
+    retrieval finds the suffix and drafts the continuation that followed it, which the target
+    repeats, so its deep chains are accepted (a repeating prompt, as real text often is)."""
+    return ids + reference(target, ids, n) + ids
+
+
+def path_engine(target: LoadedModel, draft: LoadedModel, path: str) -> Engine:
+    """The engine ``path`` names (``graphs+chain+fold``: the step, then what is switched on)."""
+    step, *on = path.split("+")
+    return Engine(target, draft, step=step, chain="chain" in on, fold="fold" in on)
+
+
+def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        x = torch.tensor([ids], device=target.device)  # (1, P)
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                    pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_capacity(device: torch.device) -> int:
+    """Bytes the device holds: the GPU's total memory, or the host's for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+Role = tuple[str, torch.dtype]  # (which model of the pair, its dtype)
+
+
+class PairModels:
+    """The random models of one pair, built on first use and kept only while the next check
+    names them: ``keep`` drops every other one first, so no check runs beside (or measures)
+    models an earlier check left behind.
+
+    Roles: ``target`` and ``draft`` at the preset's shapes (the draft with a head of its own, to
+    carry the bigram chain); ``small-target``, a target of the draft's shape, for the checks where
+    the draft is the target or a noisy copy of it (so no check holds two float32 copies of a 7B+
+    target); ``tied-draft``, the draft exactly as the preset ships it (tied embeddings, so no
+    chain), for the memory check.
+
+    Every model is gated when built (``check_model.conditioning``): ``gates`` keeps the verdict
+    per role and dtype, and a check on a model that fails its gate is reported invalid."""
+
+    def __init__(self, spec: PairSpec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        self.held: dict[Role, LoadedModel] = {}
+        self.gates: dict[Role, Conditioning] = {}
+        # the conditioned init at every shape, the tiny ones too: its planted chain gets the draft's
+        # trees accepted (the old, sharp init accepted none), and its gate proves it each run
+        self.init = "conditioned"
+
+    def shape(self, role: str) -> ModelShape:
+        return self.spec.target if role == "target" else self.spec.draft
+
+    def get(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        if (role, dtype) not in self.held:
+            self.held[(role, dtype)] = self._build(role, dtype)
+        return self.held[(role, dtype)]
+
+    def gate(self, role: str, dtype: torch.dtype) -> Conditioning:
+        """The conditioning gate of the model in ``role`` (built if need be), measured once."""
+        if (role, dtype) not in self.gates:
+            lm = self.get(role, dtype)
+            ids = prompt_ids(self.spec.draft.vocab, 48, 3)
+            self.gates[(role, dtype)] = conditioning(lm.model, ids, bf16=dtype == BF16)
+        return self.gates[(role, dtype)]
+
+    def _build(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        seed = {"target": 1, "draft": 2, "small-target": 4, "tied-draft": 2}[role]
+        return random_model(self.shape(role), self.spec.family, seed, dtype, self.device, self.init,
+                            chain_vocab=self.spec.draft.vocab, untie=role != "tied-draft")
+
+    def keep(self, roles: tuple[Role, ...]) -> None:
+        for key in [k for k in self.held if k not in roles]:
+            del self.held[key]
+        free_memory(self.device)
+
+    def take(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        """The model, now the caller's alone (to change it in place): the pair forgets it."""
+        return self.held.pop((role, dtype))
+
+    def bytes_needed(self, roles: tuple[Role, ...], tokens: int) -> int:
+        dtypes = {F32: "float32", BF16: "bfloat16"}
+        return sum(estimate_pair(self.shape(r), None, dtypes[d], tokens).total for r, d in roles)
+
+
+@dataclass
+class PairRun:
+    """What every check of one pair gets: the spec, the device, the pair's models."""
+
+    spec: PairSpec
+    device: torch.device
+    tiny: bool
+    models: PairModels
+
+    @property
+    def tokens(self) -> int:
+        return 24 if self.tiny else 64
+
+
+# ------------------------------------------------------------------------------------ acceptance
+
+
+# A configuration that accepts nothing never reads a tree position, a tree mask or a cache move
+# past the root, so its "equal to generate()" proves nothing: each lossless configuration must
+# accept drafts at depth, and fails below its floor (``none`` drafts nothing: it has none).
+# Retrieval drafts copies of the text so far. A random-weight model sensitive enough to its
+# context for a planted bug to show rarely repeats itself, even on a prompt that repeats its own
+# continuation (``echo_ids``: at the 7B preset's width MAT 1.14, at the tiny shapes 1.0-1.3), so
+# retrieval alone is held to no floor: its grafts are read where they are accepted, in hybrid's
+# trees, and its MAT is reported.
+MAT_FLOOR = 1.5
+FLOORS = {"none": 0.0, "retrieval": 0.0}
+
+
+def floor_of(key: str) -> float:
+    """The floor of a configuration key (``drafter/...`` or ``step/drafter/...``)."""
+    return next((FLOORS[p] for p in key.split("/") if p in FLOORS), MAT_FLOOR)
+
+
+def below_floor(mats: dict[str, float]) -> dict[str, float]:
+    """The configurations that accepted too little to prove anything."""
+    return {k: v for k, v in mats.items() if v < floor_of(k)}
+
+
+def check_prompts(ctx: "PairRun", target: LoadedModel) -> dict[str, list[int]]:
+    """Where each drafter's drafts are accepted at depth: the draft model on random ids (its deep
+    nodes accepted where a wrong mask or position would change them), retrieval on a prompt that
+    repeats (``echo``), the chain's walk (``chain``: the draft model follows the planted chain)."""
+    vocab = ctx.spec.draft.vocab
+    return {"random": random_ids(vocab, 48, 3), "echo": echo_ids(target, random_ids(vocab, 24, 3), ctx.tokens),
+            "chain": prompt_ids(vocab, 48, 3)}

@@ -1,0 +1,186 @@
+"""The Lessons tab: the papers' claims on the bundled lesson atlases (``data/lessons``), replayed
+with no model: why adaptive (TALON: the static depth dilemma, the funnel, the adaptive tree at an
+equal budget), why hybrid (Talon: which source carried each step) and why async (drafting hidden
+behind verification, on this host's curves and an H100's measured ones). A prompt and a budget pick
+what is shown; every number comes from ``talon.lessons``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from talon import figures as F
+from talon.atlas.data import Atlas
+from talon.atlas.explorer import AtlasSession
+from talon.figures.export import export_html, show_lessons
+from talon.lessons import bundled_atlases
+from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
+from talon.lessons.asynchrony import AsyncBound, bound_of
+from talon.trace import TraceFileError
+from talon.ui.decode_tab import load_recording
+from talon.ui.files import write_lesson
+from talon.ui.session import Session
+from talon.ui.words import EXPLAIN
+
+
+@functools.cache
+def lesson_atlases() -> tuple[Atlas, ...]:
+    """The bundled lesson atlases, read once per process (empty when they are not shipped)."""
+    try:
+        return tuple(bundled_atlases())
+    except (TraceFileError, OSError):
+        return ()
+
+
+@functools.cache
+def adaptive_lessons(budget: int) -> tuple[AdaptiveLesson, ...]:
+    return tuple(adaptive_lesson(a, budget) for a in lesson_atlases())
+
+
+def atlas_label(index: int, atlas: Atlas) -> str:
+    first = " ".join(atlas.prompt.split())[:60]
+    return f"{atlas.suite}: {first}…" if len(atlas.prompt) > 60 else f"{atlas.suite}: {first}"
+
+
+@dataclass
+class LessonsView:
+    prompt: gr.Dropdown
+    budget: gr.Radio
+    adaptive_text: gr.HTML
+    depth: gr.Plot
+    funnel: gr.Plot
+    hybrid_text: gr.HTML
+    drafters: gr.Plot
+    carried: gr.HTML
+    async_text: gr.HTML
+    timeline: gr.Plot
+    export: gr.Button
+    download: gr.File
+
+    def outputs(self) -> list[Any]:
+        return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried,
+                self.async_text, self.timeline]
+
+
+OWN = -1  # the dropdown's value for the session's own atlas (Threshold explorer)
+
+
+@dataclass(frozen=True)
+class Picked:
+    atlas: Atlas
+    lessons: tuple[AdaptiveLesson, ...]  # the bundled prompts' adaptive lessons, the own atlas's last
+    index: int  # the picked atlas's lesson among them
+
+
+def pick(index: Any, budget: Any, atlas_state: Any) -> Picked | None:
+    """The lesson atlas the page picked (values from the page: checked), or None when none exist."""
+    atlases = lesson_atlases()
+    own = atlas_state.atlas if isinstance(atlas_state, AtlasSession) else None
+    try:
+        i, n = int(index), int(budget)
+    except (TypeError, ValueError):
+        i, n = 0, BUDGETS[-1]
+    n = n if n in BUDGETS else BUDGETS[-1]
+    if i == OWN and own is not None:
+        return Picked(own, (*adaptive_lessons(n), adaptive_lesson(own, n)), len(atlases))
+    if not atlases:
+        return None
+    i = max(0, min(i, len(atlases) - 1))
+    return Picked(atlases[i], adaptive_lessons(n), i)
+
+
+def prompt_choices(atlas_state: Any) -> list[tuple[str, int]]:
+    choices = [(atlas_label(i, a), i) for i, a in enumerate(lesson_atlases())]
+    if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
+        choices.append((f"your atlas (Threshold explorer): {' '.join(atlas_state.atlas.prompt.split())[:50]}", OWN))
+    return choices
+
+
+def measured_bound(session: Any) -> AsyncBound | None:
+    """The Decode tab's run (or the opening recording) as an async bound on its measured times."""
+    if isinstance(session, Session) and session.steps:
+        return bound_of("the Decode tab's run", session.steps, sum(len(s.new_tokens) for s in session.steps))
+    return None
+
+
+def make_show() -> Callable[..., tuple[Any, ...]]:
+    def show(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
+        """The three lessons on the picked atlas at budget N (``session``: the Decode tab's run)."""
+        picked = pick(index, budget, atlas_state)
+        if picked is None:
+            empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
+            return ("", empty, empty, "", empty, "", "", empty)
+        shown = show_lessons(picked.atlas, picked.lessons, picked.index, measured_bound(session))
+        return (f'<div class="talon-explain">{F.esc(shown.adaptive_words or "")}</div>', shown.depth, shown.funnel,
+                f'<div class="talon-explain">{F.esc(shown.hybrid_words)}</div>', shown.drafters, shown.carried,
+                f'<div class="talon-explain">{F.esc(shown.async_words)}</div>', shown.timeline)
+
+    return show
+
+
+def make_refresh() -> Callable[..., tuple[Any, ...]]:
+    show = make_show()
+
+    def refresh(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
+        """On opening the tab: the prompts (the session's own atlas joins them), then the lessons."""
+        return (gr.update(choices=prompt_choices(atlas_state)), *show(index, budget, atlas_state, session))
+
+    return refresh
+
+
+def make_export() -> Callable[[Any, Any, Any, Any], str]:
+    def export(session: Any, index: Any, budget: Any, atlas_state: Any) -> str:
+        """The Decode tab's run (or the opening recording) with the shown lessons, as one HTML file."""
+        steps = list(session.steps) if isinstance(session, Session) and session.steps else []
+        summary = session.summary if steps else None
+        if not steps:
+            recording = load_recording()
+            if recording is None:
+                raise gr.Error("Nothing to export yet: run a prompt on the Decode tab first.")
+            summary, steps = recording[0], list(recording[1])
+        picked = pick(index, budget, atlas_state)
+        page = export_html(summary, steps, picked.atlas if picked else None, picked.lessons if picked else (),
+                           picked.index if picked else 0, title="Talon: one run, step by step, and what the papers claim")
+        return write_lesson(page)
+
+    return export
+
+
+def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView:
+    """The Lessons tab, built and wired (call inside the tab); it needs no model. ``atlas_state``:
+    the Threshold explorer's, whose atlas joins the lesson prompts; ``run_state``: the Decode tab's
+    session, whose measured timeline the async lesson reads."""
+    gr.Markdown(EXPLAIN["lessons"], elem_classes=["talon-explain"])
+    choices = prompt_choices(None)
+    with gr.Row():
+        prompt = gr.Dropdown(choices=choices, value=0 if choices else None, label="Lesson prompt (recorded on the "
+                             "embedded pair)", elem_id="talon-lesson-prompt", scale=3)
+        budget = gr.Radio(choices=list(BUDGETS), value=BUDGETS[-1], label="Budget N (nodes verified per step)",
+                          elem_id="talon-lesson-budget", scale=1)
+    gr.Markdown("### Why adaptive? The static depth dilemma")
+    adaptive_text = gr.HTML(elem_id="talon-lesson-adaptive")
+    with gr.Row():
+        depth = gr.Plot(elem_id="talon-lesson-depth", show_label=False)
+        funnel_plot = gr.Plot(elem_id="talon-lesson-funnel", show_label=False)
+    gr.Markdown("### Why hybrid? Where each source carries the step")
+    hybrid_text = gr.HTML(elem_id="talon-lesson-hybrid")
+    drafters = gr.Plot(elem_id="talon-lesson-drafters", show_label=False)
+    carried = gr.HTML(elem_id="talon-lesson-carried")
+    gr.Markdown("### Why async? Drafting hidden behind verification")
+    async_text = gr.HTML(elem_id="talon-lesson-async")
+    timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    with gr.Row():
+        export = gr.Button("Take this lesson along: one HTML file (the run on the Decode tab, its walk, these lessons)",
+                           elem_id="talon-lesson-export")
+        download = gr.File(label="The lesson, offline (open it in any browser)", elem_id="talon-lesson-download",
+                           interactive=False)
+    view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
+                       async_text, timeline, export, download)
+    for control in (prompt, budget):
+        control.change(make_show(), [prompt, budget, atlas_state, run_state], view.outputs(), api_visibility="private",
+                       show_progress="hidden")
+    return view
