@@ -8,8 +8,8 @@ JSON report. ``--unscaled`` builds the models without the reference scaling of
 ``check_model.condition`` (the MLP width, the head's random part, a narrow model's branches), as
 the check built them before 2026-11-27.
 
-    PYTHONPATH=. python -m experiments.check_model_width              # about 2 minutes on 2 cores
-    PYTHONPATH=. python -m experiments.check_model_width --unscaled   # about 4
+    python -m experiments.check_model_width              # about 2 minutes on 2 cores
+    python -m experiments.check_model_width --unscaled   # about 4
 
 Figures: docs/runs/2026-11-27-check-model-width.md.
 """

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-REPO = Path(__file__).resolve().parents[1]
 
 from talon.engine.decode import Engine, generate
 from talon.models.device import hardware_name

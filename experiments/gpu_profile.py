@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 
 from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, TreeConfig

@@ -13,11 +13,9 @@ import faulthandler
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 
 from talon.engine.decode import Engine, generate
 from talon.gpucheck.pair_checks import greedy_cfg, plain

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 
 from talon.models.attention import set_fold
 from talon.models.device import hardware_name

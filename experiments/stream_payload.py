@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 
 import gradio as gr

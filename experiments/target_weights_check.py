@@ -17,7 +17,6 @@ import argparse
 import copy
 import json
 import sys
-from pathlib import Path
 
 import torch
 

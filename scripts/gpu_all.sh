@@ -6,7 +6,7 @@
 #   2. the check's teeth on this GPU: a tree mask bug planted, the lossless check must fail;
 #   3. the grouped-query fold timed on and off (two minutes at most);
 #   4. the speed probe (curves, loop timings) with what time is left.
-# The compiled step is not in it (its buckets compile for minutes): gpu_compile.py times it.
+# The compiled step is not in it (its buckets compile for minutes): `python -m experiments.gpu_compile` times it.
 #   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR]
 set -u
 out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}

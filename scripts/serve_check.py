@@ -27,7 +27,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 
 SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 MAX_TOKENS = 48

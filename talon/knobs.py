@@ -1,5 +1,6 @@
 """Every knob of a run, declared once: its name, type, range, default, help, where it lives in a
-``RunConfig`` and what the app calls it.
+``RunConfig`` and what the app calls it; and the drafter kinds (``DRAFTERS``: which model drafts,
+whether retrieval does, whether an atlas replays it).
 
 One name per knob (``name``) serves the command line (``--name`` with dashes, unless ``flag``
 says otherwise), the atlas grid, the benchmark's ``--talon-variant`` and the Threshold explorer.

@@ -5,7 +5,9 @@ other node holds a drafted token, its parent (always an earlier node, so node or
 topological order), the drafter's probability ``q`` of the token given its parent path, the
 path confidence ``path_conf = prod(q along the path)``, its source and what the confidence gate
 saw when the builder considered expanding it. Depths, the ancestor mask, positions and paths are
-derived from the parents.
+derived from the parents. ``layer_width`` and ``ancestor_rows`` are the tree's shape from a
+parent list alone (torch-free: traces and figures use them too); ``STOPS`` names why a tree
+stopped growing, the one vocabulary of the host's builder and the device-grown tree.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "talon_user_costs") and cost_cache_state() != config.talon_user_costs:
         print(f"\nFAILED: the test suite changed the user's cost cache {user_cost_cache()}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def tiny_app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``python app.py`` on tiny models, started once for the API and browser tests (each visitor's
+    data lives in its own ``gr.State``: nothing a test does is another's)."""
+    from tests.test_app import launch_app
+
+    with launch_app(tmp_path_factory.mktemp("app")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -80,9 +80,8 @@ def launch_app(root: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with launch_app(tmp_path_factory.mktemp("app")) as url:
-        yield url
+def app_url(tiny_app_url: str) -> str:
+    return tiny_app_url
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ import pytest
 
 from talon.ui.decode_tab import load_recording
 from talon.gpucheck.launch import REPO
-from tests.test_app import launch_app
+
 
 pytestmark = pytest.mark.browser
 
@@ -43,10 +43,9 @@ def require_chromium() -> None:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def app_url(tiny_app_url: str) -> str:
     require_chromium()
-    with launch_app(tmp_path_factory.mktemp("browser-app")) as url:
-        yield url
+    return tiny_app_url
 
 
 @pytest.fixture()

@@ -498,7 +498,7 @@ def test_the_draft_models_prefill_needs_a_margin_over_its_prior() -> None:
 
 
 def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
-    """A static-step engine probes its curves on the static forward (talon.step.static.StaticTimer),
+    """A static-step engine probes its curves on the static forward (talon.step.pool.StaticTimer),
     caches them under a key naming the step, and gives the probe's forwards back."""
     from talon.cost.probe import cost_key
 

@@ -74,3 +74,16 @@ def test_a_stale_name_is_caught(tmp_path: Path) -> None:
     assert missing_names((doc,), tmp_path) == {"stale.md: talon.decode.Run",
                                                 "stale.md: talon.cost.model.CostModel.no_such_method",
                                                 "stale.md: talon/decode.py"}
+
+
+def test_every_experiment_says_what_it_answered_and_where_its_figures_are() -> None:
+    """experiments/README.md has a row for each experiment: its question and a run file that exists."""
+    rows = {}
+    for line in (REPO / "experiments" / "README.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == {p.stem for p in (REPO / "experiments").glob("*.py")}
+    for name, (_, question, figures) in rows.items():
+        link = re.search(r"\]\(\.\./(docs/runs/[^)]+)\)", figures)
+        assert question.endswith("?") and link and (REPO / link.group(1)).exists(), name

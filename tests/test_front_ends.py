@@ -18,7 +18,7 @@ from talon.settings import PROVEN, proven_default
 from tests.tiny import tiny_loaded
 
 REPO = Path(__file__).resolve().parents[1]
-FRONT_ENDS = ("talon/cli", "talon/bench", "talon/ui", "app.py")
+FRONT_ENDS = ("talon/cli", "talon/bench", "talon/server", "talon/ui", "app.py")
 
 
 @pytest.fixture(scope="module")

@@ -56,9 +56,15 @@ def named(gpu_check, prefix: str):
     return next(c for c in gpu_check.PAIR_CHECKS if c.name.startswith(prefix))
 
 
-def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
+# the two families' code paths; qwen2.5-coder-7b has qwen2.5-7b's shapes and qwen2.5-14b its family's
+FAMILY_PAIRS = ("qwen2.5-7b", "llama-3.1-8b")
+
+
+def test_the_tiny_gpu_check_passes_and_reports(gpu_check, tmp_path: Path) -> None:
+    assert {spec.key for spec in gpu_check.pair_specs(True, set())} == {
+        "qwen2.5-7b", "qwen2.5-coder-7b", "llama-3.1-8b", "qwen2.5-14b"}  # what a plain --tiny runs
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--pairs", ",".join(FAMILY_PAIRS), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -66,7 +72,7 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
     # spaces cannot enter ZeroGPU mode with a CPU torch: that one check is skipped, visibly, not passed
     assert report["skipped"] == ["(once): ZeroGPU-mode start (the real spaces package) "
                                  "(spaces cannot enter ZeroGPU mode with a CPU build of torch)"]
-    assert set(report["pairs"]) == {"qwen2.5-7b", "qwen2.5-coder-7b", "llama-3.1-8b", "qwen2.5-14b"}
+    assert set(report["pairs"]) == set(FAMILY_PAIRS)
     qwen = report["pairs"]["qwen2.5-7b"]
     assert qwen["target_vocab"] - qwen["draft_vocab"] == 152_064 - 151_936  # the real pair's difference
     names = [c["name"] for c in qwen["checks"]]
@@ -82,10 +88,13 @@ def test_the_tiny_gpu_check_passes_and_reports(tmp_path: Path) -> None:
     once = {c["name"].split(":")[0].split(" ")[0]: c for c in report["once"]}
     assert once["Hub"]["ok"] and once["app"]["ok"] and once["app"]["detail"]["figures"] >= 5
     assert once["preset"]["ok"] and once["preset"]["detail"]["events"][:3] == ["load A", "release", "load B"]
-    assert "| qwen2.5-14b |" in proc.stdout and "| (once) | Hub loader" in proc.stdout
+    assert "| llama-3.1-8b |" in proc.stdout and "| (once) | Hub loader" in proc.stdout
 
 
-def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check) -> None:
+def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lossless check fails and the memory check after it still runs and passes (every
+    lossless configuration catching the bug is ``test_plant_passes_only_when...``'s job)."""
+    only_checks(gpu_check, monkeypatch, named(gpu_check, "lossless"), named(gpu_check, "memory"))
     with part("check_model").planted("position"):
         report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False)
     assert not report["ok"]
@@ -93,7 +102,7 @@ def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check) -> No
     assert len(checks) == len(gpu_check.PAIR_CHECKS)  # every check reported, failed or not
     lossless = checks[0]
     assert lossless["name"].startswith("lossless") and not lossless["ok"] and lossless["detail"]["failures"]
-    assert "qwen2.5-7b: " + lossless["name"] in report["failed"]
+    assert "qwen2.5-7b: " + lossless["name"] in report["failed"] and checks[1]["ok"]
 
 
 @pytest.mark.parametrize("bug", ["position", "mask"])
@@ -114,11 +123,10 @@ def test_plant_passes_only_when_every_lossless_check_catches_the_bug(gpu_check, 
     assert not report["ok"] and report["planted"]["missed"] == ["qwen2.5-7b"]
 
 
-def test_without_cuda_the_full_check_says_to_use_tiny() -> None:
+def test_without_cuda_the_full_check_says_to_use_tiny(gpu_check, capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    proc = subprocess.run([sys.executable, *MODULE], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--tiny" in proc.stderr
+    assert gpu_check.main([]) == 2 and "--tiny" in capsys.readouterr().err  # (as a module: the tiny check above)
 
 
 def first_child_always(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator) -> Acceptance:

@@ -271,6 +271,17 @@ def test_zerogpu_versions_are_checked() -> None:
     assert zerogpu.unmet_requirements((3, 12), "2.7.1")
 
 
+def test_the_zerogpu_glue_imports_before_torch() -> None:
+    """app.py imports ``talon.models.zerogpu`` first, so that on ZeroGPU ``spaces`` comes before
+    torch: that import must bring neither torch nor transformers with it."""
+    code = "import sys, talon.models.zerogpu; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+    first = next(line for line in (REPO / "app.py").read_text().splitlines() if line.startswith(("import", "from")) and
+                 "__future__" not in line and line.split()[1] not in ("logging", "threading", "pathlib"))
+    assert first == "from talon.models import zerogpu"
+
+
 def test_an_unsupported_stack_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(zerogpu, "unmet_requirements", lambda *args: ["Python 3.11 (...)"])
     with pytest.raises(zerogpu.ZeroGPUUnsupported, match=r"does not support Python 3\.11.*scripts\.zerogpu_space"):
@@ -394,8 +405,7 @@ def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.M
 def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_device_outside(
     zero_gpu: tuple[ZeroGPUHarness, Settings], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import talon.ui.measure_panel as measure_view
-    from talon.server import device as explorer_io
+    import talon.ui.measure_panel as measure_panel
     from talon.ui.compare_tab import make_compare
     from talon.server.request import Controls
     from talon.ui.decode_tab import decode_panel
@@ -413,13 +423,13 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
 
     compare_view = SimpleNamespace(updates=lambda cmp, status="": {"status": status})
     list(make_compare(compare_view, settings)("abc abc", CompareSession(), max_new_tokens=6))
-    monkeypatch.setattr(measure_view, "measure_updates", lambda *args: {})
-    list(measure_view.make_measure(SimpleNamespace(), settings)("abc abc", None, mus="0.1, 0.3", budgets="4, 8",
+    monkeypatch.setattr(measure_panel, "measure_updates", lambda *args: {})
+    list(measure_panel.make_measure(SimpleNamespace(), settings)("abc abc", None, mus="0.1, 0.3", budgets="4, 8",
                                                              sweep_tokens=4))
     assert len(harness.calls) == 3, "Compare's A and B, and every sweep cell, share one reservation each"
 
     run = facade.decode(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
-    items = list(explorer_io.record_on_device(settings, run.preset, "abc abc", run.cfg))
+    items = list(facade.record_atlas(settings, run.preset, "abc abc", run.cfg))  # the way the explorer records
     assert len(harness.calls) == 4 and type(items[-1]).__name__ == "Atlas"
 
 

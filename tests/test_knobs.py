@@ -72,7 +72,7 @@ def test_the_docs_flag_table_is_the_tables() -> None:
 KNOB_WORDS = {w for k in KNOBS for w in (k.name, k.words, k.app, k.field) if w}
 OPTIONS = {k.option for k in KNOBS} | {f"--no-{k.option[2:]}" for k in KNOBS if k.cli == "pair"}
 # modules that hold front ends' or records' knobs: a literal default there is a second declaration
-FRONT_ENDS = ("talon/run_config.py", "talon/ui/", "talon/cli/", "talon/atlas/explorer.py", "talon/atlas/sweep.py",
+FRONT_ENDS = ("talon/run_config.py", "talon/ui/", "talon/server/", "talon/cli/", "talon/atlas/explorer.py", "talon/atlas/sweep.py",
               "talon/bench/")
 
 

@@ -122,7 +122,7 @@ def probe_costs(
 ) -> CostModel:
     """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
     each fitted isotonically (more tokens never cost less). ``timers``: how the target's and
-    the draft's forwards run (None: a dynamic cache; ``talon.step.static.static_timer``: the static
+    the draft's forwards run (None: a dynamic cache; ``talon.step.pool.static_timer``: the static
     step, replayed graphs included)."""
     sizes = [g for g in GRID if g <= max_tree]
     verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps, timer=timers[0])

@@ -1,4 +1,4 @@
-"""Traces -> Plotly figures and HTML. Pure functions: no model, no Gradio, no I/O.
+"""Traces -> Plotly figures and HTML. Pure functions: no model, no Gradio, no I/O (but ``export``).
 
 Every figure is a function of ``StepTrace`` records (and, for sweeps, of result rows), so
 scrubbing to an old step re-plots without re-running a model and a saved trace replays with no
@@ -18,9 +18,12 @@ The package, one job per module:
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
 * ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position);
-* ``walk``: HTML: the guided walk's six stops through one step, with that step's numbers.
+* ``walk``: HTML: the guided walk's six stops through one step, with that step's numbers;
+* ``lessons``: the lessons' figures and words (of ``talon.lessons`` results);
+* ``opening``: which step of a run the page opens on (``opening_step``), and the bundled recording;
+* ``export``: a run and the lessons as one offline HTML file (it reads the app's stylesheet).
 
-Every public name is re-exported here, so ``from talon import figures as F; F.tree_figure(...)``
+Every public name of the figure modules is re-exported here, so ``from talon import figures as F; F.tree_figure(...)``
 works.
 """
 

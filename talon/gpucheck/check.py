@@ -61,7 +61,6 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 
 from talon.models.memory import GIB
 from talon.gpucheck.check_model import PLANTS, planted

@@ -1,5 +1,5 @@
 """Start ``python app.py`` on the loopback interface and stop it again: what the app tests and
-``talon/gpucheck/check.py`` use to drive the real server (never bound beyond 127.0.0.1)."""
+``talon.gpucheck.run_checks`` use to drive the real server (never bound beyond 127.0.0.1)."""
 
 from __future__ import annotations
 

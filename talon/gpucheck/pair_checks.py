@@ -8,12 +8,10 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 
 from talon.bench.judge import TieJudge, default_tie_tol
 from talon.cost.model import synthetic_costs

@@ -9,14 +9,12 @@ import dataclasses
 import gc
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-REPO = Path(__file__).resolve().parents[2]
 
 from talon.engine.decode import Engine
 from talon.server.presets import PRESETS

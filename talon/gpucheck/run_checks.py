@@ -21,15 +21,13 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 
 from talon.engine.decode import Engine, generate
 from talon.server.presets import ModelPreset
 from talon.models import LoadedModel, ModelLoadError, load_pair
 from talon.models.memory import GIB
 from talon.settings import Settings
-import talon.server.pair as ui_models
-import talon.server.pair as ui_pair
+import talon.server.pair as pair
 from talon.gpucheck.launch import serve_app
 from talon.gpucheck.pairs import (
     F32,
@@ -164,23 +162,23 @@ def recording_slot() -> Iterator[dict[str, list]]:
 
     def build(key: Any) -> Engine:
         seen["events"].append(f"load {Path(key.target).parent.name}")
-        return ui_models.build_engine(key)
+        return pair.build_engine(key)
 
     def release() -> None:
         seen["events"].append("release")
-        ui_models.release_memory()
+        pair.release_memory()
 
     def free(device: str) -> int | None:
-        seen["free"].append(ui_models.free_device_bytes(device))
+        seen["free"].append(pair.free_device_bytes(device))
         return seen["free"][-1]
 
-    held = ui_models.SLOT
-    ui_models.SLOT = ui_pair.PairSlot(build, release, free)
+    held = pair.SLOT
+    pair.SLOT = pair.PairSlot(build, release, free)
     try:
         yield seen
     finally:
-        ui_models.SLOT.drop()
-        ui_models.SLOT = held
+        pair.SLOT.drop()
+        pair.SLOT = held
 
 
 def preset_switch_check(spec: PairSpec, device: torch.device) -> Outcome:
@@ -197,14 +195,14 @@ def preset_switch_check(spec: PairSpec, device: torch.device) -> Outcome:
         presets["C"] = dataclasses.replace(presets["B"], key="check-C", target=str(Path(root) / "C" / "target"))
         bytes_held = {}
         for name in ("A", "B"):
-            ui_models.load_engine(settings, presets[name])
+            pair.load_engine(settings, presets[name])
             bytes_held[name] = torch.cuda.memory_allocated(device) if cuda else None
         try:
-            ui_models.load_engine(settings, presets["C"])
+            pair.load_engine(settings, presets["C"])
             refused = ""
         except ModelLoadError as error:
             refused = str(error)
-        engine = ui_models.SLOT.held.engine if ui_models.SLOT.held is not None else None
+        engine = pair.SLOT.held.engine if pair.SLOT.held is not None else None
         ids = prompt_ids(pair_specs(True, {spec.key})[0].draft.vocab, 24, 55)
         decodes = engine is not None and generate(engine, ids, greedy_cfg("hybrid", 12))[0].token_ids == reference(
             engine.target, ids, 12)

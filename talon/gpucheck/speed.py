@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 
 from talon.cost.model import PROBED, synthetic_costs
 from talon.cost.probe import probe_costs

@@ -21,40 +21,60 @@ The package, one job per module:
 * ``loading``: a spec to a ``LoadedModel`` (local, GGUF, Hub, offline), and the pair;
 * ``tokenizer_check``: does the draft tokenize exactly like the target.
 
-The names below are re-exported, so ``from talon.models import LoadedModel, load_pair`` works.
+The names below are re-exported (imported on first use), so ``from talon.models import LoadedModel, load_pair``
+works; ``rng`` (random draws on the right device), ``zerogpu`` (Hugging Face ZeroGPU, by its contract) and
+``attention`` (the grouped-query fold) are imported by name.
 """
 
 from __future__ import annotations
 
-from talon.models.base import LoadedModel, ModelLoadError
-from talon.models.convert import MARKER_FILE, convert_gguf, prepare_gguf_file
-from talon.models.device import (
-    DTYPES,
-    bf16_pays,
-    cpu_model,
-    hardware_name,
-    resolve_device,
-    resolve_dtype,
-    time_linear,
-)
-from talon.models.embedded import (
-    EMBEDDED_MODELS,
-    EmbeddedModel,
-    GgufPart,
-    assemble_gguf,
-    embedded_pair_paths,
-    embedded_parts,
-    prepare_embedded,
-)
-from talon.models.loading import EMBEDDED_PREFIX, NO_DRAFT, load_model, load_pair
-from talon.models.quant import (
-    DRAFT_QUANTS,
-    Int8Linear,
-    quantize_draft,
-    resolve_draft_quant,
-)
-from talon.models.tokenizer_check import check_tokenizers_match
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+import importlib
+from typing import Any
+
+# name -> the module that defines it, imported on first use: ``import talon.models.zerogpu`` (which
+# app.py does before anything else, so that on ZeroGPU ``spaces`` is imported before torch) must
+# not import torch or transformers through this package
+_EXPORTS = {
+    "LoadedModel": "talon.models.base",
+    "ModelLoadError": "talon.models.base",
+    "MARKER_FILE": "talon.models.convert",
+    "convert_gguf": "talon.models.convert",
+    "prepare_gguf_file": "talon.models.convert",
+    "DTYPES": "talon.models.device",
+    "bf16_pays": "talon.models.device",
+    "cpu_model": "talon.models.device",
+    "hardware_name": "talon.models.device",
+    "resolve_device": "talon.models.device",
+    "resolve_dtype": "talon.models.device",
+    "time_linear": "talon.models.device",
+    "EMBEDDED_MODELS": "talon.models.embedded",
+    "EmbeddedModel": "talon.models.embedded",
+    "GgufPart": "talon.models.embedded",
+    "assemble_gguf": "talon.models.embedded",
+    "embedded_pair_paths": "talon.models.embedded",
+    "embedded_parts": "talon.models.embedded",
+    "prepare_embedded": "talon.models.embedded",
+    "EMBEDDED_PREFIX": "talon.models.loading",
+    "NO_DRAFT": "talon.models.loading",
+    "load_model": "talon.models.loading",
+    "load_pair": "talon.models.loading",
+    "DRAFT_QUANTS": "talon.models.quant",
+    "Int8Linear": "talon.models.quant",
+    "quantize_draft": "talon.models.quant",
+    "resolve_draft_quant": "talon.models.quant",
+    "check_tokenizers_match": "talon.models.tokenizer_check",
+    "EMBEDDED_DRAFT": "talon.settings",
+    "EMBEDDED_TARGET": "talon.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DRAFT_QUANTS",

@@ -104,7 +104,7 @@ class MemoryEstimate:
 
 
 GRAPH_BUCKET = MAX_BUDGET + 1  # talon.step.static's largest bucket: a tree's root and MAX_BUDGET nodes
-SLOT_QUANTUM = 1024  # talon.step.static.StaticPool rounds a slot cache up to this many slots
+SLOT_QUANTUM = 1024  # talon.step.pool.StaticPool rounds a slot cache up to this many slots
 LOGIT_BYTES = 10  # per logit of the largest bucket: the model's dtype, the float32 copy, the allocator's rounding
 
 

@@ -24,7 +24,7 @@ from talon.engine.build import PairKey
 from talon.models import zerogpu
 from talon.run_config import RunConfig
 from talon.server import pair as pairs
-from talon.server.pair import held_key, load_engine, out_of_memory_as_error, pair_key
+from talon.server.pair import held_key, out_of_memory_as_error, pair_key
 from talon.server.presets import ModelPreset
 from talon.server.request import Controls, Job, open_run, validate
 from talon.settings import Settings
@@ -34,7 +34,7 @@ from talon.trace import RunSummary, StepTrace
 class CancelRegistry:
     """The Stop flags of the actions running now, by id. ``decode_on_device`` takes the id, not
     the Event: on ZeroGPU its arguments are pickled into a GPU worker process, where the id finds
-    nothing and the call ends when its stream is closed (``talon.server.device``)."""
+    nothing and the call ends when its stream is closed (``DeviceAction._stream``)."""
 
     def __init__(self) -> None:
         self._flags: dict[str, threading.Event] = {}
@@ -234,7 +234,7 @@ def record_on_device(
     def work() -> None:
         try:
             with out_of_memory_as_error(cfg):
-                engine = load_engine(settings, preset)
+                engine = pairs.load_engine(settings, preset)
                 events.put(record_atlas(engine, prompt, cfg, progress=lambda f, what: events.put((f, what))))
         except BaseException as error:  # handed to the caller's thread, raised there
             events.put(error)

@@ -17,7 +17,8 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.models.loading import NO_DRAFT
 from talon.run_config import RunConfig
-from talon.server.device import ActionRun, DeviceAction, record_on_device, start_status
+from talon.server import device
+from talon.server.device import ActionRun, DeviceAction, start_status
 from talon.server.examples import Example, load_examples
 from talon.server.pair import find_preset, initial_preset, preset_label, presets, server_notices, warm_up
 from talon.server.presets import ModelPreset
@@ -50,4 +51,4 @@ def record_atlas(settings: Settings, preset: ModelPreset, prompt: str,
                  cfg: RunConfig) -> Iterator[tuple[float, str] | Atlas]:
     """Record ``prompt``'s draft atlas in a device call of its own: yields (fraction done, what is
     happening), then the Atlas. Validate first with ``decode`` (its ``preset`` and ``cfg``)."""
-    return record_on_device(settings, preset, prompt, cfg)
+    return device.record_on_device(settings, preset, prompt, cfg)  # looked up now: ZeroGPU's wrapper replaces it

@@ -1,6 +1,6 @@
 """The model pair this server holds, and the presets it offers: which pair a preset loads
 (``pair_key``), the memory guard (``check_preset_memory``), the one pair held (``SLOT``, a
-``talon.server.pair.PairSlot``: release before load, fall back on failure), the start-up load
+``PairSlot``: release before load, fall back on failure), the start-up load
 (``warm_up``), and out-of-memory turned into an error a user can act on, with the memory freed."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
     if target is None:
         return  # not a pair whose shape is known without a download
     tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
-    # a guarded device is a CUDA one, where steps replay as graphs (talon.engine.decode.resolve_step)
+    # a guarded device is a CUDA one, where steps replay as graphs (talon.step.static.resolve_step)
     estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
     check_fits(estimate, available, preset.label, preset.gpu_gib)
 
@@ -210,7 +210,7 @@ def preset_label(preset: ModelPreset, settings: Settings) -> str:
 
 
 def initial_preset(settings: Settings) -> str:
-    """The preset selected (and loaded) at start; see ``talon.server.examples.startup_preset``."""
+    """The preset selected (and loaded) at start; see ``talon.server.presets.startup_preset``."""
     gpu = any(p.needs_cuda for p in presets(settings))
     return startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
 

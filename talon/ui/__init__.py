@@ -1,12 +1,14 @@
 """The Gradio app: layout, then wiring. Figures come from ``talon.figures`` (pure functions of
-traces); models come from one cached loader; per-session data lives in ``gr.State``.
+traces); runs, presets and controls come from the server's facade (``talon.server.facade``, which
+holds one model pair); per-session data lives in ``gr.State``.
 
 Tabs: Decode (one run, streamed, with a step slider and a step-through mode), Compare (two
 configurations on one prompt), Threshold explorer (a draft atlas of the prompt, recorded once,
 replayed exactly for every knob with no model; real-run mu x N sweeps and ``talon.bench --sweep``
-results.json folded below). A run's trace downloads as JSON and replays with no model.
+results.json folded below), Lessons (the papers' claims replayed on bundled atlases) and Serve it
+(the controls as vLLM and SGLang flags). A run's trace downloads as JSON and replays with no model.
 
-The views, one module per tab, each with its view, handlers and ``build_<tab>_tab(panel, settings)``:
+The views, one module per tab, each with its view, handlers and a ``build_<tab>_tab`` function:
 ``decode_tab`` (with ``walk_panel``, the guided walk), ``compare_tab``, ``explorer_tab`` (its model
 is ``talon.atlas.explorer``, free of Gradio; ``measure_panel``, the real-run grid below it),
 ``lessons_tab`` and ``serve_tab``; around them ``layout`` (the page and the events that span the

@@ -1,4 +1,4 @@
-"""The Compare tab's behaviour: run configuration A and a variant B on one prompt, one after the
+"""The Compare tab, built and wired, and its behaviour: run configuration A and a variant B on one prompt, one after the
 other, and render both runs (texts, trees, a side-by-side chart and a summary table)."""
 
 from __future__ import annotations

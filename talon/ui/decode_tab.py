@@ -28,6 +28,12 @@ from talon.ui.stream import stream_run
 from talon.ui.walk_panel import WalkView, full_tree_button, make_offer_full_tree, walk_panel, wire_walk
 from talon.ui.words import EXPLAIN, TEXT_LEGEND
 
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# The tab: components and wiring
+# ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class DecodeButtons:
@@ -156,7 +162,9 @@ def build_decode_tab(panel: ControlPanel, settings: Settings) -> DecodeView:
     return view
 
 
-log = logging.getLogger(__name__)
+# ---------------------------------------------------------------------------------------------
+# The view and its handlers
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -405,8 +413,3 @@ def make_nudge(view: DecodeView, delta: int) -> Callable[[Session], dict[Any, An
         return view.step_updates(session, session.clamp(session.shown + delta))
 
     return nudge
-
-
-# ---------------------------------------------------------------------------------------------
-# The tab: components and wiring
-# ---------------------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ from talon.ui.panel import ControlPanel, control, run_on_click
 from talon.ui.words import EXPLAIN
 
 
+# ---------------------------------------------------------------------------------------------
+# Layout and wiring
+# ---------------------------------------------------------------------------------------------
+
 EXPLORER_ROWS = (  # knob -> (short label, elem_id suffix), row by row
     {"drafter": ("Drafter", "drafter"), "tree": ("Tree", "tree"), "cost_aware": ("Cost-aware planning", "cost-aware")},
     {"budget": ("Budget N", "budget"), "root_k": ("Root K", "root-k"), "top_k": ("k per node", "top-k"),
@@ -304,7 +308,7 @@ def make_apply(view: ExplorerView, components: dict[str, Any], best: bool, promp
 
 
 # ---------------------------------------------------------------------------------------------
-# Layout and wiring
+# Words
 # ---------------------------------------------------------------------------------------------
 
 

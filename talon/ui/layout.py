@@ -1,6 +1,6 @@
 """The page: the header and notices, the control panel shared by every tab (``panel``), the
-tabs, each built and wired by its own module the same way (``build_<tab>_tab(panel, settings)``:
-``decode_view``, ``compare_view``, ``explorer_view``, ``serving_view``), and the few events that
+tabs, each built and wired by its own module (``build_<tab>_tab``: ``decode_tab``, ``compare_tab``,
+``explorer_tab``, ``lessons_tab``, ``serve_tab``), and the few events that
 span the page: Stop, which stops whatever the session runs, and the opening recording."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from talon.ui.decode_tab import make_show_recording, recording_controls
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.panel import build_controls
 from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
-from talon.ui.serve_tab import build_serving_tab
+from talon.ui.serve_tab import build_serve_tab
 from talon.ui.session import stop
 from talon.ui.words import HEADER
 
@@ -51,7 +51,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 with gr.Tab("Threshold explorer", id="explorer"):
                     explorer = build_explorer_tab(panel, settings)
                 with gr.Tab("Serve it", id="serve"):
-                    build_serving_tab(panel, settings, explorer.state)
+                    build_serve_tab(panel, settings, explorer.state)
                 with gr.Tab("Lessons", id="lessons") as lessons_tab:
                     lessons = build_lessons_tab(explorer.state, decode.state)
         lesson_inputs = [lessons.prompt, lessons.budget, explorer.state]

@@ -1,4 +1,4 @@
-"""The Threshold explorer's measured part, below the atlas explorer (``explorer_view``): short
+"""The Threshold explorer's measured part, below the atlas explorer (``explorer_tab``): short
 real runs of the current prompt over mu x N, or a ``talon.bench --sweep`` results.json
 (``parse_sweep``), drawn as heatmaps per suite and method."""
 

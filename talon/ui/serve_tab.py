@@ -40,7 +40,7 @@ def make_serving_config(settings: Settings) -> Callable[..., tuple[str, dict[str
     return translate
 
 
-def build_serving_tab(panel: ControlPanel, settings: Settings, atlas_state: gr.State) -> None:
+def build_serve_tab(panel: ControlPanel, settings: Settings, atlas_state: gr.State) -> None:
     """The Serve it tab, built and wired (call inside the tab); ``atlas_state``: the explorer's."""
     gr.Markdown(EXPLAIN["serve"], elem_classes=["talon-explain"])
     go_button = gr.Button("Translate the current controls", variant="primary", elem_id="talon-serve-run")
