@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedModel, Qwen2Config
 
+from talon.models.rng import generator_for
+
 INITS = ("conditioned", "sharp")  # "sharp": the old init, kept to show the gate trips on it
 CHAIN_SEED = 7  # one bigram chain for every model of a pair: the draft knows the target's
 CHAIN_CYCLE = 12  # tokens per cycle of the chain: greedy text repeats, so retrieval has hits
@@ -62,7 +64,7 @@ REFERENCE_HIDDEN = 3584
 def bigram_chain(vocab: int, seed: int = CHAIN_SEED, cycle: int = CHAIN_CYCLE) -> torch.Tensor:
     """(vocab,) long: pi, a permutation of ``range(vocab)`` made of cycles of ``cycle`` ids (the
     last one shorter), the same for every vocabulary on its common ids' cycles."""
-    order = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))  # (V,)
+    order = torch.randperm(vocab, generator=generator_for("cpu", seed))  # (V,) on the host: the same on every device
     nxt = torch.empty(vocab, dtype=torch.long)
     for start in range(0, vocab, cycle):
         ring = order[start:start + cycle]

@@ -20,6 +20,7 @@ from talon.engine.decode import Engine
 from talon.server.presets import PRESETS
 from talon.models import LoadedModel
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
+from talon.models.rng import generator_for
 from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
 
 DRAFTERS = ("hybrid", "model", "retrieval")
@@ -131,7 +132,7 @@ def prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
 def random_ids(vocab: int, length: int, seed: int) -> list[int]:
     """Random ids with a span repeated: here the target follows its context more than its chain,
     so the draft model's deep nodes are accepted where a wrong mask or position would change them."""
-    g = torch.Generator().manual_seed(seed)
+    g = generator_for("cpu", seed)  # host ids, the same on every device
     span = torch.randint(1, vocab, (max(length // 3, 4),), generator=g).tolist()
     return (span + torch.randint(1, vocab, (length,), generator=g).tolist() + span)[:length]
 
