@@ -4,8 +4,10 @@
 #      graphs, fold off) and the other paths (fold on, dynamic, static, the tree grown on the
 #      device): talon/gpucheck/check.py --checks lossless,steps;
 #   2. the check's teeth on this GPU: a tree mask bug planted, the lossless check must fail;
-#   3. the grouped-query fold timed on and off (two minutes at most);
-#   4. the speed probe (curves, loop timings) with what time is left.
+#   3. Talon's step measured with real acceptance: the shape replay on six lesson atlases, beside
+#      generate() and the prediction on this GPU's curves (python -m talon.gpucheck.shape);
+#   4. the grouped-query fold timed on and off (two minutes at most);
+#   5. the speed probe (curves, loop timings) with what time is left.
 # The compiled step is not in it (its buckets compile for minutes): `python -m experiments.gpu_compile` times it.
 #   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR]
 set -u
@@ -32,6 +34,11 @@ if [ "$(left)" -gt 90 ]; then
   took "planted mask bug (rc 0 = caught)" $?; grep -E "^PLANTED" "$out/plant.log"
 fi
 
+if [ "$(left)" -gt 90 ]; then  # Talon's step with real acceptance: the shape replay on the lesson atlases
+  timeout "$(cap 150)" python3 -m talon.gpucheck.shape --pair "$pair" --limit 6 --tokens 64 --out "$out/shape.json" \
+    > "$out/shape.log" 2>&1
+  took "shape replay" $?; tail -n 7 "$out/shape.log"
+fi
 if [ "$(left)" -gt 60 ]; then
   timeout "$(cap 120)" python3 -m experiments.gqa_fold --pair "$pair" --sizes 1,8,64,256 --out "$out/fold.json" \
     > "$out/fold.log" 2>&1

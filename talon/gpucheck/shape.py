@@ -1,0 +1,133 @@
+"""Talon's step measured on a device with real acceptance: the shape replay (``talon.atlas.shape``).
+
+A preset's pair at its real shapes (random weights) runs every forward of a real run on this
+device, answered from the bundled lesson atlases (the embedded pair's real acceptance), for
+``none``, ``retrieval``, ``model`` and ``hybrid``; HF ``generate()`` of the same target runs in
+the same call, and beside each measured figure stands the atlas replay's prediction on the cost
+curves this device probed.
+
+    python -m talon.gpucheck.shape --pair qwen2.5-7b --out shape.json        # CUDA: the preset's shapes
+    python -m talon.gpucheck.shape --tiny                                     # anywhere, in seconds
+
+``--tiny``: the tiny pair, on atlases recorded on it first (the lesson atlases' ids need a real
+vocabulary). Prints one JSON report (also to ``--out``) and a table; exits 1 if a replay left the
+atlas or decoded another text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from talon.atlas.data import Atlas
+from talon.atlas.record import record_atlas
+from talon.atlas.shape import shape_replay
+from talon.engine.decode import Engine
+from talon.gpucheck.pairs import BF16, F32, pair_specs, path_engine, random_ids, random_model, reference
+from talon.lessons import bundled_atlases
+from talon.run_config import RunConfig, TreeConfig
+
+DRAFTERS = ("none", "retrieval", "model", "hybrid")
+
+
+def atlases_for(engine: Engine, tiny: bool, limit: int, tokens: int) -> list[Atlas]:
+    if not tiny:
+        return bundled_atlases()[:limit]
+    vocab = engine.draft.model.get_input_embeddings().num_embeddings
+    cfg = RunConfig(max_new_tokens=tokens, draft_vocab=0)
+    recorder = Engine(engine.target, engine.target)  # the target drafting for itself: drafts accepted, as a real pair's
+    return [record_atlas(recorder, random_ids(vocab, 48, seed), cfg) for seed in range(limit)]
+
+
+def config(atlas: Atlas, drafter: str, tokens: int, cost_aware: bool) -> RunConfig:
+    vocab = int(atlas.models.get("draft_vocab", RunConfig().draft_vocab))
+    return RunConfig(drafter=drafter, tree=TreeConfig(cost_aware=cost_aware), max_new_tokens=tokens, draft_vocab=vocab)
+
+
+def timed_generate(engine: Engine, ids: list[int], n: int) -> float:
+    """Seconds HF ``generate()`` of the target takes for ``n`` greedy tokens after ``ids``."""
+    sync = torch.cuda.synchronize if engine.target.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    reference(engine.target, ids, n)
+    sync()
+    return time.perf_counter() - start
+
+
+def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool) -> dict[str, Any]:
+    """Per drafter: tokens, measured and predicted seconds, the step's parts, whether every replay
+    stayed in its atlas and decoded its text; and ``generate()`` over the same prompts."""
+    shape_replay(engine, atlases[0], config(atlases[0], "hybrid", min(tokens, 8), cost_aware))  # warm: captures
+    rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    faithful = True
+    for atlas in atlases:
+        for drafter in DRAFTERS:
+            result = shape_replay(engine, atlas, config(atlas, drafter, tokens, cost_aware))
+            s, row = result.summary, rows[drafter]
+            faithful &= result.coverage.misses == 0 and s.token_ids == list(atlas.output[:len(s.token_ids)])
+            row["tokens"] += len(s.token_ids)
+            row["steps"] += s.steps
+            row["seconds"] += s.seconds
+            row["predicted_s"] += result.predicted.seconds
+            for part in ("draft_s", "verify_s", "other_s"):
+                row[part] += sum(getattr(step, part) for step in result.steps)
+        n = int(rows["none"]["tokens"] / len(atlases)) or 1
+        rows["generate()"]["tokens"] += n
+        rows["generate()"]["seconds"] += timed_generate(engine, list(atlas.prompt_ids), n)
+    return {"faithful": faithful, "rows": {k: dict(v) for k, v in rows.items()}}
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    base = rows["none"]["tokens"] / rows["none"]["seconds"]
+    lines = ["| method | tok/s | vs none | predicted tok/s | MAT | draft share |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in rows.items():
+        speed = r["tokens"] / r["seconds"]
+        predicted = f"{r['tokens'] / r['predicted_s']:.1f}" if r.get("predicted_s") else ""
+        mat = f"{r['tokens'] / r['steps']:.2f}" if r.get("steps") else ""
+        share = f"{r['draft_s'] / r['seconds']:.0%}" if r.get("steps") else ""
+        lines.append(f"| {name} | {speed:.1f} | {speed / base:.2f}x | {predicted} | {mat} | {share} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", default="qwen2.5-7b", help="a GPU preset's key (its shapes)")
+    p.add_argument("--tiny", action="store_true", help="the tiny pair on the CPU, atlases recorded on it")
+    p.add_argument("--step", default="auto", help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default)")
+    p.add_argument("--limit", type=int, default=12, help="atlases (the bundled lesson atlases: 12)")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens a replay (at most the atlas's text)")
+    p.add_argument("--cost-aware", choices=("on", "off"), default="off", help="the planner on this device's curves")
+    p.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        print("no CUDA device: run with --tiny for the CPU-sized replay", file=sys.stderr)
+        return 2
+    spec = pair_specs(args.tiny, {args.pair})[0]
+    dtype = F32 if args.tiny else BF16
+    target = random_model(spec.target, spec.family, 1, dtype, device)
+    draft = random_model(spec.draft, spec.family, 2, dtype, device)
+    engine = Engine(target, draft) if args.step == "auto" else path_engine(target, draft, args.step)  # auto: proven
+    atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
+    report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
+              else "cpu", "dtype": str(dtype).removeprefix("torch."), "step": engine.path, "atlases": len(atlases),
+              "tokens": args.tokens, "cost_aware": args.cost_aware,
+              **measure(engine, atlases, args.tokens, args.cost_aware == "on")}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    print(text)
+    print(table(report))
+    return 0 if report["faithful"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The shape replay (``talon.atlas.shape``): another pair's real forwards, answered from an atlas,
+decode the atlas's text in the atlas replay's steps with its trees, on every step kind the CPU
+runs; the measured run and the prediction on the same curves come back side by side."""
+
+from __future__ import annotations
+
+import pytest
+
+from talon.atlas.data import Atlas
+from talon.atlas.record import record_atlas
+from talon.atlas.replay import replay
+from talon.atlas.shape import shape_replay, shape_run
+from talon.cost.model import synthetic_costs
+from talon.engine.decode import Engine
+from talon.run_config import ConfigError, RunConfig, TreeConfig
+from tests.test_atlas import COSTS, PROMPTS
+from tests.test_engine import noisy_copy
+from tests.tiny import tiny_loaded
+
+
+@pytest.fixture(scope="module")
+def atlas() -> Atlas:
+    target = tiny_loaded("llama", 11)
+    recorder = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+    return record_atlas(recorder, PROMPTS[1], RunConfig(max_new_tokens=32, draft_vocab=0))
+
+
+def other_pair(step: str) -> Engine:
+    """Other weights, the same vocabulary: what its forwards would say differs from the atlas."""
+    return Engine(tiny_loaded("llama", 31), tiny_loaded("llama", 32), step=step,
+                  costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+
+
+@pytest.mark.parametrize("step", ["dynamic", "static"])
+@pytest.mark.parametrize("drafter", ["hybrid", "model", "retrieval", "none"])
+def test_another_pairs_forwards_decode_the_atlas_in_its_steps(atlas: Atlas, step: str, drafter: str) -> None:
+    cfg = RunConfig(drafter=drafter, tree=TreeConfig(cost_aware=False), max_new_tokens=32, draft_vocab=0)
+    engine = other_pair(step)
+    result = shape_replay(engine, atlas, cfg)
+    told = replay(atlas, cfg)
+    assert result.coverage.misses == 0
+    assert result.summary.token_ids == told.summary.token_ids == atlas.output[:len(result.summary.token_ids)]
+    assert result.summary.steps == told.summary.steps and len(result.steps) == len(told.steps)
+    assert [s.parents for s in result.steps] == [s.parents for s in told.steps]  # the trees' shapes and widths
+    assert [s.tokens for s in result.steps] == [s.tokens for s in told.steps]
+    assert [s.accepted for s in result.steps] == [s.accepted for s in told.steps]
+    if drafter in ("hybrid", "model"):
+        assert result.summary.draft_forwards > 0 and result.summary.mean_accepted_tokens > 1.2  # drafts accepted
+    assert result.tokens_per_s > 0 and result.predicted_tokens_per_s > 0
+    assert result.predicted.steps == told.summary.steps
+
+
+def test_the_pairs_own_forwards_would_have_said_otherwise(atlas: Atlas) -> None:
+    """The substitution is what makes the trees the atlas's: the other pair decoding for itself
+    writes another text."""
+    cfg = RunConfig(drafter="hybrid", tree=TreeConfig(cost_aware=False), max_new_tokens=32, draft_vocab=0)
+    engine = other_pair("dynamic")
+    own = list(engine.run(list(atlas.prompt_ids), cfg))
+    assert [t for s in own for t in s.new_tokens] != list(atlas.output[:32])
+
+
+def test_what_it_cannot_answer_is_refused(atlas: Atlas) -> None:
+    sampled = RunConfig(drafter="hybrid", max_new_tokens=8, draft_vocab=0).replace(
+        sampling=RunConfig().sampling.__class__(temperature=0.7))
+    with pytest.raises(ConfigError, match="greedy only"):
+        shape_run(other_pair("dynamic"), atlas, sampled)
+    narrow = Engine(tiny_loaded("llama", 31, vocab=64), tiny_loaded("llama", 32, vocab=64))
+    with pytest.raises(ConfigError, match="beyond these models' vocabulary"):
+        shape_run(narrow, atlas, RunConfig(drafter="hybrid", max_new_tokens=8, draft_vocab=0))
+
+
+def test_the_device_script_measures_every_drafter_beside_generate_and_the_prediction(tmp_path) -> None:  # noqa: ANN001
+    """``python -m talon.gpucheck.shape --tiny``: what a GPU runs at a preset's shapes, on the CPU."""
+    import json
+
+    from talon.gpucheck.shape import main
+
+    out = tmp_path / "shape.json"
+    assert main(["--tiny", "--limit", "1", "--tokens", "16", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["faithful"] and report["step"] == "dynamic+fold"
+    rows = report["rows"]
+    assert list(rows) == ["none", "retrieval", "model", "hybrid", "generate()"]
+    assert rows["hybrid"]["tokens"] / rows["hybrid"]["steps"] > 1.2  # drafts accepted
+    assert all(r["seconds"] > 0 for r in rows.values()) and rows["hybrid"]["predicted_s"] > 0
