@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", default="auto", help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default)")
     p.add_argument("--limit", type=int, default=12, help="atlases (the bundled lesson atlases: 12)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens a replay (at most the atlas's text)")
-    p.add_argument("--cost-aware", choices=("on", "off"), default="off", help="the planner on this device's curves")
+    p.add_argument("--planner", choices=("on", "off"), default="off", help="cost-aware planning on this device's curves")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
     report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
               else "cpu", "dtype": str(dtype).removeprefix("torch."), "step": engine.path, "atlases": len(atlases),
-              "tokens": args.tokens, "cost_aware": args.cost_aware,
-              **measure(engine, atlases, args.tokens, args.cost_aware == "on")}
+              "tokens": args.tokens, "cost_aware": args.planner,
+              **measure(engine, atlases, args.tokens, args.planner == "on")}
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
