@@ -76,7 +76,7 @@ def chain_prompt(vocab: int, length: int, seed: int) -> list[int]:
     """A prompt that ends on a walk of the bigram chain it walked once before (from the same
     token), so retrieval finds its suffix and proposes the walk's continuation: random ids, the
     walk, random ids, the walk again, cut to ``length`` from the front."""
-    g = torch.Generator().manual_seed(seed)
+    g = generator_for("cpu", seed)  # host ids, the same on every device
     chain = bigram_chain(vocab)
     walk = [int(torch.randint(vocab, (1,), generator=g))]
     for _ in range(2 * CHAIN_CYCLE - 1):
