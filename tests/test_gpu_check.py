@@ -36,7 +36,7 @@ def part(name: str):
 
 @pytest.fixture
 def gpu_check(monkeypatch: pytest.MonkeyPatch):
-    """The check's module, its check list restored after the test (``main`` narrows it to ``--checks``)."""
+    """The check's module, its check list restored after the test (``only_checks`` narrows it)."""
     module = part("check")
     monkeypatch.setattr(module, "PAIR_CHECKS", list(module.PAIR_CHECKS))
     return module

@@ -209,10 +209,12 @@ def run_pair_check(check: PairCheck, ctx: PairRun, stream: Stream | None = None)
     return guarded(check.name, body, stream, ctx.spec.key)
 
 
-def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | None = None) -> list[Check]:
+def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | None = None,
+             checks: list[PairCheck] | None = None) -> list[Check]:
+    """``checks``: the pair checks to run (every one, ``PAIR_CHECKS``, by default)."""
     ctx = PairRun(spec, device, tiny, PairModels(spec, device))
     try:
-        return [run_pair_check(check, ctx, stream) for check in PAIR_CHECKS]
+        return [run_pair_check(check, ctx, stream) for check in (PAIR_CHECKS if checks is None else checks)]
     finally:
         ctx.models.keep(())
 
@@ -248,8 +250,9 @@ def verdict(report: dict[str, Any]) -> None:
 
 
 def run_checks(tiny: bool, only: set[str], with_app: bool = True, stream: Stream | None = None,
-               once: bool = True, tiny_on_cuda: bool = False) -> dict[str, Any]:
-    """``tiny_on_cuda``: the tiny shapes on the CUDA device (a quick pass of the device's paths)."""
+               once: bool = True, tiny_on_cuda: bool = False, checks: list[PairCheck] | None = None) -> dict[str, Any]:
+    """``tiny_on_cuda``: the tiny shapes on the CUDA device (a quick pass of the device's paths);
+    ``checks``: the pair checks to run (every one by default)."""
     device = torch.device("cuda" if torch.cuda.is_available() and (not tiny or tiny_on_cuda) else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -261,9 +264,9 @@ def run_checks(tiny: bool, only: set[str], with_app: bool = True, stream: Stream
         report["once"] = [dataclasses.asdict(guarded(name, fn, stream))
                           for name, fn in once_per_run(specs[0], device, with_app)]
     for spec in specs:
-        checks = run_pair(spec, device, tiny, stream)
+        done = run_pair(spec, device, tiny, stream, checks)
         report["pairs"][spec.key] = {"target_vocab": spec.target.vocab, "draft_vocab": spec.draft.vocab,
-                                     "checks": [dataclasses.asdict(c) for c in checks]}
+                                     "checks": [dataclasses.asdict(c) for c in done]}
     verdict(report)
     return report
 
@@ -332,11 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    PAIR_CHECKS[:] = chosen
     once = not args.checks and args.after is None and args.plant is None
     with planted(args.plant):
         report = run_checks(args.tiny, {k for k in args.pairs.split(",") if k}, with_app=not args.no_app,
-                            stream=Stream(args.stream, deadline), once=once, tiny_on_cuda=args.tiny_on_cuda)
+                            stream=Stream(args.stream, deadline), once=once, tiny_on_cuda=args.tiny_on_cuda,
+                            checks=chosen)
     if args.plant is not None:
         caught_planted(report, args.plant)
     text = json.dumps(report, indent=1)
