@@ -125,6 +125,10 @@ class Atlas:
     def text(self, token: int) -> str:
         return self.token_texts.get(token, f"⟨{token}⟩")
 
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of ``ids`` from the recorded token texts, end-of-sequence ids left out."""
+        return "".join(self.text(t) for t in ids if t not in self.eos)
+
     def to_dict(self) -> dict[str, Any]:
         entries = [
             [p, list(path), [t for t, _ in kids], [float(f"{q:.9g}") for _, q in kids]]

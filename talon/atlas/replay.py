@@ -189,7 +189,7 @@ def replay_run(atlas: Atlas, cfg: RunConfig, cancel: threading.Event | None = No
         verifier=TextVerifier(atlas),
         stop=StopCheck(None, set(atlas.eos), (), limit),  # no stop strings: no tokenizer needed
         token_text=atlas.text,
-        detokenize=lambda ids: "".join(atlas.text(t) for t in ids if t not in atlas.eos),
+        detokenize=atlas.detokenize,
         models=RunModels(target=str(models.get("target", "")), draft=str(models.get("draft", "")),
                          dtype=str(models.get("dtype", "")), device="atlas replay"),
         costs=costs.copy() if cfg.tree.cost_aware and cfg.drafts else None,

@@ -125,7 +125,7 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
         verifier=ShapeVerifier(engine.forwards.verifier(cfg, len(prompt_ids)), TextVerifier(atlas)),
         stop=StopCheck(None, set(atlas.eos), (), cfg.max_new_tokens),
         token_text=atlas.text,
-        detokenize=lambda ids: "".join(atlas.text(t) for t in ids if t not in atlas.eos),
+        detokenize=atlas.detokenize,
         models=RunModels(target=engine.target.name, draft=engine.draft.name if engine.draft else "none",
                          dtype=str(engine.target.dtype).removeprefix("torch."), device=str(engine.target.device),
                          step=engine.path),

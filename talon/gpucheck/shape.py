@@ -78,7 +78,7 @@ def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool)
             row["predicted_s"] += result.predicted.seconds
             for part in ("draft_s", "verify_s", "other_s"):
                 row[part] += sum(getattr(step, part) for step in result.steps)
-        n = int(rows["none"]["tokens"] / len(atlases)) or 1
+        n = min(tokens, len(atlas.output))  # what each replay of this atlas decodes
         rows["generate()"]["tokens"] += n
         rows["generate()"]["seconds"] += timed_generate(engine, list(atlas.prompt_ids), n)
     return {"faithful": faithful, "rows": {k: dict(v) for k, v in rows.items()}}
