@@ -7,10 +7,10 @@ dynamic cache the CPU runs by default? On the embedded pair, with nothing else o
 Measures (best of ``--reps``, after a warm-up):
 * one draft forward of 1 and 4 tokens and one target verification of 1, 16 and 64 tokens after a
   256-token prefix: the dynamic cache (``talon.core.verify.forward_hidden`` and the head), the eager
-  static forward (``talon.step.static.StaticForward``), and the static forward compiled by inductor
+  static forward (``talon.graphs.static.StaticForward``), and the static forward compiled by inductor
   (draft only: compile time reported);
 * the loop (``none`` and ``hybrid``) on Spec-Bench prompts, one of each of the first suites,
-  ``Engine(step="dynamic")`` against ``Engine(step="static")``: tok/s and the step split.
+  ``Engine(forward="dynamic")`` against ``Engine(forward="static")``: tok/s and the step split.
 Prints one JSON report (also ``--out``).
 """
 
@@ -33,7 +33,7 @@ from talon.models.device import hardware_name
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
 from talon.run_config import RunConfig
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
-from talon.step.static import StaticForward
+from talon.graphs.static import StaticForward
 from talon.core.verify import forward_hidden, lm_logits
 
 PREFIX = 256
@@ -101,7 +101,7 @@ def compiled_ms(model, sizes: list[int], reps: int) -> dict[str, Any]:  # noqa: 
 def loop(target, draft, prompts: list[str], tokens: int) -> dict[str, Any]:  # noqa: ANN001
     out: dict[str, Any] = {}
     for step in ("dynamic", "static"):
-        engine = Engine(target, draft, step=step)
+        engine = Engine(target, draft, forward=step)
         for drafter in ("none", "hybrid"):
             cfg = RunConfig(drafter=drafter, max_new_tokens=tokens)
             generate(engine, prompts[0], cfg)  # warm (the cost probe, the static forwards)

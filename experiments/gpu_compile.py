@@ -20,7 +20,7 @@ import torch
 
 from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, TreeConfig
-from talon.step.static import StaticForward
+from talon.graphs.static import StaticForward
 from talon.gpucheck.pairs import BF16, pair_specs, random_ids, random_model
 from talon.gpucheck.speed import PREFIX, bucket_times, step_split
 
@@ -63,7 +63,7 @@ def loop(spec, tokens: int) -> dict[str, Any]:  # noqa: ANN001 - PairSpec
     out: dict[str, Any] = {}
     made = {}
     for step in ("graphs", "compiled"):
-        engine = Engine(target, draft, step=step)
+        engine = Engine(target, draft, forward=step)
         cfg = RunConfig(drafter="model", max_new_tokens=tokens, chat_template=False, draft_vocab=0,
                         tree=TreeConfig(mode="chain", cost_aware=False))
         start = time.perf_counter()

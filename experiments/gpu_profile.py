@@ -27,7 +27,7 @@ import torch
 
 from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, TreeConfig
-from talon.step.static import StaticForward
+from talon.graphs.static import StaticForward
 from talon.gpucheck.pairs import BF16, pair_specs, prompt_ids, random_ids, random_model
 
 PREFIX = 256
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                               "torch": torch.__version__, "pair": args.pair, "dtype": str(dtype)}
     report["readout_ms"] = readout_parts(draft.model, device)
     print("readout", report["readout_ms"], flush=True)
-    engine = Engine(target, draft, step="graphs" if device.type == "cuda" else "static")
+    engine = Engine(target, draft, forward="graphs" if device.type == "cuda" else "static")
     prompts = {"chain": prompt_ids(spec.draft.vocab, PREFIX, 5), "random": random_ids(spec.draft.vocab, PREFIX, 5)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for drafter, mode, which in RUNS:

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = random_model(spec.draft, spec.family, 2, F32, device, chain_vocab=spec.draft.vocab)
     prompts = {"chain": prompt_ids(spec.draft.vocab, 48, 3), "random": random_ids(spec.draft.vocab, 48, 3)}
     wants = {k: reference(target, ids, args.tokens) for k, ids in prompts.items()}
-    engine = Engine(target, draft, step="auto" if cuda else "static")
-    out: dict = {"step": engine.step, "runs": {}}
+    engine = Engine(target, draft, forward="auto" if cuda else "static")
+    out: dict = {"forward": engine.forward, "runs": {}}
     for drafter, mode, async_draft in RUNS:
         which = "chain" if drafter == "retrieval" else "random"
         cfg = greedy_cfg(drafter, args.tokens, tree=plain(mode), async_draft=async_draft)

@@ -31,7 +31,7 @@ import torch
 
 from talon.models.attention import set_fold
 from talon.models.device import hardware_name
-from talon.step.static import StaticForward
+from talon.graphs.static import StaticForward
 from scripts.report import emit
 
 PREFIX = 256

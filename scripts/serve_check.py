@@ -125,7 +125,7 @@ def query(out: Path, name: str, port: int) -> None:
 
 
 def _policy(mapping: dict[str, Any]):
-    from talon.atlas.engines import VllmDraftModel, VllmNgram
+    from talon.atlas.serving_replay import VllmDraftModel, VllmNgram
 
     c = mapping["config"]
     if mapping["method"] == "draft_model":
@@ -157,8 +157,8 @@ def _sample(mapping: dict[str, Any], reply: dict[str, Any], run) -> dict[str, fl
 
 def report(out: Path) -> str:
     from talon.atlas.data import load_atlases
-    from talon.atlas.engine_costs import decode_seconds, fit_engine_costs
-    from talon.atlas.engines import VLLM_POLICY_VERSION, replay_engine
+    from talon.atlas.serving_costs import decode_seconds, fit_serving_costs
+    from talon.atlas.serving_replay import VLLM_POLICY_VERSION, replay_serving
 
     talon = json.loads((out / "talon.json").read_text())
     vllm = json.loads((out / "vllm.json").read_text()) if (out / "vllm.json").exists() else {}
@@ -174,12 +174,12 @@ def report(out: Path) -> str:
     for m in talon["mappings"]:
         got = vllm.get(m["name"])
         if m["method"] == "suffix" or got is None:
-            why = "not replayed (see talon/atlas/engines.py)" if m["method"] == "suffix" else "–"
+            why = "not replayed (see talon/atlas/serving_replay.py)" if m["method"] == "suffix" else "–"
             lines.append(f"| `{json.dumps(m['config'])}` | {'not served (see its log)' if got is None else 'served'} "
                          f"| {why} | | | | | |")
             continue
         policy = _policy(m)
-        runs = [replay_engine(a, policy, limit) for a in atlases]
+        runs = [replay_serving(a, policy, limit) for a in atlases]
         k = m["config"]["num_speculative_tokens"]
         equal_text = equal_steps = 0
         for atlas, run, reply in zip(atlases, runs, got["replies"]):
@@ -201,7 +201,7 @@ def report(out: Path) -> str:
         timing[m["name"]] = (m, runs)
     text = "\n".join(lines)
     if samples:
-        text += "\n\n" + _timing_report(out, talon, samples, timing, fit_engine_costs, decode_seconds)
+        text += "\n\n" + _timing_report(out, talon, samples, timing, fit_serving_costs, decode_seconds)
     (out / "report.md").write_text(text + "\n")
     return text
 

@@ -24,7 +24,7 @@ from typing import Any
 
 # The drafter kinds, registered here and nowhere else. A kind says which model drafts (``model``) and
 # whether retrieval from the text so far drafts too (``retrieval``); where a model drafts, the function
-# that makes its DraftSource is ``talon.drafters.SOURCES[name]``. ``talon.drafters.hybrid.build_drafter``
+# that makes its DraftSource is ``talon.drafters.SOURCES[name]``. ``talon.drafters.tree_drafter.build_drafter``
 # combines the source and retrieval under the budget and gates; how to add one: docs/design.md, "Add a drafter".
 @dataclass(frozen=True)
 class DrafterKind:
@@ -56,8 +56,8 @@ class ConfigError(ValueError):
 TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
 ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
 COST_MODES: tuple[str, ...] = ("fixed", "learn")
-# how an engine's forwards run (a server setting, TALON_STEP, not a run knob): talon.step.static.resolve_step
-STEPS: tuple[str, ...] = ("auto", "dynamic", "static", "graphs", "compiled")
+# how an engine's forwards run (a server setting, TALON_FORWARD, not a run knob): talon.graphs.static.resolve_forward
+FORWARDS: tuple[str, ...] = ("auto", "dynamic", "static", "graphs", "compiled")
 ON_OFF: tuple[str, ...] = ("on", "off")
 MAX_BUDGET = 256  # draft nodes one verification may hold
 BAR = "\\|"  # a | inside a markdown table

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.knobs import ASYNC_OFF_WHY, STEPS
+from talon.knobs import ASYNC_OFF_WHY, FORWARDS
 from talon.run_config import ConfigError
 
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
@@ -61,17 +61,18 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "int8, bf16 activations; CPU). The packed model is the target: output stays its own "
         "greedy text.",
     ),
-    "TALON_STEP": (
+    "TALON_FORWARD": (
         "auto",
         "How forwards run: auto (CUDA graphs on one GPU, the dynamic cache elsewhere), dynamic, "
         "static, graphs, or compiled (graphs with the draft model's small steps through "
-        "torch.compile: faster drafts, a few minutes of compiling when the pair loads; not on ZeroGPU).",
+        "torch.compile: faster drafts, a few minutes of compiling when the pair loads; not on ZeroGPU). "
+        "TALON_STEP, its former name, is read where TALON_FORWARD is unset.",
     ),
     "TALON_CHAIN": (
         "0",
-        "1 to grow TALON's adaptive trees on the draft model's device (talon/step/chain.py): the draft "
+        "1 to grow TALON's adaptive trees on the draft model's device (talon/graphs/chain.py): the draft "
         "layers back to back, no host turnaround between them, each layer's update a captured "
-        "graph on CUDA; needs a static step (static, graphs or compiled). Off by default until a "
+        "graph on CUDA; needs a static forward (static, graphs or compiled). Off by default until a "
         "GPU run measures it.",
     ),
     "TALON_FOLD": (
@@ -112,17 +113,17 @@ class Proven:
     run: str
 
 
-# The step's switches, per device kind ("cpu", "cuda"): what ``auto`` resolves to. A switch is on
+# The engine's switches, per device kind ("cpu", "cuda"): what ``auto`` resolves to. A switch is on
 # by default on a kind only after a run there proved it; docs/gpu.md's table is this one.
 PROVEN: dict[tuple[str, str], Proven] = {
-    ("step", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, the draft model's trees "
-                            "accepted above MAT 1.5, at the 7B and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static step "
+    ("forward", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, the draft model's trees "
+                            "accepted above MAT 1.5, at the 7B and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static forward "
                             "measured slower on a CPU (hybrid 2.92 against 3.42 tok/s)"),
-    ("step", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
+    ("forward", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
                              "target on CUDA graphs, deep trees accepted (MAT 12.8), the output equal to generate()"),
     ("fold", "cpu"): Proven("on", "the CPU suite runs folded (tests/test_full_depth.py, tests/test_attention.py); "
                             "docs/gpu_runs/2026-11-27-cpu-gqa-loop.json: the loop 0.98x the time, the same tokens; "
-                            "docs/gpu_runs/2026-11-27-cpu-gqa-fold.json: a static step of 8 nodes 0.71x"),
+                            "docs/gpu_runs/2026-11-27-cpu-gqa-fold.json: a static forward of 8 nodes 0.71x"),
     ("fold", "cuda"): Proven("off", "no GPU run has run the fold yet (scripts/gpu_all.sh runs it on and off)"),
     ("chain", "cpu"): Proven("off", "a CUDA-graph feature: nothing to save on a CPU"),
     ("chain", "cuda"): Proven("off", "no GPU run has run a chained step yet (scripts/gpu_all.sh runs it)"),
@@ -185,7 +186,7 @@ class Settings:
     dtype: str = "auto"
     draft_quant: str = "auto"
     target_weights: str = "dense"
-    step: str = "auto"
+    forward: str = "auto"
     chain: bool = False
     fold: bool | None = None  # None: auto, the device kind's proven default (PROVEN)
     prepack: bool | None = None  # None: auto, measured on the host (talon.models.prepack.prepack_pays)
@@ -205,8 +206,8 @@ class Settings:
             raise ConfigError(f"TALON_TARGET_WEIGHTS: {INT8_REFUSED}")
         if self.target_weights not in TARGET_WEIGHTS:
             raise ConfigError(f"TALON_TARGET_WEIGHTS must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
-        if self.step not in STEPS:
-            raise ConfigError(f"TALON_STEP must be one of {STEPS}, got {self.step!r}")
+        if self.forward not in FORWARDS:
+            raise ConfigError(f"TALON_FORWARD must be one of {FORWARDS}, got {self.forward!r}")
         if not self.target:
             raise ConfigError("TALON_TARGET must name a model, got an empty string")
         if not self.device:
@@ -230,7 +231,7 @@ class Settings:
             dtype=_get(env, "TALON_DTYPE").lower(),
             draft_quant=_get(env, "TALON_DRAFT_QUANT").lower(),
             target_weights=_get(env, "TALON_TARGET_WEIGHTS").lower(),
-            step=_get(env, "TALON_STEP").lower(),
+            forward=(env.get("TALON_FORWARD") or env.get("TALON_STEP") or _get(env, "TALON_FORWARD")).lower(),
             chain=_parse_bool("TALON_CHAIN", _get(env, "TALON_CHAIN")),
             fold=_parse_auto_bool("TALON_FOLD", _get(env, "TALON_FOLD")),
             prepack=_parse_auto_bool("TALON_PREPACK", _get(env, "TALON_PREPACK")),

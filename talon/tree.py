@@ -26,7 +26,7 @@ SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
 # model did not run this step (retrieval first, or not worth its prefill); a retrieval-only
 # drafter's trie as proposed; no drafter at all (autoregressive).
 STOPS: tuple[str, ...] = ("budget", "depth", "min_conf", "cost", "empty", "skipped", "retrieval", "none")
-# the same stops as the codes a tree grown on the device keeps (``talon.step.chain``; 0: still growing)
+# the same stops as the codes a tree grown on the device keeps (``talon.graphs.chain``; 0: still growing)
 STOP_CODES: dict[str, int] = {name: code for code, name in enumerate(STOPS, start=1)}
 
 @dataclass

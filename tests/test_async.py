@@ -84,7 +84,7 @@ def test_drafter_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> 
     def boom(self, pre, clock):
         raise RuntimeError("draft model exploded")
 
-    monkeypatch.setattr(hybrid.HybridDrafter, "grow", boom)
+    monkeypatch.setattr(hybrid.TreeDrafter, "grow", boom)
     with pytest.raises(RuntimeError, match="exploded"):
         generate(engine, PROMPTS[0], RunConfig(drafter="model", max_new_tokens=20, async_draft=True))
     assert not drafter_threads()

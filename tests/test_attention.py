@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 import talon.models.attention
 from talon.models.attention import NAME, folded_sdpa, resolve_fold, set_fold
-from talon.step.static import StaticForward
+from talon.graphs.static import StaticForward
 from talon.core.verify import forward_hidden
 from tests.tiny import tiny_model
 
@@ -139,7 +139,7 @@ def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
         engine = Engine(target, draft, fold=fold)
         assert {lm.model.config._attn_implementation for lm in (target, draft)} == {implementation}
         assert engine.path == path
-        assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].step == path
+        assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].forward == path
 
 
 def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001

@@ -1,4 +1,4 @@
-"""TALON's adaptive tree grown on the device (talon/step/chain.py) against the host's builder: the same
+"""TALON's adaptive tree grown on the device (talon/graphs/chain.py) against the host's builder: the same
 tree, node for node and float for float, through grafts that merge, calibrated scores, the cost
 planner, the budget and the gates, over several committed steps; layers launched past the
 tree's stop change nothing; the layer update reads no value on the host (it runs on the meta
@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-import talon.step.chain
+import talon.graphs.chain
 from talon.core.builder import build_tree, path_confidence
-from talon.step.chain import ChainShape, ChainState, StepTables
-from talon.step.static import BUCKETS, Bucket, bucket_for
+from talon.graphs.chain import ChainShape, ChainState, StepTables
+from talon.graphs.static import BUCKETS, Bucket, bucket_for
 from talon.cost.model import synthetic_costs
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.cost.plan import AcceptanceModel, Planner
 from talon.run_config import TreeConfig
-from talon.step.pool import StaticPool
+from talon.graphs.pool import StaticPool
 from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
@@ -252,7 +252,7 @@ def device_worth(tree: DraftTree, frontier: list[int], planner: Planner, cfg: Tr
     mask = torch.zeros_like(state.alive)
     mask[frontier] = True
     state.rank[frontier] = torch.arange(len(frontier))
-    order = torch.sort(torch.where(mask, state.rank, talon.step.chain.BIG), stable=True).indices[:shape.width]
+    order = torch.sort(torch.where(mask, state.rank, talon.graphs.chain.BIG), stable=True).indices[:shape.width]
     return bool(state.worth_layer(mask, order, mask.sum(), max(tree.depths)))
 
 
@@ -284,7 +284,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
         real = ChainState.admit
 
         def admit(self, q, ids, parents, valid, depth):  # noqa: ANN001, ANN202
-            self.alive.copy_(self.alive & (self.src != talon.step.chain.RETRIEVAL))
+            self.alive.copy_(self.alive & (self.src != talon.graphs.chain.RETRIEVAL))
             real(self, q, ids, parents, valid, depth)
             self.alive.copy_(self.idx < self.count)
         monkeypatch.setattr(ChainState, "admit", admit)
@@ -305,7 +305,7 @@ def test_a_chained_run_is_lossless(drafter: str) -> None:
 
     target = tiny_loaded("llama", 11)
     draft = noisy_copy(target, 12, 0.3)
-    engine, host = Engine(target, draft, step="static", chain=True), Engine(target, draft, step="static")
+    engine, host = Engine(target, draft, forward="static", chain=True), Engine(target, draft, forward="static")
     mats, host_mats = [], []
     for cost_aware in (False, True):
         tree = TreeConfig(mode="adaptive", budget=12, root_k=3, top_k=2, mu=0.05, max_depth=6, cost_aware=cost_aware)
@@ -335,5 +335,5 @@ def test_talon_chain_reaches_the_servers_engine() -> None:
     from talon.server.pair import pair_key
 
     assert not Settings.from_env({}).chain
-    settings = Settings.from_env({"TALON_CHAIN": "1", "TALON_STEP": "static"})
+    settings = Settings.from_env({"TALON_CHAIN": "1", "TALON_FORWARD": "static"})
     assert settings.chain and pair_key(settings, PRESETS[0]).chain

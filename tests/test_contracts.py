@@ -12,7 +12,7 @@ from talon.cost.model import synthetic_costs
 from talon.engine.decode import Run, RunParts
 from talon.trace import RunModels
 from talon.engine.prompt import StopCheck, eos_ids
-from talon.drafters import Drafter, DraftSource, HybridDrafter, ModelDrafter, Verifier, build_drafter
+from talon.drafters import Drafter, DraftSource, TreeDrafter, ModelDrafter, Verifier, build_drafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
@@ -53,7 +53,7 @@ def test_the_contracts_name_what_the_loop_and_the_replay_use() -> None:
     cfg = RunConfig()
     assert isinstance(build_drafter(cfg, ModelDrafter(tiny.model), RetrievalDrafter(cfg.retrieval)), Drafter)
     assert issubclass(TargetVerifier, Verifier) and issubclass(TextVerifier, Verifier)
-    assert not isinstance(object(), DraftSource) and not issubclass(HybridDrafter, Verifier)
+    assert not isinstance(object(), DraftSource) and not issubclass(TreeDrafter, Verifier)
 
 
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])

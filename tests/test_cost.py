@@ -20,7 +20,7 @@ from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
 from talon.cost.curve import GRID, Curve
 from talon.cost.curve import isotonic
 from talon.engine.decode import Engine, generate
-from talon.drafters.hybrid import SHORT_MATCH, HybridDrafter
+from talon.drafters.tree_drafter import SHORT_MATCH, TreeDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.models import cpu_model
 from talon.cost.plan import (
@@ -402,7 +402,7 @@ def failing_guesses(verify: dict[int, float], steps: int, seed: int = 0) -> list
     rng = random.Random(seed)
     letters = [10, 11, 12, 13]
     cfg = TreeConfig()
-    drafter = HybridDrafter(cfg, None, RetrievalDrafter(RetrievalConfig()), RetrievalConfig())
+    drafter = TreeDrafter(cfg, None, RetrievalDrafter(RetrievalConfig()), RetrievalConfig())
     context = [rng.choice(letters) for _ in range(300)]
     drafter.reset(context)
     planner = Planner(synthetic_costs(verify), cfg, steps, predicted=True, acceptance=drafter.acceptance)
@@ -498,19 +498,19 @@ def test_the_draft_models_prefill_needs_a_margin_over_its_prior() -> None:
 
 
 def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
-    """A static-step engine probes its curves on the static forward (talon.step.pool.StaticTimer),
+    """A static-step engine probes its curves on the static forward (talon.graphs.pool.StaticTimer),
     caches them under a key naming the step, and gives the probe's forwards back."""
     from talon.cost.probe import cost_key
 
     target = tiny_loaded("llama", 21)
     draft = noisy_copy(target, 22, 0.3)
-    engine = Engine(target, draft, step="static")
+    engine = Engine(target, draft, forward="static")
     costs = engine.cost_snapshot()
     assert costs.verify_s(16) > 0 and costs.draft_s(4) > 0 and costs.prefill_per_token_s > 0
-    assert costs.key.endswith("|step=static+fold") and "step=" not in cost_key(target.model, draft.model, ("t", "d"))
+    assert costs.key.endswith("|forward=static+fold") and "forward=" not in cost_key(target.model, draft.model, ("t", "d"))
     assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1
     assert len(engine.static_pools["draft"].free) == engine.static_pools["draft"].made == 1
-    assert Engine(target, draft).step == "dynamic", "auto is the dynamic cache off CUDA"
+    assert Engine(target, draft).forward == "dynamic", "auto is the dynamic cache off CUDA"
 
 
 

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from talon.cost.model import synthetic_costs
 from talon.engine.decode import Engine, generate
-from talon.drafters.hybrid import Draft
+from talon.drafters.tree_drafter import Draft
 from talon.core.kv import keep_entries
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig

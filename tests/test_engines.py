@@ -1,4 +1,4 @@
-"""The engines' own drafting replayed from atlases (talon/atlas/engines.py): each policy against a
+"""The engines' own drafting replayed from atlases (talon/atlas/serving_replay.py): each policy against a
 hand computation from the engine's source, vLLM's draft_model against a live run of the tiny draft
 model, the engine counters, engine cost files and the ``atlas sweep --engine`` command."""
 
@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from talon.atlas.data import Atlas, parse_atlas
-from talon.atlas.engine_costs import (
-    EngineCosts,
+from talon.atlas.serving_costs import (
+    ServingCosts,
     TalonCurves,
-    fit_engine_costs,
-    parse_engine_costs,
+    fit_serving_costs,
+    parse_serving_costs,
     predicted_seconds,
 )
-from talon.atlas.engine_sweep import engine_policies, parse_engine_grid, sweep_engine
-from talon.atlas.engines import SglangStandalone, VllmDraftModel, VllmNgram, lookup_draft, replay_engine
+from talon.atlas.serving_sweep import serving_policies, parse_serving_grid, sweep_serving
+from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, VllmNgram, lookup_draft, replay_serving
 from talon.atlas.forecast import forecast
 from talon.atlas.replay import replay
 from talon.atlas.record import record_atlas
@@ -57,22 +57,22 @@ def test_vllm_draft_model_matches_a_hand_computation() -> None:
     p=1: 11 ok, 97 no -> 1 accepted, p=3; p=3: 13, 14 -> 2, p=6; p=6: 16, 17 -> 2, p=9 >= 8: done.
     vLLM counts the last step's 2 accepted although the output is cut at 8 tokens."""
     atlas = chain_atlas({2: 97, 5: 96})
-    run = replay_engine(atlas, VllmDraftModel(2), max_tokens=8)
+    run = replay_serving(atlas, VllmDraftModel(2), max_tokens=8)
     assert [(s.p, s.drafted, s.accepted) for s in run.steps] == [(1, 2, 1), (3, 2, 2), (6, 2, 2)]
     assert (run.num_drafts, run.num_draft_tokens, run.num_accepted_tokens) == (3, 6, 5)
     assert run.accepted_per_position(2) == [3, 2]
     assert run.output_tokens == 8 and run.exact and not run.near_ties
     # k=3: p=1: 11, 97 -> 1; p=3: 13, 14, 96 -> 2; p=6: 16, 17, 18 -> 3, p=10: done
-    run3 = replay_engine(atlas, VllmDraftModel(3), max_tokens=8)
+    run3 = replay_serving(atlas, VllmDraftModel(3), max_tokens=8)
     assert [s.accepted for s in run3.steps] == [1, 2, 3]
     assert (run3.num_draft_tokens, run3.accepted_per_position(3)) == (9, [3, 2, 1])
 
 
 def test_vllm_draft_model_reports_near_ties_and_text_beyond_the_recording() -> None:
-    tied = replay_engine(chain_atlas({2: 97}, near_tie_at=3), VllmDraftModel(2), max_tokens=8)
+    tied = replay_serving(chain_atlas({2: 97}, near_tie_at=3), VllmDraftModel(2), max_tokens=8)
     assert any("token 3" in t for t in tied.near_ties)
     # replayed to the recording's end, the last draft runs past the text: a miss, not a rejection
-    full = replay_engine(chain_atlas({}), VllmDraftModel(3))  # p = 1, 5, 9: the last runs past
+    full = replay_serving(chain_atlas({}), VllmDraftModel(3))  # p = 1, 5, 9: the last runs past
     assert full.misses == 1 and "past the 10 recorded tokens" in full.steps[-1].missing
 
 
@@ -113,7 +113,7 @@ def test_vllm_ngram_equals_its_definition_on_random_text() -> None:
 def test_vllm_ngram_steps_without_a_match_are_not_drafts() -> None:
     atlas = Atlas(prompt_ids=[1, 2, 3, 1, 2], output=[3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 0], children={(0, ()): []},
                   eos=[0])
-    run = replay_engine(atlas, VllmNgram(3, 2, 3))
+    run = replay_serving(atlas, VllmNgram(3, 2, 3))
     # p=1: context ..1 2 3 -> [1 2 3] at 0 -> drafts 1 2 3 (text 4 5 6): 0 accepted
     assert run.steps[0].drafted == 3 and run.steps[0].accepted == 0
     assert run.num_drafts < len(run.steps), "steps that found no match are plain steps, not drafts"
@@ -140,12 +140,12 @@ def test_sglang_standalone_tree_matches_a_hand_computation() -> None:
     draft = SglangStandalone(2, 3, 5).propose(atlas, 1)
     assert sorted(draft.tokens) == [20, 21, 30, 32]
     assert draft.parents[draft.tokens.index(32)] == draft.tokens.index(21)
-    run = replay_engine(atlas, SglangStandalone(2, 3, 5), max_tokens=4)
+    run = replay_serving(atlas, SglangStandalone(2, 3, 5), max_tokens=4)
     assert [s.accepted for s in run.steps] == [2] and run.output_tokens == 4
-    wider = replay_engine(atlas, SglangStandalone(2, 3, 6), max_tokens=4)
+    wider = replay_serving(atlas, SglangStandalone(2, 3, 6), max_tokens=4)
     assert [s.accepted for s in wider.steps] == [3]
     # spec_accept_length = completion tokens / verify steps, the prefill's token included
-    rows = sweep_engine([atlas], [({}, SglangStandalone(2, 3, 5))], EngineCosts("sglang", 0.1), max_tokens=4)
+    rows = sweep_serving([atlas], [({}, SglangStandalone(2, 3, 5))], ServingCosts("sglang", 0.1), max_tokens=4)
     assert rows[0].spec_accept_length == 4.0
 
 
@@ -154,7 +154,7 @@ def test_sglang_refuses_what_sglang_refuses_and_counts_misses() -> None:
         SglangStandalone(1, 3, 3)
     with pytest.raises(ConfigError, match="num_draft_tokens"):
         SglangStandalone(2, 2, 8)  # at most 2 + 4 candidates
-    run = replay_engine(sglang_atlas(), SglangStandalone(3, 2, 4), max_tokens=4)  # 3 children: the atlas holds 2
+    run = replay_serving(sglang_atlas(), SglangStandalone(3, 2, 4), max_tokens=4)  # 3 children: the atlas holds 2
     assert run.misses == len(run.steps) and "fewer" in run.steps[0].missing
 
 
@@ -194,7 +194,7 @@ def live_draft_model_run(engine: Engine, atlas: Atlas, k: int) -> list[tuple[int
 def test_vllm_draft_model_replay_equals_the_live_draft_model(tiny, k: int) -> None:
     engine, atlas = tiny
     live = live_draft_model_run(engine, atlas, k)
-    run = replay_engine(atlas, VllmDraftModel(k), max_tokens=None)
+    run = replay_serving(atlas, VllmDraftModel(k), max_tokens=None)
     replayed = [(s.drafted, s.accepted) for s in run.steps][: len(live)]
     assert replayed == live
     assert sum(a for _, a in live) > 0, "the noisy draft accepts something, or the test shows nothing"
@@ -202,7 +202,7 @@ def test_vllm_draft_model_replay_equals_the_live_draft_model(tiny, k: int) -> No
 
 def test_sglang_replay_on_a_recorded_atlas_is_covered_for_narrow_trees(tiny) -> None:
     _, atlas = tiny
-    run = replay_engine(atlas, SglangStandalone(2, 4, 8))
+    run = replay_serving(atlas, SglangStandalone(2, 4, 8))
     assert run.exact, "the atlas's static beam of width 2 records every node a topk-2 tree asks for"
     assert run.num_accepted_tokens > 0
 
@@ -211,7 +211,7 @@ def test_sglang_replay_on_a_recorded_atlas_is_covered_for_narrow_trees(tiny) -> 
 
 
 def test_engine_costs_fit_recovers_known_coefficients() -> None:
-    truth = EngineCosts("vllm", step_s=0.02, verify_token_s=0.01, draft_forward_s=0.03)
+    truth = ServingCosts("vllm", step_s=0.02, verify_token_s=0.01, draft_forward_s=0.03)
     samples = []
     for method, k, steps in (("draft_model", 1, 30), ("draft_model", 4, 18), ("ngram", 2, 40), ("ngram", 8, 35)):
         forwards = k * steps if method == "draft_model" else 0
@@ -220,11 +220,11 @@ def test_engine_costs_fit_recovers_known_coefficients() -> None:
                         "decode_s": truth.step_s * steps + truth.verify_token_s * verified + truth.draft_forward_s * forwards,
                         "prefill_s": 0.5 if method == "ngram" else 0.7, "prompt_tokens": 100,
                         "draft_model": int(method == "draft_model")})
-    fit = fit_engine_costs(samples, "vllm")
+    fit = fit_serving_costs(samples, "vllm")
     for name in ("step_s", "verify_token_s", "draft_forward_s"):
         assert math.isclose(getattr(fit, name), getattr(truth, name), rel_tol=1e-6), name
     assert math.isclose(fit.prefill_token_s, 0.005) and math.isclose(fit.draft_prefill_token_s, 0.002)
-    again = parse_engine_costs(json.loads(json.dumps(fit.to_dict())))
+    again = parse_serving_costs(json.loads(json.dumps(fit.to_dict())))
     assert again.step_seconds(3, 3) == fit.step_seconds(3, 3)
 
 
@@ -236,10 +236,10 @@ def test_engine_costs_fit_recovers_known_coefficients() -> None:
     (lambda d: d.update(step_s=0, verify_token_s=0), "must cost something"),
 ])
 def test_bad_engine_cost_files_are_refused(breakage, message: str) -> None:
-    data = EngineCosts("vllm", 0.05, 0.01).to_dict()
+    data = ServingCosts("vllm", 0.05, 0.01).to_dict()
     breakage(data)
     with pytest.raises(ValueError, match=message):
-        parse_engine_costs(data)
+        parse_serving_costs(data)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -266,8 +266,8 @@ def test_cost_curves_must_be_finite_positive_times(tiny, field: str, value: floa
 
 def test_predicted_time_adds_the_engine_steps(tiny) -> None:
     _, atlas = tiny
-    run = replay_engine(atlas, VllmDraftModel(3))
-    costs = EngineCosts("vllm", step_s=0.01, verify_token_s=0.002, draft_forward_s=0.004, prefill_token_s=0.001)
+    run = replay_serving(atlas, VllmDraftModel(3))
+    costs = ServingCosts("vllm", step_s=0.01, verify_token_s=0.002, draft_forward_s=0.004, prefill_token_s=0.001)
     expected = 0.001 * len(atlas.prompt_ids) + sum(0.01 + 0.002 * (s.drafted + 1) + 0.004 * 3 for s in run.steps)
     assert math.isclose(predicted_seconds(run, costs), expected)
     curves = TalonCurves(atlas.cost_model())
@@ -277,14 +277,14 @@ def test_predicted_time_adds_the_engine_steps(tiny) -> None:
 
 
 def test_engine_grid_follows_the_engines_rules() -> None:
-    grid = parse_engine_grid("sglang", ["topk=1,2", "num_steps=2", "num_draft_tokens=8"])
-    policies = [p for _, p in engine_policies("sglang", grid)]
+    grid = parse_serving_grid("sglang", ["topk=1,2", "num_steps=2", "num_draft_tokens=8"])
+    policies = [p for _, p in serving_policies("sglang", grid)]
     assert [(p.topk, p.num_draft_tokens) for p in policies] == [(1, 3), (2, 7)], \
         "topk 1 forces steps + 1; 8 draft tokens are capped at the tree's 2 + 4 candidates + 1"
     with pytest.raises(ConfigError, match="suffix"):
-        parse_engine_grid("vllm", ["method=suffix"])
+        parse_serving_grid("vllm", ["method=suffix"])
     with pytest.raises(ConfigError, match="KEY one of"):
-        parse_engine_grid("vllm", ["topk=2"])
+        parse_serving_grid("vllm", ["topk=2"])
 
 
 def test_sweep_engine_command(tiny, tmp_path: Path, capsys) -> None:
@@ -293,12 +293,12 @@ def test_sweep_engine_command(tiny, tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(atlas.to_dict()))
     assert main(["atlas", "sweep", str(path), "--engine", "vllm", "--grid", "k=1,2,4", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    direct = replay_engine(atlas, VllmDraftModel(2), len(atlas.output) - 5)  # k up to 4: stop 5 before the end
+    direct = replay_serving(atlas, VllmDraftModel(2), len(atlas.output) - 5)  # k up to 4: stop 5 before the end
     row = next(r for r in rows if r["knobs"] == {"method": "draft_model", "k": 2})
     assert row["num_accepted_tokens"] == direct.num_accepted_tokens and row["num_drafts"] == direct.num_drafts
     assert math.isclose(row["mean_acceptance_length"], 1 + direct.num_accepted_tokens / direct.num_drafts)
     costs = tmp_path / "vllm-costs.json"
-    costs.write_text(json.dumps(EngineCosts("vllm", 0.05, 0.01, 0.02, hardware="test host").to_dict()))
+    costs.write_text(json.dumps(ServingCosts("vllm", 0.05, 0.01, 0.02, hardware="test host").to_dict()))
     assert main(["atlas", "sweep", str(path), "--engine", "vllm", "--grid", "method=draft_model",
                  "--grid", "k=1,2", "--costs", str(costs)]) == 0
     out = capsys.readouterr().out
@@ -313,12 +313,12 @@ def test_forecast_replays_the_exported_flags(tiny) -> None:
     exported = serving_config(cfg, "a/target", "a/draft")
     result = forecast(atlas, cfg, exported)
     k = exported.vllm_config["num_speculative_tokens"]
-    vllm = replay_engine(atlas, VllmDraftModel(k), len(atlas.output) - k - 1)
+    vllm = replay_serving(atlas, VllmDraftModel(k), len(atlas.output) - k - 1)
     rows = {engine: row for engine, row, _ in result.exported}
     assert rows["vLLM"].num_accepted == vllm.num_accepted_tokens and rows["vLLM"].num_drafts == vllm.num_drafts
     flags = dict(zip(exported.sglang_flags[0::2], exported.sglang_flags[1::2]))
     steps = int(flags["--speculative-num-steps"])
-    sglang = replay_engine(atlas, SglangStandalone(int(flags["--speculative-eagle-topk"]), steps,
+    sglang = replay_serving(atlas, SglangStandalone(int(flags["--speculative-eagle-topk"]), steps,
                                                    int(flags["--speculative-num-draft-tokens"])),
                            len(atlas.output) - steps - 1)
     assert math.isclose(rows["SGLang"].spec_accept_length, sglang.output_tokens / len(sglang.steps))

@@ -37,31 +37,31 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.parametrize("step,fold,path", [("static", "auto", "static+fold"), ("dynamic", "0", "dynamic")])
-def test_generate_runs_the_configured_step_and_says_so(pair_dirs: tuple[Path, Path], step: str, fold: str,
+def test_generate_runs_the_configured_forward_and_says_so(pair_dirs: tuple[Path, Path], step: str, fold: str,
                                                       path: str, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("TALON_STEP", step)
+    monkeypatch.setenv("TALON_FORWARD", step)
     monkeypatch.setenv("TALON_FOLD", fold)
     target, draft = pair_dirs
     out = run_cli(["generate", "--prompt", "abc abc", "--target", str(target), "--draft", str(draft), "--device",
                    "cpu", "--dtype", "float32", "--max-new-tokens", "6", "--no-chat-template", "--json"], capsys)
     summary = json.loads(out)
-    assert summary["step"] == path and len(summary["token_ids"]) == 6
+    assert summary["forward"] == path and len(summary["token_ids"]) == 6
     assert summary["config"]["async_draft"] is False  # the knob table's one default, on every device
 
 
-def test_costs_probe_measures_the_configured_step(pair_dirs: tuple[Path, Path], tmp_path: Path,
+def test_costs_probe_measures_the_configured_forward(pair_dirs: tuple[Path, Path], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("TALON_STEP", "static")
+    monkeypatch.setenv("TALON_FORWARD", "static")
     monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
     target, draft = pair_dirs
     out = run_cli(["costs", "--refresh", "--target", str(target), "--draft", str(draft), "--device", "cpu",
                    "--dtype", "float32"], capsys)
-    assert "step=static+fold" in out
+    assert "forward=static+fold" in out
     (cached,) = tmp_path.glob("*.json")
     costs = CostModel.from_dict(json.loads(cached.read_text()))
-    assert costs.key.endswith("|step=static+fold") and costs.provenance.source == "probe"
+    assert costs.key.endswith("|forward=static+fold") and costs.provenance.source == "probe"
     assert costs.provenance.field_source("verify_s") == "probe"
     assert costs.provenance.field_source("other_s").startswith("assumed")
 
@@ -89,7 +89,7 @@ def test_no_front_end_builds_its_engine_another_way(tmp_path: Path) -> None:
 
 def test_every_switch_has_one_proven_default_per_device_kind() -> None:
     switches = {switch for switch, _ in PROVEN}
-    assert switches == {"step", "fold", "chain", "async_draft", "prepack"}
+    assert switches == {"forward", "fold", "chain", "async_draft", "prepack"}
     for switch in switches - {"prepack"}:  # prepacking is a CPU layout: the host's check decides it
         for kind in ("cpu", "cuda"):
             assert proven_default(switch, kind).run, (switch, kind)
@@ -103,13 +103,13 @@ def test_auto_resolves_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` reads the table, nothing else: change a row and the resolution follows."""
     import talon.settings
     from talon.models.attention import resolve_fold
-    from talon.step.static import resolve_step
+    from talon.graphs.static import resolve_forward
 
     cpu = torch.device("cpu")
-    assert resolve_step("auto", cpu) == "dynamic" and resolve_fold(None, cpu)
-    monkeypatch.setitem(talon.settings.PROVEN, ("step", "cpu"), talon.settings.Proven("static", "a test"))
+    assert resolve_forward("auto", cpu) == "dynamic" and resolve_fold(None, cpu)
+    monkeypatch.setitem(talon.settings.PROVEN, ("forward", "cpu"), talon.settings.Proven("static", "a test"))
     monkeypatch.setitem(talon.settings.PROVEN, ("fold", "cpu"), talon.settings.Proven("off", "a test"))
-    assert resolve_step("auto", cpu) == "static" and not resolve_fold(None, cpu)
+    assert resolve_forward("auto", cpu) == "static" and not resolve_fold(None, cpu)
 
 
 def proven_table() -> str:

@@ -109,7 +109,7 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
             mats[(prompt, drafter, mode, async_draft)] = summary.mean_accepted_tokens
             if summary.token_ids != want:
                 wrong.append((prompt, drafter, mode, async_draft))
-    static = Engine(pair.engine.target, pair.engine.draft, step="static")  # the static step (talon/step/static.py)
+    static = Engine(pair.engine.target, pair.engine.draft, forward="static")  # the static step (talon/graphs/static.py)
     for prompt, drafter, mode in (("random", "hybrid", "adaptive"), ("random", "model", "static"),
                                   ("chain", "retrieval", "chain")):
         ids, want = pair.prompts[prompt]

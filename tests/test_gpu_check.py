@@ -21,7 +21,7 @@ import talon.core.accept
 import talon.models.memory
 from talon.core.accept import Acceptance
 from talon.engine.decode import Run
-from talon.drafters.hybrid import HybridDrafter
+from talon.drafters.tree_drafter import TreeDrafter
 from talon.tree import DraftTree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def wrong_token_after_a_predraft(real_step):
 @pytest.mark.parametrize("bug", ["never reuses a pre-draft", "emits other tokens"])
 def test_broken_async_drafting_fails_the_async_check(gpu_check, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:
     if bug == "never reuses a pre-draft":
-        monkeypatch.setattr(HybridDrafter, "adopt", never_adopt)
+        monkeypatch.setattr(TreeDrafter, "adopt", never_adopt)
     else:
         monkeypatch.setattr(Run, "_step", wrong_token_after_a_predraft(Run._step))
     ok, detail = gpu_check.async_matches_sync(tiny_run(gpu_check))

@@ -73,7 +73,7 @@ def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("mode", ["adaptive", "static", "chain"])
 def test_layerskip_is_lossless_without_a_draft_model(target: LoadedModel, mode: str, async_draft: bool,
                                                      step: str) -> None:
-    engine = Engine(target, None, step=step)
+    engine = Engine(target, None, forward=step)
     cfg = RunConfig(drafter="layerskip", max_new_tokens=TOKENS, async_draft=async_draft, skip_layers=0.3,
                     tree=TreeConfig(mode=mode, budget=8, root_k=3, top_k=2, min_conf=0.0, cost_aware=False))
     for prompt in PROMPTS[:2]:

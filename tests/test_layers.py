@@ -164,7 +164,7 @@ def long_modules(root: Path = REPO) -> dict[str, int]:
 # target, talon/models/quant.py) names them here, and nothing else may reach into a library
 TORCH_KERNELS = {"torch._int_mm", "torch.ops.aten._weight_int4pack_mm_for_cpu", "torch.ops.aten._weight_int8pack_mm",
                  "torch.ops.aten._convert_weight_to_int4pack_for_cpu"}
-# nor has dynamo's recompile limit, which the compiled step raises (talon/step/static.py: compiled_decoder)
+# nor has dynamo's recompile limit, which the compiled step raises (talon/graphs/static.py: compiled_decoder)
 # nor has the attention implementation a model runs, which talon/models/attention.py reads before switching it
 # oneDNN's linear on a weight reordered once has no public name either (talon/models/prepack.py)
 ONEDNN_KERNELS = {"torch.ops.mkldnn._reorder_linear_weight", "torch.ops.mkldnn._linear_pointwise"}
@@ -218,7 +218,7 @@ def test_a_long_module_and_a_private_crossing_are_caught(tmp_path: Path) -> None
 
 # what a view may not import: torch, the models, the algorithm, the step, the engine, and any of
 # the server but its facade
-BELOW_THE_FACADE = ("torch", "talon.models", "talon.core", "talon.cost", "talon.step", "talon.drafters",
+BELOW_THE_FACADE = ("torch", "talon.models", "talon.core", "talon.cost", "talon.graphs", "talon.drafters",
                     "talon.engine", "talon.server")
 FACADE = "talon.server.facade"
 

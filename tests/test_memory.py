@@ -59,7 +59,7 @@ def test_the_refusal_says_what_it_needs_and_what_to_do() -> None:
 
 
 def test_cuda_graphs_add_their_buffers_to_the_guards_estimate() -> None:
-    """On CUDA every step replays graphs (talon.step.static.resolve_step): the largest bucket's
+    """On CUDA every step replays graphs (talon.graphs.static.resolve_forward): the largest bucket's
     logits and activations and the slot cache's rounding are counted, and the guard counts them."""
     qwen7, qwen05 = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"]
     plain = estimate_pair(qwen7, qwen05, "bfloat16", 5377)

@@ -90,7 +90,7 @@ def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: S
             p2 = warp_probs(l2[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
             for y in range(vocab):
                 exact[(x, y)] = float(p1[x] * p2[y])
-    engine = Engine(target, draft, step=step)
+    engine = Engine(target, draft, forward=step)
     tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3, cost_aware=False)
     n = 2000
     counts: dict = {}

@@ -78,7 +78,7 @@ def test_the_device_script_measures_every_drafter_beside_generate_and_the_predic
     out = tmp_path / "shape.json"
     assert main(["--tiny", "--limit", "1", "--tokens", "16", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["faithful"] and report["step"] == "dynamic+fold"
+    assert report["faithful"] and report["forward"] == "dynamic+fold"
     rows = report["rows"]
     assert list(rows) == ["none", "retrieval", "model", "hybrid", "generate()"]
     assert rows["hybrid"]["tokens"] / rows["hybrid"]["steps"] > 1.2  # drafts accepted

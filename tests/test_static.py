@@ -1,4 +1,4 @@
-"""The static-shape forward (talon/step/static.py) against the dynamic path the engine runs today:
+"""The static-shape forward (talon/graphs/static.py) against the dynamic path the engine runs today:
 the same logits for a tree padded into its bucket, the same next step after the accepted path
 is moved inside the static cache, and each of those broken once fails. The CUDA-graph capture
 runs where CUDA is present and is skipped, said so, elsewhere."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import talon.step.static
+import talon.graphs.static
 from talon.models.attention import set_fold
 from talon.core.kv import keep_entries
-from talon.step.static import StaticForward, bucket_for
+from talon.graphs.static import StaticForward, bucket_for
 from talon.tree import DraftTree
 from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from tests.tiny import tiny_model
@@ -113,7 +113,7 @@ def test_too_long_a_step_for_the_static_cache_is_refused(model) -> None:  # noqa
 def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None:  # noqa: ANN001
     """The readout made inside the forward (so that a graph replays it) is the softmax's top-k of
     the logits the same forward returns, copied back in one table."""
-    from talon.step.static import READOUT_K
+    from talon.graphs.static import READOUT_K
 
     sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
     sf.prefill(PROMPT[:-1])
@@ -141,7 +141,7 @@ def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(model)
     """A drafting forward carries each node's slots from earlier layers of its step, up to the
     deepest tree (``EARLIER``); more, or any on a target's forward, is refused, not cut."""
     from talon.knobs import KNOB
-    from talon.step.static import EARLIER
+    from talon.graphs.static import EARLIER
 
     assert EARLIER >= KNOB["max_depth"].hi  # a node at the deepest layer sees max_depth - 1 of them
     drafting = StaticForward(model, max_len=EARLIER + 16, buckets=(1, 2), drafts=True)
@@ -167,7 +167,7 @@ def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN00
     eager = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length).clone()
     report = sf.capture(length)
     replay = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
-    assert report.buckets == [1, 2, 4, 8] and talon.step.static.bucket_for(5) == 8
+    assert report.buckets == [1, 2, 4, 8] and talon.graphs.static.bucket_for(5) == 8
     torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
     lazy = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8), graphs=True)  # what a pool makes
     lazy.prefill(PROMPT[:-1])  # 19 tokens: one chunk of 8, 8, then 3 in a bucket of 4
@@ -236,7 +236,7 @@ def same_children(a: list, b: list) -> bool:
 def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(model) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelDrafter
     from talon.drafters.static_draft import StaticModelDrafter
-    from talon.step.pool import StaticPool
+    from talon.graphs.pool import StaticPool
 
     pool = StaticPool(model, drafts=True)
     want = drafting(ModelDrafter(model))
@@ -249,7 +249,7 @@ def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_ad
 def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelDrafter
     from talon.drafters.static_draft import StaticModelDrafter
-    from talon.step.pool import StaticPool
+    from talon.graphs.pool import StaticPool
 
     if bug == "keep one slot off":
         real = StaticForward.keep
@@ -288,7 +288,7 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
     from tests.test_engine import PROMPTS, reference
 
     target, draft = close_pair
-    engine = Engine(target, draft, step="static")
+    engine = Engine(target, draft, forward="static")
     mats = []
     for mode in ("adaptive", "static", "chain"):
         for async_draft in ((False, True) if drafter in ("model", "hybrid") else (False,)):
@@ -313,7 +313,7 @@ def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed:
     from tests.test_engine import PROMPTS, OracleTreeDrafter, reference
 
     target, _ = close_pair
-    engine = Engine(target, None, step="static")
+    engine = Engine(target, None, forward="static")
     cfg = RunConfig(drafter="none", max_new_tokens=48)
     ids = engine.run(PROMPTS[seed], cfg).prompt_ids
     want = reference(engine, ids, 48)
@@ -324,35 +324,35 @@ def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed:
     assert run.summary.token_ids == want and run.summary.mean_accepted_tokens > 1.0
 
 
-def test_an_unknown_step_or_graphs_without_cuda_is_refused(close_pair) -> None:  # noqa: ANN001
+def test_an_unknown_forward_or_graphs_without_cuda_is_refused(close_pair) -> None:  # noqa: ANN001
     from talon.engine.decode import Engine
     from talon.run_config import ConfigError
 
-    with pytest.raises(ConfigError, match="step must be one of"):
-        Engine(close_pair[0], None, step="fast")
+    with pytest.raises(ConfigError, match="forward must be one of"):
+        Engine(close_pair[0], None, forward="fast")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA graphs"):
-            Engine(close_pair[0], None, step="graphs")
+            Engine(close_pair[0], None, forward="graphs")
 
 
 def test_auto_picks_graphs_on_one_cuda_device_only() -> None:
-    from talon.step.static import resolve_step
+    from talon.graphs.static import resolve_forward
     from talon.run_config import ConfigError
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_step("auto", cuda) == "graphs" and resolve_step("auto", cpu) == "dynamic"
-    assert resolve_step("auto", cuda, split=True) == "dynamic", "a pair spread over GPUs stays dynamic"
+    assert resolve_forward("auto", cuda) == "graphs" and resolve_forward("auto", cpu) == "dynamic"
+    assert resolve_forward("auto", cuda, split=True) == "dynamic", "a pair spread over GPUs stays dynamic"
     with pytest.raises(ConfigError, match="spread over several GPUs"):
-        resolve_step("static", cuda, split=True)
+        resolve_forward("static", cuda, split=True)
 
 
 def test_the_compiled_step_is_cuda_only_and_a_known_name() -> None:
-    from talon.step.static import resolve_step
+    from talon.graphs.static import resolve_forward
     from talon.run_config import ConfigError
 
-    assert resolve_step("compiled", torch.device("cuda")) == "compiled"
+    assert resolve_forward("compiled", torch.device("cuda")) == "compiled"
     with pytest.raises(ConfigError, match="'compiled' replays CUDA graphs"):
-        resolve_step("compiled", torch.device("cpu"))
+        resolve_forward("compiled", torch.device("cpu"))
 
 
 def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -383,7 +383,7 @@ def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: p
                      for t in (small, tree)]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > compiled_before, \
         "the compiled buckets really compiled"
-    assert talon.step.static.COMPILED.get(model) is not None
+    assert talon.graphs.static.COMPILED.get(model) is not None
     for want, have in zip(got[0], got[4]):
         torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
 
@@ -395,14 +395,16 @@ def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeyp
     from talon.engine.build import PairKey
     from talon.settings import Settings
 
-    assert Settings.from_env({}).step == "auto"
-    assert Settings.from_env({"TALON_STEP": "Compiled"}).step == "compiled"
-    with pytest.raises(ConfigError, match="TALON_STEP must be one of"):
-        Settings.from_env({"TALON_STEP": "fast"})
+    assert Settings.from_env({}).forward == "auto"
+    assert Settings.from_env({"TALON_FORWARD": "Compiled"}).forward == "compiled"
+    assert Settings.from_env({"TALON_STEP": "static"}).forward == "static", "the former name still works"
+    assert Settings.from_env({"TALON_STEP": "static", "TALON_FORWARD": "dynamic"}).forward == "dynamic"
+    with pytest.raises(ConfigError, match="TALON_FORWARD must be one of"):
+        Settings.from_env({"TALON_FORWARD": "fast"})
     loads = []
     monkeypatch.setattr(models, "load_pair", lambda *a, **k: loads.append(a))
     monkeypatch.setattr(zerogpu, "active", lambda: True)
-    key = PairKey("t", "d", "auto", "auto", "auto", False, "/tmp", "/tmp", step="compiled")
+    key = PairKey("t", "d", "auto", "auto", "auto", False, "/tmp", "/tmp", forward="compiled")
     with pytest.raises(ConfigError, match="ZeroGPU does not support torch.compile"):
         models.build_engine(key)
     assert loads == [], "refused before any weight is loaded"
@@ -413,7 +415,7 @@ def test_a_precompiled_pool_compiles_nothing_in_a_run(model) -> None:  # noqa: A
     forward the pool keeps; a run's forwards then compile nothing more."""
     import torch._dynamo
 
-    from talon.step.pool import StaticPool
+    from talon.graphs.pool import StaticPool
 
     torch._dynamo.reset()
     pool = StaticPool(model, compile_upto=4, quantum=64)

@@ -2,7 +2,7 @@
 acceptance replayed on the current prompt's atlas, beside Talon's own, and the engines' best
 settings on it (the Serve it tab; Gradio-free).
 
-The exported flags (``talon.atlas.serving``) become engine policies (``talon.atlas.engines``): vLLM's
+The exported flags (``talon.atlas.serving``) become engine policies (``talon.atlas.serving_replay``): vLLM's
 ``draft_model`` and ``ngram`` chains, SGLang's STANDALONE tree. What no policy replays (vLLM's
 suffix method, SGLang's NGRAM over a corpus shared between requests) is said so, never guessed.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.engine_sweep import (
+from talon.atlas.serving_sweep import (
     DEFAULT_GRIDS,
-    EngineRow,
-    best_engine_row,
-    engine_policies,
-    sweep_engine,
+    ServingRow,
+    best_serving_row,
+    serving_policies,
+    sweep_serving,
     why_best,
 )
-from talon.atlas.engines import EnginePolicy, SglangStandalone, VllmDraftModel, VllmNgram
+from talon.atlas.serving_replay import ServingPolicy, SglangStandalone, VllmDraftModel, VllmNgram
 from talon.atlas.replay import replay
 from talon.run_config import ConfigError, RunConfig
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
@@ -43,7 +43,7 @@ class Forecast:
 
     talon_mat: float | None
     talon_rate: float | None = None  # Talon's predicted tokens/s on the atlas
-    exported: list[tuple[str, EngineRow | None, str]] = field(default_factory=list)  # (engine, row, note)
+    exported: list[tuple[str, ServingRow | None, str]] = field(default_factory=list)  # (engine, row, note)
     best: dict[str, str] = field(default_factory=dict)  # engine -> one line on its best settings
     note: str = ""
 
@@ -69,9 +69,9 @@ class Forecast:
         return "\n".join(lines)
 
 
-def exported_policies(result: ServingConfig) -> list[tuple[str, EnginePolicy | None, str]]:
+def exported_policies(result: ServingConfig) -> list[tuple[str, ServingPolicy | None, str]]:
     """The engine policies an exported ServingConfig describes (None, with why, where no replay)."""
-    out: list[tuple[str, EnginePolicy | None, str]] = []
+    out: list[tuple[str, ServingPolicy | None, str]] = []
     v = result.vllm_config
     if v.get("method") == "draft_model":
         out.append(("vLLM", VllmDraftModel(int(v["num_speculative_tokens"])), ""))
@@ -99,7 +99,7 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         talon_rate = len(mine.summary.token_ids) / mine.predicted_s if mine.predicted_s > 0 else None
     except ConfigError:
         pass  # sampling or a corpus: Talon's own replay is greedy only
-    exported: list[tuple[str, EngineRow | None, str]] = []
+    exported: list[tuple[str, ServingRow | None, str]] = []
     policies = exported_policies(result)
     if cfg.drafter == "retrieval":  # vLLM's suffix is not replayed: its plain prompt-lookup alternative is
         lookup = prompt_lookup_config(cfg)
@@ -109,9 +109,9 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         if policy is None:
             exported.append((engine, None, note))
             continue
-        exported.append((engine, sweep_engine([atlas], [({}, policy)])[0], ""))
+        exported.append((engine, sweep_serving([atlas], [({}, policy)])[0], ""))
     best = {}
     for engine in ("vllm", "sglang"):
-        rows = sweep_engine([atlas], engine_policies(engine, DEFAULT_GRIDS[engine]))
-        best[engine] = why_best(rows, best_engine_row(rows))
+        rows = sweep_serving([atlas], serving_policies(engine, DEFAULT_GRIDS[engine]))
+        best[engine] = why_best(rows, best_serving_row(rows))
     return Forecast(talon_mat, talon_rate, exported, best)

@@ -3,7 +3,7 @@ atlas and verification by matching the target's greedy text. No model is loaded.
 
 * :class:`AtlasModel` is a ``DraftSource`` (``talon.drafters.base``), standing in for
   :class:`~talon.drafters.model.ModelDrafter` inside the real
-  :class:`~talon.drafters.hybrid.HybridDrafter`: the same ``reset`` / ``expand`` / ``commit``
+  :class:`~talon.drafters.tree_drafter.TreeDrafter`: the same ``reset`` / ``expand`` / ``commit``
   bookkeeping (which tokens a forward feeds, when the prompt prefill is paid), children read from
   the atlas. A request the atlas cannot answer (deeper, wider, beyond its superset) is counted,
   never treated as a rejection: the replay reports its coverage.
@@ -24,7 +24,7 @@ from talon.cost.model import CostModel
 from talon.core.accept import accept_greedy
 from talon.engine.decode import Run, RunParts
 from talon.engine.prompt import StopCheck
-from talon.drafters.hybrid import build_drafter
+from talon.drafters.tree_drafter import build_drafter
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.run_config import ConfigError, RunConfig

@@ -23,7 +23,7 @@ from talon.atlas.data import Atlas
 from talon.atlas.replay import AtlasModel, Coverage, TextVerifier, check_replayable, replay
 from talon.drafters import SOURCES
 from talon.drafters.base import DraftSource, Verifier
-from talon.drafters.hybrid import build_drafter
+from talon.drafters.tree_drafter import build_drafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.engine.decode import Engine, Run, RunParts
 from talon.engine.prompt import StopCheck
@@ -128,7 +128,7 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
         detokenize=atlas.detokenize,
         models=RunModels(target=engine.target.name, draft=engine.draft.name if engine.draft else "none",
                          dtype=str(engine.target.dtype).removeprefix("torch."), device=str(engine.target.device),
-                         step=engine.path),
+                         forward=engine.path),
         costs=costs.copy() if costs is not None else None,
     )
     return Run(cfg, parts, engine=engine), coverage

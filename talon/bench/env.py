@@ -36,10 +36,10 @@ class BenchEnv:
     peer_features: dict[str, Any] = field(default_factory=dict)
     draft_quant: str = "none"  # int8: the draft's decoder Linear layers run in int8 (all draft users)
     target_weights: str = "dense"  # int8-weights / int4-weights(-q4k): a packed target (every method's)
-    step: str = ""  # how Talon's forwards ran (talon.engine.decode.Engine.path: dynamic+fold, graphs, ...)
+    forward: str = ""  # how Talon's forwards ran (talon.engine.decode.Engine.path: dynamic+fold, graphs, ...)
 
     @staticmethod
-    def capture(target: LoadedModel, draft: LoadedModel | None, command: str, step: str = "") -> BenchEnv:
+    def capture(target: LoadedModel, draft: LoadedModel | None, command: str, forward: str = "") -> BenchEnv:
         cuda = target.device.type == "cuda"
         return BenchEnv(
             cpu=cpu_model(),
@@ -59,7 +59,7 @@ class BenchEnv:
             peer_features=peer_features(draft),
             draft_quant=getattr(draft.model, "talon_quant", "none") if draft is not None else "none",
             target_weights=getattr(target.model, "talon_quant", "dense"),
-            step=step,
+            forward=forward,
         )
 
 

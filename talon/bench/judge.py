@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from talon.bench.options import EngineKind
+from talon.bench.options import RunnerKind
 from talon.models.quant import is_packed
 from talon.models import LoadedModel
 
@@ -82,7 +82,7 @@ class OutputCheck:
     suite: str
     prompt_index: int
     method: str  # the variant's unique name
-    engine: EngineKind
+    engine: RunnerKind
     check: TokenCheck
     departs_from_ar: int | None
 

@@ -29,7 +29,7 @@ ASSISTANT_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-EngineKind = Literal["talon", "hf"]
+RunnerKind = Literal["talon", "hf"]
 
 
 class BenchError(ValueError):

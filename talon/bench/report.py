@@ -41,7 +41,7 @@ def markdown(report: BenchReport) -> str:
     env = report.env
     head = (
         f"# Talon benchmark\n\n{env.target} ({env.target_weights}) / draft {env.draft} "
-        f"({env.draft_quant}), {env.dtype} on {env.device}" + (f", step {env.step} " if env.step else " ") +
+        f"({env.draft_quant}), {env.dtype} on {env.device}" + (f", forward {env.forward} " if env.forward else " ") +
         f"({env.gpu or env.cpu}, {env.cores} cores, {env.torch_threads} torch threads), "
         f"torch {env.torch}, transformers {env.transformers}, {env.date}.\n"
         + (f"\n`{env.command}`\n" if env.command else "")

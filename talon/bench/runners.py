@@ -18,7 +18,7 @@ from talon.bench.options import (
     DRAFT_MODEL_METHODS,
     EQUAL_BUDGET,
     BenchConfig,
-    EngineKind,
+    RunnerKind,
     SweepCell,
     SweepConfig,
 )
@@ -40,7 +40,7 @@ class MethodSpec:
 
     name: str
     method: str
-    engine: EngineKind
+    engine: RunnerKind
     settings: dict[str, Any]
     best_of: bool = False
     cell: SweepCell | None = None

@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 from talon.atlas.data import Atlas, load_atlases
-from talon.atlas.engine_costs import ENGINE_COST_FORMAT, EngineCosts, TalonCurves, parse_engine_costs
-from talon.atlas.engine_sweep import (
+from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
+from talon.atlas.serving_sweep import (
     ENGINES,
-    EngineRow,
-    best_engine_row,
-    engine_policies,
-    parse_engine_grid,
-    sweep_engine,
+    ServingRow,
+    best_serving_row,
+    serving_policies,
+    parse_serving_grid,
+    sweep_serving,
     why_best,
 )
 from talon.atlas.record import record_atlas
@@ -101,10 +101,10 @@ def sweep_command(args: argparse.Namespace) -> int:
     try:
         atlases = load_atlases(args.atlases)
         costs = read_json_upload(args.costs) if args.costs is not None else None
-        engine_costs = None
+        serving_costs = None
         if isinstance(costs, dict) and costs.get("format") == ENGINE_COST_FORMAT and args.engine:
             try:
-                engine_costs = parse_engine_costs(costs)
+                serving_costs = parse_serving_costs(costs)
             except ValueError as error:
                 raise TraceFileError(f"{args.costs}: {error}") from None
         elif costs is not None:
@@ -115,7 +115,7 @@ def sweep_command(args: argparse.Namespace) -> int:
             for atlas in atlases:
                 atlas.costs = costs
         if args.engine:
-            return engine_sweep_command(args, atlases, engine_costs)
+            return serving_sweep_command(args, atlases, serving_costs)
         configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     except (ConfigError, TraceFileError, OSError) as err:
         log.error("%s", err)
@@ -139,10 +139,10 @@ def sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def engine_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: EngineCosts | None) -> int:
+def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: ServingCosts | None) -> int:
     """``--engine``: the engine's knobs, replayed as that engine drafts, ranked by predicted tok/s."""
     try:
-        policies = engine_policies(args.engine, parse_engine_grid(args.engine, args.grid))
+        policies = serving_policies(args.engine, parse_serving_grid(args.engine, args.grid))
     except ConfigError as err:
         log.error("%s", err)
         return 2
@@ -150,22 +150,22 @@ def engine_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: 
         log.error("%s holds %s's step costs, not %s's", args.costs, costs.engine, args.engine)
         return 2
     start = time.perf_counter()
-    rows = sweep_engine(atlases, policies, costs)
+    rows = sweep_serving(atlases, policies, costs)
     seconds = time.perf_counter() - start
     timing = costs.label if costs is not None else TalonCurves(atlases[0].cost_model()).label
     if args.json:
         print(json.dumps({"engine": args.engine, "timing": timing, "seconds": seconds,
                           "rows": [r.to_dict() for r in rows]}))
     else:
-        print(engine_table(rows))
-        best = best_engine_row(rows)
+        print(serving_table(rows))
+        best = best_serving_row(rows)
         print(f"\ntimes: {timing}")
         print(f"best by predicted tokens/s: {why_best(rows, best)}")
     log.info("%d %s configurations x %d atlases replayed in %.1f s", len(rows), args.engine, len(atlases), seconds)
     return 0
 
 
-def engine_table(rows: list[EngineRow]) -> str:
+def serving_table(rows: list[ServingRow]) -> str:
     """The engine's knobs, its own acceptance metric, coverage and predicted speed."""
     keys = list(dict.fromkeys(k for r in rows for k in r.knobs))
     metric = "mean acceptance length" if rows and rows[0].engine == "vllm" else "spec_accept_length"

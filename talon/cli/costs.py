@@ -25,7 +25,7 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
     what = c.add_mutually_exclusive_group(required=True)
     what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
     what.add_argument("--probe", "--refresh", dest="probe", action="store_true",
-                      help="measure the curves of the given pair now, on the step the server runs (TALON_STEP, "
+                      help="measure the curves of the given pair now, on the forward the server runs (TALON_FORWARD, "
                       "TALON_CHAIN, TALON_FOLD), and cache them")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
     add_model_args(c, settings)

@@ -76,6 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s (%s, %s, step %s)",
             len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
-            summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.step,
+            summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.forward,
         )
     return 0

@@ -66,12 +66,12 @@ def load_or_probe(
     cache_dir: Path | None,
     draft_vocab: int = 0,
     refresh: bool = False,
-    step: str = "dynamic",
+    forward: str = "dynamic",
     timers: tuple[Timer | None, Timer | None] = (None, None),
 ) -> CostModel:
-    """The cached curves for this pair, vocabulary, step and hardware, or a fresh probe (then
+    """The cached curves for this pair, vocabulary, forward and hardware, or a fresh probe (then
     cached under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
-    key = cost_key(target, draft, names, draft_vocab, step)
+    key = cost_key(target, draft, names, draft_vocab, forward)
     path = cache_path(cache_dir, key) if cache_dir is not None else None
     if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
         log.info("cost model: %s", cached.provenance.describe())

@@ -27,10 +27,10 @@ MIN_REPS, MAX_REPS = 3, 6
 
 def cost_key(
     target: PreTrainedModel, draft: PreTrainedModel | None, names: tuple[str, str], draft_vocab: int = 0,
-    step: str = "dynamic",
+    forward: str = "dynamic",
 ) -> str:
     """What the curves depend on: both models (dtype, device, quantization), the draft
-    vocabulary (the draft head's width), how a step runs (``Engine(step=...)``), the hardware,
+    vocabulary (the draft head's width), how the forwards run (``Engine(forward=...)``), the hardware,
     torch's version and thread count."""
     def describe(model: PreTrainedModel | None, name: str) -> str:
         if model is None:
@@ -41,7 +41,7 @@ def cost_key(
     host = hardware_name(target.device)
     return (f"{describe(target, names[0])}|{describe(draft, names[1])}|draft_vocab={draft_vocab}|"
             f"hw={host}|torch={torch.__version__}|threads={torch.get_num_threads()}|probe={PROBE_VERSION}"
-            + ("" if step == "dynamic" else f"|step={step}"))
+            + ("" if forward == "dynamic" else f"|forward={forward}"))
 
 
 def _sync(model: PreTrainedModel) -> None:
@@ -122,7 +122,7 @@ def probe_costs(
 ) -> CostModel:
     """Measure the curves: target forwards of 1..``max_tree`` tokens, draft forwards of 1..32,
     each fitted isotonically (more tokens never cost less). ``timers``: how the target's and
-    the draft's forwards run (None: a dynamic cache; ``talon.step.pool.static_timer``: the static
+    the draft's forwards run (None: a dynamic cache; ``talon.graphs.pool.static_timer``: the static
     step, replayed graphs included)."""
     sizes = [g for g in GRID if g <= max_tree]
     verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps, timer=timers[0])

@@ -5,7 +5,7 @@
 * ``trie``: :func:`build_trie`, continuations of a match as a frequency trie (``RetrievalProposal``);
 * ``corpus``: :class:`CorpusIndex`, a static datastore from a jsonl or text file;
 * ``retrieval``: :class:`RetrievalDrafter`, context and corpus matches as proposals;
-* ``hybrid``: :class:`HybridDrafter`, retrieval grafts first, the model's gated tree fills the rest;
+* ``hybrid``: :class:`TreeDrafter`, retrieval grafts first, the model's gated tree fills the rest;
   :func:`build_drafter` makes a run's;
 * ``base``: the contracts, ``DraftSource`` (a draft model's half), ``Drafter`` and ``Verifier``
   (what the step loop calls), and the ``Draft`` / ``PreDraft`` records;
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from talon.drafters.corpus import CorpusIndex
 from talon.drafters.base import Draft, Drafter, DraftSource, PreDraft, Verifier
-from talon.drafters.hybrid import HybridDrafter, build_drafter
+from talon.drafters.tree_drafter import TreeDrafter, build_drafter
 from talon.drafters.layer_skip import layer_skip_source
 from talon.drafters.model import ModelDrafter, draft_model_source
 from talon.drafters.retrieval import RetrievalDrafter
@@ -30,6 +30,6 @@ SOURCES: dict[str, Callable[..., DraftSource]] = {
 }
 
 __all__ = [
-    "CorpusIndex", "Draft", "DraftSource", "Drafter", "HybridDrafter", "ModelDrafter", "PreDraft",
+    "CorpusIndex", "Draft", "DraftSource", "Drafter", "TreeDrafter", "ModelDrafter", "PreDraft",
     "RetrievalDrafter", "RetrievalProposal", "SOURCES", "SuffixIndex", "SuffixMatch", "Verifier", "build_drafter", "build_trie",
 ]

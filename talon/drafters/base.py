@@ -1,11 +1,11 @@
 """The step loop's contracts: what ``decode.Run`` asks of a drafter and a verifier, what the
-hybrid drafter asks of its draft model, and ```talon.drafters.hybrid.build_drafter``, the one place a
+hybrid drafter asks of its draft model, and ```talon.drafters.tree_drafter.build_drafter``, the one place a
 run's drafter is put together (the engine's real models and the atlas's replay both use it).
 
 * ``DraftSource``: a source of draft-model children. ``ModelDrafter`` runs a real model;
   ``talon.atlas.replay.AtlasModel`` answers from a recording; a new source (a different
   small model, an n-gram table, a toy) implements these members and nothing else.
-* ``Drafter``: what ``Run`` calls each step. ``HybridDrafter`` is the one implementation: it
+* ``Drafter``: what ``Run`` calls each step. ``TreeDrafter`` is the one implementation: it
   combines a ``DraftSource`` with retrieval under TALON's budget and gates.
 * ``PreDrafter``: a ``Drafter`` that can also draft the next tree while the target verifies
   (async pre-drafting, its own small protocol); it needs a ``ForkableSource``.
@@ -91,7 +91,7 @@ class DraftSource(Protocol):
 
 @runtime_checkable
 class ChainingSource(DraftSource, Protocol):
-    """A source that can grow a whole adaptive tree itself, on its device (``talon.step.chain``):
+    """A source that can grow a whole adaptive tree itself, on its device (``talon.graphs.chain``):
     ``StaticModelDrafter`` with ``chain``. The hybrid drafter asks ``chains`` each step."""
 
     def chains(self, cfg: TreeConfig) -> bool: ...

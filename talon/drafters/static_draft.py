@@ -1,4 +1,4 @@
-"""The model drafter on a static-shape forward (``talon/step/static.py``): the same children as
+"""The model drafter on a static-shape forward (``talon/graphs/static.py``): the same children as
 ``ModelDrafter``, from a preallocated slot cache at bucketed sizes, so that on a GPU each draft
 layer is one graph replay.
 
@@ -10,7 +10,7 @@ the context; an async fork takes a second forward from the pool and copies the u
 Each layer makes one copy back to the host: its nodes' top-k children and their probabilities,
 read out inside the forward (so that a graph replays the softmax and the top-k too); the
 confidence gate and the budget decide on the host which nodes the next layer expands. With
-``chain`` (TALON's adaptive tree) they decide on the device instead (``talon.step.chain``): the
+``chain`` (TALON's adaptive tree) they decide on the device instead (``talon.graphs.chain``): the
 layers go back to back and the tree crosses to the host once a step.
 """
 
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from talon.step.chain import ChainShape, ChainState, StepTables, tree_of
+from talon.graphs.chain import ChainShape, ChainState, StepTables, tree_of
 from talon.drafters.model import ModelDrafter, path_key
-from talon.step.static import Bucket, StaticForward, bucket_for
-from talon.step.pool import StaticPool
+from talon.graphs.static import Bucket, StaticForward, bucket_for
+from talon.graphs.pool import StaticPool
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class StaticModelDrafter(ModelDrafter):
     def chained_tree(self, shared: DraftTree, cfg: TreeConfig, match_len: int, acceptance: AcceptanceModel,
                      calibrated: bool, planner: Planner | None) -> DraftTree:
         """``build_tree(shared, ...)`` for TALON's adaptive tree, grown on the device
-        (``talon.step.chain``): the root's forward and each layer's are launched back to back, each
+        (``talon.graphs.chain``): the root's forward and each layer's are launched back to back, each
         followed by its update (the gate, the budget, the merge and the planner's check as tensor
         operations, a captured graph under ``graphs``), and the tree comes back in one copy (one
         more read of the stop flag for each layer launched past the last step's count)."""

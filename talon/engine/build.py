@@ -1,6 +1,6 @@
 """The one way every front end gets its engine: the app, the command line, the benchmark, atlas
 recording and ``talon costs`` each describe the pair they want as a ``PairKey`` (from the
-``Settings``, with their own flags on top) and call ``build_engine``. So the step, the chained
+``Settings``, with their own flags on top) and call ``build_engine``. So the forward, the chained
 tree, the grouped-query fold and the prepacked layout a command runs are the ones the server
 runs, and ``talon costs --probe`` measures the curves that server reads.
 """
@@ -34,8 +34,8 @@ class PairKey:
     cache_dir: str
     cost_cache: str
     target_weights: str = "dense"
-    step: str = "auto"  # talon.step.static.resolve_step
-    chain: bool = False  # talon.step.chain: adaptive trees grown on the draft model's device
+    forward: str = "auto"  # talon.graphs.static.resolve_forward
+    chain: bool = False  # talon.graphs.chain: adaptive trees grown on the draft model's device
     prepack: bool | None = None  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN (None: auto)
     fold: bool | None = None  # talon.models.attention: grouped-query attention folded (None: the device's proven default)
 
@@ -48,22 +48,22 @@ class PairKey:
         key = cls(target=settings.target, draft=settings.draft, dtype=settings.dtype, device=settings.device,
                   draft_quant=settings.draft_quant, allow_remote_code=settings.allow_remote_code,
                   cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
-                  target_weights=settings.target_weights, step=settings.step, chain=settings.chain,
+                  target_weights=settings.target_weights, forward=settings.forward, chain=settings.chain,
                   prepack=settings.prepack, fold=settings.fold)
         return dataclasses.replace(key, **changes)
 
 
 def build_engine(key: PairKey, precompile: bool = True) -> Engine:
-    """Load ``key``'s pair and make its engine on the configured step. ``precompile``: on the
-    compiled step, compile the draft's buckets now rather than in a user's first runs."""
-    if key.step == "compiled" and zerogpu.active():
-        raise ConfigError("TALON_STEP=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
+    """Load ``key``'s pair and make its engine on the configured forward. ``precompile``: on the
+    compiled forward, compile the draft's buckets now rather than in a user's first runs."""
+    if key.forward == "compiled" and zerogpu.active():
+        raise ConfigError("TALON_FORWARD=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
     draft = None if key.draft.strip().lower() == "none" else key.draft
     target_lm, draft_lm = load_pair(key.target, draft, key.dtype, key.device, key.allow_remote_code,
                                     key.cache_dir, key.draft_quant, key.target_weights, key.prepack)
-    engine = Engine(target_lm, draft_lm, step=key.step, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
+    engine = Engine(target_lm, draft_lm, forward=key.forward, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
                     chain=key.chain, fold=key.fold)
-    if key.step == "compiled" and precompile:  # (resolve_step refused it off CUDA)
+    if key.forward == "compiled" and precompile:  # (resolve_forward refused it off CUDA)
         log.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
-    log.info("engine: %s on %s, step %s", key.describe(), engine.target.device, engine.path)
+    log.info("engine: %s on %s, forward %s", key.describe(), engine.target.device, engine.path)
     return engine

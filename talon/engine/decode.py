@@ -24,7 +24,7 @@ from talon.cost.model import CostModel
 from talon.cost.cache import load_or_probe, retire_if_contradicted
 from talon.drafters import SOURCES
 from talon.drafters.base import Draft, Drafter, PreDraft, PreDrafter, Verifier
-from talon.drafters.hybrid import HybridDrafter, build_drafter
+from talon.drafters.tree_drafter import TreeDrafter, build_drafter
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
 from talon.models import LoadedModel
@@ -32,8 +32,8 @@ from talon.cost.plan import Planner, drafting_without_catch_up
 from talon.engine.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTiming, StepTrace, summarize_steps
-from talon.step.pool import StaticPool
-from talon.engine.steps import StepForwards
+from talon.graphs.pool import StaticPool
+from talon.engine.forwards import Forwards
 from talon.core.verify import Verdict, head_rows
 
 log = logging.getLogger(__name__)
@@ -46,25 +46,25 @@ class Engine:
         draft: LoadedModel | None = None,
         cost_cache: Path | None = None,
         costs: CostModel | None = None,
-        step: str = "auto",
+        forward: str = "auto",
         chain: bool = False,
         fold: bool | None = None,
     ) -> None:
         """``cost_cache``: the directory where probed cost curves are cached (None = probe once
-        per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``step``:
+        per engine, cache nothing); ``costs``: a given cost model (tests, what-if runs). ``forward``:
         how the target verifies and the draft model drafts: ``dynamic`` (a cache that grows, one
-        forward of the tree's own size), ``static`` (``talon.step.static``: a preallocated cache,
+        forward of the tree's own size), ``static`` (``talon.graphs.static``: a preallocated cache,
         bucketed sizes), ``graphs`` (static, each bucket replayed as a CUDA graph; CUDA only) or
-        ``auto`` (``resolve_step``). ``chain``: on a static step, TALON's adaptive trees grow on
-        the draft model's device, their layers chained with no host turnaround (``talon.step.chain``).
+        ``auto`` (``resolve_forward``). ``chain``: on a static forward, TALON's adaptive trees grow on
+        the draft model's device, their layers chained with no host turnaround (``talon.graphs.chain``).
         ``fold``: grouped-query attention folded (``talon.models.attention``; None: the device kind's
         proven default). It switches the models' attention, so engines sharing a model share it."""
         wanted = resolve_fold(fold, target.device)
         self.fold = set_fold(target.model, wanted)  # False for a model on eager or flash attention
         if draft is not None:
             set_fold(draft.model, wanted)
-        self.forwards = StepForwards(step, target, draft, chain)
-        self.step = self.forwards.step
+        self.forwards = Forwards(forward, target, draft, chain)
+        self.forward = self.forwards.forward
         self.target = target
         self.draft = draft
         self.cost_cache = cost_cache
@@ -79,12 +79,12 @@ class Engine:
     @property
     def path(self) -> str:
         """How this engine's forwards run, as a run's summary and the cost cache name it: the
-        step, then ``+chain`` and ``+fold`` where on (``dynamic+fold``, ``graphs``)."""
-        return self.step + ("+chain" if self.forwards.chain else "") + ("+fold" if self.fold else "")
+        forward, then ``+chain`` and ``+fold`` where on (``dynamic+fold``, ``graphs``)."""
+        return self.forward + ("+chain" if self.forwards.chain else "") + ("+fold" if self.fold else "")
 
     @property
     def static_pools(self) -> dict[str, StaticPool]:
-        """The static step's pools of forwards by role (none on the dynamic step)."""
+        """The static step's pools of forwards by role (none on the dynamic forward)."""
         return self.forwards.roles(self.draft.model if self.draft is not None else None)
 
     def cost_snapshot(self, draft_vocab: int = 0, source: PreTrainedModel | None = None,
@@ -93,7 +93,7 @@ class Engine:
         from. A run plans on its own copy and never changes this one; ``adopt_costs`` does,
         between runs, when the caller says so. ``source``: the model that drafts, where it is
         not the pair's draft model (a view of the target): its curves are its own. ``refresh``:
-        probe again on this engine's step, whatever is cached (``talon costs --probe``)."""
+        probe again on this engine's forward, whatever is cached (``talon costs --probe``)."""
         pair = source is None or (self.draft is not None and source is self.draft.model)
         model = (self.draft.model if self.draft is not None else None) if pair else source
         store: dict = self._snapshots if pair else self._source_snapshots
@@ -107,7 +107,7 @@ class Engine:
                     if not pair:
                         name = f"{self.target.name}|{getattr(source, 'talon_name', 'source')}"
                     store[key] = load_or_probe(self.target.model, model, (self.target.name, name), self.cost_cache,
-                                               draft_vocab, refresh, step=self.path,
+                                               draft_vocab, refresh, forward=self.path,
                                                timers=self.forwards.timers(model))
             return store[key]
 
@@ -135,10 +135,10 @@ class Engine:
             return self._corpora[path]
 
     def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
-        """A model drafter over ``model`` on this engine's step (``SourceModels``)."""
+        """A model drafter over ``model`` on this engine's forward (``SourceModels``)."""
         return self.forwards.model_drafter(model, cfg, prompt_len)
 
-    def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> HybridDrafter:
+    def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> TreeDrafter:
         """The run's drafter: its kind's draft source (``talon.knobs``), retrieval, and
         ``build_drafter`` over them (after ``prepare``, which refuses a kind it cannot serve)."""
         model = SOURCES[cfg.drafter](self, cfg, prompt_len) if cfg.uses_model else None
@@ -193,7 +193,7 @@ class Engine:
                 draft=self.draft.name if self.draft is not None else "none",
                 dtype=str(self.target.dtype).removeprefix("torch."),
                 device=str(self.target.device),
-                step=self.path,
+                forward=self.path,
             ),
             costs=costs,
         )
@@ -424,7 +424,7 @@ class Run:
             draft=models.draft,
             dtype=models.dtype,
             device=models.device,
-            step=models.step,
+            forward=models.forward,
             config=self.cfg.to_dict(),
             stop_reason=reason,
             cost_model=self._cost_record(),

@@ -233,11 +233,11 @@ def planted(bug: str | None) -> Iterator[None]:
     if bug is None:
         yield
         return
-    import talon.step.pool
+    import talon.graphs.pool
     import talon.core.verify
 
     name, wrong = PLANTS[bug]
-    modules = (talon.core.verify, talon.step.pool)
+    modules = (talon.core.verify, talon.graphs.pool)
     saved = [getattr(m, name) for m in modules]
     for m in modules:
         setattr(m, name, wrong)

@@ -82,7 +82,7 @@ def lossless_fp32(ctx: PairRun) -> Outcome:
                     failures.append(f"{drafter}/{mode}/async={async_draft}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     low = below_floor(mats)
-    return not failures and not low, {"runs": len(mats), "step": engine.path, "failures": failures, "vocab": vocab,
+    return not failures and not low, {"runs": len(mats), "forward": engine.path, "failures": failures, "vocab": vocab,
                                       "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low}
 
 

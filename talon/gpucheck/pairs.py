@@ -145,9 +145,9 @@ def echo_ids(target: LoadedModel, ids: list[int], n: int) -> list[int]:
 
 
 def path_engine(target: LoadedModel, draft: LoadedModel, path: str) -> Engine:
-    """The engine ``path`` names (``graphs+chain+fold``: the step, then what is switched on)."""
-    step, *on = path.split("+")
-    return Engine(target, draft, step=step, chain="chain" in on, fold="fold" in on)
+    """The engine ``path`` names (``graphs+chain+fold``: the forward, then what is switched on)."""
+    forward, *on = path.split("+")
+    return Engine(target, draft, forward=forward, chain="chain" in on, fold="fold" in on)
 
 
 def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
@@ -261,7 +261,7 @@ FLOORS = {"none": 0.0, "retrieval": 0.0}
 
 
 def floor_of(key: str) -> float:
-    """The floor of a configuration key (``drafter/...`` or ``step/drafter/...``)."""
+    """The floor of a configuration key (``drafter/...`` or ``forward/drafter/...``)."""
     return next((FLOORS[p] for p in key.split("/") if p in FLOORS), MAT_FLOOR)
 
 

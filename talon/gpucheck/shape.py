@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default="qwen2.5-7b", help="a GPU preset's key (its shapes)")
     p.add_argument("--tiny", action="store_true", help="the tiny pair on the CPU, atlases recorded on it")
-    p.add_argument("--step", default="auto", help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default)")
+    p.add_argument("--forward", "--step", dest="forward", default="auto", help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default)")
     p.add_argument("--limit", type=int, default=12, help="atlases (the bundled lesson atlases: 12)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens a replay (at most the atlas's text)")
     p.add_argument("--planner", choices=("on", "off"), default="off", help="cost-aware planning on this device's curves")
@@ -115,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = F32 if args.tiny else BF16
     target = random_model(spec.target, spec.family, 1, dtype, device)
     draft = random_model(spec.draft, spec.family, 2, dtype, device)
-    engine = Engine(target, draft) if args.step == "auto" else path_engine(target, draft, args.step)  # auto: proven
+    engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)  # auto: proven
     atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
     report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
-              else "cpu", "dtype": str(dtype).removeprefix("torch."), "step": engine.path, "atlases": len(atlases),
+              else "cpu", "dtype": str(dtype).removeprefix("torch."), "forward": engine.path, "atlases": len(atlases),
               "tokens": args.tokens, "cost_aware": args.planner,
               **measure(engine, atlases, args.tokens, args.planner == "on")}
     text = json.dumps(report, indent=1)

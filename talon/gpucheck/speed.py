@@ -5,7 +5,7 @@ graphs, written as talon-cost/1 curves for ``python -m talon atlas sweep data/le
 
 Measures, in bf16:
 * eager: Talon's own cost probe (dynamic cache, one forward per size), as the engine runs today;
-* static eager: the static-shape forward (talon/step/static.py) without graphs;
+* static eager: the static-shape forward (talon/graphs/static.py) without graphs;
 * graph: the same forward, each bucket captured once and replayed (timed with its buffer copies);
 * the autoregressive baseline as a graph: a 1-token replay plus its argmax, and HF ``generate()``
   (greedy) as the peer;
@@ -35,7 +35,7 @@ from talon.cost.probe import probe_costs
 from talon.cost.curve import GRID
 from talon.engine.decode import Engine, generate
 from talon.run_config import RunConfig, TreeConfig
-from talon.step.static import StaticForward, bucket_for
+from talon.graphs.static import StaticForward, bucket_for
 from talon.gpucheck.pairs import BF16, pair_specs, path_engine, prompt_ids, random_ids, random_model
 
 PREFIX = 256  # committed tokens in the cache while timing (the eager probe's prefix too)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     v, d = curves["graph"]
     graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
                             prefill_per_token_s=eager.prefill_per_token_s)
-    graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/step/static.py)",
+    graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/graphs/static.py)",
                                            fields=dict(PROBED))  # its own replays, probed here
     graph.key = f"{args.pair}/graph"
     eager.key = f"{args.pair}/eager"

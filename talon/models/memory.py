@@ -103,13 +103,13 @@ class MemoryEstimate:
                 f"{round(100 * (OVERHEAD - 1))} % for activations and the allocator)")
 
 
-GRAPH_BUCKET = MAX_BUDGET + 1  # talon.step.static's largest bucket: a tree's root and MAX_BUDGET nodes
-SLOT_QUANTUM = 1024  # talon.step.pool.StaticPool rounds a slot cache up to this many slots
+GRAPH_BUCKET = MAX_BUDGET + 1  # talon.graphs.static's largest bucket: a tree's root and MAX_BUDGET nodes
+SLOT_QUANTUM = 1024  # talon.graphs.pool.StaticPool rounds a slot cache up to this many slots
 LOGIT_BYTES = 10  # per logit of the largest bucket: the model's dtype, the float32 copy, the allocator's rounding
 
 
 def graph_bytes(shape: ModelShape, size: int, tokens: int) -> int:
-    """What replaying ``shape`` as CUDA graphs adds (talon/step/static.py): the largest bucket's
+    """What replaying ``shape`` as CUDA graphs adds (talon/graphs/static.py): the largest bucket's
     logits and activations, held by its graph, and the slot cache's rounding up (measured on an
     H200, 7B target: 0.68 GiB of graph pool; this gives 0.44 GiB + the rounding, inside OVERHEAD)."""
     acts = GRAPH_BUCKET * (4 * shape.hidden + 2 * shape.intermediate) * size

@@ -134,7 +134,7 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
     if target is None:
         return  # not a pair whose shape is known without a download
     tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
-    # a guarded device is a CUDA one, where steps replay as graphs (talon.step.static.resolve_step)
+    # a guarded device is a CUDA one, where steps replay as graphs (talon.graphs.static.resolve_forward)
     estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
     check_fits(estimate, available, preset.label, preset.gpu_gib)
 

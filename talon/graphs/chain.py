@@ -6,7 +6,7 @@ back, and the gate, the budget, the merge with retrieval's grafted nodes and the
 decide there which nodes the next layer expands, so on a GPU every layer waits for the host.
 Here the same decisions are fixed-shape tensor operations over a tree of fixed capacity on the
 device that read no value on the host (the suite runs them on the ``meta`` device, where any
-read fails), and they write the next layer's packed inputs (``talon.step.static.Bucket.packed``)
+read fails), and they write the next layer's packed inputs (``talon.graphs.static.Bucket.packed``)
 themselves. The state lives in buffers made once per run and written in place; what a step
 changes is loaded in one upload. So each update is captured as a CUDA graph once and replayed
 (``ChainState.update``), a step's layers go back to back and the tree crosses once. It grows
@@ -28,7 +28,7 @@ import torch
 
 from talon.cost.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, AcceptanceModel, Planner
 from talon.run_config import TreeConfig
-from talon.step.static import CAPTURE_LOCK, Bucket, bucket_for
+from talon.graphs.static import CAPTURE_LOCK, Bucket, bucket_for
 from talon.tree import SOURCES, STOP_CODES, STOPS, DraftTree, Gate
 
 MODEL, RETRIEVAL, BOTH = SOURCES.index("model"), SOURCES.index("retrieval"), SOURCES.index("both")

@@ -63,7 +63,7 @@ class SourceStats:
                     self.accepted[side] += node in on_path
 
 
-class HybridDrafter:
+class TreeDrafter:
     def __init__(
         self,
         tree_cfg: TreeConfig,
@@ -238,8 +238,8 @@ class HybridDrafter:
             self.retrieval.extend(new_tokens)
 
 
-def build_drafter(cfg: RunConfig, model: DraftSource | None, retrieval: RetrievalDrafter | None) -> HybridDrafter:
+def build_drafter(cfg: RunConfig, model: DraftSource | None, retrieval: RetrievalDrafter | None) -> TreeDrafter:
     """The run's drafter: of the sources given, those ``cfg.drafter`` names. The engine's real
     models and the atlas's replay both come through here."""
-    return HybridDrafter(cfg.tree, model if cfg.uses_model else None,
+    return TreeDrafter(cfg.tree, model if cfg.uses_model else None,
                          retrieval if cfg.uses_retrieval else None, cfg.retrieval)

@@ -15,7 +15,7 @@ vLLM's ``suffix`` method is not replayed: its drafts come from arctic-inference'
 which is shared across requests and scored by a cache of earlier outputs (state an atlas of one
 prompt does not hold), and the package it needs had no wheel for CPython 3.11 when this was built.
 
-The loop (:func:`replay_engine`) is the engines' synchronous scheduler for one request: the
+The loop (:func:`replay_serving`) is the engines' synchronous scheduler for one request: the
 prefill emits the first token; then every step verifies the draft proposed from the committed
 text, accepts its longest prefix on the text plus the bonus token, and stops on EOS or once
 ``max_tokens`` are out. The counters follow each engine's own definition:
@@ -53,7 +53,7 @@ SGLANG_POLICY_VERSION = "SGLang 0.5.23 (sglang-0.5.23-cp311 wheel)"
 
 
 @dataclass
-class EngineDraft:
+class ServingDraft:
     """One step's draft: tokens with parent indices (-1 = the root, the last committed token)."""
 
     tokens: list[int] = field(default_factory=list)
@@ -65,10 +65,10 @@ class EngineDraft:
         return len(self.tokens)
 
 
-class EnginePolicy(Protocol):
+class ServingPolicy(Protocol):
     engine: str  # "vllm" | "sglang"
 
-    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+    def propose(self, atlas: Atlas, p: int) -> ServingDraft:
         """The draft after ``p`` generated tokens are committed."""
 
     def label(self) -> str: ...
@@ -120,8 +120,8 @@ class VllmDraftModel:
     def width(self) -> int:
         return 1
 
-    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
-        draft = EngineDraft()
+    def propose(self, atlas: Atlas, p: int) -> ServingDraft:
+        draft = ServingDraft()
         path: tuple[int, ...] = ()
         for depth in range(self.k):
             kids = atlas.children.get(atlas.canonical(p, path))
@@ -174,9 +174,9 @@ class VllmNgram:
     def width(self) -> int:
         return 1
 
-    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
+    def propose(self, atlas: Atlas, p: int) -> ServingDraft:
         tokens = lookup_draft(atlas.prompt_ids + atlas.output[:p], self.min_n, self.max_n, self.k)
-        return EngineDraft(tokens, list(range(-1, len(tokens) - 1)))
+        return ServingDraft(tokens, list(range(-1, len(tokens) - 1)))
 
 
 def lookup_draft(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -242,8 +242,8 @@ class SglangStandalone:
     def width(self) -> int:
         return self.topk
 
-    def propose(self, atlas: Atlas, p: int) -> EngineDraft:
-        draft = EngineDraft()
+    def propose(self, atlas: Atlas, p: int) -> ServingDraft:
+        draft = ServingDraft()
         paths: list[tuple[int, ...]] = []
         scores: list[np.float32] = []
         parents: list[int] = []
@@ -274,7 +274,7 @@ class SglangStandalone:
         return draft
 
     @staticmethod
-    def _best(nodes: list, n: int, draft: EngineDraft, p: int, what: str) -> list:
+    def _best(nodes: list, n: int, draft: ServingDraft, p: int, what: str) -> list:
         """The ``n`` best-scored nodes (the earlier on equal scores); a near-tie at the cut is noted."""
         ranked = sorted(nodes, key=lambda node: (-float(node[2]), node[0]))
         if 0 < n < len(ranked) and not draft.near_tie:
@@ -288,7 +288,7 @@ class SglangStandalone:
 
 
 @dataclass
-class EngineStep:
+class ServingStep:
     """One verify step: tokens drafted and accepted (the bonus token not included)."""
 
     p: int  # generated tokens committed before the step
@@ -299,18 +299,18 @@ class EngineStep:
 
 
 @dataclass
-class EngineRun:
+class ServingRun:
     """One request replayed under an engine's drafting, with that engine's counters."""
 
     policy: str
     engine: str
-    steps: list[EngineStep]
+    steps: list[ServingStep]
     output_tokens: int  # what the engine returns (cut at max_tokens or after EOS)
     prompt_tokens: int
     draft_forwards_per_step: int
 
     @property
-    def drafts(self) -> list[EngineStep]:
+    def drafts(self) -> list[ServingStep]:
         return [s for s in self.steps if s.drafted]
 
     @property
@@ -342,7 +342,7 @@ class EngineRun:
         return self.misses == 0
 
 
-def _accept(draft: EngineDraft, output: list[int], p: int) -> tuple[int, str]:
+def _accept(draft: ServingDraft, output: list[int], p: int) -> tuple[int, str]:
     """Greedy acceptance of a draft tree on the text from ``p``: the longest root path whose
     tokens follow the text. Text beyond the recording is unknown: that is a miss, not a reject."""
     depth_of: list[int] = []
@@ -362,22 +362,22 @@ def _accept(draft: EngineDraft, output: list[int], p: int) -> tuple[int, str]:
     return best, unknown
 
 
-def replay_engine(atlas: Atlas, policy: EnginePolicy, max_tokens: int | None = None) -> EngineRun:
+def replay_serving(atlas: Atlas, policy: ServingPolicy, max_tokens: int | None = None) -> ServingRun:
     """Replay one request of ``atlas`` under ``policy`` (``max_tokens``: the request's limit, at
     most the recorded text; record a few tokens more than you replay so the last step's accepted
     count is known, as the engines count past the limit)."""
     output, eos = atlas.output, set(atlas.eos)
     limit = len(output) if max_tokens is None else min(max_tokens, len(output))
-    steps: list[EngineStep] = []
+    steps: list[ServingStep] = []
     p = 1  # the prefill's token
     done = limit <= 1 or output[0] in eos
     while not done:
         draft = policy.propose(atlas, p)
         accepted, unknown = _accept(draft, output, p)
-        steps.append(EngineStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie))
+        steps.append(ServingStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie))
         new = output[p: p + accepted + 1]
         p += accepted + 1
         done = p >= limit or any(t in eos for t in new)
     cut = next((i + 1 for i, t in enumerate(output[:p]) if t in eos), p)
-    return EngineRun(policy.label(), policy.engine, steps, min(cut, limit), len(atlas.prompt_ids),
+    return ServingRun(policy.label(), policy.engine, steps, min(cut, limit), len(atlas.prompt_ids),
                      policy.draft_forwards())

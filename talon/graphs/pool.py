@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from talon.models.memory import SLOT_QUANTUM
 from talon.models.rng import generator_for
 from talon.run_config import SamplingConfig
-from talon.step.static import BUCKETS, StaticForward
+from talon.graphs.static import BUCKETS, StaticForward
 from talon.tree import DraftTree
 from talon.core.verify import head_device, TargetVerifier, tree_positions, tree_mask, Verdict
 

@@ -40,7 +40,7 @@ from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
 from talon.models.attention import fold_kwargs
-from talon.knobs import KNOB, STEPS
+from talon.knobs import KNOB, FORWARDS
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
 from talon.settings import proven_default
@@ -62,21 +62,21 @@ def spans_devices(model: PreTrainedModel) -> bool:
     return len({str(d) for d in getattr(model, "hf_device_map", {}).values()}) > 1
 
 
-def resolve_step(step: str, device: torch.device, split: bool = False) -> str:
-    """``auto``: graphs on one CUDA device (a step is launch-bound there), the dynamic cache
-    elsewhere (on the CPU the static step measured slower: docs/gpu.md) and for a pair spread
+def resolve_forward(forward: str, device: torch.device, split: bool = False) -> str:
+    """How forwards run, as asked. ``auto``: graphs on one CUDA device (a step is launch-bound
+    there), the dynamic cache elsewhere (on the CPU the static forward measured slower: docs/gpu.md) and for a pair spread
     over several GPUs (a graph is captured on one device's stream). ``compiled`` is graphs with
     the draft model's small buckets through ``torch.compile`` (opt-in: each bucket compiles for
     about 30 s, at start-up, and ZeroGPU does not support it)."""
-    if step not in STEPS:
-        raise ConfigError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
-    if step == "auto":
-        return "dynamic" if split else proven_default("step", device.type).value
-    if step in ("graphs", "compiled") and device.type != "cuda":
-        raise ConfigError(f"step {step!r} replays CUDA graphs: the target is on {device}")
-    if step != "dynamic" and split:
-        raise ConfigError(f"step {step!r} needs each model on one device; this pair is spread over several GPUs")
-    return step
+    if forward not in FORWARDS:
+        raise ConfigError(f"forward must be one of {', '.join(FORWARDS)}, not {forward!r}")
+    if forward == "auto":
+        return "dynamic" if split else proven_default("forward", device.type).value
+    if forward in ("graphs", "compiled") and device.type != "cuda":
+        raise ConfigError(f"forward {forward!r} replays CUDA graphs: the target is on {device}")
+    if forward != "dynamic" and split:
+        raise ConfigError(f"forward {forward!r} needs each model on one device; this pair is spread over several GPUs")
+    return forward
 
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -190,7 +190,7 @@ class StaticForward:
         self.buckets = {b: self._buffers(b) for b in buckets}
         self.minimum = torch.finfo(model.dtype).min
         self.capture_report = CaptureReport()
-        self.chains: dict = {}  # talon.step.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
+        self.chains: dict = {}  # talon.graphs.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
 
     def _buffers(self, size: int) -> Bucket:
         nbytes = 8 * (2 + 2 * size + size * self.earlier) + size * size
@@ -278,7 +278,7 @@ class StaticForward:
 
     def launch(self, bucket: Bucket) -> Bucket:
         """Run ``bucket`` on its packed inputs as they stand (filled by ``fill``, or on the device
-        by ``talon.step.chain``): a replay of its graph when one was captured (at its first use under
+        by ``talon.graphs.chain``): a replay of its graph when one was captured (at its first use under
         ``graphs``; the warm-ups write the step's own entries: harmless)."""
         if bucket.graph is None and self.graphs:
             self._capture(bucket)

@@ -1,5 +1,5 @@
-"""How an engine's models run: the step (``dynamic``, ``static``, ``graphs`` or ``compiled``; see
-``talon.step.static``) and, on the static steps, the pools of preallocated forwards it keeps, one
+"""How an engine's models run: the forward (``dynamic``, ``static``, ``graphs`` or ``compiled``; see
+``talon.graphs.static``) and, on the static forwards, the pools of preallocated forwards it keeps, one
 per model that verifies or drafts: the target's, the draft model's, the async forks' (eager
 under graphs: no graph is captured or replayed on the drafter thread, docs/gpu.md), and any
 other drafting model's (a view of the target, ``talon.drafters.layer_skip``), made at its first
@@ -15,29 +15,29 @@ from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.models import LoadedModel
 from talon.run_config import ConfigError, RunConfig
-from talon.step.static import COMPILED_UPTO, resolve_step, spans_devices
-from talon.step.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
+from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
+from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.core.verify import TargetVerifier
 
 
-class StepForwards:
-    def __init__(self, step: str, target: LoadedModel, draft: LoadedModel | None, chain: bool = False) -> None:
-        """``step``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere).
-        ``chain``: model drafters grow TALON's adaptive trees on the device (``talon.step.chain``);
-        a static step only."""
+class Forwards:
+    def __init__(self, forward: str, target: LoadedModel, draft: LoadedModel | None, chain: bool = False) -> None:
+        """``forward``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere).
+        ``chain``: model drafters grow TALON's adaptive trees on the device (``talon.graphs.chain``);
+        a static forward only."""
         split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
-        self.step = resolve_step(step, target.device, split)
-        if chain and self.step == "dynamic":
+        self.forward = resolve_forward(forward, target.device, split)
+        if chain and self.forward == "dynamic":
             raise ConfigError("chained drafting grows the tree in a static forward's buffers: "
-                              "it needs the static, graphs or compiled step, not dynamic")
+                              "it needs the static, graphs or compiled forward, not dynamic")
         self.chain = chain
         self.target = target
-        self.graphs = self.step in ("graphs", "compiled")
-        self.compile_upto = COMPILED_UPTO if self.step == "compiled" else 0  # the drafting models' small buckets
+        self.graphs = self.forward in ("graphs", "compiled")
+        self.compile_upto = COMPILED_UPTO if self.forward == "compiled" else 0  # the drafting models' small buckets
         self._lock = threading.Lock()
         self._target: StaticPool | None = None
         self._pools: dict[int, tuple[StaticPool, StaticPool | None]] = {}  # id(model) -> (pool, async forks' pool)
-        if self.step != "dynamic":
+        if self.forward != "dynamic":
             self._target = StaticPool(target.model, self.graphs)
             if draft is not None:
                 self.pools_of(draft.model)
@@ -51,14 +51,14 @@ class StepForwards:
             return self._pools[id(model)]
 
     def precompile(self) -> float:
-        """The compiled step: compile the drafting models' buckets now (``StaticPool.precompile``),
-        at start-up rather than in a user's first runs; seconds taken (0 on other steps)."""
+        """The compiled forward: compile the drafting models' buckets now (``StaticPool.precompile``),
+        at start-up rather than in a user's first runs; seconds taken (0 on other forwards)."""
         with self._lock:
             pools = [pool for pool, _ in self._pools.values()]
         return sum(pool.precompile() for pool in pools)
 
     def roles(self, draft: PreTrainedModel | None) -> dict[str, StaticPool]:
-        """The pools by role (none on the dynamic step): target, draft, fork."""
+        """The pools by role (none on the dynamic forward): target, draft, fork."""
         if self._target is None:
             return {}
         pools = {"target": self._target}
@@ -68,7 +68,7 @@ class StepForwards:
         return pools
 
     def timers(self, model: PreTrainedModel | None) -> tuple[StaticTimer | None, StaticTimer | None]:
-        """The cost probe's timers on this step: the target's, the drafting model's."""
+        """The cost probe's timers on this forward: the target's, the drafting model's."""
         if self._target is None:
             return None, None
         return static_timer(self._target), static_timer(self.pools_of(model)[0]) if model is not None else None
@@ -81,7 +81,7 @@ class StepForwards:
         return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft)
 
     def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
-        """A model drafter over ``model`` on this step."""
+        """A model drafter over ``model`` on this forward."""
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
         if self._target is None:
             return ModelDrafter(model, cfg.draft_vocab, target_vocab)

@@ -2,14 +2,14 @@
 
 An engine step verifies ``drafted + 1`` tokens in one target forward and, with a draft model,
 runs that model's forwards for the next draft. On the CPUs these are measured on, the time is
-close to linear in both, so :class:`EngineCosts` holds four numbers, fitted by non-negative least
+close to linear in both, so :class:`ServingCosts` holds four numbers, fitted by non-negative least
 squares on an engine's own per-request timings (``scripts/serve_check.py`` reads them from vLLM's
 per-request metrics)::
 
     step seconds    = step_s + verify_token_s * (drafted + 1) + draft_forward_s * draft forwards
     prefill seconds = prompt tokens * (prefill_token_s + draft_prefill_token_s if a draft model)
 
-Its file format is ``talon-engine-cost/1``, validated like any upload (:func:`parse_engine_costs`).
+Its file format is ``talon-engine-cost/1``, validated like any upload (:func:`parse_serving_costs`).
 Without one, :class:`TalonCurves` stands in: the atlas's own ``talon-cost/1`` curves of Talon's
 loop on the recording host (verify of T tokens, draft forwards of the engine's width), labelled as
 such: the shape of the trade-off, not the engine's overheads.
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from talon.atlas.engines import EngineRun
+from talon.atlas.serving_replay import ServingRun
 from talon.cost.model import CostModel
 
 ENGINE_COST_FORMAT = "talon-engine-cost/1"
@@ -41,7 +41,7 @@ class StepCosts(Protocol):
 
 
 @dataclass(frozen=True)
-class EngineCosts:
+class ServingCosts:
     """An engine's step cost on one host (see the module docstring); ``samples`` keep the
     measurements it was fitted on."""
 
@@ -81,11 +81,11 @@ class EngineCosts:
         return {"format": ENGINE_COST_FORMAT, **dataclasses.asdict(self)}
 
 
-def parse_engine_costs(data: Any) -> EngineCosts:
-    """An :class:`EngineCosts` from a parsed ``talon-engine-cost/1`` object (ValueError says why not)."""
+def parse_serving_costs(data: Any) -> ServingCosts:
+    """An :class:`ServingCosts` from a parsed ``talon-engine-cost/1`` object (ValueError says why not)."""
     if not isinstance(data, dict) or data.get("format") != ENGINE_COST_FORMAT:
         raise ValueError(f'not an engine cost file: expected "format": "{ENGINE_COST_FORMAT}"')
-    known = {f.name for f in dataclasses.fields(EngineCosts)}
+    known = {f.name for f in dataclasses.fields(ServingCosts)}
     given = {k: v for k, v in data.items() if k in known}
     if given.get("engine") not in ("vllm", "sglang"):
         raise ValueError("'engine' must be vllm or sglang")
@@ -95,7 +95,7 @@ def parse_engine_costs(data: Any) -> EngineCosts:
     if not isinstance(given.get("samples", []), list):
         raise ValueError("'samples' must be a list")
     try:
-        return EngineCosts(**given)
+        return ServingCosts(**given)
     except TypeError as error:
         raise ValueError(f"malformed engine cost file: {error}") from None
 
@@ -118,19 +118,19 @@ class TalonCurves:
         return 0.0  # Talon's curves hold no target prefill: ranks stay right, absolute tok/s run high
 
 
-def predicted_seconds(run: EngineRun, costs: StepCosts, width: int = 1) -> float:
+def predicted_seconds(run: ServingRun, costs: StepCosts, width: int = 1) -> float:
     """Prefill plus every step of ``run`` under ``costs`` (``width``: the draft forwards' rows,
     SGLang's topk)."""
     return costs.prefill_seconds(run.prompt_tokens, run.draft_forwards_per_step > 0) + decode_seconds(run, costs, width)
 
 
-def decode_seconds(run: EngineRun, costs: StepCosts, width: int = 1) -> float:
+def decode_seconds(run: ServingRun, costs: StepCosts, width: int = 1) -> float:
     """Every verify step of ``run`` under ``costs``: the time from the first token to the last."""
     return sum(costs.step_seconds(step.drafted, run.draft_forwards_per_step, width) for step in run.steps)
 
 
-def fit_engine_costs(samples: list[dict[str, float]], engine: str, **about: Any) -> EngineCosts:
-    """Fit :class:`EngineCosts` to per-request measurements. Each sample: ``steps``,
+def fit_serving_costs(samples: list[dict[str, float]], engine: str, **about: Any) -> ServingCosts:
+    """Fit :class:`ServingCosts` to per-request measurements. Each sample: ``steps``,
     ``verified_tokens`` (sum of drafted + 1 over its steps), ``draft_forwards``, ``decode_s`` (the
     engine's first-to-last token time), ``prompt_tokens``, ``prefill_s`` and ``draft_model`` (0/1).
     Non-negative least squares (every subset of the coefficients, the best feasible fit)."""
@@ -145,7 +145,7 @@ def fit_engine_costs(samples: list[dict[str, float]], engine: str, **about: Any)
     with_draft = (sum(s["prefill_s"] for s in drafted) / sum(s["prompt_tokens"] for s in drafted)) if drafted else prefill
     if not plain:
         prefill, with_draft = with_draft, with_draft
-    return EngineCosts(engine, *(float(c) for c in coef), prefill_token_s=prefill,
+    return ServingCosts(engine, *(float(c) for c in coef), prefill_token_s=prefill,
                        draft_prefill_token_s=max(with_draft - prefill, 0.0), samples=list(samples), **about)
 
 

@@ -1,7 +1,7 @@
 """Sweeping an engine's own knobs on atlases: ``python -m talon atlas sweep ATLAS --engine vllm``.
 
 Every combination of the engine's knobs is replayed under that engine's drafting on every atlas
-(:mod:`talon.atlas.engines`), and ranked by predicted tokens/s: the engine's own counters, the
+(:mod:`talon.atlas.serving_replay`), and ranked by predicted tokens/s: the engine's own counters, the
 step cost of an engine cost file (``talon-engine-cost/1``, from ``scripts/serve_check.sh``) or,
 without one, the atlases' own Talon cost curves standing in (said so in the output).
 """
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.engine_costs import StepCosts, TalonCurves, predicted_seconds
-from talon.atlas.engines import (
-    EnginePolicy,
-    EngineRun,
+from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
+from talon.atlas.serving_replay import (
+    ServingPolicy,
+    ServingRun,
     SglangStandalone,
     VllmDraftModel,
     VllmNgram,
-    replay_engine,
+    replay_serving,
 )
 from talon.run_config import ConfigError
 
@@ -39,7 +39,7 @@ KNOB_TYPES: dict[str, dict[str, type]] = {
 VLLM_METHODS = ("draft_model", "ngram")
 
 
-def parse_engine_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]:
+def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]:
     """``KEY=V1,V2`` items over the engine's default grid (ConfigError names a bad item)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -62,12 +62,12 @@ def parse_engine_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]
     return grid
 
 
-def engine_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], EnginePolicy]]:
+def serving_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], ServingPolicy]]:
     """Every valid combination of the grid as a policy, each with its knobs. Combinations the
     engine itself would rewrite are rewritten as it does (SGLang: topk 1 forces num_draft_tokens =
     num_steps + 1; a draft-token count above the tree's candidates is capped); ones it would
     refuse (prompt_lookup_min above max) are left out; duplicates once."""
-    out: dict[str, tuple[dict[str, Any], EnginePolicy]] = {}
+    out: dict[str, tuple[dict[str, Any], ServingPolicy]] = {}
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
         knobs = dict(zip(keys, combo))
@@ -82,7 +82,7 @@ def engine_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict[
     return list(out.values())
 
 
-def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], EnginePolicy] | None:
+def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], ServingPolicy] | None:
     if engine == "vllm":
         if knobs["method"] == "draft_model":
             return {"method": "draft_model", "k": knobs["k"]}, VllmDraftModel(knobs["k"])
@@ -99,12 +99,12 @@ def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], EngineP
 
 
 @dataclass
-class EngineRow:
+class ServingRow:
     """One engine configuration over all atlases, in that engine's own terms."""
 
     knobs: dict[str, Any]
-    policy: EnginePolicy
-    runs: list[EngineRun]
+    policy: ServingPolicy
+    runs: list[ServingRun]
     predicted_s: float
 
     @property
@@ -171,8 +171,8 @@ class EngineRow:
                                "accepted_per_step": [s.accepted for s in r.drafts]} for r in self.runs]}
 
 
-def sweep_engine(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, Any], EnginePolicy]],
-                 costs: StepCosts | None = None, max_tokens: int | None = None) -> list[EngineRow]:
+def sweep_serving(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, Any], ServingPolicy]],
+                 costs: StepCosts | None = None, max_tokens: int | None = None) -> list[ServingRow]:
     """Replay every policy on every atlas; time each run under ``costs`` (None: each atlas's own
     Talon curves). ``max_tokens`` None: every policy stops at the same point of each atlas, as far
     before its end as the deepest draft reaches, so no last step looks past the recorded text."""
@@ -180,19 +180,19 @@ def sweep_engine(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, An
     limits = [max_tokens if max_tokens is not None else max(len(a.output) - reach, 2) for a in atlases]
     rows = []
     for knobs, policy in policies:
-        runs = [replay_engine(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
+        runs = [replay_serving(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
         seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), policy.width())
                       for run, atlas in zip(runs, atlases))
-        rows.append(EngineRow(knobs, policy, runs, seconds))
+        rows.append(ServingRow(knobs, policy, runs, seconds))
     return rows
 
 
-def best_engine_row(rows: Sequence[EngineRow]) -> EngineRow:
+def best_serving_row(rows: Sequence[ServingRow]) -> ServingRow:
     """The most predicted tokens/s; ties: the higher acceptance, then the first."""
     return max(rows, key=lambda r: (round(r.tokens_per_s, 9), r.acceptance, -rows.index(r)))
 
 
-def why_best(rows: Sequence[EngineRow], best: EngineRow) -> str:
+def why_best(rows: Sequence[ServingRow], best: ServingRow) -> str:
     """One line on why the best configuration wins over its neighbours."""
     same = [r for r in rows if r is not best and r.knobs.get("method") == best.knobs.get("method")]
     longer = [r for r in same if r.acceptance > best.acceptance]
