@@ -20,7 +20,7 @@ from talon import ui  # noqa: E402
 from talon.models import gpu_health  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 
-log = logging.getLogger("talon.app")
+logger = logging.getLogger("talon.app")
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -46,7 +46,7 @@ def start_models(settings: Settings) -> None:
         threading.Thread(target=ui.warm_up, args=(settings,), name="talon-warm-up", daemon=True).start()
         return
     for problem in zerogpu.check_supported(settings.zerogpu_unsupported_ok):  # raises unless allowed
-        log.warning("ZeroGPU does not support %s; starting anyway (TALON_ZEROGPU_UNSUPPORTED_OK=1)", problem)
+        logger.warning("ZeroGPU does not support %s; starting anyway (TALON_ZEROGPU_UNSUPPORTED_OK=1)", problem)
     ui.warm_up(settings)
 
 
@@ -54,11 +54,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     if (unusable := gpu_health.unusable_gpu()) is not None:
-        log.warning("%s", unusable)
+        logger.warning("%s", unusable)
     try:
         start_models(settings)
     except zerogpu.ZeroGPUUnsupported as error:
-        log.error("%s", error)
+        logger.error("%s", error)
         raise SystemExit(f"talon: {error}") from None
     demo = build_app(settings)
     # No allowed_paths: the CSS and script are inlined, so the server hands out only the files the

@@ -17,15 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-
 from talon.atlas.data import AtlasSpec
 from talon.atlas.record import record_atlas
 from talon.atlas.replay import compare_runs, replay
-from talon.specbench import default_data_dir, load_prompts
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.models import load_pair
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.specbench import default_data_dir, load_prompts
 
 
 def grid(tokens: int) -> list[RunConfig]:

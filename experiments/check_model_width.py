@@ -23,10 +23,10 @@ import time
 
 import torch
 
+from talon.engine.engine import Engine, generate
 from talon.gpucheck import check_model
 from talon.gpucheck.pair_checks import greedy_cfg, plain
 from talon.gpucheck.pairs import F32, pair_specs, random_ids, random_model, reference
-from talon.engine.decode import Engine, generate
 
 CONFIGS = (("model", "adaptive"), ("hybrid", "static"), ("model", "chain"))
 

@@ -27,14 +27,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-
-from talon.engine.decode import Engine, generate
-from talon.models.device import hardware_name
+from talon.core.verify import forward_hidden, lm_logits
+from talon.engine.engine import Engine, generate
+from talon.graphs.static import StaticForward
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
+from talon.models.device import hardware_name
 from talon.run_config import RunConfig
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
-from talon.graphs.static import StaticForward
-from talon.core.verify import forward_hidden, lm_logits
 
 PREFIX = 256
 VOCAB = RunConfig().draft_vocab  # the draft head's width a run uses by default

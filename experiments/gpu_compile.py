@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-
-from talon.engine.decode import Engine, generate
-from talon.run_config import RunConfig, TreeConfig
-from talon.graphs.static import StaticForward
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.pairs import BF16, pair_specs, random_ids, random_model
 from talon.gpucheck.speed import PREFIX, bucket_times, step_split
+from talon.graphs.static import StaticForward
+from talon.run_config import RunConfig, TreeConfig
 
 
 def compare(model: torch.nn.Module, sizes: list[int]) -> dict[str, Any]:

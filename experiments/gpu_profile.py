@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 
-
-from talon.engine.decode import Engine, generate
-from talon.run_config import RunConfig, TreeConfig
-from talon.graphs.static import StaticForward
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.pairs import BF16, pair_specs, prompt_ids, random_ids, random_model
+from talon.graphs.static import StaticForward
+from talon.run_config import RunConfig, TreeConfig
 
 PREFIX = 256
 RUNS = (("model", "chain", "random"), ("hybrid", "adaptive", "chain"))  # (drafter, tree, prompt)

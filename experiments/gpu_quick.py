@@ -16,8 +16,7 @@ import time
 
 import torch
 
-
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.pair_checks import greedy_cfg, plain
 from talon.gpucheck.pairs import F32, pair_specs, prompt_ids, random_ids, random_model, reference
 

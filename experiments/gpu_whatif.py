@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 from talon.cli.main import main as talon_main
+
+REPO = Path(__file__).resolve().parents[1]
 
 DRAFTERS = ("none", "retrieval", "model", "hybrid")
 

@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 
-
+from scripts.report import emit
+from talon.graphs.static import StaticForward
 from talon.models.attention import set_fold
 from talon.models.device import hardware_name
-from talon.graphs.static import StaticForward
-from scripts.report import emit
 
 PREFIX = 256
 
@@ -75,7 +74,7 @@ def measure(model, max_len: int, sizes: list[int], reps: int, graphs: bool) -> d
 
 def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
     """The hybrid drafter on ``per_suite`` prompts of each Spec-Bench suite, folded and not in turn."""
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
     from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 

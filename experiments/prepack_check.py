@@ -26,11 +26,10 @@ from typing import Any
 
 import torch
 
-
+from scripts.report import emit
+from talon.core.verify import forward_hidden, lm_logits
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, cpu_model, load_pair
 from talon.models.prepack import CHECK_ROWS, time_layer
-from talon.core.verify import forward_hidden, lm_logits
-from scripts.report import emit
 
 PREFIX = 256
 WAYS = ("plain", "prepacked")
@@ -68,7 +67,7 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
     ``planner``: ``free`` (the cost-aware planner on each pair's own probed curves: it may draft
     other trees on the two layouts) or ``fixed`` (the planner off: both arms draft the same
     trees, so the ratio is the layout's alone)."""
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
     from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 

@@ -13,14 +13,12 @@ import argparse
 import statistics
 import sys
 
-
 import gradio as gr
 
 from talon import figures as F
 from talon.server.examples import load_examples
 from talon.settings import Settings
-from talon.ui.decode_tab import make_generate
-from talon.ui.decode_tab import decode_panel
+from talon.ui.decode_tab import decode_panel, make_generate
 from talon.ui.session import Session
 
 

@@ -20,16 +20,15 @@ import sys
 
 import torch
 
-
-from talon.engine.decode import Engine, generate
-from talon.models import LoadedModel, cpu_model, load_pair
-from talon.models.loading import shipped_blocks
-from talon.models.embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET
-from talon.models.quant import quantize_target
+from talon.core.verify import head_rows
+from talon.engine.engine import Engine, generate
 from talon.engine.prompt import encode_prompt
+from talon.models import LoadedModel, cpu_model, load_pair
+from talon.models.embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.models.loading import shipped_blocks
+from talon.models.quant import quantize_target
 from talon.run_config import RunConfig
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
-from talon.core.verify import head_rows
 
 MODES = ("float32", "bf16", "int8", "int4", "int4-rtn")  # int4-rtn: rounded, not the Q4_K blocks
 

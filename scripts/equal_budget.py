@@ -21,14 +21,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-
-from talon.specbench import default_data_dir, load_prompts
 from talon.bench.options import EQUAL_BUDGET
-from talon.specbench import SPECBENCH_SUITES
 from talon.bench.runners import talon_run_config, talon_variant
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
 from talon.run_config import ADMISSIONS
+from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 
 
 def main() -> int:

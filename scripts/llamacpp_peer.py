@@ -21,13 +21,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 from transformers import AutoTokenizer
 
+from talon.engine.prompt import encode_prompt
 from talon.models import cpu_model
 from talon.models.convert import resolve_cache_dir
 from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths
-from talon.engine.prompt import encode_prompt
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 

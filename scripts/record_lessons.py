@@ -16,16 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 from talon.atlas.data import AtlasSpec
 from talon.atlas.record import record_atlas
-from talon.lessons import lesson_configs
 from talon.engine.build import PairKey, build_engine
+from talon.lessons import lesson_configs
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
+
+REPO = Path(__file__).resolve().parents[1]
 
 # EAGLE-3's default tree (SafeAILab/EAGLE eagle/model/ea_model.py: top_k=10, depth=7 expansions
 # after the root's layer, total_token=60) fits inside: K and k up to 10, depth up to 8. Whatever

@@ -16,17 +16,16 @@ import logging
 import sys
 from pathlib import Path
 
-
-from talon.engine.decode import Engine, generate
-from talon.server.examples import load_examples
 from talon.engine.build import PairKey, build_engine
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.engine.engine import Engine, generate
 from talon.figures.opening import criterion_score, opening_criterion, opening_step
+from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.run_config import RunConfig
+from talon.server.examples import load_examples
 from talon.settings import Settings
 from talon.trace import dump_trace
 
-log = logging.getLogger("record_opening")
+logger = logging.getLogger("record_opening")
 OUT = Path(__file__).resolve().parents[1] / "static" / "recording.json"
 
 
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     for example in examples:
         summary, steps = generate(engine, example.prompt, cfg)
         score = criterion_score(steps)
-        log.info("%-80s met %d of %d, %d rich steps, MAT %.2f", example.label[:80], score[0],
+        logger.info("%-80s met %d of %d, %d rich steps, MAT %.2f", example.label[:80], score[0],
                  len(opening_criterion(steps)), score[1], summary.mean_accepted_tokens)
         if best is None or score > best[0]:
             best = (score, example, summary, steps)
@@ -64,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = dataclasses.replace(summary, cost_model=measured_costs(engine, cfg))
     dump_trace(str(args.out), summary, steps)
     for requirement, met in opening_criterion(steps).items():
-        log.info("  [%s] %s", "x" if met else " ", requirement)
-    log.info("wrote %s: %s (%d steps, opens on step %d; %s, %s)", args.out, example.label, len(steps),
+        logger.info("  [%s] %s", "x" if met else " ", requirement)
+    logger.info("wrote %s: %s (%d steps, opens on step %d; %s, %s)", args.out, example.label, len(steps),
              opening_step(steps), summary.dtype, summary.device)
     return 0
 

@@ -27,7 +27,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-
 SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 MAX_TOKENS = 48
 DRAFT_MODEL_K = (1, 2, 4)
@@ -38,12 +37,12 @@ WARMUP_PROMPT = "Say hello."
 
 def prepare(out: Path) -> None:
     from talon.atlas.record import record_atlas
-    from talon.engine.decode import Engine
+    from talon.atlas.serving import serving_config
+    from talon.engine.engine import Engine
+    from talon.engine.prompt import encode_prompt
     from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
     from talon.models.device import hardware_name
-    from talon.engine.prompt import encode_prompt
     from talon.run_config import RunConfig
-    from talon.atlas.serving import serving_config
     from talon.settings import Settings
     from talon.specbench import default_data_dir, load_prompts
 

@@ -21,7 +21,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-
 import talon.cost.plan as plan
 from talon.atlas.data import load_atlases
 from talon.atlas.sweep import SweepRow, grid_configs, parse_grid, run_sweep

@@ -18,9 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 from talon.models.zerogpu import SPACE_PYTHON, SPACE_TORCH
+
+REPO = Path(__file__).resolve().parents[1]
 
 SPACES_PIN = "spaces==0.51.3"  # the version whose ZeroGPU contract talon.models.zerogpu follows
 

@@ -24,7 +24,7 @@ from typing import Any
 
 # The drafter kinds, registered here and nowhere else. A kind says which model drafts (``model``) and
 # whether retrieval from the text so far drafts too (``retrieval``); where a model drafts, the function
-# that makes its DraftSource is ``talon.drafters.SOURCES[name]``. ``talon.drafters.tree_drafter.build_drafter``
+# that makes its DraftSource is ``talon.drafters.SOURCE_MAKERS[name]``. ``talon.drafters.tree_drafter.build_drafter``
 # combines the source and retrieval under the budget and gates; how to add one: docs/design.md, "Add a drafter".
 @dataclass(frozen=True)
 class DrafterKind:
@@ -47,6 +47,8 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
 DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)  # the kinds that draft
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
+# the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
+ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 
 
 class ConfigError(ValueError):

@@ -14,8 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from talon.knobs import DRAFTER_KINDS, DRAFTERS, DRAFTING_KINDS, DrafterKind
-from talon.knobs import ADMISSIONS, COST_MODES, MAX_BUDGET, TREE_MODES, ConfigError, check_record, default, nested, values_of
+from talon.knobs import (
+    ADMISSIONS,
+    COST_MODES,
+    DRAFTER_KINDS,
+    DRAFTERS,
+    DRAFTING_KINDS,
+    MAX_BUDGET,
+    TREE_MODES,
+    ConfigError,
+    DrafterKind,
+    check_record,
+    default,
+    nested,
+    values_of,
+)
 
 __all__ = ["ADMISSIONS", "COST_MODES", "DRAFTER_KINDS", "DRAFTING_KINDS", "MAX_BUDGET", "TREE_MODES", "ConfigError",
            "RetrievalConfig", "RunConfig", "SamplingConfig", "TreeConfig"]

@@ -18,7 +18,7 @@ from talon.run_config import ConfigError
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
 EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
 
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+DTYPE_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DRAFT_QUANTS: tuple[str, ...] = ("auto", "none", "int8")
 TARGET_WEIGHTS: tuple[str, ...] = ("auto", "dense", "int4")  # dense: the dtype as loaded
 INT8_REFUSED = ("int8 target weights are not offered: rounding each activation row to int8 makes a real model's "
@@ -198,8 +198,8 @@ class Settings:
     zerogpu_unsupported_ok: bool = False
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"TALON_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ConfigError(f"TALON_DTYPE must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
         if self.draft_quant not in DRAFT_QUANTS:
             raise ConfigError(f"TALON_DRAFT_QUANT must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
         if self.target_weights == "int8":

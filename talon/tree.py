@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
 
 

@@ -17,11 +17,12 @@ from gradio_client import Client, handle_file
 
 import talon.server.pair as ui_models
 import talon.trace
-
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.engine.prompt import PromptError
-from talon.server.examples import BUILTIN_EXAMPLES, load_examples
+from talon.gpucheck.launch import serve_app
 from talon.run_config import ConfigError, RunConfig
+from talon.server.examples import BUILTIN_EXAMPLES, load_examples
+from talon.server.request import Controls, check_prompt, user_error
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,
@@ -30,12 +31,9 @@ from talon.trace import (
     parse_trace,
     read_json_upload,
 )
-from talon.server.request import Controls, check_prompt, user_error
-from talon.ui.decode_tab import DecodeView, make_generate, make_nudge, make_show_step
-from talon.gpucheck.launch import serve_app
-from talon.ui.decode_tab import decode_panel
-from talon.ui.session import Session, stop
+from talon.ui.decode_tab import DecodeView, decode_panel, make_generate, make_nudge, make_show_step
 from talon.ui.measure_panel import parse_sweep
+from talon.ui.session import Session, stop
 from tests.test_figures import make_step
 from tests.tiny import tiny_loaded
 
@@ -426,7 +424,7 @@ def test_a_decode_press_reaches_the_step_loop_in_a_few_calls(view: DecodeView, m
     at most 12, no module entered twice."""
     import traceback
 
-    from talon.engine.decode import Run
+    from talon.engine.run import Run
 
     stacks: list[list[tuple[str, str]]] = []
     step = Run._step
@@ -439,7 +437,7 @@ def test_a_decode_press_reaches_the_step_loop_in_a_few_calls(view: DecodeView, m
     monkeypatch.setattr(Run, "_step", first_step)
     list(make_generate(view, Settings())("abc abc abc", Session(), max_new_tokens=4))
     way = talon_way(stacks[0])
-    assert way[0] == ("talon.ui.decode_tab", "generate") and way[-1] == ("talon.engine.decode", "_step")
+    assert way[0] == ("talon.ui.decode_tab", "generate") and way[-1] == ("talon.engine.run", "_step")
     assert len(way) <= 12, way
     assert len(visits(way)) == len(set(visits(way))), visits(way)
     assert len(set(visits(way * 2))) < len(visits(way * 2))  # a way that comes back is caught

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from tests.test_engine import PROMPTS, noisy_copy, reference
 from tests.tiny import tiny_loaded

@@ -17,8 +17,8 @@ from talon.atlas.replay import compare_runs, replay
 from talon.atlas.sweep import best_row, pareto, run_sweep
 from talon.cli.main import main
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine, generate
 from talon.drafters.model import DraftLedger
+from talon.engine.engine import Engine, generate
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.trace import TraceFileError
 from tests.test_engine import noisy_copy

@@ -13,7 +13,7 @@ import pytest
 from tests.test_browser import TINY_PROMPT, app_url, page, wait_for_recording  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SCREENSHOT = "/tmp/atlas_tab.png"
 RECORD_TIMEOUT_MS = 240_000  # tiny models on a loaded 2-core CPU
@@ -53,7 +53,7 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     page.wait_for_function(f"{PLOT.format('mu')}.data[0].x.includes('1')")
     page.wait_for_function(f"{PLOT.format('k')}.data.some(t => t.name === 'sliders')")
     elapsed = time.perf_counter() - start
-    log.warning("knob move to redrawn score and heatmaps: %.2f s", elapsed)
+    logger.warning("knob move to redrawn score and heatmaps: %.2f s", elapsed)
     print(f"\nknob move -> redrawn heatmaps: {elapsed:.2f} s")
     after = score(page)
     assert after != before, (before, after)

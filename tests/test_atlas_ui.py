@@ -17,12 +17,7 @@ import gradio as gr
 import pytest
 
 from talon import figures as F
-from talon.figures.atlas import knob_text
 from talon.atlas.data import Atlas
-from talon.atlas.replay import replay
-from talon.atlas.sweep import best_row, pareto
-from talon.server.examples import load_examples
-from talon.settings import Settings
 from talon.atlas.explorer import (
     AtlasSession,
     Knobs,
@@ -31,19 +26,24 @@ from talon.atlas.explorer import (
     mu_budget_grid,
     root_top_grid,
 )
-from talon.ui.explorer_tab import greedy_note
-from talon.ui.files import read_atlas, write_atlas
-from talon.ui.explorer_tab import explorer_panel
+from talon.atlas.replay import replay
+from talon.atlas.sweep import best_row, pareto
+from talon.figures.atlas import knob_text
+from talon.server.examples import load_examples
+from talon.server.request import Controls
+from talon.settings import Settings
 from talon.ui.explorer_tab import (
     ExplorerView,
+    explorer_panel,
+    greedy_note,
     make_apply,
     make_record,
     make_rescore,
-    make_show_step,
+    make_show_replayed_step,
     make_to_best,
     make_upload,
 )
-from talon.server.request import Controls
+from talon.ui.files import read_atlas, write_atlas
 from talon.ui.panel import build_controls
 from tests.test_app import save_tiny_pair
 
@@ -214,11 +214,11 @@ def test_step_view_shows_a_replayed_tree(ui, recorded) -> None:
     session, _ = recorded
     make_rescore(view)(session, 0, **Knobs(min_conf=0.0, cost_aware=False).values())
     steps = session.result.steps
-    shown = make_show_step(view)(2, session)
+    shown = make_show_replayed_step(view)(2, session)
     assert shown[view.tree].layout.title.text.startswith("Draft tree, step 2")
     points = sum(len(t.x) for t in shown[view.tree].data if t.type == "scatter" and t.mode and "markers" in t.mode)
     assert points >= len(steps[2].tokens)
-    assert make_show_step(view)(10**6, session)[view.step]["value"] == len(steps) - 1
+    assert make_show_replayed_step(view)(10**6, session)[view.step]["value"] == len(steps) - 1
 
 
 def test_atlas_files_round_trip_and_bad_uploads_are_clear_errors(ui, recorded, tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import transformers.integrations.sdpa_attention as hf_sdpa
 from transformers import DynamicCache
 
 import talon.models.attention
-from talon.models.attention import NAME, folded_sdpa, resolve_fold, set_fold
-from talon.graphs.static import StaticForward
 from talon.core.verify import forward_hidden
+from talon.graphs.static import StaticForward
+from talon.models.attention import NAME, folded_sdpa, resolve_fold, set_fold
 from tests.tiny import tiny_model
 
 PREFIX = torch.arange(3, 40)
@@ -126,7 +126,7 @@ def test_a_switched_model_computes_what_it_did(model) -> None:  # noqa: ANN001
 def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
     """``TALON_FOLD``: auto folds on a CPU and not on CUDA until a GPU run proves it; the
     engine switches both models, and a run's summary says which path ran."""
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
     from talon.settings import PROVEN, Settings
     from tests.tiny import tiny_loaded

@@ -24,7 +24,7 @@ from talon.bench import (
 )
 from talon.bench.command import main
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.specbench import SuiteError
 from tests.test_engine import noisy_copy
@@ -328,9 +328,9 @@ def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: P
 def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
     """A near-tie can send a method down a shorter continuation: fewer tokens in less time is
     not a speedup. Speedup compares tokens per second; the best-of variant is the fastest."""
-    from talon.specbench import Prompt
     from talon.bench.results import Sample, aggregate
     from talon.bench.runners import MethodSpec, Outcome
+    from talon.specbench import Prompt
 
     class Fixed:
         def __init__(self, spec: MethodSpec) -> None:
@@ -356,9 +356,9 @@ def test_speedup_is_a_ratio_of_tokens_per_second() -> None:
 def test_the_free_drafting_bound_matches_a_hand_computation() -> None:
     """bound = MAT x t_verify(1) / mean t_verify(tree tokens), per suite and over all suites, on a
     synthetic verify curve: 0.5 s for 1 token, 0.9 for 4, 1.4 for 8, 1.6 for 16 (linear between)."""
-    from talon.specbench import Prompt
     from talon.bench.results import Sample, aggregate
     from talon.bench.runners import MethodSpec, Outcome
+    from talon.specbench import Prompt
 
     class Fixed:
         def __init__(self, spec: MethodSpec) -> None:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from talon.ui.decode_tab import load_recording
 from talon.gpucheck.launch import REPO
-
+from talon.ui.decode_tab import load_recording
 
 pytestmark = pytest.mark.browser
 

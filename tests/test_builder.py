@@ -7,10 +7,9 @@ import math
 import pytest
 
 from talon.core.builder import build_tree
-from talon.cost.plan import AcceptanceModel
+from talon.cost.plan import CalibratedAcceptance
 from talon.run_config import TreeConfig
-from talon.tree import layer_width
-from talon.tree import DraftTree
+from talon.tree import DraftTree, layer_width
 
 
 def synthetic(peak: float, vocab: int = 50):
@@ -125,10 +124,10 @@ def two_children(tree: DraftTree, nodes: list[int], k: int):
             for n in nodes]
 
 
-def calibrated_model() -> AcceptanceModel:
+def calibrated_model() -> CalibratedAcceptance:
     """A run's acceptance model after 40 steps in which the draft's 0.3-children were always
     accepted and its 0.6-children never: raw q ranks them the wrong way round."""
-    model = AcceptanceModel()
+    model = CalibratedAcceptance()
     tree = DraftTree.with_root(0)
     shunned = tree.add(0, 1, SHUNNED, "model")
     favoured = tree.add(0, 2, FAVOURED, "model")
@@ -139,7 +138,7 @@ def calibrated_model() -> AcceptanceModel:
     return model
 
 
-def build_both(cfg: TreeConfig) -> tuple[DraftTree, DraftTree, AcceptanceModel]:
+def build_both(cfg: TreeConfig) -> tuple[DraftTree, DraftTree, CalibratedAcceptance]:
     """The same tree built ranked by raw path confidence and by calibrated acceptance."""
     model = calibrated_model()
     raw = build_tree(DraftTree.with_root(3), two_children, cfg, cfg.budget)
@@ -148,7 +147,7 @@ def build_both(cfg: TreeConfig) -> tuple[DraftTree, DraftTree, AcceptanceModel]:
     return raw, cal, model
 
 
-def expected_accepted(model: AcceptanceModel, tree: DraftTree) -> float:
+def expected_accepted(model: CalibratedAcceptance, tree: DraftTree) -> float:
     return sum(model.node_probs(tree, 0)[1:])
 
 

@@ -16,14 +16,14 @@ import torch
 
 import talon.graphs.chain
 from talon.core.builder import build_tree, path_confidence
-from talon.graphs.chain import ChainShape, ChainState, StepTables
-from talon.graphs.static import BUCKETS, Bucket, bucket_for
 from talon.cost.model import synthetic_costs
+from talon.cost.plan import CalibratedAcceptance, Planner
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
-from talon.cost.plan import AcceptanceModel, Planner
-from talon.run_config import TreeConfig
+from talon.graphs.chain import ChainShape, ChainState, StepTables
 from talon.graphs.pool import StaticPool
+from talon.graphs.static import BUCKETS, Bucket, bucket_for
+from talon.run_config import TreeConfig
 from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
@@ -64,7 +64,7 @@ def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool,
     drafter.reset(PROMPT)
     if drafters is not None:
         drafters.append(drafter)
-    acceptance = AcceptanceModel()
+    acceptance = CalibratedAcceptance()
     rng = random.Random(seed)
     out = []
     for _ in range(steps):
@@ -151,7 +151,7 @@ def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(mode
     drafter.reset(PROMPT)
     addresses = None
     for step in range(3):
-        tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, 0, AcceptanceModel(),
+        tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, 0, CalibratedAcceptance(),
                                     True, None)
         (state,) = drafter.static.chains.values()
         now = [buf.data_ptr() for buf in state.buffers()]
@@ -223,7 +223,7 @@ def random_case(seed: int) -> tuple[DraftTree, list[int], Planner, TreeConfig, i
                             {1: rng.uniform(0.0, 0.002), 64: rng.uniform(0.0, 0.004)}, other_s=rng.uniform(0, 0.01))
     cfg = TreeConfig(mode="adaptive", budget=rng.randrange(4, 40), top_k=rng.randrange(1, 4),
                      max_depth=deepest + rng.randrange(1, 6))
-    acceptance = AcceptanceModel()
+    acceptance = CalibratedAcceptance()
     for _ in range(rng.randrange(4)):
         acceptance.observe(tree, tree.path(rng.randrange(len(tree))), rng.randrange(8))
     planner = Planner(costs, cfg, 64, predicted=True, acceptance=acceptance)
@@ -298,7 +298,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
 
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])
 def test_a_chained_run_is_lossless(drafter: str) -> None:
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
     from tests.test_engine import PROMPTS, noisy_copy, reference
     from tests.tiny import tiny_loaded
@@ -321,7 +321,7 @@ def test_a_chained_run_is_lossless(drafter: str) -> None:
 
 
 def test_chaining_needs_a_static_step() -> None:
-    from talon.engine.decode import Engine
+    from talon.engine.engine import Engine
     from talon.run_config import ConfigError
     from tests.tiny import tiny_loaded
 
@@ -330,9 +330,9 @@ def test_chaining_needs_a_static_step() -> None:
 
 
 def test_talon_chain_reaches_the_servers_engine() -> None:
+    from talon.server.pair import pair_key
     from talon.server.presets import PRESETS
     from talon.settings import Settings
-    from talon.server.pair import pair_key
 
     assert not Settings.from_env({}).chain
     settings = Settings.from_env({"TALON_CHAIN": "1", "TALON_FORWARD": "static"})

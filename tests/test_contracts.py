@@ -1,4 +1,4 @@
-"""The step loop's contracts (``talon.drafters.base``), used the way a new drafter would use them:
+"""The step loop's contracts (``talon.core.contracts``), used the way a new drafter would use them:
 a toy draft source that always proposes the same token, built into a run through the public
 names only, decodes exactly what the target's own greedy ``generate`` does."""
 
@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
-from talon.cost.model import synthetic_costs
-from talon.engine.decode import Run, RunParts
-from talon.trace import RunModels
-from talon.engine.prompt import StopCheck, eos_ids
-from talon.drafters import Drafter, DraftSource, TreeDrafter, ModelDrafter, Verifier, build_drafter
-from talon.drafters.retrieval import RetrievalDrafter
-from talon.run_config import RunConfig, SamplingConfig, TreeConfig
-from talon.tree import DraftTree
 from talon.core.verify import TargetVerifier
+from talon.cost.model import synthetic_costs
+from talon.drafters import Drafter, DraftSource, ModelDrafter, TreeDrafter, Verifier, build_drafter
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.engine.prompt import StopCheck, eos_ids
+from talon.engine.run import Run, RunParts
+from talon.run_config import RunConfig, SamplingConfig, TreeConfig
+from talon.trace import RunModels
+from talon.tree import DraftTree
 from tests.tiny import tiny_loaded
 
 

@@ -14,24 +14,23 @@ import pytest
 import torch
 
 from talon.core.builder import build_tree
-from talon.cost.model import CostModel, synthetic_costs
 from talon.cost.cache import cache_path, load_or_probe, read_cached
-from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
-from talon.cost.curve import GRID, Curve
-from talon.cost.curve import isotonic
-from talon.engine.decode import Engine, generate
-from talon.drafters.tree_drafter import SHORT_MATCH, TreeDrafter
-from talon.drafters.retrieval import RetrievalDrafter
-from talon.models import cpu_model
+from talon.cost.curve import CURVE_SIZES, Curve, isotonic
+from talon.cost.model import CostModel, synthetic_costs
 from talon.cost.plan import (
     ENGAGE_MARGIN,
     EXPLORE_MODEL_STEPS,
     WATCH_STEPS,
-    AcceptanceModel,
     Beta,
+    CalibratedAcceptance,
     Planner,
     drafting_without_catch_up,
 )
+from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
+from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.tree_drafter import SHORT_MATCH, TreeDrafter
+from talon.engine.engine import Engine, generate
+from talon.models import cpu_model
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
 from tests.test_builder import synthetic
@@ -55,7 +54,7 @@ def test_curve_is_monotone_and_refines_online() -> None:
     curve = Curve.fit({1: 0.3, 8: 0.2, 64: 0.25})  # a noisy probe: 8 looks cheaper than 1
     sizes = [curve(n) for n in range(1, 129)]
     assert all(a <= b for a, b in zip(sizes, sizes[1:]))
-    truth = {g: 0.1 + 0.01 * g for g in GRID}
+    truth = {g: 0.1 + 0.01 * g for g in CURVE_SIZES}
     curve = Curve.fit({1: 0.5, 128: 0.5})  # wrong start
     rng = random.Random(0)
     for _ in range(4000):
@@ -130,7 +129,7 @@ def test_the_probe_repeats_until_the_best_timings_agree() -> None:
 
 
 def test_acceptance_model_calibrates_from_history() -> None:
-    model = AcceptanceModel()
+    model = CalibratedAcceptance()
     tree = DraftTree.with_root(0)
     a = tree.add(0, 1, 0.95, "model")
     b = tree.add(0, 2, 0.95, "model")
@@ -440,7 +439,7 @@ def test_pooled_evidence_only_makes_other_bins_more_cautious() -> None:
     """Failures in one match-length bin lower the others at once; successes raise only their own
     bin: a bin never tried keeps its prior, so a lucky streak of short guesses cannot send a long
     chain on borrowed optimism."""
-    model = AcceptanceModel()
+    model = CalibratedAcceptance()
     tree = DraftTree.with_root(0)
     node = tree.add(0, 5, 1.0, "retrieval")
     untried = model.p_cond("retrieval", 1.0, 20)
@@ -448,7 +447,7 @@ def test_pooled_evidence_only_makes_other_bins_more_cautious() -> None:
         model.observe(tree, [0, node], match_len=1)  # one-token matches, always accepted
     assert model.p_cond("retrieval", 1.0, 1) > 0.7
     assert model.p_cond("retrieval", 1.0, 20) == pytest.approx(untried)
-    failing = AcceptanceModel()
+    failing = CalibratedAcceptance()
     for _ in range(5):
         failing.observe(tree, [0], match_len=3)  # three-token matches, always rejected
     assert failing.p_cond("retrieval", 1.0, 20) < 0.5 * untried
@@ -459,7 +458,7 @@ def test_a_retrieval_chain_earns_trust_as_it_goes() -> None:
     depth d is judged as a (match_len + d - 1)-token match, so the conditional acceptance rises
     along a copied passage instead of staying at the first node's, and hits deep in a chain teach
     the long-match bins, not the short one."""
-    model = AcceptanceModel()
+    model = CalibratedAcceptance()
     tree = DraftTree.with_root(0)
     parent = 0
     for token in range(1, 9):
@@ -469,7 +468,7 @@ def test_a_retrieval_chain_earns_trust_as_it_goes() -> None:
     assert conditional == pytest.approx([model.p_cond("retrieval", 1.0, 2 + d) for d in range(8)])
     assert conditional[-1] > conditional[0] + 0.2
     assert all(b >= a for a, b in zip(conditional, conditional[1:]))
-    learnt = AcceptanceModel()
+    learnt = CalibratedAcceptance()
     for _ in range(6):
         learnt.observe(tree, list(range(len(tree))), match_len=2)  # the whole passage accepted
     assert learnt.p_cond("retrieval", 1.0, 9) > model.p_cond("retrieval", 1.0, 9) + 0.05

@@ -68,9 +68,9 @@ def test_every_talon_name_in_the_docs_exists() -> None:
 
 def test_a_stale_name_is_caught(tmp_path: Path) -> None:
     doc = tmp_path / "stale.md"
-    doc.write_text("The loop is `talon.engine.decode.Run._step`; the old one was `talon.decode.Run`,\n"
+    doc.write_text("The loop is `talon.engine.run.Run._step`; the old one was `talon.decode.Run`,\n"
                    "costs came from `Engine.costs`, `talon.cost.model.CostModel.no_such_method()` and\n"
-                   "`talon.tree.DraftTree.stop` is a field; see `talon/engine/decode.py` and `talon/decode.py`.\n")
+                   "`talon.tree.DraftTree.stop` is a field; see `talon/engine/run.py` and `talon/decode.py`.\n")
     assert missing_names((doc,), tmp_path) == {"stale.md: talon.decode.Run",
                                                 "stale.md: talon.cost.model.CostModel.no_such_method",
                                                 "stale.md: talon/decode.py"}

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
-from talon.engine.decode import Engine, generate
-from talon.models.loading import load_model, load_pair, shipped_blocks
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.engine.engine import Engine, generate
 from talon.models import Int8Linear, quantize_draft
+from talon.models.loading import load_model, load_pair, shipped_blocks
 from talon.run_config import RunConfig, TreeConfig
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 pytestmark = pytest.mark.embedded
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from talon.core.kv import keep_dynamic
+from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine, generate
 from talon.drafters.tree_drafter import Draft
-from talon.core.kv import keep_entries
+from talon.engine.engine import Engine, generate
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
-from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
 from tests.tiny import VOCAB, byte_tokenizer, tiny_loaded, tiny_model
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
@@ -71,7 +71,7 @@ def test_cache_after_commit_equals_plain_forward(kind: str) -> None:
     accepted = tree.path(leaf)
     cache = prefill(model, prefix)
     verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(prefix)))
-    keep_entries(cache, len(prefix), [len(prefix) + n for n in accepted])
+    keep_dynamic(cache, len(prefix), [len(prefix) + n for n in accepted])
     plain = prefill(model, prefix + [tree.tokens[n] for n in accepted])
     for got, want in zip(cache.layers, plain.layers):
         torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=1e-5)

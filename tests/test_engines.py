@@ -13,6 +13,10 @@ import pytest
 import torch
 
 from talon.atlas.data import Atlas, parse_atlas
+from talon.atlas.forecast import forecast
+from talon.atlas.record import record_atlas
+from talon.atlas.replay import replay
+from talon.atlas.serving import serving_config
 from talon.atlas.serving_costs import (
     ServingCosts,
     TalonCurves,
@@ -20,16 +24,12 @@ from talon.atlas.serving_costs import (
     parse_serving_costs,
     predicted_seconds,
 )
-from talon.atlas.serving_sweep import serving_policies, parse_serving_grid, sweep_serving
 from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, VllmNgram, lookup_draft, replay_serving
-from talon.atlas.forecast import forecast
-from talon.atlas.replay import replay
-from talon.atlas.record import record_atlas
+from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, sweep_serving
 from talon.cli.main import main
 from talon.cost.model import CostModel, synthetic_costs
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.run_config import ConfigError, RunConfig
-from talon.atlas.serving import serving_config
 from talon.trace import TraceFileError
 from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded

@@ -83,7 +83,7 @@ def test_no_front_end_builds_its_engine_another_way(tmp_path: Path) -> None:
     assert engine_builders() == set()
     (tmp_path / "talon" / "cli").mkdir(parents=True)
     (tmp_path / "app.py").write_text("")
-    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.engine.decode import Engine\nengine = Engine(t, d)\n")
+    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.engine.engine import Engine\nengine = Engine(t, d)\n")
     assert engine_builders(tmp_path) == {"talon/cli/rogue.py"}
 
 
@@ -102,8 +102,8 @@ def test_every_switch_has_one_proven_default_per_device_kind() -> None:
 def test_auto_resolves_to_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` reads the table, nothing else: change a row and the resolution follows."""
     import talon.settings
-    from talon.models.attention import resolve_fold
     from talon.graphs.static import resolve_forward
+    from talon.models.attention import resolve_fold
 
     cpu = torch.device("cpu")
     assert resolve_forward("auto", cpu) == "dynamic" and resolve_fold(None, cpu)

@@ -19,14 +19,13 @@ import dataclasses
 import pytest
 import torch
 
-from talon.engine.decode import Engine, generate
-from talon.models import LoadedModel
-from talon.models.memory import KNOWN_SHAPES, ModelShape
-from talon.server.presets import PRESETS
-from talon.run_config import RunConfig, TreeConfig
-
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.check_model import PLANTS, SPLIT_BOUND, build_model, chain_prompt, conditioning, planted
 from talon.gpucheck.pairs import byte_tokenizer, random_ids, reference
+from talon.models import LoadedModel
+from talon.models.memory import KNOWN_SHAPES, ModelShape
+from talon.run_config import RunConfig, TreeConfig
+from talon.server.presets import PRESETS
 
 CPU = torch.device("cpu")
 NARROW = 256  # MLP width: the depth and the attention are real, the MLP and vocabulary are not

@@ -20,8 +20,8 @@ import torch
 import talon.core.accept
 import talon.models.memory
 from talon.core.accept import Acceptance
-from talon.engine.decode import Run
 from talon.drafters.tree_drafter import TreeDrafter
+from talon.engine.run import Run
 from talon.tree import DraftTree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +233,7 @@ def test_a_check_that_does_not_fit_is_skipped_not_passed(gpu_check, monkeypatch:
     assert "needs" in lossless["detail"]["skipped"] and "the device has" in lossless["detail"]["skipped"]
     assert report["ok"] and [s for s in report["skipped"] if s.startswith("qwen")] and report["passed"] == 3
     # passed: the pair's one, the Hub loader's and the preset switch's (ZeroGPU's start is skipped on a CPU)
-    text = gpu_check.table(report)
+    text = gpu_check.check_table(report)
     assert "| skipped |" in text and "SKIPPED (not a pass): qwen2.5-7b: lossless" in text
 
 
@@ -308,7 +308,7 @@ def test_a_model_that_fails_its_gate_makes_the_check_invalid_not_passed_or_faile
     check = report["pairs"]["qwen2.5-7b"]["checks"][0]
     assert check["invalid"] and not check["ok"] and not report["ok"] and not report["failed"]
     assert "split against full" in check["detail"]["invalid"] and check["detail"]["conditioning"]
-    assert report["invalid"] and "INVALID" in gpu_check.table(report)
+    assert report["invalid"] and "INVALID" in gpu_check.check_table(report)
 
 
 def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:

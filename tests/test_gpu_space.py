@@ -19,26 +19,22 @@ import torch
 from transformers import DynamicCache
 
 import app
-import talon.server.device as ui_actions
-from talon.server import facade
 import talon.server.device as ui_call
 import talon.server.pair as ui_models
-from talon.models import zerogpu
 from talon.core.accept import accept_sampling
-from talon.engine.decode import Engine
-from talon.core.verify import TargetVerifier
 from talon.core.kv import gather_entries
-from talon.models import ModelLoadError, gpu_health
-from talon.models import loading
+from talon.core.verify import TargetVerifier, lm_logits
+from talon.engine.engine import Engine
+from talon.models import ModelLoadError, gpu_health, loading, zerogpu
 from talon.models.rng import DeviceMismatch, generator_for
 from talon.run_config import SamplingConfig
+from talon.server import facade
+from talon.server.pair import Held, PairKey, PairSlot
 from talon.settings import Settings
 from talon.tree import DraftTree
 from talon.ui.decode_tab import make_generate
 from talon.ui.layout import build_ui
-from talon.server.pair import Held, PairKey, PairSlot
 from talon.ui.session import CompareSession, Session
-from talon.core.verify import lm_logits
 from tests.test_app import tiny_engine  # noqa: F401 (fixture)
 from tests.test_hardening import tiny_dirs  # noqa: F401 (fixture)
 from tests.tiny import tiny_model
@@ -406,8 +402,8 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
     zero_gpu: tuple[ZeroGPUHarness, Settings], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import talon.ui.measure_panel as measure_panel
-    from talon.ui.compare_tab import make_compare
     from talon.server.request import Controls
+    from talon.ui.compare_tab import make_compare
     from talon.ui.decode_tab import decode_panel
 
     harness, settings = zero_gpu
@@ -429,7 +425,7 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
     assert len(harness.calls) == 3, "Compare's A and B, and every sweep cell, share one reservation each"
 
     run = facade.decode(settings, "abc abc", Controls(max_new_tokens=6), threading.Event())
-    items = list(facade.record_atlas(settings, run.preset, "abc abc", run.cfg))  # the way the explorer records
+    items = list(facade.record_prompt_atlas(settings, run.preset, "abc abc", run.cfg))  # the way the explorer records
     assert len(harness.calls) == 4 and type(items[-1]).__name__ == "Atlas"
 
 

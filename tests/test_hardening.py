@@ -29,24 +29,22 @@ from gradio_client.utils import Status
 
 import app
 import talon.core.verify
+import talon.models.zerogpu
 import talon.server.device as ui_call
 import talon.server.pair as ui_models
 import talon.server.pair as ui_pair
-import talon.models.zerogpu
-from talon.server.pair import Held
+from talon.gpucheck.launch import REPO
+from talon.server.device import GPU_BASE_S, GPU_MAX_S, decode_on_device, gpu_seconds, on_gpu
+from talon.server.facade import decode
+from talon.server.pair import Held, find_preset, initial_preset, load_engine, presets, warm_up
 from talon.server.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
+from talon.server.request import Controls, Job, plan_run
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
-from talon.server.facade import decode
-from talon.server.device import decode_on_device, GPU_BASE_S, GPU_MAX_S, gpu_seconds, on_gpu
-from talon.server.pair import find_preset, initial_preset, load_engine, presets, warm_up
-from talon.server.request import Job, plan_run
-from talon.server.request import Controls
 from talon.ui.decode_tab import DecodeView, make_generate
-from talon.gpucheck.launch import REPO
+from talon.ui.measure_panel import MAX_SWEEP_CELLS
 from talon.ui.panel import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session
-from talon.ui.measure_panel import MAX_SWEEP_CELLS
 from tests import test_app
 from tests.test_app import (
     CAPTION,
@@ -530,9 +528,9 @@ def test_the_models_menu_names_the_default_pair_by_its_models() -> None:
     "Default pair (TALON_TARGET + TALON_DRAFT)", was also cut off in the narrow column)."""
     import dataclasses
 
+    from talon.server.pair import preset_label
     from talon.server.presets import PRESETS
     from talon.settings import Settings
-    from talon.server.pair import preset_label
 
     default, gpu = PRESETS[0], PRESETS[1]
     built_in = preset_label(default, Settings())

@@ -12,7 +12,7 @@ import pytest
 
 from talon import figures as F
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.trace import StepTrace, TraceFileError, parse_trace, serving_metrics
 from talon.ui.session import Session

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talon.engine.decode import Engine, generate
 from talon.drafters.layer_skip import layer_skip_view, skipped_layers, view_of
-from talon.run_config import ConfigError, RunConfig, TreeConfig
+from talon.engine.engine import Engine, generate
 from talon.models import LoadedModel
+from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.tiny import byte_tokenizer, tiny_model
 
 LAYERS = 6

@@ -104,7 +104,7 @@ def mutual_imports(root: Path = REPO) -> set[tuple[str, str]]:
 # one Decode press, in the order its call descends: the button's wiring, its handler, the user
 # action, the device call, the request's checks and run, the pair held, the engine's loop
 REQUEST_WAY = ("talon.ui.decode_tab", "talon.server.facade", "talon.server.device", "talon.server.request",
-               "talon.server.pair", "talon.engine.build", "talon.engine.decode")
+               "talon.server.pair", "talon.engine.build", "talon.engine.engine", "talon.engine.run")
 
 
 def climbs(way: tuple[str, ...], root: Path = REPO) -> set[tuple[str, str]]:
@@ -132,8 +132,8 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
     with (tmp_path / "talon" / "settings.py").open("a", encoding="utf-8") as fh:
-        fh.write("\n\ndef engine():\n    from talon.engine.decode import Engine\n    return Engine\n")
-    assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.engine.decode")}
+        fh.write("\n\ndef engine():\n    from talon.engine.engine import Engine\n    return Engine\n")
+    assert upward_imports(layers(), tmp_path) == {("talon.settings", "talon.engine.engine")}
     (tmp_path / "talon" / "extra.py").write_text('"""one module too many at the root"""\n')
     assert len(root_modules(tmp_path)) == len(root_modules()) + 1
     with (tmp_path / "talon" / "figures" / "atlas.py").open("a", encoding="utf-8") as fh:
@@ -257,9 +257,9 @@ def test_a_view_past_the_facade_and_a_path_edit_are_caught(tmp_path: Path) -> No
         shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "app.py", tmp_path / "app.py")
     with (tmp_path / "talon" / "ui" / "stream.py").open("a", encoding="utf-8") as fh:
-        fh.write("\n\ndef device():\n    import torch\n    from talon.engine.decode import Run\n"
+        fh.write("\n\ndef device():\n    import torch\n    from talon.engine.run import Run\n"
                  "    from talon.server.pair import SLOT\n    return torch, Run, SLOT\n")
-    assert view_reaches(tmp_path) == {("talon.ui.stream", "torch"), ("talon.ui.stream", "talon.engine.decode"),
+    assert view_reaches(tmp_path) == {("talon.ui.stream", "torch"), ("talon.ui.stream", "talon.engine.run"),
                                       ("talon.ui.stream", "talon.server.pair")}
     with (tmp_path / "scripts" / "report.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\nimport sys\nsys.path.insert(0, '.')\n")

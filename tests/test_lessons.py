@@ -15,7 +15,7 @@ from talon.atlas.record import record_atlas
 from talon.atlas.replay import replay
 from talon.cli.main import main
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.lessons import LESSONS_DIR, lesson_configs
 from talon.lessons.adaptive import (
     DEPTHS,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from talon.server.presets import PRESETS
 from talon.models import ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estimate_pair
-from talon.settings import Settings
 from talon.server.pair import check_preset_memory
+from talon.server.presets import PRESETS
+from talon.settings import Settings
 
 # Published parameter counts (model cards), in billions.
 PUBLISHED = {

@@ -9,12 +9,12 @@ import dataclasses
 import pytest
 
 from talon import figures as F
-from talon.engine.decode import Engine, generate
+from talon.engine.engine import Engine, generate
 from talon.figures.opening import opening_criterion, opening_step, step_lessons
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
+from talon.server.request import Controls
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace, dump_trace
-from talon.server.request import Controls
 from talon.ui.decode_tab import load_recording, recording_controls
 from tests.tiny import tiny_loaded
 

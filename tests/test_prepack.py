@@ -13,14 +13,22 @@ import pytest
 import torch
 from torch import nn
 
+import talon.models.prepack
+from talon.core.verify import head_rows, lm_logits
 from talon.cost.probe import cost_key
 from talon.models import load_pair
-import talon.models.prepack
-from talon.models.prepack import PREPACKED, PrepackedLinear, is_prepacked, pays, prepack, prepack_supported, should_prepack
+from talon.models.prepack import (
+    PREPACKED,
+    PrepackedLinear,
+    is_prepacked,
+    pays,
+    prepack,
+    prepack_supported,
+    should_prepack,
+)
 from talon.models.quant import quantize_draft
 from talon.run_config import ConfigError
 from talon.settings import Settings
-from talon.core.verify import head_rows, lm_logits
 from tests.test_app import save_tiny_pair
 from tests.tiny import assert_decodes_own_generate, tiny_loaded
 
@@ -127,8 +135,8 @@ def test_auto_follows_the_hosts_measurement(tmp_path: Path, monkeypatch: pytest.
     """``TALON_PREPACK=auto`` prepacks where the timed check of one layer says it pays, and that
     check says it in the log, with its figures."""
     target_dir, draft_dir = save_tiny_pair(tmp_path)
-    for pays, packed in ((True, True), (False, False)):
-        monkeypatch.setattr(talon.models.prepack, "prepack_pays", lambda pays=pays: pays)
+    for measured, packed in ((True, True), (False, False)):
+        monkeypatch.setattr(talon.models.prepack, "prepack_pays", lambda measured=measured: measured)
         t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=None)
         assert is_prepacked(t.model) == packed and is_prepacked(d.model) == packed
     monkeypatch.undo()
@@ -152,7 +160,7 @@ def test_a_prepacked_pair_decodes_a_stock_models_greedy_generate(tmp_path: Path)
     own ``from_pretrained`` with nothing of Talon's: token for token, drafts accepted."""
     from transformers import AutoModelForCausalLM
 
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
     from tests.tiny import MAT_FLOOR
 

@@ -8,22 +8,22 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 from torch import nn
 
 from talon.cost.model import CostModel
 from talon.cost.probe import cost_key, probe_costs
 from talon.figures.cost import cost_figure
-import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
-
 from talon.models.gguf_blocks import Q4K_BYTES, Int4Groups, q4k_groups
 from talon.models.quant import PackedLinear, nearest_int4, quantize_target, resolve_target_weights
 from talon.run_config import ConfigError
 from talon.settings import Settings
 from tests.tiny import assert_decodes_own_generate, tiny_loaded
+
 
 @pytest.mark.parametrize("bits, weight_only", [(8, False), (8, True), (4, False)])
 def test_a_packed_row_is_the_same_alone_or_in_a_tree(bits: int, weight_only: bool) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from talon.core.accept import accept_sampling, warp_probs
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree

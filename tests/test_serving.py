@@ -8,19 +8,19 @@ import shlex
 
 import pytest
 
-from talon.run_config import (
-    ConfigError,
-    RetrievalConfig,
-    RunConfig,
-    SamplingConfig,
-    TreeConfig,
-)
 from talon.atlas.serving import (
     SGLANG_FLAGS,
     VLLM_KEYS,
     ServingConfig,
     serving_config,
     tree_shape,
+)
+from talon.run_config import (
+    ConfigError,
+    RetrievalConfig,
+    RunConfig,
+    SamplingConfig,
+    TreeConfig,
 )
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 

@@ -11,7 +11,7 @@ from talon.atlas.record import record_atlas
 from talon.atlas.replay import replay
 from talon.atlas.shape import shape_replay, shape_run
 from talon.cost.model import synthetic_costs
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.test_atlas import COSTS, PROMPTS
 from tests.test_engine import noisy_copy

@@ -10,11 +10,11 @@ import torch
 from transformers import DynamicCache
 
 import talon.graphs.static
-from talon.models.attention import set_fold
-from talon.core.kv import keep_entries
-from talon.graphs.static import StaticForward, bucket_for
-from talon.tree import DraftTree
+from talon.core.kv import keep_dynamic
 from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
+from talon.graphs.static import StaticForward, bucket_for
+from talon.models.attention import set_fold
+from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
 PROMPT = torch.arange(3, 23)  # (P,)
@@ -32,7 +32,7 @@ def dynamic(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa
     cache = DynamicCache(config=model.config)
     forward_hidden(model, cache, PROMPT[:-1], torch.arange(len(PROMPT) - 1), None)
     first = verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(PROMPT) - 1))
-    keep_entries(cache, len(PROMPT) - 1, [len(PROMPT) - 1 + i for i in path])
+    keep_dynamic(cache, len(PROMPT) - 1, [len(PROMPT) - 1 + i for i in path])
     chain = DraftTree.with_root(follow[0])
     for i, token in enumerate(follow[1:]):
         chain.add(i, token, 0.5, "model")
@@ -140,8 +140,8 @@ def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None
 def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(model) -> None:  # noqa: ANN001
     """A drafting forward carries each node's slots from earlier layers of its step, up to the
     deepest tree (``EARLIER``); more, or any on a target's forward, is refused, not cut."""
-    from talon.knobs import KNOB
     from talon.graphs.static import EARLIER
+    from talon.knobs import KNOB
 
     assert EARLIER >= KNOB["max_depth"].hi  # a node at the deepest layer sees max_depth - 1 of them
     drafting = StaticForward(model, max_len=EARLIER + 16, buckets=(1, 2), drafts=True)
@@ -283,7 +283,7 @@ def close_pair():  # noqa: ANN201
 
 @pytest.mark.parametrize("drafter", ["none", "retrieval", "model", "hybrid"])
 def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair, drafter: str) -> None:  # noqa: ANN001
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
     from tests.test_engine import PROMPTS, reference
 
@@ -308,7 +308,7 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
 
 @pytest.mark.parametrize("seed", range(3))
 def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed: int) -> None:  # noqa: ANN001
-    from talon.engine.decode import Engine
+    from talon.engine.engine import Engine
     from talon.run_config import RunConfig
     from tests.test_engine import PROMPTS, OracleTreeDrafter, reference
 
@@ -325,7 +325,7 @@ def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed:
 
 
 def test_an_unknown_forward_or_graphs_without_cuda_is_refused(close_pair) -> None:  # noqa: ANN001
-    from talon.engine.decode import Engine
+    from talon.engine.engine import Engine
     from talon.run_config import ConfigError
 
     with pytest.raises(ConfigError, match="forward must be one of"):
@@ -389,10 +389,10 @@ def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: p
 
 
 def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from talon.models import zerogpu
-    from talon.run_config import ConfigError
     from talon.engine import build as models
     from talon.engine.build import PairKey
+    from talon.models import zerogpu
+    from talon.run_config import ConfigError
     from talon.settings import Settings
 
     assert Settings.from_env({}).forward == "auto"

@@ -2,9 +2,8 @@
 
 import torch
 
-from talon.tree import ancestor_rows, layer_width
-from talon.tree import DraftTree
 from talon.core.verify import tree_mask, tree_positions
+from talon.tree import DraftTree, ancestor_rows, layer_width
 
 
 def hand_tree() -> DraftTree:

@@ -70,7 +70,7 @@ def assert_decodes_own_generate(target: LoadedModel, draft: LoadedModel | None, 
     greedy ``generate`` token for token, with drafts accepted (mean accepted tokens at least
     ``min_mat``: pass a draft close to the target). The prompt is followed by the target's own
     greedy text (a random model's greedy text repeats, so retrieval finds its drafts in it)."""
-    from talon.engine.decode import Engine, generate
+    from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
 
     ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]

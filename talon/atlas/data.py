@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from talon.core.contracts import Children
 from talon.cost.model import CostModel
 from talon.run_config import ConfigError, RetrievalConfig
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, TraceFileError, is_number, read_json_upload
@@ -36,7 +37,7 @@ MAX_ATLAS_ENTRIES = 400_000
 MAX_ATLAS_TOKENS = 100_000
 
 Key = tuple[int, tuple[int, ...]]  # (generated tokens committed, drafted path below the root)
-Children = list[tuple[int, float]]  # the draft's top children, (token, q), most likely first
+
 
 
 def canonical_key(output: list[int], p: int, path: tuple[int, ...]) -> Key:

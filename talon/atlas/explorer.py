@@ -15,11 +15,8 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.knobs import ATLAS_KINDS, DRAFTING_KINDS
-from talon.knobs import EXPLORER_KNOBS, default
+from talon.knobs import ATLAS_DRAFTING_KINDS, EXPLORER_KNOBS, default
 from talon.run_config import ConfigError, RunConfig
-
-EXPLORED_DRAFTERS = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 
 # the grids drawn around the knobs: the ladder values nearest to the knob's, and the knob's own
 MU_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0)
@@ -44,9 +41,9 @@ def _from_ui(cls: type, **values: Any) -> Any:
     for knob in EXPLORER_KNOBS:
         value = knob.read(values.get(knob.name, knob.default), app=True)
         out[knob.name] = round(value, 6) if knob.kind == "float" else value  # one memo key per slider stop
-    if out["drafter"] not in EXPLORED_DRAFTERS:
+    if out["drafter"] not in ATLAS_DRAFTING_KINDS:
         raise ConfigError(f"an atlas records the draft model and retrieval: the explorer replays the drafters "
-                          f"{', '.join(EXPLORED_DRAFTERS)}, not {out['drafter']!r}")
+                          f"{', '.join(ATLAS_DRAFTING_KINDS)}, not {out['drafter']!r}")
     return cls(**out)
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
+from talon.atlas.replay import replay
+from talon.atlas.serving import ServingConfig, prompt_lookup_config
+from talon.atlas.serving_replay import ServingPolicy, SglangStandalone, VllmDraftModel, VllmNgram
 from talon.atlas.serving_sweep import (
     DEFAULT_GRIDS,
     ServingRow,
@@ -20,10 +23,7 @@ from talon.atlas.serving_sweep import (
     sweep_serving,
     why_best,
 )
-from talon.atlas.serving_replay import ServingPolicy, SglangStandalone, VllmDraftModel, VllmNgram
-from talon.atlas.replay import replay
 from talon.run_config import ConfigError, RunConfig
-from talon.atlas.serving import ServingConfig, prompt_lookup_config
 
 DEFINITIONS = (
     "**Reading the numbers.** *Talon MAT*: tokens per target forward, the bonus token included. "

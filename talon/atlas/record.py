@@ -27,18 +27,19 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from talon.atlas.data import Atlas, AtlasSpec, Children, Key, canonical_key
+from talon.atlas.data import Atlas, AtlasSpec, Key, canonical_key
 from talon.atlas.replay import replay
-from talon.engine.decode import Engine, generate
-from talon.engine.prompt import eos_ids
+from talon.core.contracts import Children
+from talon.core.kv import gather_entries
+from talon.core.verify import forward_hidden, lm_logits
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
-from talon.core.kv import gather_entries
+from talon.engine.engine import Engine, generate
+from talon.engine.prompt import eos_ids
 from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
-from talon.core.verify import forward_hidden, lm_logits
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction done, what is happening)
 MAX_ROWS = 192  # tree nodes per batched draft forward
@@ -294,7 +295,7 @@ class _Recorder:
             self._feed(sorted(missing, key=lambda key: (len(key[1]), key)))
             gather_entries(self.cache, list(range(len(self.seq))))  # drop the fed node entries again
             self.slots = {}
-        log.warning("the atlas still misses nodes after %d cover rounds", rounds)
+        logger.warning("the atlas still misses nodes after %d cover rounds", rounds)
 
     def record(self, progress: Progress) -> None:
         self._prefill()

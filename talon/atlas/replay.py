@@ -1,7 +1,7 @@
-"""Exact replay: the real decode loop (``talon.engine.decode.Run``) with the draft model answered from an
+"""Exact replay: the real decode loop (``talon.engine.run.Run``) with the draft model answered from an
 atlas and verification by matching the target's greedy text. No model is loaded.
 
-* :class:`AtlasModel` is a ``DraftSource`` (``talon.drafters.base``), standing in for
+* :class:`AtlasModel` is a ``DraftSource`` (``talon.core.contracts``), standing in for
   :class:`~talon.drafters.model.ModelDrafter` inside the real
   :class:`~talon.drafters.tree_drafter.TreeDrafter`: the same ``reset`` / ``expand`` / ``commit``
   bookkeeping (which tokens a forward feeds, when the prompt prefill is paid), children read from
@@ -20,17 +20,17 @@ import threading
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.cost.model import CostModel
 from talon.core.accept import accept_greedy
-from talon.engine.decode import Run, RunParts
-from talon.engine.prompt import StopCheck
-from talon.drafters.tree_drafter import build_drafter
+from talon.core.contracts import Verdict
+from talon.cost.model import CostModel
 from talon.drafters.model import DraftLedger
 from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.tree_drafter import build_drafter
+from talon.engine.prompt import StopCheck
+from talon.engine.run import Run, RunParts
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
-from talon.core.verify import Verdict
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What an engine's step costs on a host, and the tokens/s an engine replay predicts from it.
+"""What a serving engine's step costs on a host, and the tokens/s a serving replay predicts from it.
 
 An engine step verifies ``drafted + 1`` tokens in one target forward and, with a draft model,
 runs that model's forwards for the next draft. On the CPUs these are measured on, the time is
@@ -42,7 +42,7 @@ class StepCosts(Protocol):
 
 @dataclass(frozen=True)
 class ServingCosts:
-    """An engine's step cost on one host (see the module docstring); ``samples`` keep the
+    """A serving engine's step cost on one host (see the module docstring); ``samples`` keep the
     measurements it was fitted on."""
 
     engine: str

@@ -83,7 +83,7 @@ class ServingPolicy(Protocol):
         """Rows per draft-model forward (SGLang's topk; 1 for a chain)."""
 
 
-def near_tie(a: float, b: float) -> bool:
+def could_swap(a: float, b: float) -> bool:
     """Two probabilities or scores close enough that another engine's rounding could swap them."""
     return abs(a - b) <= NEAR_TIE * max(abs(a), abs(b))
 
@@ -129,7 +129,7 @@ class VllmDraftModel:
                 draft.missing = f"at token {p}, depth {depth}: the draft's children are not in the atlas"
                 break
             token, q = kids[0]
-            if len(kids) > 1 and near_tie(kids[0][1], kids[1][1]) and not draft.near_tie:
+            if len(kids) > 1 and could_swap(kids[0][1], kids[1][1]) and not draft.near_tie:
                 draft.near_tie = (f"at token {p}, depth {depth + 1}: the draft's top two tokens have "
                                   f"probabilities {kids[0][1]:.6f} and {kids[1][1]:.6f}")
             draft.tokens.append(token)
@@ -279,7 +279,7 @@ class SglangStandalone:
         ranked = sorted(nodes, key=lambda node: (-float(node[2]), node[0]))
         if 0 < n < len(ranked) and not draft.near_tie:
             inside, outside = float(ranked[n - 1][2]), float(ranked[n][2])
-            if near_tie(inside, outside):
+            if could_swap(inside, outside):
                 draft.near_tie = f"at token {p}: the {what}'s cut falls between scores {inside:.3g} and {outside:.3g}"
         return ranked[:n]
 

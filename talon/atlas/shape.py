@@ -21,16 +21,16 @@ from typing import Any
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import AtlasModel, Coverage, TextVerifier, check_replayable, replay
-from talon.drafters import SOURCES
-from talon.drafters.base import DraftSource, Verifier
-from talon.drafters.tree_drafter import build_drafter
+from talon.core.contracts import DraftSource, Verdict, Verifier
+from talon.drafters import SOURCE_MAKERS
 from talon.drafters.retrieval import RetrievalDrafter
-from talon.engine.decode import Engine, Run, RunParts
+from talon.drafters.tree_drafter import build_drafter
+from talon.engine.engine import Engine
 from talon.engine.prompt import StopCheck
+from talon.engine.run import Run, RunParts
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
-from talon.core.verify import Verdict
 
 
 class ShapeSource:
@@ -115,7 +115,7 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
     costs = engine.cost_snapshot(cfg.draft_vocab) if cfg.tree.cost_aware and cfg.drafts else None
     model = None
     if cfg.uses_model:
-        real = SOURCES[cfg.drafter](engine, cfg, len(prompt_ids))
+        real = SOURCE_MAKERS[cfg.drafter](engine, cfg, len(prompt_ids))
         model = ShapeSource(real, AtlasModel(atlas, atlas.cost_model(), coverage))
     retrieval = RetrievalDrafter(cfg.retrieval) if cfg.uses_retrieval else None
     parts = RunParts(

@@ -19,8 +19,7 @@ from typing import Any
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
-from talon.knobs import ATLAS_KINDS
-from talon.knobs import GRID_KNOBS, ON_OFF
+from talon.knobs import ATLAS_KINDS, GRID_KNOBS, ON_OFF
 from talon.run_config import ConfigError, RunConfig
 
 

@@ -55,7 +55,6 @@ from talon.bench.options import (
 )
 from talon.bench.report import markdown, speed_table, write_report
 from talon.bench.results import BenchReport, ResultRow, TimeSplit, aggregate
-from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, Prompt, SuiteError, default_data_dir, load_prompts
 from talon.bench.runners import (
     HfRunner,
     MethodSpec,
@@ -66,6 +65,7 @@ from talon.bench.runners import (
     sweep_runners,
     talon_variant,
 )
+from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, Prompt, SuiteError, default_data_dir, load_prompts
 
 __all__ = [
     "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from talon.bench.peers import peer_section, read_peer_rows
 from talon.bench.loop import run_bench
 from talon.bench.options import (
     DEFAULT_LIMIT,
@@ -20,20 +19,21 @@ from talon.bench.options import (
     BenchConfig,
     SweepConfig,
 )
+from talon.bench.peers import peer_section, read_peer_rows
 from talon.bench.report import speed_table
 from talon.bench.runners import talon_variant
 from talon.cli.args import add_knob, add_model_args, csv, csv_of, pair_from_args
-from talon.knobs import KNOB
 from talon.engine.build import build_engine
+from talon.knobs import KNOB
 from talon.models import ModelLoadError
 from talon.run_config import RunConfig
 from talon.settings import Settings
 from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, default_data_dir, load_prompts
 
-log = logging.getLogger("talon.bench")
+logger = logging.getLogger("talon.bench")
 
 
-def parser(settings: Settings) -> argparse.ArgumentParser:
+def bench_parser(settings: Settings) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m talon.bench", description="Benchmark Talon against ar and HF")
     p.add_argument("--data", type=Path, default=default_data_dir(),
                    help="Spec-Bench prompt dir (default: %(default)s)")
@@ -115,7 +115,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
-    args = parser(settings).parse_args(argv)
+    args = bench_parser(settings).parse_args(argv)
     command = shlex.join(["python", "-m", "talon.bench"] + (sys.argv[1:] if argv is None else argv))
     try:
         cfg = bench_config(args)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         with logging_redirect_tqdm():
             report = run_bench(engine, prompts, cfg, args.out, command, not args.no_progress)
     except (ValueError, ModelLoadError, OSError) as err:  # BenchError, SuiteError, ConfigError, PromptError
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     print(speed_table([r for r in report.rows if not r.is_sweep]))
     if peer_rows:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(section)
     if report.fatal:
         where = args.out / "results.md"
-        log.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), where)
+        logger.error("%d real mismatch(es) of Talon methods against ar: see %s", len(report.fatal), where)
         return 1
     return 0
 

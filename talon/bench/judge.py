@@ -22,10 +22,10 @@ import torch
 from transformers import PreTrainedModel
 
 from talon.bench.options import RunnerKind
-from talon.models.quant import is_packed
 from talon.models import LoadedModel
+from talon.models.quant import is_packed
 
-log = logging.getLogger("talon.bench")
+logger = logging.getLogger("talon.bench")
 
 
 def default_tie_tol(dtype: torch.dtype) -> float:
@@ -182,9 +182,9 @@ class TieJudge:
         if self._model is None:
             try:
                 self._model = copy.deepcopy(self.target.model).float()
-                log.info("lossless checks: target upcast to float32")
+                logger.info("lossless checks: target upcast to float32")
             except (RuntimeError, MemoryError) as err:
-                log.warning("lossless checks in %s (float32 copy failed: %s)", self.target.dtype, err)
+                logger.warning("lossless checks in %s (float32 copy failed: %s)", self.target.dtype, err)
                 self.upcast, self.fallback = False, str(err)[:200]
                 return self.target.model
         return self._model

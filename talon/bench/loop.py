@@ -13,20 +13,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 from talon.atlas.record import record_atlas
-from talon.specbench import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
 from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
-from talon.engine.decode import Engine
-from talon.engine.prompt import encode_prompt, eos_ids
 from talon.core.verify import head_rows
-from talon.models import LoadedModel
+from talon.engine.engine import Engine
+from talon.engine.prompt import encode_prompt, eos_ids
 from talon.run_config import RunConfig
+from talon.specbench import Prompt
 
-log = logging.getLogger("talon.bench")
+logger = logging.getLogger("talon.bench")
 
 
 def run_bench(
@@ -43,11 +42,11 @@ def run_bench(
     target, draft = engine.target, engine.draft
     runners = build_runners(engine, cfg)
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
-        log.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
+        logger.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
                     "(weaker than transformers' adaptive default); pip install scikit-learn")
     vocab = head_rows(target.model)
     encoded = [encode_prompt(target.tokenizer, p.text, True, vocab) for p in prompts]
-    warm_up(runners, min(encoded, key=len), cfg.warmup_tokens)
+    warm_up_runners(runners, min(encoded, key=len), cfg.warmup_tokens)
     judge = TieJudge(target, cfg.tie_tol if cfg.tie_tol is not None else default_tie_tol(target.dtype))
     samples: list[Sample] = []
     checks: list[OutputCheck] = []
@@ -57,7 +56,7 @@ def run_bench(
         for number, (prompt, ids) in enumerate(zip(prompts, encoded)):
             ran = run_prompt(runners, prompt, ids, cfg.max_new_tokens, number, bar)
             samples += ran
-            checks += check_prompt(judge, ids, ran, cfg.max_new_tokens, eos)
+            checks += check_outputs(judge, ids, ran, cfg.max_new_tokens, eos)
     judge.release()
     if cfg.atlas and out is not None:
         record_atlases(engine, prompts, cfg, out / "atlases", progress)
@@ -76,7 +75,7 @@ def record_atlases(engine: Engine, prompts: Sequence[Prompt], cfg: BenchConfig, 
     for prompt in tqdm(prompts, desc="atlas", unit="prompt", file=sys.stderr, disable=not progress):
         atlas = record_atlas(engine, prompt.text, base, suite=prompt.suite)
         (folder / f"{prompt.suite}-{prompt.index}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
-        log.info("atlas %s-%d: run %.1f s + atlas %.1f s (%.2fx the run)", prompt.suite, prompt.index,
+        logger.info("atlas %s-%d: run %.1f s + atlas %.1f s (%.2fx the run)", prompt.suite, prompt.index,
                  atlas.record["run_s"], atlas.record["atlas_s"], atlas.record["ratio"])
 
 
@@ -94,7 +93,7 @@ def verify_curve(engine: Engine, runners: Sequence[Runner]) -> Callable[[int], f
     return costs.verify_s
 
 
-def warm_up(runners: Sequence[Runner], prompt_ids: list[int], tokens: int) -> None:
+def warm_up_runners(runners: Sequence[Runner], prompt_ids: list[int], tokens: int) -> None:
     """One short, unrecorded run per method (not per variant): first-call costs stay out of the numbers."""
     if tokens < 1:
         return
@@ -118,7 +117,7 @@ def run_prompt(
     return samples
 
 
-def check_prompt(
+def check_outputs(
     judge: TieJudge, prompt_ids: list[int], samples: Sequence[Sample], max_new_tokens: int, eos: set[int]
 ) -> list[OutputCheck]:
     """Check every token of every sample of one prompt; log each near-tie and mismatch."""
@@ -132,8 +131,8 @@ def check_prompt(
         where = f"{s.spec.name} on {s.prompt.suite}#{s.prompt.index}"
         if check.first_mismatch is not None:
             level = logging.ERROR if s.spec.engine == "talon" else logging.WARNING
-            log.log(level, "%s: real mismatch %s", where, check.first_mismatch)
+            logger.log(level, "%s: real mismatch %s", where, check.first_mismatch)
         elif check.near_ties:
-            log.info("%s: %d near-tie position(s) %s, every other token the target's argmax",
+            logger.info("%s: %d near-tie position(s) %s, every other token the target's argmax",
                      where, len(check.near_ties), check.near_ties[:8])
     return checks

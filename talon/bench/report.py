@@ -19,7 +19,7 @@ from talon.bench.results import (
     suites_of,
 )
 
-log = logging.getLogger("talon.bench")
+logger = logging.getLogger("talon.bench")
 
 
 def write_report(report: BenchReport, out: Path) -> None:
@@ -34,7 +34,7 @@ def write_report(report: BenchReport, out: Path) -> None:
     sweep_rows = [r for r in report.rows if r.is_sweep]
     if sweep_rows:
         sweep_figure(sweep_rows).write_html(out / "sweep.html", include_plotlyjs="directory")
-    log.info("wrote %s", ", ".join(sorted(p.name for p in out.iterdir())))
+    logger.info("wrote %s", ", ".join(sorted(p.name for p in out.iterdir())))
 
 
 def markdown(report: BenchReport) -> str:

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from talon.specbench import Prompt
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck
 from talon.bench.options import ALL_SUITES_ROW, BENCH_FORMAT, BenchConfig
 from talon.bench.runners import MethodSpec, Outcome, Runner
+from talon.specbench import Prompt
 from talon.trace import serving_metrics
 
 

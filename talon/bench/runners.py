@@ -22,11 +22,11 @@ from talon.bench.options import (
     SweepCell,
     SweepConfig,
 )
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
+from talon.engine.engine import generate as talon_generate
 from talon.engine.prompt import eos_ids
-from talon.engine.decode import generate as talon_generate
-from talon.models import LoadedModel
 from talon.knobs import KNOBS
+from talon.models import LoadedModel
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 

@@ -12,13 +12,13 @@ from typing import Any
 from talon.engine.build import PairKey
 from talon.knobs import KNOB, KNOBS, ON_OFF, Knob
 from talon.run_config import RunConfig
-from talon.settings import DRAFT_QUANTS, DTYPES, TARGET_WEIGHTS, Settings
+from talon.settings import DRAFT_QUANTS, DTYPE_CHOICES, TARGET_WEIGHTS, Settings
 
 
 def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
     p.add_argument("--target", default=settings.target, help="hub id, local dir, .gguf, or embedded:... (default: %(default)s)")
     p.add_argument("--draft", default=settings.draft, help="like --target, or 'none' (default: %(default)s)")
-    p.add_argument("--dtype", default=settings.dtype, choices=DTYPES)
+    p.add_argument("--dtype", default=settings.dtype, choices=DTYPE_CHOICES)
     p.add_argument("--device", default=settings.device, help="auto, cpu, cuda or cuda:N")
     p.add_argument("--draft-quant", default=settings.draft_quant, choices=DRAFT_QUANTS,
                    help="draft weights: int8 (fbgemm, CPU only; faster draft forwards, the output stays "

@@ -9,17 +9,17 @@ import time
 from pathlib import Path
 
 from talon.atlas.data import Atlas, load_atlases
+from talon.atlas.record import record_atlas
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
 from talon.atlas.serving_sweep import (
     ENGINES,
     ServingRow,
     best_serving_row,
-    serving_policies,
     parse_serving_grid,
+    serving_policies,
     sweep_serving,
     why_best,
 )
-from talon.atlas.record import record_atlas
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
 from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_from_args
 from talon.cost.model import CostModel
@@ -30,7 +30,7 @@ from talon.settings import Settings
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 from talon.trace import TraceFileError, read_json_upload
 
-log = logging.getLogger("talon")
+logger = logging.getLogger("talon")
 
 
 def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
@@ -84,15 +84,15 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
         engine = build_engine(pair_from_args(args, settings))
         for name, text, suite in prompts:
             atlas = record_atlas(engine, text, cfg, suite=suite,
-                                 progress=lambda f, what: log.info("%3.0f%% %s", 100 * f, what))
+                                 progress=lambda f, what: logger.info("%3.0f%% %s", 100 * f, what))
             path = args.out / f"{name}.json" if args.suites else args.out
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
             rec = atlas.record
-            log.info("%s: %d tokens, %d nodes; run %.1f s + atlas %.1f s = %.2fx the run",
+            logger.info("%s: %d tokens, %d nodes; run %.1f s + atlas %.1f s = %.2fx the run",
                      path, len(atlas.output), len(atlas.children), rec["run_s"], rec["atlas_s"], rec["ratio"])
     except (ValueError, ModelLoadError, OSError) as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     return 0
 
@@ -118,13 +118,13 @@ def sweep_command(args: argparse.Namespace) -> int:
             return serving_sweep_command(args, atlases, serving_costs)
         configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     except (ConfigError, TraceFileError, OSError) as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     start = time.perf_counter()
     try:
         rows = run_sweep(atlases, configs, args.workers)
     except ConfigError as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     seconds = time.perf_counter() - start
     if args.json:
@@ -135,7 +135,7 @@ def sweep_command(args: argparse.Namespace) -> int:
         best = best_row(rows)
         print(f"\nbest by predicted tokens/s: {best.values or 'the base command'} "
               f"(MAT {best.mat:.2f}, {best.tokens_per_s:.2f} tok/s predicted)")
-    log.info("%d configurations x %d atlases replayed in %.1f s", len(rows), len(atlases), seconds)
+    logger.info("%d configurations x %d atlases replayed in %.1f s", len(rows), len(atlases), seconds)
     return 0
 
 
@@ -144,10 +144,10 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs:
     try:
         policies = serving_policies(args.engine, parse_serving_grid(args.engine, args.grid))
     except ConfigError as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     if costs is not None and costs.engine != args.engine:
-        log.error("%s holds %s's step costs, not %s's", args.costs, costs.engine, args.engine)
+        logger.error("%s holds %s's step costs, not %s's", args.costs, costs.engine, args.engine)
         return 2
     start = time.perf_counter()
     rows = sweep_serving(atlases, policies, costs)
@@ -161,7 +161,7 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs:
         best = best_serving_row(rows)
         print(f"\ntimes: {timing}")
         print(f"best by predicted tokens/s: {why_best(rows, best)}")
-    log.info("%d %s configurations x %d atlases replayed in %.1f s", len(rows), args.engine, len(atlases), seconds)
+    logger.info("%d %s configurations x %d atlases replayed in %.1f s", len(rows), args.engine, len(atlases), seconds)
     return 0
 
 

@@ -8,14 +8,14 @@ import logging
 from pathlib import Path
 
 from talon.cli.args import add_knob, add_model_args, pair_from_args
-from talon.cost.model import CostModel
 from talon.cost.cache import MAX_AGE_DAYS, cache_path
+from talon.cost.model import CostModel
 from talon.engine.build import build_engine
-from talon.models import ModelLoadError
 from talon.knobs import KNOB
+from talon.models import ModelLoadError
 from talon.settings import Settings
 
-log = logging.getLogger("talon")
+logger = logging.getLogger("talon")
 
 
 def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
@@ -49,7 +49,7 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
     try:  # the engine the server and every command build, so the curves probed are the ones they read
         costs = build_engine(pair_from_args(args, settings)).cost_snapshot(args.draft_vocab, refresh=True)
     except (ValueError, ModelLoadError, OSError) as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     print(describe_costs(costs, cache_path(folder, costs.key).name))
     return 0

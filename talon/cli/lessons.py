@@ -10,16 +10,16 @@ from pathlib import Path
 
 from talon.atlas.data import load_atlases
 from talon.cli.args import add_knob
+from talon.figures.export import export_html
+from talon.figures.opening import RECORDING
 from talon.knobs import KNOB
 from talon.lessons import LESSONS_DIR, bundled_atlases
 from talon.lessons.adaptive import EAGLE3_SHAPE, EAGLE3_SOURCE, adaptive_lesson, adaptive_table, funnel, summarize
 from talon.lessons.asynchrony import GPU_COSTS, async_lesson, async_table
 from talon.lessons.hybrid import hybrid_lesson, hybrid_table
-from talon.figures.export import export_html
-from talon.figures.opening import RECORDING
 from talon.trace import TraceFileError, parse_trace, read_json_upload
 
-log = logging.getLogger("talon")
+logger = logging.getLogger("talon")
 
 
 def add_lessons_parser(p: argparse.ArgumentParser) -> None:
@@ -57,9 +57,9 @@ def export_command(args: argparse.Namespace) -> int:
         page = export_html(summary, steps, atlas, lessons, index)
         args.out.write_text(page, encoding="utf-8")
     except (TraceFileError, ValueError, OSError) as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
-    log.info("wrote %s (%.1f MB): open it in any browser, offline", args.out, args.out.stat().st_size / 1e6)
+    logger.info("wrote %s (%.1f MB): open it in any browser, offline", args.out, args.out.stat().st_size / 1e6)
     return 0
 
 
@@ -67,7 +67,7 @@ def lessons_command(args: argparse.Namespace) -> int:
     try:
         atlases = load_atlases(args.atlases) if args.atlases else bundled_atlases()
     except (TraceFileError, OSError) as err:
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     out: dict = {}
     if args.lesson in ("adaptive", "all"):

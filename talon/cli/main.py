@@ -12,13 +12,13 @@ from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
 from talon.cli.lessons import add_export_parser, add_lessons_parser, export_command, lessons_command
-from talon.engine.decode import generate
 from talon.engine.build import build_engine
+from talon.engine.engine import generate
 from talon.models import ModelLoadError
 from talon.settings import Settings
 from talon.trace import dump_trace
 
-log = logging.getLogger("talon")
+logger = logging.getLogger("talon")
 
 
 def parser(settings: Settings) -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return export_command(args)
     if args.draft.lower() == "none" and args.drafter == "hybrid":
-        log.info("--draft none: drafting from retrieval only")
+        logger.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"
     try:
         cfg = config_from_args(args)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = build_engine(pair_from_args(args, settings, args.draft if cfg.needs_draft_model else "none"))
         summary, steps = generate(engine, prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
-        log.error("%s", err)
+        logger.error("%s", err)
         return 2
     if args.trace_out:
         dump_trace(args.trace_out, summary, steps)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary.to_dict()))
     else:
         print(summary.text)
-        log.info(
+        logger.info(
             "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s (%s, %s, step %s)",
             len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
             summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.forward,

@@ -8,7 +8,7 @@ arrive with nodes already grafted (retrieval); a proposed child that already exi
 
 Which nodes take the budget is decided by a ``Scores`` function of the tree: by default the
 path confidence ``c`` (the raw product of q), and in the engine the acceptance model's calibrated
-P(node accepted) (``talon.cost.plan.AcceptanceModel.node_probs``), so that expected accepted length,
+P(node accepted) (``talon.cost.plan.CalibratedAcceptance.node_probs``), so that expected accepted length,
 not raw confidence, fills the budget. Either way a node's score never exceeds its parent's, which
 keeps every best-N set ancestor closed. TALON's gates (mu x the layer's best ``c``) and the
 ``min_conf`` stop stay on path confidence: they limit what may expand, the scores rank it.
@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Callable, Protocol
+from typing import Callable
 
+from talon.core.contracts import Children, LayerPlanner
 from talon.run_config import TreeConfig
 from talon.tree import DraftTree, Gate
 
-Expand = Callable[[DraftTree, list[int], int], list[list[tuple[int, float]]]]
+Expand = Callable[[DraftTree, list[int], int], list[Children]]  # DraftSource.expand
 Scores = Callable[[DraftTree], Sequence[float]]  # (T,) per node, never above the parent's; root first
 UNLIMITED = 10**9
 
-
-
-class LayerPlanner(Protocol):
-    def worth_layer(self, tree: DraftTree, frontier: list[int], k: int, budget: int, match_len: int) -> bool: ...
 
 
 def path_confidence(tree: DraftTree) -> list[float]:

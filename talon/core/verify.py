@@ -8,21 +8,18 @@ frontier layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
-from talon.core.accept import Acceptance, accept_greedy, accept_sampling, greedy_readout, target_topk, warp_probs
+from talon.core.accept import accept_greedy, accept_sampling, greedy_readout, target_topk, warp_probs
+from talon.core.contracts import Verdict
+from talon.core.kv import keep_dynamic
 from talon.models.attention import fold_kwargs
-from talon.core.kv import keep_entries
-from talon.models.rng import generator_for
-from talon.run_config import SamplingConfig
-from talon.tree import DraftTree
-
 from talon.models.prepack import PrepackedLinear
 from talon.models.quant import PackedLinear, int8_head
-from talon.tree import ancestor_rows
+from talon.models.rng import generator_for
+from talon.run_config import SamplingConfig
+from talon.tree import DraftTree, ancestor_rows
 
 
 def tree_mask(tree: DraftTree) -> torch.Tensor:
@@ -129,17 +126,6 @@ def verify_tree(
     return lm_logits(model, hidden)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What verifying one tree told: the target's argmax after each node, the accepted path
-    with its bonus token, the target's top 5 per node, and each node's position id."""
-
-    top1: list[int]  # (T,) -1 where unknown (a replay knows the target only along its text)
-    acceptance: Acceptance
-    topk: tuple[list[list[int]], list[list[float]]]
-    positions: list[int]
-
-
 class TargetVerifier:
     """Verification by the target model: its KV cache holds every committed token but the
     root; one forward scores the whole tree through the 4D tree mask."""
@@ -175,7 +161,7 @@ class TargetVerifier:
     def commit(self, verdict: Verdict) -> None:
         """Keep the KV of the accepted nodes (the root's included), drop the rest of the tree's."""
         prefix_len = verdict.positions[0]
-        keep_entries(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])
+        keep_dynamic(self.cache, prefix_len, [prefix_len + n for n in verdict.acceptance.accepted])
 
     def close(self) -> None:
         """The run is over (nothing to give back: the cache is the run's own)."""

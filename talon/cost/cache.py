@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from talon.cost.model import CostModel
 from talon.cost.probe import Timer, cost_key, probe_costs
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MAX_AGE_DAYS = 30  # a cached model older than this is measured again
 BUSY_SPREAD = 1.0  # a probe whose best timings of one size stayed this far apart ran on a busy host
@@ -44,15 +44,15 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
     try:
         costs = CostModel.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
-        log.warning("ignoring cost cache %s: %s", path, err)
+        logger.warning("ignoring cost cache %s: %s", path, err)
         return None
     if busy(costs):
-        log.info("cost cache %s was probed on a busy host (spread %.0f%%): measuring again", path,
+        logger.info("cost cache %s was probed on a busy host (spread %.0f%%): measuring again", path,
                  100 * costs.provenance.spread)
         return None
     age = costs.provenance.age_days()
     if costs.key != key or age is None or age > max_age_days:
-        log.info("cost cache %s is stale (%s): measuring again", path,
+        logger.info("cost cache %s is stale (%s): measuring again", path,
                  "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
         return None
     costs.provenance = dataclasses.replace(costs.provenance, source="cache")
@@ -74,16 +74,16 @@ def load_or_probe(
     key = cost_key(target, draft, names, draft_vocab, forward)
     path = cache_path(cache_dir, key) if cache_dir is not None else None
     if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
-        log.info("cost model: %s", cached.provenance.describe())
+        logger.info("cost model: %s", cached.provenance.describe())
         return cached
     start = time.perf_counter()
     costs = probe_costs(target, draft, draft_vocab, timers=timers)
     costs.key = key
-    log.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
+    logger.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
              time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
              1e3 * costs.draft_s(1), costs.provenance.describe())
     if path is not None and busy(costs):
-        log.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
+        logger.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
                     100 * costs.provenance.spread)
     elif path is not None:
         save_costs(costs, path)
@@ -110,7 +110,7 @@ def retire_if_contradicted(cache_dir: Path | None, cached: CostModel, measured: 
     if cache_dir is None or not contradicts(cached, measured):
         return False
     path = cache_path(cache_dir, cached.key)
-    log.warning("the cached cost curves %s disagree with this run's steps by over %.1fx: retired, the next "
+    logger.warning("the cached cost curves %s disagree with this run's steps by over %.1fx: retired, the next "
                 "start measures again", path, CONTRADICTED)
     path.unlink(missing_ok=True)
     return True
@@ -123,4 +123,4 @@ def save_costs(costs: CostModel, path: Path) -> None:
         tmp.write_text(json.dumps(costs.to_dict(), indent=1), encoding="utf-8")
         tmp.replace(path)
     except OSError as err:
-        log.warning("could not cache the cost model at %s: %s", path, err)
+        logger.warning("could not cache the cost model at %s: %s", path, err)

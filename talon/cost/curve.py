@@ -10,16 +10,16 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-GRID: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CURVE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 LEARNING_RATE = 0.15  # online refinement: share of a step's prediction error folded back
 MAX_ERROR = 0.5  # an observation moves the curve by at most this fraction of the prediction
 
 
 @dataclass
 class Curve:
-    """Seconds against size: values on ``GRID`` sizes, linear in between, linear beyond."""
+    """Seconds against size: values on ``CURVE_SIZES`` sizes, linear in between, linear beyond."""
 
-    values: list[float]  # one per GRID size
+    values: list[float]  # one per CURVE_SIZES size
     # the curve at sizes asked so far, for the values it was computed from (planners and replays
     # ask the same few sizes thousands of times; any change of ``values`` starts a new memo)
     _memo: tuple[tuple[float, ...], dict[float, float]] = field(default_factory=lambda: ((), {}), repr=False,
@@ -31,7 +31,7 @@ class Curve:
         sizes = sorted(samples)
         xs = [float(s) for s in sizes]
         ys = [samples[s] for s in sizes]
-        return Curve([_interp(xs, ys, float(g)) for g in GRID])
+        return Curve([_interp(xs, ys, float(g)) for g in CURVE_SIZES])
 
     @staticmethod
     def fit_monotone(samples: dict[int, float]) -> "Curve":
@@ -53,23 +53,23 @@ class Curve:
 
     def observe(self, size: int, seconds: float, rate: float = LEARNING_RATE) -> None:
         """Fold one timing into the two grid points around ``size`` (LMS on the linear basis)."""
-        predicted = _interp([float(g) for g in GRID], self.values, float(max(size, 1)))  # raw, not monotone
+        predicted = _interp([float(g) for g in CURVE_SIZES], self.values, float(max(size, 1)))  # raw, not monotone
         error = seconds - predicted
         limit = MAX_ERROR * max(predicted, 1e-6)
         error = max(-limit, min(limit, error))
-        i = bisect.bisect_right(GRID, size) - 1
+        i = bisect.bisect_right(CURVE_SIZES, size) - 1
         if i < 0:
             self.values[0] += rate * error
             return
-        if i >= len(GRID) - 1:
+        if i >= len(CURVE_SIZES) - 1:
             self.values[-1] += rate * error
             return
-        w_hi = (size - GRID[i]) / (GRID[i + 1] - GRID[i])
+        w_hi = (size - CURVE_SIZES[i]) / (CURVE_SIZES[i + 1] - CURVE_SIZES[i])
         self.values[i] += rate * (1.0 - w_hi) * error
         self.values[i + 1] += rate * w_hi * error
 
 
-_GRID_X = [float(g) for g in GRID]
+_GRID_X = [float(g) for g in CURVE_SIZES]
 
 
 def is_seconds(value: object) -> bool:
@@ -78,11 +78,11 @@ def is_seconds(value: object) -> bool:
 
 
 def check_times(values: object, name: str) -> None:
-    """A curve read from a file or an upload: one finite, positive time per ``GRID`` size (an
+    """A curve read from a file or an upload: one finite, positive time per ``CURVE_SIZES`` size (an
     increasing grid), or a ValueError that says which value is wrong."""
-    if not isinstance(values, list) or len(values) != len(GRID):
-        raise ValueError(f"{name} must hold one time per grid size ({len(GRID)} values)")
-    for size, value in zip(GRID, values):
+    if not isinstance(values, list) or len(values) != len(CURVE_SIZES):
+        raise ValueError(f"{name} must hold one time per grid size ({len(CURVE_SIZES)} values)")
+    for size, value in zip(CURVE_SIZES, values):
         if not is_seconds(value) or value <= 0:  # type: ignore[operator]
             raise ValueError(f"{name} at size {size} must be a finite, positive number of seconds, got {value!r}")
 

@@ -11,11 +11,11 @@ and dtype:
 * ``prefill_s(L)``: the draft model's catch-up / prompt prefill of L tokens.
 * ``other_s``: per-step bookkeeping (acceptance, cache commit, traces).
 
-Each curve is piecewise linear over a fixed grid of sizes (``GRID``). This module is the model
+Each curve is piecewise linear over a fixed grid of sizes (``CURVE_SIZES``). This module is the model
 alone, pure Python (the planner imports it, and no torch comes with it):
 ``talon.cost.probe`` measures the curves on the loaded models (a few seconds; each size repeated
 until its best timings agree), ``talon.cost.cache`` keeps them as JSON under a key that names
-both models, their dtypes, device and quantization, the draft vocabulary, the step, the
+both models, their dtypes, device and quantization, the draft vocabulary, the forward, the
 hardware, the torch version and thread count, and only when the probe was quiet. Every model
 records where it came from (``Provenance``: probe or cache, when, on what).
 
@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from talon.cost.curve import GRID, LEARNING_RATE, Curve, check_times, is_seconds
+from talon.cost.curve import CURVE_SIZES, LEARNING_RATE, Curve, check_times, is_seconds
 
 COST_FORMAT = "talon-cost/1"
 ASSUMED_OTHER = "assumed: 5 ms a step beyond its forwards, the cost model's default, until a run measures it"
@@ -112,7 +112,7 @@ class CostModel:
         """Draft-model catch-up of ``tokens`` committed tokens (the prompt prefill when unengaged)."""
         if tokens <= 0:
             return 0.0
-        return max(self.draft_s(min(tokens, GRID[-1])), self.prefill_per_token_s * tokens)
+        return max(self.draft_s(min(tokens, CURVE_SIZES[-1])), self.prefill_per_token_s * tokens)
 
     def observe_verify(self, tree_tokens: int, seconds: float) -> None:
         with self._lock:
@@ -120,7 +120,7 @@ class CostModel:
             self.observations += 1
 
     def observe_draft(self, width: int, seconds: float) -> None:
-        if self.draft is None or width > GRID[-1]:
+        if self.draft is None or width > CURVE_SIZES[-1]:
             return  # a long catch-up is a prefill, not a layer
         with self._lock:
             self.draft.observe(width, seconds)
@@ -136,7 +136,7 @@ class CostModel:
             "source": self.source,
             "provenance": dataclasses.asdict(self.provenance),
             "described": self.provenance.describe(),
-            "grid": list(GRID),
+            "grid": list(CURVE_SIZES),
             "verify_s": list(self.verify.values),
             "draft_s": list(self.draft.values) if self.draft is not None else None,
             "prefill_per_token_s": self.prefill_per_token_s,
@@ -146,8 +146,8 @@ class CostModel:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "CostModel":
-        if data.get("format") != COST_FORMAT or list(data.get("grid", [])) != list(GRID):
-            raise ValueError(f"not a {COST_FORMAT} file on the sizes {', '.join(map(str, GRID))} (in that increasing order)")
+        if data.get("format") != COST_FORMAT or list(data.get("grid", [])) != list(CURVE_SIZES):
+            raise ValueError(f"not a {COST_FORMAT} file on the sizes {', '.join(map(str, CURVE_SIZES))} (in that increasing order)")
         draft = data.get("draft_s")
         check_times(data.get("verify_s"), "verify_s")
         if draft is not None:

@@ -2,7 +2,7 @@
 
 Two measured models meet here:
 
-* :class:`AcceptanceModel`: the probability that a node is accepted given that its parent is,
+* :class:`CalibratedAcceptance`: the probability that a node is accepted given that its parent is,
   calibrated per source from the run's own history (Beta counts with a prior scaled by the
   source's pooled observed / expected ratio, so it learns fast when guesses keep failing). Model
   nodes are binned by their draft probability ``q``; retrieval nodes by the suffix match length,
@@ -125,7 +125,7 @@ class Calibration:
 
 
 @dataclass
-class AcceptanceModel:
+class CalibratedAcceptance:
     """P(node accepted | parent accepted) per source, from this run's accepted/rejected nodes.
 
     The draft model is over-confident, so its prior is 0.8 q; retrieval's prior grows with the
@@ -220,14 +220,14 @@ class Planner:
     reproducible (the caller also freezes ``costs``)."""
 
     def __init__(self, costs: CostModel, cfg: TreeConfig, max_new_tokens: int, predicted: bool = False,
-                 acceptance: AcceptanceModel | None = None) -> None:
+                 acceptance: CalibratedAcceptance | None = None) -> None:
         """``acceptance``: the drafter's acceptance model (it learns as the drafter commits); a
         fresh one when not given."""
         self.costs = costs
         self.predicted = predicted
         self.step_widths: list[int] = []  # widths of this step's draft forwards so far
         self.cfg = cfg
-        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.acceptance = acceptance if acceptance is not None else CalibratedAcceptance()
         self.remaining = max_new_tokens
         layers = min(cfg.max_depth, 3)
         self.outlook = ModelOutlook(

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.cost.model import PROBED, CostModel, Provenance
-from talon.cost.curve import GRID, Curve
-from talon.models.device import hardware_name
 from talon.core.verify import forward_hidden, lm_logits
+from talon.cost.curve import CURVE_SIZES, Curve
+from talon.cost.model import PROBED, CostModel, Provenance
+from talon.models.device import hardware_name
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 PROBE_VERSION = 4  # in the cache key: a better probe (or cheaper drafting: 4 = the int8 draft head) re-measures
 SPREAD_OK = 0.05  # a size is measured until its two best timings agree within this share
@@ -124,17 +124,17 @@ def probe_costs(
     each fitted isotonically (more tokens never cost less). ``timers``: how the target's and
     the draft's forwards run (None: a dynamic cache; ``talon.graphs.pool.static_timer``: the static
     step, replayed graphs included)."""
-    sizes = [g for g in GRID if g <= max_tree]
+    sizes = [g for g in CURVE_SIZES if g <= max_tree]
     verify = _probe_curve(target, sizes, prefix, 0, max_reps=max_reps, timer=timers[0])
     spread = verify.spread
     costs = CostModel(verify=Curve.fit_monotone(verify.best))
     if draft is not None:
-        widths = [g for g in GRID if g <= 32]
+        widths = [g for g in CURVE_SIZES if g <= 32]
         drafted = _probe_curve(draft, widths, prefix, draft_vocab, max_reps=max_reps, timer=timers[1])
         costs.draft = Curve.fit_monotone(drafted.best)
-        long = _probe_curve(draft, [GRID[-1]], prefix, draft_vocab, min_reps=1, max_reps=1,
-                            timer=timers[1]).best[GRID[-1]]
-        costs.prefill_per_token_s = long / GRID[-1]
+        long = _probe_curve(draft, [CURVE_SIZES[-1]], prefix, draft_vocab, min_reps=1, max_reps=1,
+                            timer=timers[1]).best[CURVE_SIZES[-1]]
+        costs.prefill_per_token_s = long / CURVE_SIZES[-1]
         spread = max(spread, drafted.spread)
     costs.provenance = Provenance(
         source="probe",
@@ -148,6 +148,6 @@ def probe_costs(
         fields={k: v for k, v in PROBED.items() if draft is not None or k == "verify_s" or k == "other_s"},
     )
     if costs.provenance.noisy:
-        log.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
+        logger.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
                     "the curves may be pessimistic", 100 * spread, max_reps)
     return costs

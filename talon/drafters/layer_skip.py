@@ -6,7 +6,7 @@ target) more than on a CPU, where a small draft model is cheaper still.
 
 ``layer_skip_view`` builds a model that shares every weight with the target and runs only the
 kept layers (each kept layer's attention renumbered, so that it has a cache layer of its own);
-``layer_skip_source`` gives a run a ``ModelDrafter`` over it, on the engine's step. The view is
+``layer_skip_source`` gives a run a ``ModelDrafter`` over it, on the engine's forward. The view is
 built once per target and share, and kept while the target lives.
 """
 
@@ -23,7 +23,7 @@ from talon.drafters.model import ModelDrafter
 from talon.run_config import ConfigError
 
 if TYPE_CHECKING:
-    from talon.drafters.base import SourceModels
+    from talon.core.contracts import SourceModels
     from talon.run_config import RunConfig
 
 VIEWS: "weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[int, ...], PreTrainedModel]]" = weakref.WeakKeyDictionary()

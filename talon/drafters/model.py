@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.core.kv import clone_cache, gather_entries, keep_entries
-from talon.models.quant import int8_head
-from talon.tree import DraftTree
-from talon.run_config import ConfigError
+from talon.core.kv import clone_cache, gather_entries, keep_dynamic
 from talon.core.verify import forward_hidden, lm_logits
+from talon.models.quant import int8_head
+from talon.run_config import ConfigError
+from talon.tree import DraftTree
 
 if TYPE_CHECKING:
-    from talon.drafters.base import SourceModels
+    from talon.core.contracts import SourceModels
     from talon.run_config import RunConfig
 
 PathKey = tuple[int, ...]
@@ -175,7 +175,7 @@ class ModelDrafter(DraftLedger):
 
     def _keep(self, slots: list[int]) -> None:
         """Make the cache the committed context plus the entries at ``slots``, in that order."""
-        keep_entries(self.cache, self.fed, slots)
+        keep_dynamic(self.cache, self.fed, slots)
 
     def close(self) -> None:
         """Give back what the run held (nothing here: the cache goes with the drafter)."""

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from talon.graphs.chain import ChainShape, ChainState, StepTables, tree_of
 from talon.drafters.model import ModelDrafter, path_key
-from talon.graphs.static import Bucket, StaticForward, bucket_for
+from talon.graphs.chain import ChainShape, ChainState, StepTables, tree_of
 from talon.graphs.pool import StaticPool
+from talon.graphs.static import Bucket, StaticForward, bucket_for
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:
-    from talon.cost.plan import AcceptanceModel, Planner
+    from talon.cost.plan import CalibratedAcceptance, Planner
     from talon.run_config import TreeConfig
 
 
@@ -106,7 +106,7 @@ class StaticModelDrafter(ModelDrafter):
         return self.chain and cfg.mode == "adaptive"
 
     @torch.inference_mode()
-    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, match_len: int, acceptance: AcceptanceModel,
+    def chained_tree(self, shared: DraftTree, cfg: TreeConfig, match_len: int, acceptance: CalibratedAcceptance,
                      calibrated: bool, planner: Planner | None) -> DraftTree:
         """``build_tree(shared, ...)`` for TALON's adaptive tree, grown on the device
         (``talon.graphs.chain``): the root's forward and each layer's are launched back to back, each

@@ -2,7 +2,7 @@
 
 One class serves every drafter kind: ``hybrid`` (both sources), ``model`` (no retrieval),
 ``retrieval`` (no model) and ``none`` (autoregressive: the tree is the root alone). The decode
-loop sees it through the ``Drafter`` contract (``talon.drafters.base``); its draft model is any
+loop sees it through the ``Drafter`` contract (``talon.core.contracts``); its draft model is any
 ``DraftSource``. ``build_drafter`` makes the one for a run.
 
 Retrieval proposes once per step at the full budget. When the draft model runs, retrieval's
@@ -12,7 +12,7 @@ lookup would send, or the trie's best branches. Under a planner, one-token match
 (``SHORT_MATCH``) on steps without the model; the trim keeps such a guess only where its
 calibrated acceptance pays for the extra verification on this host.
 
-The drafter owns the run's :class:`~talon.cost.plan.AcceptanceModel`: it learns from every commit,
+The drafter owns the run's :class:`~talon.cost.plan.CalibratedAcceptance`: it learns from every commit,
 ranks the nodes of every tree the builder fills (``TreeConfig.admission``), and the planner
 plans with it.
 """
@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from talon.core.builder import Expand, Scores, build_tree, keep_best, path_confidence
-from talon.drafters.base import ChainingSource, Draft, DraftSource, ForkableSource, PreDraft
+from talon.core.contracts import ChainingSource, Draft, DraftPlanner, DraftSource, ForkableSource, PreDraft
+from talon.cost.plan import CalibratedAcceptance
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
-from talon.cost.plan import AcceptanceModel
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
-
-if TYPE_CHECKING:
-    from talon.cost.plan import Planner
 
 SHORT_MATCH = 1  # under a planner, steps without the draft model let matches this short propose
 
@@ -77,7 +73,7 @@ class TreeDrafter:
         self.retrieval = retrieval
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
-        self.acceptance = AcceptanceModel()
+        self.acceptance = CalibratedAcceptance()
         self.forks: list[ForkableSource] = []  # pre-drafters not yet adopted or dropped (close gives them back)
 
     def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
@@ -88,7 +84,7 @@ class TreeDrafter:
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
 
-    def draft(self, root_token: int, planner: Planner | None = None) -> Draft:
+    def draft(self, root_token: int, planner: DraftPlanner | None = None) -> Draft:
         """Retrieval graft first; then, unless the planner says retrieval alone does better per
         second, the model's tree fills the rest; finally the planner trims unprofitable nodes."""
         budget = self.tree_cfg.budget
@@ -135,7 +131,7 @@ class TreeDrafter:
             return proposal.head(0)
         return proposal.head(max(1, round(self.tree_cfg.budget * self.stats.retrieval_share())))
 
-    def _expand_for(self, planner: Planner | None) -> Expand:
+    def _expand_for(self, planner: DraftPlanner | None) -> Expand:
         """The model's ``expand``, reporting each forward to the planner's clock."""
         model = self.model
         assert model is not None

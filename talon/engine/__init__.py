@@ -1,3 +1,3 @@
-"""The engine: ``Engine`` and the one step loop ``Run`` (``decode``), the prompt's ids and where a
-run stops (``prompt``), which step each model runs on (``steps``) and the one way every front end
-builds an engine from the settings (``build``)."""
+"""The engine: ``Engine``, the loaded pair and what outlives a request (``engine``); ``Run``, the one
+step loop (``run``); the prompt's ids and where a run stops (``prompt``); how each model's forwards
+run (``forwards``) and the one way every front end builds an engine from the settings (``build``)."""

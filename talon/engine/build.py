@@ -12,13 +12,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from talon.models import zerogpu
-from talon.engine.decode import Engine
-from talon.models import load_pair
+from talon.engine.engine import Engine
+from talon.models import load_pair, zerogpu
 from talon.run_config import ConfigError
 from talon.settings import Settings
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,6 @@ def build_engine(key: PairKey, precompile: bool = True) -> Engine:
     engine = Engine(target_lm, draft_lm, forward=key.forward, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
                     chain=key.chain, fold=key.fold)
     if key.forward == "compiled" and precompile:  # (resolve_forward refused it off CUDA)
-        log.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
-    log.info("engine: %s on %s, forward %s", key.describe(), engine.target.device, engine.path)
+        logger.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
+    logger.info("engine: %s on %s, forward %s", key.describe(), engine.target.device, engine.path)
     return engine

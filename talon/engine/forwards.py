@@ -11,13 +11,13 @@ import threading
 
 from transformers import PreTrainedModel
 
+from talon.core.verify import TargetVerifier
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
+from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
+from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
 from talon.models import LoadedModel
 from talon.run_config import ConfigError, RunConfig
-from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
-from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
-from talon.core.verify import TargetVerifier
 
 
 class Forwards:

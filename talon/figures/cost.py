@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from talon.cost.curve import GRID, Curve, check_times
+from talon.cost.curve import CURVE_SIZES, Curve, check_times
 from talon.figures.common import (
     PATH_COLOR,
     SOURCE_COLORS,
@@ -32,7 +32,7 @@ VERIFY_COLOR, DRAFT_COLOR, RATE_COLOR = SOURCE_COLORS["bonus"], SOURCE_COLORS["m
 
 def curves(cost_model: Mapping[str, Any]) -> tuple[Curve, Curve | None, float]:
     """The verify and draft curves and the per-step overhead of a ``talon-cost/1`` dict."""
-    if list(cost_model.get("grid", [])) != list(GRID):
+    if list(cost_model.get("grid", [])) != list(CURVE_SIZES):
         raise ValueError("not a talon-cost/1 model on this grid")
     draft = cost_model.get("draft_s")
     check_times(cost_model.get("verify_s"), "verify_s")
@@ -65,13 +65,13 @@ def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace]
     except (KeyError, TypeError, ValueError):
         return empty_figure("This trace's cost model cannot be read.")
     biggest = max([len(st.tokens) for st in steps] + [32])
-    sizes = [g for g in GRID if g <= max(64, 2 * biggest)]
+    sizes = [g for g in CURVE_SIZES if g <= max(64, 2 * biggest)]
     traces: list[Trace] = [
         dict(type="scatter", x=sizes, y=[1e3 * verify(s) for s in sizes], mode="lines+markers", name="verify (tree nodes)",
              line=dict(color=VERIFY_COLOR, width=2), hovertemplate="verify %{x} nodes: %{y:.0f} ms<extra></extra>"),
     ]
     if draft is not None:
-        widths = [g for g in GRID if g <= 32]
+        widths = [g for g in CURVE_SIZES if g <= 32]
         traces.append(dict(type="scatter", x=widths, y=[1e3 * draft(w) for w in widths], mode="lines+markers",
                            name="one draft layer (frontier width)", line=dict(color=DRAFT_COLOR, width=2, dash="dot"),
                            hovertemplate="draft layer of %{x}: %{y:.0f} ms<extra></extra>"))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -28,10 +28,10 @@ from talon.figures.lessons import (
     funnel_figure,
     hybrid_words,
 )
+from talon.figures.opening import opening_step
 from talon.lessons.adaptive import AdaptiveLesson, funnel
 from talon.lessons.asynchrony import AsyncBound, async_lesson
 from talon.lessons.hybrid import hybrid_lesson
-from talon.figures.opening import opening_step
 from talon.trace import RunSummary, StepTrace
 
 APP_CSS = Path(__file__).resolve().parents[2] / "static" / "talon.css"  # the summary's and the walk's classes

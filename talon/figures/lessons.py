@@ -21,7 +21,7 @@ from talon.figures.common import (
 from talon.figures.text import esc
 from talon.lessons.adaptive import DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
 from talon.lessons.asynchrony import AsyncBound, AsyncLesson
-from talon.lessons.hybrid import DRAFTERS, HybridLesson, carried_shares
+from talon.lessons.hybrid import COMPARED, HybridLesson, carried_shares
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
 CARRIER_NAMES = {"model": "draft model", "retrieval": "retrieval", "both": "both", "none": "bonus token only"}
@@ -71,8 +71,8 @@ def drafters_figure(lesson: HybridLesson) -> go.Figure:
     names = {"model": "draft model alone", "retrieval": "retrieval alone", "hybrid": "hybrid"}
     colors = {"model": SOURCE_COLORS["model"], "retrieval": SOURCE_COLORS["retrieval"], "hybrid": SOURCE_COLORS["both"]}
     traces: list[Trace] = [
-        dict(type="bar", x=[names[d] for d in DRAFTERS], y=[lesson.tokens_per_s[d] for d in DRAFTERS],
-             marker=dict(color=[colors[d] for d in DRAFTERS]), text=[f"MAT {lesson.mat[d]:.2f}" for d in DRAFTERS],
+        dict(type="bar", x=[names[d] for d in COMPARED], y=[lesson.tokens_per_s[d] for d in COMPARED],
+             marker=dict(color=[colors[d] for d in COMPARED]), text=[f"MAT {lesson.mat[d]:.2f}" for d in COMPARED],
              textposition="outside", hovertemplate="%{x}: %{y:.2f} tok/s predicted<extra></extra>"),
     ]
     top = max(lesson.tokens_per_s.values()) or 1.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from talon.knobs import DRAFTERS
 from talon.figures.common import SOURCE_NAMES, Committed, committed_tokens
 from talon.figures.run import step_end_times
 from talon.figures.text import esc, fmt_number
-from talon.tree import layer_width
+from talon.knobs import DRAFTERS
 from talon.trace import RunSummary, StepTrace
+from talon.tree import layer_width
 
 # ---------------------------------------------------------------------------------------------
 # HTML: streamed text with provenance, step caption, run summary

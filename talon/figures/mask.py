@@ -13,8 +13,8 @@ from talon.figures.common import (
     make_figure,
 )
 from talon.figures.text import token_label
-from talon.tree import ancestor_rows
 from talon.trace import StepTrace
+from talon.tree import ancestor_rows
 
 # (3) Tree attention mask
 # ---------------------------------------------------------------------------------------------

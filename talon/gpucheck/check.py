@@ -61,24 +61,7 @@ from typing import Any
 
 import torch
 
-
-from talon.models.memory import GIB
 from talon.gpucheck.check_model import PLANTS, planted
-from talon.gpucheck.pairs import (
-    BF16,
-    F32,
-    FIT_TOKENS,
-    Check,
-    Invalid,
-    Outcome,
-    PairModels,
-    PairRun,
-    PairSpec,
-    Role,
-    Skipped,
-    device_capacity,
-    pair_specs,
-)
 from talon.gpucheck.pair_checks import (
     async_matches_sync,
     bf16_judge,
@@ -91,13 +74,28 @@ from talon.gpucheck.pair_checks import (
     seeded_sampling,
     static_step_lossless,
 )
+from talon.gpucheck.pairs import (
+    BF16,
+    F32,
+    FIT_TOKENS,
+    Check,
+    CheckOutcome,
+    Invalid,
+    PairModels,
+    PairRun,
+    PairSpec,
+    Role,
+    Skipped,
+    device_capacity,
+    pair_specs,
+)
 from talon.gpucheck.run_checks import (
     app_check,
     hub_snapshot_check,
     preset_switch_check,
     zerogpu_start_check,
 )
-
+from talon.models.memory import GIB
 
 # ------------------------------------------------------------------------------------ running
 
@@ -110,7 +108,7 @@ class PairCheck:
 
     key: str  # what ``--checks`` names it by, exactly
     name: str
-    fn: Callable[[PairRun], Outcome]
+    fn: Callable[[PairRun], CheckOutcome]
     needs: tuple[Role, ...]
     peak: tuple[Role, ...] = ()
 
@@ -159,7 +157,7 @@ class Stream:
                 f.write(json.dumps({"pair": where, **dataclasses.asdict(check)}) + "\n")
 
 
-def guarded(name: str, fn: Callable[[], Outcome], stream: Stream | None = None, where: str = "(once)") -> Check:
+def guarded(name: str, fn: Callable[[], CheckOutcome], stream: Stream | None = None, where: str = "(once)") -> Check:
     """A check that raises is that check failed (with the error), not a crashed report. A check
     whose model fails its gate is invalid; one that cannot run here, or not before the deadline,
     is skipped."""
@@ -196,7 +194,7 @@ def run_pair_check(check: PairCheck, ctx: PairRun, stream: Stream | None = None)
     """``check`` with only the models it names alive, each gated first; skipped, before anything
     is allocated, when ``estimate_pair`` says they would not fit the device."""
 
-    def body() -> Outcome:
+    def body() -> CheckOutcome:
         need = max(ctx.models.bytes_needed(check.needs, FIT_TOKENS), ctx.models.bytes_needed(check.peak, FIT_TOKENS))
         have = device_capacity(ctx.device)
         if need > have:
@@ -219,7 +217,7 @@ def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | 
         ctx.models.keep(())
 
 
-def once_per_run(spec: PairSpec, device: torch.device, with_app: bool) -> list[tuple[str, Callable[[], Outcome]]]:
+def once_per_run(spec: PairSpec, device: torch.device, with_app: bool) -> list[tuple[str, Callable[[], CheckOutcome]]]:
     """The checks run once, on the first pair, before the pairs' checks (a Space needs them
     first): one line each."""
     checks = []
@@ -271,7 +269,7 @@ def run_checks(tiny: bool, only: set[str], with_app: bool = True, stream: Stream
     return report
 
 
-def table(report: dict[str, Any]) -> str:
+def check_table(report: dict[str, Any]) -> str:
     lines = [f"device: {report['device']} (tiny={report['tiny']})", "| pair | check | ok | s |",
              "| --- | --- | --- | --- |"]
     for key, c in report_rows(report):
@@ -346,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     print(text)
-    print(table(report))
+    print(check_table(report))
     return 0 if report["ok"] else 1
 
 

@@ -233,8 +233,8 @@ def planted(bug: str | None) -> Iterator[None]:
     if bug is None:
         yield
         return
-    import talon.graphs.pool
     import talon.core.verify
+    import talon.graphs.pool
 
     name, wrong = PLANTS[bug]
     modules = (talon.core.verify, talon.graphs.pool)

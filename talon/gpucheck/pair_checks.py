@@ -12,41 +12,39 @@ from typing import Any
 
 import torch
 
-
 from talon.bench.judge import TieJudge, default_tie_tol
 from talon.cost.model import synthetic_costs
 from talon.cost.probe import probe_costs
-from talon.engine.decode import Engine, generate
-from talon.server.presets import PRESETS, ModelPreset
-from talon.models import LoadedModel, ModelLoadError
-from talon.models.memory import GIB, KNOWN_SHAPES, estimate_pair
-from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig
-from talon.settings import Settings
-from talon.server.pair import check_preset_memory
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.pairs import (
     BF16,
     CHI2_Z,
-    DRAFTERS,
     F32,
+    MAT_FLOOR,
     MODES,
     NOISE_SCALES,
     SAMPLING_SEEDS,
     TINY_LIMITS,
-    Outcome,
+    CheckOutcome,
     PairRun,
     Skipped,
-    device_capacity,
-    free_memory,
-    MAT_FLOOR,
     below_floor,
     check_prompts,
+    device_capacity,
+    free_memory,
     noisy,
     path_engine,
     prompt_ids,
     random_ids,
     reference,
 )
-
+from talon.knobs import ATLAS_DRAFTING_KINDS
+from talon.models import LoadedModel, ModelLoadError
+from talon.models.memory import GIB, KNOWN_SHAPES, estimate_pair
+from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig
+from talon.server.pair import check_preset_memory
+from talon.server.presets import PRESETS, ModelPreset
+from talon.settings import Settings
 
 # ------------------------------------------------------------------------------------ checks
 
@@ -61,16 +59,16 @@ def greedy_cfg(drafter: str, tokens: int, **changes: Any) -> RunConfig:
                      draft_vocab=0, **changes)
 
 
-def lossless_fp32(ctx: PairRun) -> Outcome:
+def lossless_fp32(ctx: PairRun) -> CheckOutcome:
     """Greedy output equal to ``generate()`` for every drafter x tree mode x async on the default
-    engine (the step, fold and chain ``auto`` gives on this device), each configuration with
+    engine (the forward, fold and chain ``auto`` gives on this device), each configuration with
     drafts accepted at depth (``MAT_FLOOR``)."""
     target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
     engine = Engine(target, draft)
     prompts = check_prompts(ctx, target)
     wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items() if name != "chain"}
     failures, mats = [], {}
-    for drafter in DRAFTERS:
+    for drafter in ATLAS_DRAFTING_KINDS:
         which = "echo" if drafter == "retrieval" else "random"
         ids, want = prompts[which], wants[which]
         for mode in MODES:
@@ -91,7 +89,7 @@ OTHER_PATHS = {"cuda": ("graphs+fold", "dynamic", "static", "graphs+chain"),
                "cpu": ("dynamic", "static", "static+fold", "static+chain+fold")}
 
 
-def static_step_lossless(ctx: PairRun) -> Outcome:
+def static_step_lossless(ctx: PairRun) -> CheckOutcome:
     """The paths the lossless check does not run (it runs the default: CUDA graphs unfolded on
     CUDA, the dynamic cache folded on the CPU), ``OTHER_PATHS``: greedy output equals
     ``generate()`` for each drafter, on the prompt where its drafts are accepted (each above
@@ -152,7 +150,7 @@ def chi_square(counts: Counter, expected_p: torch.Tensor, n: int) -> tuple[float
     return stat, dof, critical
 
 
-def sampling_distribution(ctx: PairRun) -> Outcome:
+def sampling_distribution(ctx: PairRun) -> CheckOutcome:
     """Sampled decoding with the model drafter (the target drafts for itself, so its drafts are
     the likely tokens and acceptance, not only the residual draw, is exercised): the first
     token over ``SAMPLING_SEEDS`` seeds against the target's own softmax."""
@@ -207,7 +205,7 @@ def sync_and_async(target: LoadedModel, draft: LoadedModel, ids: list[int], toke
     return runs
 
 
-def async_matches_sync(ctx: PairRun) -> Outcome:
+def async_matches_sync(ctx: PairRun) -> CheckOutcome:
     """Async against sync on the same pair and prompt, twice. The preset's pair: the same tokens.
     The draft-sized target drafting for itself in a chain (its pre-draft's bet on the whole path
     then wins whenever the path is accepted to its leaf): the same tokens, and some pre-drafts
@@ -232,7 +230,7 @@ def deep_run(ctx: PairRun, partner: LoadedModel) -> tuple[Any, list, list[int]]:
     return summary, steps, reference(target, ids, ctx.tokens)
 
 
-def draft_is_target(ctx: PairRun) -> Outcome:
+def draft_is_target(ctx: PairRun) -> CheckOutcome:
     same, steps, want = deep_run(ctx, ctx.models.get("small-target", F32))
     # every accepted path ran to a leaf of its branch: no draft rejected (the last step may be cut)
     full_paths = all(s.bonus_kind == "bonus" for s in steps[:-1])
@@ -241,7 +239,7 @@ def draft_is_target(ctx: PairRun) -> Outcome:
                 "every_path_accepted_to_its_leaf": full_paths}
 
 
-def draft_is_noisy_target(ctx: PairRun) -> Outcome:
+def draft_is_noisy_target(ctx: PairRun) -> CheckOutcome:
     """Noisy copies of the target as drafts, one alive at a time: every output the target's,
     and some noise level accepted in part (more than the bonus token, less than without noise;
     how much noise that takes depends on the shape, so a few levels are tried)."""
@@ -256,7 +254,7 @@ def draft_is_noisy_target(ctx: PairRun) -> Outcome:
                                   "every_output_the_targets": lossless}
 
 
-def seeded_sampling(ctx: PairRun) -> Outcome:
+def seeded_sampling(ctx: PairRun) -> CheckOutcome:
     engine = Engine(ctx.models.get("target", BF16), ctx.models.get("draft", BF16))
     ids = prompt_ids(ctx.spec.draft.vocab, 40, 9)
     sampled = greedy_cfg("hybrid", ctx.tokens, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=11))
@@ -269,7 +267,7 @@ FLAT = ({1: 0.020, 128: 0.021}, {1: 0.002, 32: 0.002})  # (verify, draft) second
 STEEP = ({1: 0.020, 128: 0.020 * 64}, {1: 0.002, 32: 0.002 * 16})  # every node costs: a busy CPU's
 
 
-def cost_model(ctx: PairRun) -> Outcome:
+def cost_model(ctx: PairRun) -> CheckOutcome:
     """The planner against the cost curve it is given, on a model that agrees with itself (the
     conditioned target drafting for itself, so acceptance is high and the trees' size is the
     planner's choice): it must grow trees of 8 nodes or more on a flat curve and at most half as
@@ -292,13 +290,13 @@ def cost_model(ctx: PairRun) -> Outcome:
                 "spread": costs.provenance.spread, "rule": "flat >= 8 nodes a tree, steep <= half of flat"}
 
 
-def bf16_judge(ctx: PairRun) -> Outcome:
+def bf16_judge(ctx: PairRun) -> CheckOutcome:
     """Every token of the bf16 pair's greedy outputs the target's choice. The judge runs on the
     target upcast in place (the draft dropped first): a float32 copy beside the bf16 target
     would not fit an 80 GB GPU for the 14B pair."""
     ids = prompt_ids(ctx.spec.draft.vocab, 40, 9)
     engine = Engine(ctx.models.get("target", BF16), ctx.models.get("draft", BF16))
-    outputs = {d: generate(engine, ids, greedy_cfg(d, ctx.tokens))[0].token_ids for d in DRAFTERS}
+    outputs = {d: generate(engine, ids, greedy_cfg(d, ctx.tokens))[0].token_ids for d in ATLAS_DRAFTING_KINDS}
     del engine
     ctx.models.keep((("target", BF16),))
     target = ctx.models.take("target", BF16)
@@ -333,7 +331,7 @@ def widest_tree(budget: int) -> TreeConfig:
                       max_depth=math.ceil((budget - root_k) / 256) + 1)
 
 
-def guard_verdicts(settings: Settings, preset: ModelPreset) -> Outcome:
+def guard_verdicts(settings: Settings, preset: ModelPreset) -> CheckOutcome:
     """The memory guard on the preset's real shapes: it must pass the GPU the preset names and
     refuse one a single byte smaller than its own estimate."""
     tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
@@ -389,7 +387,7 @@ def run_at_limits(ctx: PairRun, limits: tuple[int, int, int], baseline: int) -> 
     return out
 
 
-def memory_at_limits(ctx: PairRun) -> Outcome:
+def memory_at_limits(ctx: PairRun) -> CheckOutcome:
     """The pair alone (every earlier model dropped) at the server's largest settings, against
     ``estimate_pair`` and, on CUDA, the device; and the guard's verdicts."""
     settings = Settings.from_env()

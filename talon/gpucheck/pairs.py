@@ -15,15 +15,13 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-
-from talon.engine.decode import Engine
-from talon.server.presets import PRESETS
+from talon.engine.engine import Engine
+from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
 from talon.models import LoadedModel
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
 from talon.models.rng import generator_for
-from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
+from talon.server.presets import PRESETS
 
-DRAFTERS = ("hybrid", "model", "retrieval")
 MODES = ("adaptive", "static", "chain")
 TINY_FACTOR = 16
 TINY_HEAD_DIM = 64  # the tiny shapes' heads (2 of them): narrower, attention cannot tell positions apart
@@ -60,7 +58,7 @@ class Invalid(Exception):
         self.detail = detail
 
 
-Outcome = tuple[bool, dict[str, Any]]  # what a check function returns: passed?, and what it saw
+CheckOutcome = tuple[bool, dict[str, Any]]  # what a check function returns: passed?, and what it saw
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,17 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-
-from talon.engine.decode import Engine, generate
-from talon.server.presets import ModelPreset
-from talon.models import LoadedModel, ModelLoadError, load_pair
-from talon.models.memory import GIB
-from talon.settings import Settings
 import talon.server.pair as pair
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.launch import serve_app
+from talon.gpucheck.pair_checks import (
+    greedy_cfg,
+)
 from talon.gpucheck.pairs import (
     F32,
     HUB_DRAFT,
     HUB_TARGET,
-    Outcome,
+    CheckOutcome,
     PairSpec,
     Skipped,
     byte_tokenizer,
@@ -42,10 +40,10 @@ from talon.gpucheck.pairs import (
     random_model,
     reference,
 )
-from talon.gpucheck.pair_checks import (
-    greedy_cfg,
-)
-
+from talon.models import LoadedModel, ModelLoadError, load_pair
+from talon.models.memory import GIB
+from talon.server.presets import ModelPreset
+from talon.settings import Settings
 
 # ------------------------------------------------------------------------------------ once per run
 
@@ -91,7 +89,7 @@ def offline_hub(home: Path) -> Iterator[Path]:
             setattr(constants, k, v)
 
 
-def hub_snapshot_check(spec: PairSpec, device: torch.device) -> Outcome:
+def hub_snapshot_check(spec: PairSpec, device: torch.device) -> CheckOutcome:
     """``load_pair`` on two Hub ids found only in a local offline cache (the tiny shapes: this
     is about the loader's path, not the size), then a greedy run that must equal the loaded
     target's ``generate(do_sample=False)``, on weights equal to those saved."""
@@ -137,7 +135,7 @@ def app_on(target_dir: Path, draft_dir: Path, device: torch.device, timeout: flo
     return serve_app(env, target_dir.parent / "app.log", timeout)
 
 
-def app_check(spec: PairSpec, device: torch.device) -> Outcome:
+def app_check(spec: PairSpec, device: torch.device) -> CheckOutcome:
     try:
         from gradio_client import Client
     except ImportError:
@@ -181,7 +179,7 @@ def recording_slot() -> Iterator[dict[str, list]]:
         pair.SLOT = held
 
 
-def preset_switch_check(spec: PairSpec, device: torch.device) -> Outcome:
+def preset_switch_check(spec: PairSpec, device: torch.device) -> CheckOutcome:
     """The app's own loader switching presets on this device: pair A, then B (A is released before
     the guard reads the free memory, and only B is held after), then a preset that cannot load
     (the server is back on B, and B still decodes as its own ``generate``)."""
@@ -230,7 +228,7 @@ class StartupReport(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def zerogpu_start_check(spec: PairSpec, device: torch.device) -> Outcome:
+def zerogpu_start_check(spec: PairSpec, device: torch.device) -> CheckOutcome:
     """``app.py`` started in ZeroGPU mode by the real ``spaces`` package (SPACES_ZERO_GPU, a local
     stand-in for its device API): the start-up pair loads on the main thread as ZeroGPU records
     it, the tensors are packed and reported at launch, and the page serves. A GPU call itself

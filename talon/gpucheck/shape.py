@@ -29,12 +29,11 @@ import torch
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
 from talon.atlas.shape import shape_replay
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.gpucheck.pairs import BF16, F32, pair_specs, path_engine, random_ids, random_model, reference
+from talon.knobs import ATLAS_KINDS
 from talon.lessons import bundled_atlases
 from talon.run_config import RunConfig, TreeConfig
-
-DRAFTERS = ("none", "retrieval", "model", "hybrid")
 
 
 def atlases_for(engine: Engine, tiny: bool, limit: int, tokens: int) -> list[Atlas]:
@@ -68,7 +67,7 @@ def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool)
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     faithful = True
     for atlas in atlases:
-        for drafter in DRAFTERS:
+        for drafter in ATLAS_KINDS:
             result = shape_replay(engine, atlas, config(atlas, drafter, tokens, cost_aware))
             s, row = result.summary, rows[drafter]
             faithful &= result.coverage.misses == 0 and s.token_ids == list(atlas.output[:len(s.token_ids)])
@@ -84,7 +83,7 @@ def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool)
     return {"faithful": faithful, "rows": {k: dict(v) for k, v in rows.items()}}
 
 
-def table(report: dict[str, Any]) -> str:
+def shape_table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     base = rows["none"]["tokens"] / rows["none"]["seconds"]
     lines = ["| method | tok/s | vs none | predicted tok/s | MAT | draft share |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     print(text)
-    print(table(report))
+    print(shape_table(report))
     return 0 if report["faithful"] else 1
 
 

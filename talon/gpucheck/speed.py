@@ -10,7 +10,7 @@ Measures, in bf16:
 * the autoregressive baseline as a graph: a 1-token replay plus its argmax, and HF ``generate()``
   (greedy) as the peer;
 * what capture costs (seconds, graph pool memory), and the replay's logits against eager's;
-* Talon's own loop (``none`` and ``hybrid``) with the dynamic step and with graphs.
+* Talon's own loop (``none`` and ``hybrid``) with the dynamic forward and with graphs.
 
 Writes ``<device>-eager-<pair>.cost.json``, ``<device>-graph-<pair>.cost.json`` and
 ``<device>-<pair>.speed.json`` (every figure above).
@@ -29,14 +29,13 @@ from typing import Any
 
 import torch
 
-
+from talon.cost.curve import CURVE_SIZES
 from talon.cost.model import PROBED, synthetic_costs
 from talon.cost.probe import probe_costs
-from talon.cost.curve import GRID
-from talon.engine.decode import Engine, generate
-from talon.run_config import RunConfig, TreeConfig
-from talon.graphs.static import StaticForward, bucket_for
+from talon.engine.engine import Engine, generate
 from talon.gpucheck.pairs import BF16, pair_specs, path_engine, prompt_ids, random_ids, random_model
+from talon.graphs.static import StaticForward, bucket_for
+from talon.run_config import RunConfig, TreeConfig
 
 PREFIX = 256  # committed tokens in the cache while timing (the eager probe's prefix too)
 REPS = 20
@@ -82,7 +81,7 @@ def static_times(model: torch.nn.Module, sizes: list[int], graphs: bool) -> tupl
         argmax_one = timed(lambda: sf.forward(ids[:1], pos[:1], vis[:1, :1], PREFIX).argmax(-1).item())
         info["none_step_ms"] = round(1e3 * argmax_one, 3)
     times = bucket_times(sf, sorted({bucket_for(s, buckets) for s in sizes}))
-    del sf
+    sf = None  # its slot cache and graph pool go before the cache is emptied
     torch.cuda.empty_cache()
     return {s: times[bucket_for(s, buckets)] for s in sizes}, info
 
@@ -190,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = random_model(spec.draft, spec.family, 2, BF16, device, chain_vocab=spec.draft.vocab, untie=False)
     report: dict[str, Any] = {"device": name, "torch": torch.__version__, "pair": args.pair, "dtype": "bfloat16",
                               "prefix": PREFIX, "build_s": round(time.perf_counter() - start, 1)}
-    eager = probe_costs(target.model, draft.model, prefix=PREFIX, max_tree=GRID[-1], max_reps=4)
-    verify_sizes, draft_sizes = list(GRID), [g for g in GRID if g <= 32]
+    eager = probe_costs(target.model, draft.model, prefix=PREFIX, max_tree=CURVE_SIZES[-1], max_reps=4)
+    verify_sizes, draft_sizes = list(CURVE_SIZES), [g for g in CURVE_SIZES if g <= 32]
     report["eager_ms"] = {"verify": {n: round(1e3 * eager.verify_s(n), 3) for n in verify_sizes},
                           "draft": {n: round(1e3 * eager.draft_s(n), 3) for n in draft_sizes}}
     curves: dict[str, Any] = {}
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     report["hf_generate_tok_s"] = round(hf_generate_tok_s(target.model), 2)
     report["loop"] = {} if args.no_loop else loop_speeds(target, draft, spec)
     v, d = curves["graph"]
-    graph = synthetic_costs({n: v[n] for n in GRID}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
+    graph = synthetic_costs({n: v[n] for n in CURVE_SIZES}, {n: d[n] for n in draft_sizes}, other_s=eager.other_s,
                             prefill_per_token_s=eager.prefill_per_token_s)
     graph.provenance = dataclasses.replace(eager.provenance, weights="cuda-graph replay (talon/graphs/static.py)",
                                            fields=dict(PROBED))  # its own replays, probed here

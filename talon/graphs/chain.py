@@ -26,9 +26,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from talon.cost.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, AcceptanceModel, Planner
-from talon.run_config import TreeConfig
+from talon.cost.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, CalibratedAcceptance, Planner
 from talon.graphs.static import CAPTURE_LOCK, Bucket, bucket_for
+from talon.run_config import TreeConfig
 from talon.tree import SOURCES, STOP_CODES, STOPS, DraftTree, Gate
 
 MODEL, RETRIEVAL, BOTH = SOURCES.index("model"), SOURCES.index("retrieval"), SOURCES.index("both")
@@ -78,7 +78,7 @@ class StepTables:
     drafted: float  # the step's drafting so far (the root's forward), as the planner charges it
 
     @staticmethod
-    def of(shape: ChainShape, match_len: int, acceptance: AcceptanceModel, planner: Planner | None) -> "StepTables":
+    def of(shape: ChainShape, match_len: int, acceptance: CalibratedAcceptance, planner: Planner | None) -> "StepTables":
         rates = np.zeros((3, len(Q_EDGES) + 1))
         for row, calibration in enumerate((acceptance.model, acceptance.both, acceptance.retrieval)):
             rates[row, :len(calibration.priors)] = [calibration.rate(i) for i in range(len(calibration.priors))]
@@ -181,7 +181,7 @@ class ChainState:
 
     def probs(self, depth: int) -> torch.Tensor:
         """(C+1,) float64: the acceptance model's P(node accepted), the root 1, as
-        ``AcceptanceModel.node_probs`` multiplies it along each path (in the same order), for a
+        ``CalibratedAcceptance.node_probs`` multiplies it along each path (in the same order), for a
         tree whose model layers reach ``depth``."""
         qbin = torch.bucketize(self.q, self.q_edges, right=True)
         mbin = torch.bucketize(self.match_len + self.dep - 1, self.match_edges, right=True)

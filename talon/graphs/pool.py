@@ -10,12 +10,13 @@ import time
 import torch
 from transformers import PreTrainedModel
 
+from talon.core.contracts import Verdict
+from talon.core.verify import TargetVerifier, head_device, tree_mask, tree_positions
+from talon.graphs.static import BUCKETS, StaticForward
 from talon.models.memory import SLOT_QUANTUM
 from talon.models.rng import generator_for
 from talon.run_config import SamplingConfig
-from talon.graphs.static import BUCKETS, StaticForward
 from talon.tree import DraftTree
-from talon.core.verify import head_device, TargetVerifier, tree_positions, tree_mask, Verdict
 
 
 class StaticPool:
@@ -107,7 +108,7 @@ class StaticVerifier(TargetVerifier):
 
 
 class StaticTimer:
-    """The cost probe's timer on the static step (``talon.cost.probe.probe_costs(timers=...)``): one
+    """The cost probe's timer on the static forward (``talon.cost.probe.probe_costs(timers=...)``): one
     forward of ``size`` new nodes after a ``prefix``-token slot cache, graphs replayed where the
     pool captured them; ``close`` gives the forward back."""
 

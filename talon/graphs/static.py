@@ -39,12 +39,13 @@ import torch
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from talon.core.kv import keep_slots
+from talon.core.verify import lm_logits
+from talon.knobs import FORWARDS, KNOB
 from talon.models.attention import fold_kwargs
-from talon.knobs import KNOB, FORWARDS
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
 from talon.settings import proven_default
-from talon.core.verify import lm_logits
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
@@ -95,7 +96,7 @@ def compiled_decoder(model: PreTrainedModel):  # noqa: ANN201 - a torch.compile 
     with COMPILE_LOCK:
         compiled = COMPILED.get(model)
         if compiled is None:
-            import torch._dynamo  # noqa: PLC0415 - only the compiled step needs it
+            import torch._dynamo  # noqa: PLC0415 - only the compiled forward needs it
 
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compiled = COMPILED[model] = torch.compile(model.get_decoder(), dynamic=False)
@@ -337,19 +338,9 @@ class StaticForward:
 
     @torch.inference_mode()
     def keep(self, start: int, slots: list[int]) -> None:
-        """Move the entries at ``slots`` (each >= ``start``) to ``start .. start + K - 1``, every
-        layer, in place (gathered first, so a source overwritten early is read intact). Entries
-        already in place are left alone: a step that kept only its root moves nothing."""
-        skip = 0
-        while skip < len(slots) and slots[skip] == start + skip:
-            skip += 1
-        if skip == len(slots):
-            return
-        src = torch.tensor(slots[skip:], dtype=torch.long).to(self.device, non_blocking=True)
-        dst = torch.arange(start + skip, start + len(slots), device=self.device)
-        for layer in self.cache.layers:
-            for store in (layer.keys, layer.values):
-                store.index_copy_(2, dst, store.index_select(2, src))
+        """The KV cut on this forward's slots (``talon.core.kv.keep_slots``): the entries at
+        ``slots`` (each >= ``start``) become ``start .. start + K - 1``, every layer."""
+        keep_slots(self.cache, start, slots)
 
     @torch.inference_mode()
     def copy_from(self, other: "StaticForward", slots: int) -> None:

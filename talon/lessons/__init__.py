@@ -13,7 +13,7 @@ from pathlib import Path
 
 from talon.atlas.data import Atlas, load_atlases
 from talon.lessons.adaptive import lesson_trees
-from talon.lessons.hybrid import DRAFTERS
+from talon.lessons.hybrid import COMPARED
 from talon.run_config import RunConfig
 from talon.specbench import SPECBENCH_SUITES
 
@@ -30,4 +30,4 @@ def lesson_configs(base: RunConfig) -> list[RunConfig]:
     """Every configuration the lessons replay on an atlas recorded with ``base`` (what
     ``record_atlas(..., cover=...)`` makes the lesson atlases hold exactly)."""
     rest = base.replace(cost_model="fixed")
-    return [*lesson_trees(base.max_new_tokens, base.draft_vocab), *(rest.replace(drafter=d) for d in DRAFTERS)]
+    return [*lesson_trees(base.max_new_tokens, base.draft_vocab), *(rest.replace(drafter=d) for d in COMPARED)]

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
+from talon.knobs import ATLAS_DRAFTING_KINDS
 from talon.run_config import RunConfig
 from talon.trace import StepTrace
 
-DRAFTERS: tuple[str, ...] = ("model", "retrieval", "hybrid")
+COMPARED: tuple[str, ...] = tuple(sorted(ATLAS_DRAFTING_KINDS, key=lambda k: k == "hybrid"))  # its halves, then hybrid
 
 
 @dataclass
@@ -34,7 +35,7 @@ class HybridLesson:
 
     @property
     def best(self) -> str:
-        return max(DRAFTERS, key=lambda d: self.tokens_per_s[d])
+        return max(COMPARED, key=lambda d: self.tokens_per_s[d])
 
 
 def carrier(step: StepTrace) -> str:
@@ -49,7 +50,7 @@ def hybrid_lesson(atlas: Atlas, base: RunConfig | None = None) -> HybridLesson:
     """Replay the three drafters on ``atlas`` (``base``: the rest of the configuration)."""
     base = (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
                                          draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
-    runs: dict[str, ReplayResult] = {d: replay(atlas, base.replace(drafter=d)) for d in DRAFTERS}
+    runs: dict[str, ReplayResult] = {d: replay(atlas, base.replace(drafter=d)) for d in COMPARED}
     rate = {d: len(r.summary.token_ids) / r.predicted_s if r.predicted_s > 0 else 0.0 for d, r in runs.items()}
     hybrid = runs["hybrid"].steps
     texts = ["".join(atlas.text(t) for t in s.new_tokens if t not in atlas.eos) for s in hybrid]
@@ -80,8 +81,8 @@ def hybrid_table(lessons: Sequence[HybridLesson]) -> str:
     lines = [head, "| --- | ---: | --- | --- | --- | --- |"]
     for suite, group in groups.items():
         n = len(group)
-        mat = " / ".join(f"{sum(g.mat[d] for g in group) / n:.2f}" for d in DRAFTERS)
-        rate = " / ".join(f"{sum(g.tokens_per_s[d] for g in group) / n:.2f}" for d in DRAFTERS)
+        mat = " / ".join(f"{sum(g.mat[d] for g in group) / n:.2f}" for d in COMPARED)
+        rate = " / ".join(f"{sum(g.tokens_per_s[d] for g in group) / n:.2f}" for d in COMPARED)
         shares = [carried_shares(g) for g in group]
         carried = " / ".join(f"{100 * sum(s[k] for s in shares) / n:.0f} %" for k in ("model", "retrieval", "both", "none"))
         best = ", ".join(g.best for g in group)

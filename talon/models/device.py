@@ -18,7 +18,7 @@ from talon.models.rng import generator_for
 
 logger = logging.getLogger(__name__)
 
-DTYPES: dict[str, torch.dtype] = {
+TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -59,13 +59,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         if device.type == "cpu" and _cpu_prefers_bf16():
             return torch.bfloat16
         return torch.float32
-    if name not in DTYPES:
-        raise ModelLoadError(f"Unknown dtype {dtype!r}: use one of auto, {', '.join(DTYPES)}.")
+    if name not in TORCH_DTYPES:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}: use one of auto, {', '.join(TORCH_DTYPES)}.")
     if name == "float16" and device.type == "cpu":
         logger.warning(
             "float16 on CPU is slow and poorly supported; bfloat16 or float32 is usually better."
         )
-    return DTYPES[name]
+    return TORCH_DTYPES[name]
 
 
 def time_linear(dtype: torch.dtype, rows: int = 8, dim: int = 4096, reps: int = 6) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, MODEL_ARCH_NAMES, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
 from gguf.quants import Q4_K
 
 Q4K_BLOCK = 256  # weights per block

@@ -32,7 +32,8 @@ from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf
 from talon.models.gguf_blocks import Q4KSource
-from talon.models.prepack import prepack as prepack_linears, should_prepack
+from talon.models.prepack import prepack as prepack_linears
+from talon.models.prepack import should_prepack
 from talon.models.quant import quantize_draft, quantize_target, resolve_draft_quant, resolve_target_weights
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline

@@ -36,7 +36,7 @@ from torch import nn
 from talon.models.quant import replace_linears
 from talon.models.rng import generator_for
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 PREPACKED = "dense-onednn"  # a prepacked model's ``talon_quant``: the cost cache keys on it
 
@@ -124,7 +124,7 @@ def prepack_pays() -> bool:
         return False
     times = {rows: time_layer(rows) for rows in CHECK_ROWS}
     choice = pays(times)
-    log.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked: %s (need %.2fx at "
+    logger.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked: %s (need %.2fx at "
              "%d rows, at most %.2fx slower at %d) -> TALON_PREPACK auto = %s",
              ", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)" for r, (p, q) in times.items()),
              MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], "on" if choice else "off")
@@ -146,7 +146,7 @@ def prepack(model: nn.Module) -> int:
 
     replace_linears(model, make)
     model.talon_quant = PREPACKED
-    log.info("%s: %d float32 Linear layers laid out for oneDNN", type(model).__name__, replaced)
+    logger.info("%s: %d float32 Linear layers laid out for oneDNN", type(model).__name__, replaced)
     return replaced
 
 

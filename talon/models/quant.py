@@ -24,9 +24,9 @@ Measured on the 2-core AMD EPYC (avx512, no AMX), Qwen2.5-Coder-0.5B, prefix 400
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ from talon.models.gguf_blocks import GROUP, Int4Groups, Q4KSource
 from talon.run_config import ConfigError
 from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _HEAD_LOCK = threading.Lock()
 
 
@@ -85,7 +85,7 @@ def quantize_draft(lm: LoadedModel) -> LoadedModel:
     model = lm.model.float()
     replace_linears(model.get_decoder(), lambda _, linear: Int8Linear(linear))
     model.talon_quant = "int8"
-    log.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
+    logger.info("draft %s: decoder Linear layers quantized to int8 (fbgemm)", lm.name)
     return LoadedModel(model, lm.tokenizer, lm.name, torch.float32, lm.device)
 
 
@@ -235,7 +235,7 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     model = lm.model
     shipped = 0
     if bits == 8:  # kept for study (experiments/target_weights_check.py); not a user's choice
-        log.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
+        logger.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
                     "against one-token decoding) into different tokens on a real model; the output is not "
                     "guaranteed to be this model's own generate() (docs/design.md, Target weights)")
 
@@ -256,6 +256,6 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     model.to(dtype)
     model.talon_quant = f"{weights}-weights" + ("-q4k" if shipped else "")
     source = f" ({shipped} layers from {blocks.path.name}'s Q4_K blocks, the rest weight-only int8)" if shipped else ""
-    log.info("target %s: decoder Linear layers and LM head packed to %s weights%s, %s activations", lm.name, weights,
+    logger.info("target %s: decoder Linear layers and LM head packed to %s weights%s, %s activations", lm.name, weights,
              source, str(dtype).removeprefix("torch."))
     return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from talon.specbench import SPECBENCH_DIR, SUITE_NAMES, SuiteError, read_prompt_texts
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # the suites in the order the app lists them (code first: the embedded pair is a coder pair)
 EXAMPLE_SUITES: tuple[str, ...] = ("humaneval", "sum", "mt_bench", "gsm8k", "alpaca", "qa")
@@ -61,5 +61,5 @@ def load_examples(directory: Path = SPECBENCH_DIR, per_suite: int = PER_SUITE) -
             try:
                 examples.extend(read_suite(path, SUITE_NAMES[stem], per_suite))
             except (OSError, SuiteError, UnicodeDecodeError) as error:
-                log.warning("cannot read %s: %s", path, error)
+                logger.warning("cannot read %s: %s", path, error)
     return examples or list(BUILTIN_EXAMPLES)

@@ -27,7 +27,7 @@ from talon.settings import Settings
 
 __all__ = [
     "NO_DRAFT", "UI_DRAFTERS", "ActionRun", "Controls", "DeviceAction", "Example", "ModelPreset", "decode",
-    "decode_all", "find_preset", "initial_preset", "load_examples", "preset_label", "presets", "record_atlas",
+    "decode_all", "find_preset", "initial_preset", "load_examples", "preset_label", "presets", "record_prompt_atlas",
     "server_notices", "start_status", "user_error", "warm_up",
 ]
 
@@ -47,8 +47,8 @@ def decode(settings: Settings, prompt: str, controls: Controls, cancel: threadin
     return decode_all(settings, [(prompt, controls, overrides)], cancel).runs[0]
 
 
-def record_atlas(settings: Settings, preset: ModelPreset, prompt: str,
-                 cfg: RunConfig) -> Iterator[tuple[float, str] | Atlas]:
+def record_prompt_atlas(settings: Settings, preset: ModelPreset, prompt: str,
+                        cfg: RunConfig) -> Iterator[tuple[float, str] | Atlas]:
     """Record ``prompt``'s draft atlas in a device call of its own: yields (fraction done, what is
     happening), then the Atlas. Validate first with ``decode`` (its ``preset`` and ``cfg``)."""
     return device.record_on_device(settings, preset, prompt, cfg)  # looked up now: ZeroGPU's wrapper replaces it

@@ -18,21 +18,20 @@ import gradio as gr
 import torch
 
 from talon.engine.build import PairKey, build_engine
-from talon.engine.decode import Engine
+from talon.engine.engine import Engine
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.server.presets import ModelPreset, available_presets, startup_preset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 
-
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Held:
     key: PairKey
-    engine: Any  # talon.engine.decode.Engine (a fake in tests)
+    engine: Any  # talon.engine.engine.Engine (a fake in tests)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -75,7 +74,7 @@ class PairSlot:
         """Release the pair held now (its weights, then the device's cache)."""
         held, self.held = self.held, None
         if held is not None:
-            log.info("releasing %s", held.key.describe())
+            logger.info("releasing %s", held.key.describe())
             del held
             self._release()
 
@@ -91,7 +90,7 @@ class PairSlot:
             self._release()
             raise ModelLoadError(f"{key.describe()} did not fit in the device's memory while loading ({error}).") from None
         self.held = Held(key, engine)
-        log.info("holding %s", key.describe())
+        logger.info("holding %s", key.describe())
         return engine
 
     def _recover(self, candidates: list[PairKey]) -> str:
@@ -102,7 +101,7 @@ class PairSlot:
                 self._switch(key, None)
                 return f"The server is back on {key.describe()}."
             except (ModelLoadError, OSError, RuntimeError) as error:
-                log.error("could not load %s again: %s", key.describe(), error)
+                logger.error("could not load %s again: %s", key.describe(), error)
                 self.drop()
         return "The server holds no model pair now; pick a preset to load one."
 
@@ -179,7 +178,7 @@ def warm_up(settings: Settings) -> None:
     try:
         load_engine(settings, find_preset(settings, initial_preset(settings)), guarded=not zerogpu.active())
     except (ModelLoadError, ConfigError, OSError, torch.cuda.OutOfMemoryError) as error:
-        log.error("could not pre-load the models: %s", error)
+        logger.error("could not pre-load the models: %s", error)
         release_memory()
 
 
@@ -251,7 +250,7 @@ def out_of_memory_as_error(cfg: RunConfig) -> Iterator[None]:
     except RuntimeError as error:
         if not is_out_of_memory(error):
             raise
-        log.warning("out of memory (budget %d, max_new_tokens %d): %s", cfg.tree.budget, cfg.max_new_tokens, error)
+        logger.warning("out of memory (budget %d, max_new_tokens %d): %s", cfg.tree.budget, cfg.max_new_tokens, error)
         traceback.clear_frames(error.__traceback__)
         release_memory()
         raise gr.Error(

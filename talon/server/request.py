@@ -16,8 +16,8 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.engine.decode import Run
 from talon.engine.prompt import PromptError
+from talon.engine.run import Run
 from talon.knobs import APP_KNOBS, KNOB, values_of
 from talon.models import ModelLoadError, zerogpu
 from talon.models.quant import resolve_target_weights

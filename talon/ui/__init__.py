@@ -23,8 +23,8 @@ models (``tests/test_layers.py``).
 
 from __future__ import annotations
 
-from talon.trace import MAX_UPLOAD_BYTES
 from talon.server.facade import warm_up
+from talon.trace import MAX_UPLOAD_BYTES
 from talon.ui.layout import build_ui, theme
 from talon.ui.panel import queue_limits
 

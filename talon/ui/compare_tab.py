@@ -13,8 +13,8 @@ import gradio as gr
 
 from talon import figures as F
 from talon.run_config import TREE_MODES, RunConfig
-from talon.settings import Settings
 from talon.server.facade import UI_DRAFTERS, Controls, decode_all
+from talon.settings import Settings
 from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.session import CompareSession
 from talon.ui.stream import run_variants

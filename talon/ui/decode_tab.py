@@ -28,7 +28,7 @@ from talon.ui.stream import stream_run
 from talon.ui.walk_panel import WalkView, full_tree_button, make_offer_full_tree, walk_panel, wire_walk
 from talon.ui.words import EXPLAIN, TEXT_LEGEND
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # The tab: components and wiring
@@ -330,7 +330,7 @@ def load_recording(path: Path = RECORDING) -> tuple[RunSummary, tuple[StepTrace,
     try:
         summary, steps = parse_trace(read_json_upload(path))
     except (TraceFileError, OSError) as error:
-        log.warning("no first view: cannot read %s: %s", path, error)
+        logger.warning("no first view: cannot read %s: %s", path, error)
         return None
     return summary, tuple(steps)
 

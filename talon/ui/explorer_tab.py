@@ -18,16 +18,15 @@ import gradio as gr
 
 from talon import figures as F
 from talon.atlas.data import Atlas
-from talon.atlas.explorer import AtlasSession, EXPLORED_DRAFTERS, Knobs, best_knobs, explore
-from talon.knobs import KNOB, default
+from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, explore
+from talon.knobs import ATLAS_DRAFTING_KINDS, KNOB, default
 from talon.run_config import ConfigError, RetrievalConfig
-from talon.server.facade import Controls, decode, record_atlas, user_error
+from talon.server.facade import Controls, decode, record_prompt_atlas, user_error
 from talon.settings import Settings
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.measure_panel import build_measure_panel
 from talon.ui.panel import ControlPanel, control, run_on_click
 from talon.ui.words import EXPLAIN
-
 
 # ---------------------------------------------------------------------------------------------
 # Layout and wiring
@@ -48,7 +47,7 @@ def knob_components() -> dict[str, Any]:
     for row in EXPLORER_ROWS:
         with gr.Row():
             for name, (label, elem) in row.items():
-                extra = {"choices": list(EXPLORED_DRAFTERS)} if name == "drafter" else {}
+                extra = {"choices": list(ATLAS_DRAFTING_KINDS)} if name == "drafter" else {}
                 c[name] = control(KNOB[name], label=label, elem_id=f"talon-atlas-{elem}", **extra)
     return c
 
@@ -100,7 +99,7 @@ def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = 
         component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
                         trigger_mode="always_last", api_name="atlas_score" if name == "mu" else None,
                         api_visibility="public" if name == "mu" else "private", **quick)
-    view.step.input(make_show_step(view), [view.step, view.state], [view.step, view.caption, view.tree, view.gates],
+    view.step.input(make_show_replayed_step(view), [view.step, view.state], [view.step, view.caption, view.tree, view.gates],
                     trigger_mode="always_last", api_visibility="private", **quick)
     view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
                        outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
@@ -217,7 +216,7 @@ def make_record(view: ExplorerView, settings: Settings) -> Callable[..., Iterato
         run = decode(settings, prompt, values, threading.Event())  # validates (elsewhere than ZeroGPU: loads)
         yield {view.status: progress_html(0.0, "loading the models…")}
         atlas = None
-        for item in record_atlas(settings, run.preset, prompt, run.cfg):
+        for item in record_prompt_atlas(settings, run.preset, prompt, run.cfg):
             if isinstance(item, Atlas):
                 atlas = item
             else:
@@ -261,7 +260,7 @@ def make_rescore(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
     return rescore
 
 
-def make_show_step(view: ExplorerView) -> Callable[[Any, AtlasSession], dict[Any, Any]]:
+def make_show_replayed_step(view: ExplorerView) -> Callable[[Any, AtlasSession], dict[Any, Any]]:
     def show_step(index: Any, atlas_state: AtlasSession) -> dict[Any, Any]:
         return view.step_updates(atlas_state, index)
 

@@ -13,9 +13,9 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
+from talon.server.facade import Controls, decode_all, user_error
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
-from talon.server.facade import Controls, decode_all, user_error
 from talon.ui.files import upload_path
 from talon.ui.panel import ControlPanel, run_on_click
 from talon.ui.stream import run_variants

@@ -9,8 +9,8 @@ from typing import Any
 
 import gradio as gr
 
-from talon.server.facade import Example, initial_preset, preset_label, presets
 from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
+from talon.server.facade import Example, initial_preset, preset_label, presets
 from talon.settings import Settings
 
 MODEL_CONCURRENCY_ID = "model"

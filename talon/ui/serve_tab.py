@@ -13,10 +13,10 @@ import gradio as gr
 
 from talon.atlas.explorer import AtlasSession
 from talon.atlas.forecast import forecast
-from talon.run_config import ConfigError
 from talon.atlas.serving import serving_config
-from talon.settings import Settings
+from talon.run_config import ConfigError
 from talon.server.facade import NO_DRAFT, Controls, find_preset, user_error
+from talon.settings import Settings
 from talon.ui.panel import ControlPanel
 from talon.ui.words import EXPLAIN
 
