@@ -83,7 +83,8 @@ def main() -> int:
                    "mu": cfg.tree.mu, "root_k": cfg.tree.root_k, "top_k": cfg.tree.top_k,
                    "cost_aware": cfg.tree.cost_aware,
                    "real_mat": sum(len(s.new_tokens) for s in steps) / len(steps), "replay_mat": result.mat,
-                   "equal": agree.equal, "near_tie": agree.near_tie, "outside": agree.outside, "coverage": round(result.coverage.share, 4), "reason": agree.reason,
+                   "equal": agree.equal, "near_tie": agree.near_tie, "outside": agree.outside,
+                   "coverage": round(result.coverage.share, 4), "reason": agree.reason,
                    "first_miss": result.coverage.first_miss}
             report["pairs"].append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

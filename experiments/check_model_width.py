@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     for bug in check_model.PLANTS:
         with check_model.planted(bug):
             report["planted_caught"][bug] = any(
-                generate(engine, ids, greedy_cfg(d, args.tokens, tree=plain(m)))[0].token_ids != want for d, m in CONFIGS)
+                generate(engine, ids, greedy_cfg(d, args.tokens, tree=plain(m)))[0].token_ids != want
+                for d, m in CONFIGS)
     report["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(report, indent=1))
     return 0

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     target.model.talon_draft, draft.model.talon_draft = False, True
     report: dict[str, Any] = {"cpu": hardware_name(target.device), "machine": platform.machine(),
                               "draft_quant": getattr(draft.model, "talon_quant", "none"), "draft_vocab": VOCAB,
-                              "threads": torch.get_num_threads(), "dtype": str(target.dtype), "torch": torch.__version__,
+                              "threads": torch.get_num_threads(), "dtype": str(target.dtype),
+                              "torch": torch.__version__,
                               "prefix": PREFIX}
     with torch.inference_mode():
         report["draft_ms"] = {"dynamic": dynamic_ms(draft.model, [1, 4], args.reps),

@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default="qwen2.5-7b")
     p.add_argument("--draft-sizes", default="1,8")
     p.add_argument("--target-sizes", default="1", help="empty: skip the target")
-    p.add_argument("--loop", type=int, default=0, help="also time Talon's loop for this many tokens, graphs against compiled")
+    p.add_argument("--loop", type=int, default=0,
+                   help="also time Talon's loop for this many tokens, graphs against compiled")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

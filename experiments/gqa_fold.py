@@ -9,12 +9,12 @@ the static forward: the same logits, and what the copy of the keys and values co
 For each model and slot-cache length (``--lens``; the engine's pools hold 1024 slots a quantum,
 4096 on the ``compiled`` step) it prefills ``PREFIX`` tokens, then times one step of each size
 (``--sizes``; best of ``--reps``, the two in turn) folded and with the keys and values
-repeated, the step filled, run and its argmax read. On CUDA each variant is captured as a graph and replayed (``--eager``
-to time the eager forward instead). ``--loop N`` then runs the hybrid drafter on the pair (the
-engine's default step) over ``N`` Spec-Bench prompts of every suite, each prompt both ways in
-turn (``talon.models.attention.set_fold`` on both models, read by every forward on the dynamic cache), and reports
-tok/s, where the time went and whether the tokens were the same. Prints one JSON report (also
-``--out``).
+repeated, the step filled, run and its argmax read. On CUDA each variant is captured as a graph
+and replayed (``--eager`` to time the eager forward instead). ``--loop N`` then runs the hybrid
+drafter on the pair (the engine's default step) over ``N`` Spec-Bench prompts of every suite,
+each prompt both ways in turn (``talon.models.attention.set_fold`` on both models, read by every
+forward on the dynamic cache), and reports tok/s, where the time went and whether the tokens
+were the same. Prints one JSON report (also ``--out``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def loop(pair, per_suite: int, tokens: int) -> dict[str, Any]:  # noqa: ANN001
     engine, cfg = Engine(*pair), RunConfig(drafter="hybrid", max_new_tokens=tokens)
     prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, limit=per_suite)
     generate(engine, prompts[0].text, cfg)  # warm: the cost probe
-    totals = {v: {"seconds": 0.0, "tokens": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0} for v in ("repeat", "folded")}
+    totals = {v: {"seconds": 0.0, "tokens": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0}
+              for v in ("repeat", "folded")}
     same, suites = True, {}
     for i, prompt in enumerate(prompts):
         ids = {}
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,8,64", help="step sizes (nodes)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--eager", action="store_true", help="on CUDA, time the eager forward, not a graph replay")
-    parser.add_argument("--loop", type=int, default=0, metavar="N", help="then the loop (--embedded): N prompts a suite")
+    parser.add_argument("--loop", type=int, default=0, metavar="N",
+                        help="then the loop (--embedded): N prompts a suite")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens a prompt in the loop")
     parser.add_argument("--skip-forwards", action="store_true", help="the loop only")
     parser.add_argument("--out", type=Path)
@@ -139,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--loop runs the embedded pair (--embedded): random weights accept nothing")
     torch.manual_seed(0)
     sizes = [int(s) for s in args.sizes.split(",")]
-    report: dict[str, Any] = {"host": hardware_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")), "python": platform.python_version(), "torch": torch.__version__,
+    report: dict[str, Any] = {"host": hardware_name(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+                              "python": platform.python_version(), "torch": torch.__version__,
                               "prefix": PREFIX, "reps": args.reps}
     with torch.inference_mode():
         for role, model in models(args):

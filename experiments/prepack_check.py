@@ -49,7 +49,8 @@ def forward_times(targets: dict[str, Any], sizes: list[int], reps: int) -> dict[
                     cache = DynamicCache(config=lm.model.config)
                     forward_hidden(lm.model, cache, ids[:PREFIX], torch.arange(PREFIX), None)
                     start = time.perf_counter()
-                    hidden = forward_hidden(lm.model, cache, ids[PREFIX:PREFIX + size], torch.arange(PREFIX, PREFIX + size), None)
+                    hidden = forward_hidden(lm.model, cache, ids[PREFIX:PREFIX + size],
+                                            torch.arange(PREFIX, PREFIX + size), None)
                     out = lm_logits(lm.model, hidden)
                     seconds = time.perf_counter() - start
                     best[way, size] = min(best.get((way, size), seconds), seconds)
@@ -58,7 +59,8 @@ def forward_times(targets: dict[str, Any], sizes: list[int], reps: int) -> dict[
                         "prepacked_ms": round(best["prepacked", size] * 1e3, 1),
                         "ratio": round(best["prepacked", size] / best["plain", size], 3),
                         "max_logit_diff": float((logits["plain", size] - logits["prepacked", size]).abs().max()),
-                        "same_argmax": bool(torch.equal(logits["plain", size].argmax(-1), logits["prepacked", size].argmax(-1)))}
+                        "same_argmax": bool(torch.equal(logits["plain", size].argmax(-1),
+                                                        logits["prepacked", size].argmax(-1)))}
             for size in sizes}
 
 
@@ -81,7 +83,8 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
             cfg = cfg.replace(tree=dataclasses.replace(cfg.tree, cost_aware=False))
         for engine in engines.values():
             generate(engine, prompts[0].text, cfg)  # warm (and the cost probe, once per pair)
-        totals = {w: {"seconds": 0.0, "tokens": 0, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0} for w in WAYS}
+        totals = {w: {"seconds": 0.0, "tokens": 0, "steps": 0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0}
+                  for w in WAYS}
         suites: dict[str, dict[str, float]] = {}
         same = True
         for i, prompt in enumerate(prompts):
@@ -97,7 +100,8 @@ def loop(pairs: dict[str, Any], drafters: list[str], per_suite: int, tokens: int
                     t[k] += getattr(summary, k)
                 suites.setdefault(prompt.suite, dict.fromkeys(WAYS, 0.0))[way] += summary.seconds
             same &= ids["plain"] == ids["prepacked"]
-            print(planner, drafter, prompt.suite, prompt.index, {w: round(suites[prompt.suite][w], 1) for w in WAYS}, flush=True)
+            print(planner, drafter, prompt.suite, prompt.index, {w: round(suites[prompt.suite][w], 1) for w in WAYS},
+                  flush=True)
         out: dict[str, Any] = {w: {"tok_s": round(t["tokens"] / t["seconds"], 3),
                                    "MAT": round(t["tokens"] / max(t["steps"], 1), 2),
                                    **{k: round(x, 2) for k, x in t.items()}} for w, t in totals.items()}
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
         report["target forward, prefix %d" % PREFIX] = forward_times({w: pairs[w][0] for w in WAYS}, sizes, args.reps)
         print(json.dumps(report, indent=1), flush=True)
-    report["host check"] = {str(rows): dict(zip(("plain_ms", "prepacked_ms"), (round(t * 1e3, 2) for t in time_layer(rows))))
+    report["host check"] = {str(rows): dict(zip(("plain_ms", "prepacked_ms"),
+                                                (round(t * 1e3, 2) for t in time_layer(rows))))
                             for rows in CHECK_ROWS}
     if args.per_suite > 0:
         for planner in args.planner.split(","):

@@ -83,7 +83,8 @@ def main() -> int:
                 gap = float(base[i, top_ref[i]] - base[i, top_got[i]])
                 worst_gap[m] = max(worst_gap[m], gap)
             for method, drafter in () if a.no_speed else (("ar", "none"), ("talon", "hybrid")):
-                s, _ = generate(engines[m], ids, RunConfig(drafter=drafter, max_new_tokens=a.tokens, cost_model="fixed"))
+                s, _ = generate(engines[m], ids,
+                                RunConfig(drafter=drafter, max_new_tokens=a.tokens, cost_model="fixed"))
                 speed[m][method][0] += len(s.token_ids)
                 speed[m][method][1] += s.seconds
         print(f"{prompt.suite}-{prompt.index} done", file=sys.stderr, flush=True)

@@ -81,7 +81,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tree = {n: dataclasses.asdict(configs[n].tree) for n in names}
     (args.out / "equal_budget.json").write_text(json.dumps({"budget": EQUAL_BUDGET, "trees": tree, "mat": table,
-                                                            "prompts": args.limit, "max_new_tokens": args.max_new_tokens},
+                                                            "prompts": args.limit,
+                                                            "max_new_tokens": args.max_new_tokens},
                                                            indent=1), encoding="utf-8")
     (args.out / "equal_budget.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         summary, steps = generate(engine, example.prompt, cfg)
         score = criterion_score(steps)
         logger.info("%-80s met %d of %d, %d rich steps, MAT %.2f", example.label[:80], score[0],
-                 len(opening_criterion(steps)), score[1], summary.mean_accepted_tokens)
+                    len(opening_criterion(steps)), score[1], summary.mean_accepted_tokens)
         if best is None or score > best[0]:
             best = (score, example, summary, steps)
         if all(opening_criterion(steps).values()):
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for requirement, met in opening_criterion(steps).items():
         logger.info("  [%s] %s", "x" if met else " ", requirement)
     logger.info("wrote %s: %s (%d steps, opens on step %d; %s, %s)", args.out, example.label, len(steps),
-             opening_step(steps), summary.dtype, summary.device)
+                opening_step(steps), summary.dtype, summary.device)
     return 0
 
 

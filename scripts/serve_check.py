@@ -63,7 +63,8 @@ def prepare(out: Path) -> None:
         (atlases / f"{name}.json").write_text(json.dumps(atlas.to_dict()))
         names.append(name)
     retrieval = serving_config(RunConfig(drafter="retrieval"), dirs[EMBEDDED_TARGET], None)
-    lookup = json.loads(re.search(r"is (\{.*\})$", next(n for n in retrieval.notes if '"method": "ngram"' in n)).group(1))
+    note = next(n for n in retrieval.notes if '"method": "ngram"' in n)
+    lookup = json.loads(re.search(r"is (\{.*\})$", note).group(1))
     mappings = [{"name": f"draft_model k={k}", "method": "draft_model",
                  "config": {"method": "draft_model", "model": dirs[EMBEDDED_DRAFT], "num_speculative_tokens": k}}
                 for k in DRAFT_MODEL_K]
@@ -90,10 +91,12 @@ def spec_counters(port: int) -> dict[str, float]:
         text = response.read().decode()
     found: dict[str, float] = {}
     for name in SPEC_COUNTERS:
-        values = [float(m.group(1)) for m in re.finditer(rf"^vllm:spec_decode_{name}_total\{{[^}}]*\}} (\S+)$", text, re.M)]
+        values = [float(m.group(1))
+                  for m in re.finditer(rf"^vllm:spec_decode_{name}_total\{{[^}}]*\}} (\S+)$", text, re.M)]
         found[name] = sum(values) if values else 0.0
     per_pos = {}
-    for m in re.finditer(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$', text, re.M):
+    for m in re.finditer(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$',
+                         text, re.M):
         per_pos[int(m.group(1))] = per_pos.get(int(m.group(1)), 0.0) + float(m.group(2))
     found["per_position"] = [per_pos[i] for i in sorted(per_pos)]
     return found
@@ -189,14 +192,17 @@ def report(out: Path) -> str:
             if sample is not None:
                 samples.append(sample)
         c = got["spec_decode"]
-        pred = (sum(r.num_drafts for r in runs), sum(r.num_draft_tokens for r in runs), sum(r.num_accepted_tokens for r in runs))
+        pred = (sum(r.num_drafts for r in runs), sum(r.num_draft_tokens for r in runs),
+                sum(r.num_accepted_tokens for r in runs))
         per_pos = [sum(r.accepted_per_position(k)[i] for r in runs) for i in range(k)]
         ties = sum(len(r.near_ties) for r in runs)
         misses = sum(r.misses for r in runs)
         lines.append(
-            f"| `{json.dumps({kk: v for kk, v in m['config'].items() if kk != 'model'})}` | {equal_text} of {len(runs)} | "
+            f"| `{json.dumps({kk: v for kk, v in m['config'].items() if kk != 'model'})}` | "
+            f"{equal_text} of {len(runs)} | "
             + " | ".join(f"{p} / {c[name]:g}" for p, name in zip(pred, SPEC_COUNTERS))
-            + f" | {per_pos} / {[int(v) for v in c['per_position'][:k]]} | {equal_steps} of {len(runs)} | {ties} / {misses} |")
+            + f" | {per_pos} / {[int(v) for v in c['per_position'][:k]]} | {equal_steps} of {len(runs)}"
+              f" | {ties} / {misses} |")
         timing[m["name"]] = (m, runs)
     text = "\n".join(lines)
     if samples:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need into ./.venv (and Debian's chromium for the browser test),
-# then run the whole suite. "No tests ran" (pytest exit 5) is a failure.
+# lint the tree (ruff, configured in pyproject.toml), then run the whole suite. A lint error fails
+# before any test runs; "no tests ran" (pytest exit 5) is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v chromium >/dev/null 2>&1; then
@@ -9,6 +10,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+.venv/bin/python -m ruff check --no-cache .
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -45,7 +45,8 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("none", "", False, "nobody: the autoregressive baseline (one token a step)"),
 )}
 DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
-DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)  # the kinds that draft
+# the kinds that draft
+DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
@@ -78,7 +79,8 @@ class Knob:
     choices: tuple[str, ...] = ()
     said: str = ""  # what error messages call it (default: name)
     flag: str = ""  # the command line's flag (default: --name, dashes)
-    cli: str = "value"  # value | on_off | negate (--flag sets False) | pair (--flag / --no-flag; unset: the front end decides) | append
+    # value | on_off | negate (--flag sets False) | pair (--flag / --no-flag; unset: the front end decides) | append
+    cli: str = "value"
     metavar: str = ""
     app: str = ""  # the app's control and /generate parameter ("": not in the app)
     app_choices: tuple[str, ...] = ()  # where the app offers fewer choices

@@ -117,7 +117,8 @@ class Proven:
 # by default on a kind only after a run there proved it; docs/gpu.md's table is this one.
 PROVEN: dict[tuple[str, str], Proven] = {
     ("forward", "cpu"): Proven("dynamic", "tests/test_full_depth.py (every drafter and tree, the draft model's trees "
-                            "accepted above MAT 1.5, at the 7B and 8B presets' depth); docs/gpu_runs/2026-11-26-cpu-step.json: the static forward "
+                            "accepted above MAT 1.5, at the 7B and 8B presets' depth); "
+                            "docs/gpu_runs/2026-11-26-cpu-step.json: the static forward "
                             "measured slower on a CPU (hybrid 2.92 against 3.42 tok/s)"),
     ("forward", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
                              "target on CUDA graphs, deep trees accepted (MAT 12.8), the output equal to generate()"),
@@ -130,7 +131,8 @@ PROVEN: dict[tuple[str, str], Proven] = {
     ("async_draft", "cpu"): Proven("off", ASYNC_OFF_WHY),
     ("async_draft", "cuda"): Proven("off", ASYNC_OFF_WHY),
     ("prepack", "cpu"): Proven("auto", "decided on the host by a timed check of one layer "
-                               "(talon.models.prepack.prepack_pays); docs/runs/2026-11-27-cpu-prepack-ab.md: hosts differ"),
+                               "(talon.models.prepack.prepack_pays); "
+                               "docs/runs/2026-11-27-cpu-prepack-ab.md: hosts differ"),
 }
 
 

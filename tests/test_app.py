@@ -377,7 +377,8 @@ def test_scrubbing_stops_following_and_latest_resumes(view: DecodeView) -> None:
 def test_async_sampling_run_draws_the_timeline_and_sampling_hovers(view: DecodeView) -> None:
     session = Session()
     run = make_generate(view, Settings())
-    final = list(run("abc abc abc abc", session, async_draft=True, cost_aware=False, temperature=0.8, seed=1, max_new_tokens=24))[-1]
+    final = list(run("abc abc abc abc", session, async_draft=True, cost_aware=False, temperature=0.8, seed=1,
+                     max_new_tokens=24))[-1]
     assert session.summary is not None and session.summary.config["async_draft"] is True
     lanes = {trace.name: trace for trace in final[view.timeline].data}
     assert len(lanes["drafter"].x) >= 1 and len(lanes["verifier"].x) >= 1
@@ -431,7 +432,8 @@ def test_a_decode_press_reaches_the_step_loop_in_a_few_calls(view: DecodeView, m
 
     def first_step(self: Run, *args: object, **kwargs: object) -> object:
         if not stacks:
-            stacks.append([(f.filename, f.name) for f in traceback.extract_stack()[:-1]] + [(step.__code__.co_filename, "_step")])
+            stacks.append([(f.filename, f.name) for f in traceback.extract_stack()[:-1]]
+                          + [(step.__code__.co_filename, "_step")])
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(Run, "_step", first_step)

@@ -57,7 +57,8 @@ def test_no_thread_left_behind(engine: Engine, stop: str) -> None:
         text = generate(engine, PROMPTS[1], cfg.replace(async_draft=False))[0].text
         cfg = cfg.replace(stop_strings=(text[5:8],))
     if stop == "eos":
-        engine.target.model.generation_config.eos_token_id = reference(engine, engine.run(PROMPTS[1], cfg).prompt_ids, 25)[6]
+        prompt_ids = engine.run(PROMPTS[1], cfg).prompt_ids
+        engine.target.model.generation_config.eos_token_id = reference(engine, prompt_ids, 25)[6]
     try:
         run = engine.run(PROMPTS[1], cfg, cancel)
         for i, _ in enumerate(run):
@@ -71,7 +72,8 @@ def test_no_thread_left_behind(engine: Engine, stop: str) -> None:
 
             gc.collect()
         else:
-            expected = {"eos": "eos", "stop_string": "stop_string", "max_new_tokens": "max_new_tokens", "cancel": "cancelled"}
+            expected = {"eos": "eos", "stop_string": "stop_string", "max_new_tokens": "max_new_tokens",
+                        "cancel": "cancelled"}
             assert run.summary.stop_reason == expected[stop]
     finally:
         engine.target.model.generation_config.eos_token_id = 256

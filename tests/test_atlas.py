@@ -127,8 +127,9 @@ def test_predicted_time_is_the_cost_model(atlases: list[Atlas]) -> None:
 def test_requests_beyond_the_atlas_are_counted_not_rejected(engine: Engine) -> None:
     small = AtlasSpec(n_nodes=4, root_k=2, top_k=1, max_depth=3)
     atlas = record_atlas(engine, PROMPTS[1], RunConfig(max_new_tokens=24, draft_vocab=0), spec=small)
-    inside = replay(atlas, RunConfig(drafter="model", tree=TreeConfig(mode="chain", budget=2, max_depth=2,
-                                                                        cost_aware=False), max_new_tokens=24, draft_vocab=0))
+    inside = replay(atlas, RunConfig(drafter="model",
+                                     tree=TreeConfig(mode="chain", budget=2, max_depth=2, cost_aware=False),
+                                     max_new_tokens=24, draft_vocab=0))
     assert inside.exact and inside.coverage.requests > 0
     wide = RunConfig(drafter="model", tree=TreeConfig(budget=16, root_k=4, top_k=2, max_depth=8, cost_aware=False),
                      max_new_tokens=24, draft_vocab=0)

@@ -66,7 +66,8 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     best_budget = budget.input_value()
     page.click("#talon-atlas-apply")
     page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('Applied the knobs')")
-    left_budget = page.locator("#talon-controls input[aria-label='range slider for Budget N (nodes verified per step)']")
+    left_budget = page.locator("#talon-controls input"
+                               "[aria-label='range slider for Budget N (nodes verified per step)']")
     assert left_budget.input_value() == best_budget
 
     # a replayed step's tree

@@ -1,8 +1,9 @@
 """Grouped-query attention folded (talon/models/attention.py): the query heads that share a key/value
 head folded into its rows give transformers' ``sdpa`` result (which repeats the keys and values)
 for every step size and mask; the static forward folds (``repeat_kv`` never runs in it) and
-equals itself unfolded, and so does a tree's forward on the dynamic cache; a model switched to the implementation computes what it did before
-wherever the flag is not passed; a mask folded in the wrong order fails."""
+equals itself unfolded, and so does a tree's forward on the dynamic cache; a model switched to
+the implementation computes what it did before wherever the flag is not passed; a mask folded in
+the wrong order fails."""
 
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def test_first_view_is_a_recording_that_works_before_any_run(page) -> None:
     names = set(page.evaluate(f"{TREE_DATA}.map(t => t.name)"))
     assert "draft model" in names and names & {"retrieval", "model + retrieval"}, names
     assert "target token after a rejection" in names
-    symbols = page.evaluate(f"{TREE_DATA}.flatMap(t => (t.marker && Array.isArray(t.marker.symbol)) ? t.marker.symbol : [])")
+    symbols = page.evaluate(f"{TREE_DATA}.flatMap(t => (t.marker && Array.isArray(t.marker.symbol))"
+                            " ? t.marker.symbol : [])")
     assert "circle-x" in symbols, "a node the gate cut"
     parents = page.evaluate(f"{TREE_DATA}.filter(t => t.customdata).flatMap(t => t.customdata)")
     assert len(parents) >= 4
@@ -177,7 +178,8 @@ def test_the_guided_walk_goes_through_every_stop_and_back(page) -> None:
     for i, stop in enumerate(WALK):
         if i:
             page.click("#talon-walk-next")
-        page.wait_for_function(f"(document.querySelector('{WALK_HEAD}') || {{}}).textContent?.startsWith('{i + 1} / 6')")
+        page.wait_for_function(f"(document.querySelector('{WALK_HEAD}') || {{}})"
+                               f".textContent?.startsWith('{i + 1} / 6')")
         page.wait_for_function(f"document.getElementById('{stop.focus}').classList.contains('talon-focus')")
         assert page.locator(".talon-focus").count() == 1
         assert page.locator("#talon-walk").is_visible(), "the card stays in view"
@@ -228,7 +230,8 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     picked, the numbers in words beside the figures."""
     wait_for_recording(page)
     page.get_by_role("tab", name="Lessons").click()
-    page.wait_for_function("document.querySelector('#talon-lesson-adaptive').textContent.includes('static tree accepts')")
+    page.wait_for_function("document.querySelector('#talon-lesson-adaptive')"
+                           ".textContent.includes('static tree accepts')")
     page.wait_for_selector("#talon-lesson-depth .js-plotly-plot")
     first = page.locator("#talon-lesson-adaptive").text_content() or ""
     assert "TALON's adaptive tree" in first and "N = 59" in first and "best single depth" in first
@@ -239,7 +242,8 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     page.locator("#talon-lesson-budget label", has_text="16").click()
     page.wait_for_function("document.querySelector('#talon-lesson-adaptive').textContent.includes('N = 16')")
     page.locator("#talon-lesson-prompt input").click()
-    page.get_by_role("option").nth(8).click()  # the first sum prompt (suites in Spec-Bench's order): retrieval carries it
+    # the first sum prompt (suites in Spec-Bench's order): retrieval carries it
+    page.get_by_role("option").nth(8).click()
     page.wait_for_function("document.querySelector('#talon-lesson-hybrid').textContent.includes('retrieval alone 2.')")
     page.wait_for_function("document.querySelector('#talon-lesson-carried').textContent.includes('bonus token only')")
     page.screenshot(path="/tmp/lessons_tab.png", full_page=True)

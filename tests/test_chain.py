@@ -199,7 +199,8 @@ def test_a_layer_update_reads_no_value_on_the_host() -> None:
     state.load(shared, StepTables.of(shape, 2, planner.acceptance, planner), 20, 20, 20)
 
     def bucket(size: int) -> Bucket:
-        made = Bucket(size, 64, torch.empty(8 * (2 + 2 * size + size * 64) + size * size, dtype=torch.uint8, device=meta))
+        nbytes = 8 * (2 + 2 * size + size * 64) + size * size
+        made = Bucket(size, 64, torch.empty(nbytes, dtype=torch.uint8, device=meta))
         made.top = torch.empty(size, 128, dtype=torch.float64, device=meta)
         return made
     layer = bucket(shape.width)
@@ -214,7 +215,8 @@ def random_case(seed: int) -> tuple[DraftTree, list[int], Planner, TreeConfig, i
     rng = random.Random(seed)
     tree = DraftTree.with_root(1)
     for _ in range(rng.randrange(2, 30)):
-        tree.add(rng.randrange(len(tree)), rng.randrange(100), rng.random() ** 0.3, rng.choice(["model", "retrieval", "both"]))
+        tree.add(rng.randrange(len(tree)), rng.randrange(100), rng.random() ** 0.3,
+                 rng.choice(["model", "retrieval", "both"]))
     deepest = max(tree.depths)
     frontier = [n for n in range(1, len(tree)) if tree.depths[n] == deepest]
     rng.shuffle(frontier)

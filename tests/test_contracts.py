@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from talon.atlas.replay import AtlasModel, TextVerifier
+from talon.core.contracts import Drafter, DraftSource, Verifier
 from talon.core.verify import TargetVerifier
 from talon.cost.model import synthetic_costs
-from talon.drafters import Drafter, DraftSource, ModelDrafter, TreeDrafter, Verifier, build_drafter
+from talon.drafters import ModelDrafter, TreeDrafter, build_drafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.engine.prompt import StopCheck, eos_ids
 from talon.engine.run import Run, RunParts
@@ -125,3 +126,45 @@ def test_a_run_s_step_times_come_from_one_clock_record() -> None:
         assert end <= d0 <= d1 <= v0 <= v1 and st.other_s >= 0  # sync: draft, then verify, step after step
         assert st.predicted_verify_s is None  # nothing planned: nothing predicted
         end = v1
+
+
+class Slots:
+    """A slot cache as ``talon.graphs.static`` lays it out: per layer, (B, H, max_len, D) keys and values."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.layers = [type("Layer", (), {"keys": k, "values": v})() for k, v in zip(keys, values)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_both_kv_cuts_keep_the_same_entries(seed: int) -> None:
+    """``KVCut``'s two implementations on one cache's entries: after the cut, the growing cache and
+    the slot cache hold the same first ``start + K`` entries, in the same order (a path kept in
+    place, a path moved, and a path that keeps only the root among them)."""
+    from transformers import DynamicCache
+
+    from talon.core.contracts import KVCut
+    from talon.core.kv import keep_dynamic, keep_slots
+
+    gen = torch.Generator().manual_seed(seed)
+    start, tree = 5 + seed, 3 + 2 * seed
+    slots = sorted(torch.randperm(tree, generator=gen)[: seed % 4 + 1].tolist())
+    if seed == 0:
+        slots = [0]  # the root alone: nothing moves
+    slots = [start + s for s in slots]
+    entries = [(torch.randn(1, 2, start + tree, 4, generator=gen), torch.randn(1, 2, start + tree, 4, generator=gen))
+               for _ in range(3)]  # (B, H, S, D) per layer
+    dynamic = DynamicCache()
+    for i, (k, v) in enumerate(entries):
+        dynamic.update(k.clone(), v.clone(), i)
+    padding = torch.full((1, 2, 7, 4), float("nan"))  # slots past the tree: never read
+    fixed = Slots([torch.cat([k, padding], dim=2) for k, _ in entries],
+                  [torch.cat([v, padding], dim=2) for _, v in entries])
+    cuts: list[KVCut] = [keep_dynamic, keep_slots]
+    cuts[0](dynamic, start, slots)
+    cuts[1](fixed, start, slots)
+    kept = start + len(slots)
+    for i, (k, v) in enumerate(entries):
+        want = torch.cat([k[:, :, :start], k[:, :, slots]], dim=2)
+        assert torch.equal(dynamic.layers[i].keys, want) and dynamic.layers[i].keys.shape[2] == kept
+        assert torch.equal(fixed.layers[i].keys[:, :, :kept], want)
+        assert torch.equal(fixed.layers[i].values[:, :, :kept], dynamic.layers[i].values)

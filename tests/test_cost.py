@@ -113,7 +113,8 @@ def test_the_planner_and_its_cost_model_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, talon.cost.plan, talon.cost.model, talon.cost.curve, talon.knobs; print('torch' in sys.modules or 'transformers' in sys.modules)"
+    code = ("import sys, talon.cost.plan, talon.cost.model, talon.cost.curve, talon.knobs; "
+            "print('torch' in sys.modules or 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
@@ -506,7 +507,8 @@ def test_the_probe_times_the_engines_own_step_and_keys_it() -> None:
     engine = Engine(target, draft, forward="static")
     costs = engine.cost_snapshot()
     assert costs.verify_s(16) > 0 and costs.draft_s(4) > 0 and costs.prefill_per_token_s > 0
-    assert costs.key.endswith("|forward=static+fold") and "forward=" not in cost_key(target.model, draft.model, ("t", "d"))
+    assert (costs.key.endswith("|forward=static+fold")
+            and "forward=" not in cost_key(target.model, draft.model, ("t", "d")))
     assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1
     assert len(engine.static_pools["draft"].free) == engine.static_pools["draft"].made == 1
     assert Engine(target, draft).forward == "dynamic", "auto is the dynamic cache off CUDA"

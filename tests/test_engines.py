@@ -167,7 +167,8 @@ COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16:
 def tiny() -> tuple[Engine, Atlas]:
     target = tiny_loaded("llama", 11)
     engine = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
-    atlas = record_atlas(engine, "def add(a, b): return a + b\ndef sub(a, b):", RunConfig(max_new_tokens=40, draft_vocab=0))
+    atlas = record_atlas(engine, "def add(a, b): return a + b\ndef sub(a, b):",
+                         RunConfig(max_new_tokens=40, draft_vocab=0))
     return engine, atlas
 
 
@@ -217,7 +218,8 @@ def test_engine_costs_fit_recovers_known_coefficients() -> None:
         forwards = k * steps if method == "draft_model" else 0
         verified = steps * (k + 1)
         samples.append({"steps": steps, "verified_tokens": verified, "draft_forwards": forwards,
-                        "decode_s": truth.step_s * steps + truth.verify_token_s * verified + truth.draft_forward_s * forwards,
+                        "decode_s": (truth.step_s * steps + truth.verify_token_s * verified
+                                     + truth.draft_forward_s * forwards),
                         "prefill_s": 0.5 if method == "ngram" else 0.7, "prompt_tokens": 100,
                         "draft_model": int(method == "draft_model")})
     fit = fit_serving_costs(samples, "vllm")
@@ -247,7 +249,8 @@ def test_bad_engine_cost_files_are_refused(breakage, message: str) -> None:
     ("draft_s", float("inf"), "draft_s at size 1"),
     ("verify_s", 0.0, "positive"),
 ])
-def test_cost_curves_must_be_finite_positive_times(tiny, field: str, value: float, message: str, tmp_path: Path) -> None:
+def test_cost_curves_must_be_finite_positive_times(tiny, field: str, value: float, message: str,
+                                                   tmp_path: Path) -> None:
     """An atlas or a --costs file with a negative, infinite or zero time is refused, not replayed
     at a negative step time and 0 tokens/s."""
     _, atlas = tiny
@@ -327,7 +330,8 @@ def test_forecast_replays_the_exported_flags(tiny) -> None:
     assert result.talon_rate == pytest.approx(len(mine.summary.token_ids) / mine.predicted_s)
     text = result.markdown()
     assert f"mean acceptance length {rows['vLLM'].acceptance:.2f}" in text and "Best engine settings" in text
-    retrieval = forecast(atlas, cfg.replace(drafter="retrieval"), serving_config(cfg.replace(drafter="retrieval"), "t", None))
+    retrieval = forecast(atlas, cfg.replace(drafter="retrieval"),
+                         serving_config(cfg.replace(drafter="retrieval"), "t", None))
     assert "vLLM suffix" in retrieval.markdown() and "not replayed" in retrieval.markdown()
     assert "vLLM ngram" in retrieval.markdown()
     assert "Threshold explorer" in forecast(None, cfg, exported).markdown()

@@ -83,7 +83,8 @@ def test_no_front_end_builds_its_engine_another_way(tmp_path: Path) -> None:
     assert engine_builders() == set()
     (tmp_path / "talon" / "cli").mkdir(parents=True)
     (tmp_path / "app.py").write_text("")
-    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.engine.engine import Engine\nengine = Engine(t, d)\n")
+    (tmp_path / "talon" / "cli" / "rogue.py").write_text("from talon.engine.engine import Engine\n"
+                                                         "engine = Engine(t, d)\n")
     assert engine_builders(tmp_path) == {"talon/cli/rogue.py"}
 
 

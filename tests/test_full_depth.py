@@ -141,7 +141,8 @@ def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_th
     ids = random_ids(VOCAB, 48, 3)
     for preset in (p for p in PRESETS if p.needs_cuda and p.target in KNOWN_SHAPES):
         slim, _, family = preset_shapes(preset.key)
-        slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2, kv_heads=max(slim.kv_heads // 2, 1))
+        slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2,
+                                   kv_heads=max(slim.kv_heads // 2, 1))
         gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=VOCAB), ids)
         assert gate.valid and gate.layers == slim.layers, (preset.key, gate)
     slim, _, family = preset_shapes("qwen2.5-7b")

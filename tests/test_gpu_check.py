@@ -64,8 +64,8 @@ def test_the_tiny_gpu_check_passes_and_reports(gpu_check, tmp_path: Path) -> Non
     assert {spec.key for spec in gpu_check.pair_specs(True, set())} == {
         "qwen2.5-7b", "qwen2.5-coder-7b", "llama-3.1-8b", "qwen2.5-14b"}  # what a plain --tiny runs
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--pairs", ",".join(FAMILY_PAIRS), "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--pairs", ",".join(FAMILY_PAIRS), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["ok"] and report["tiny"] and not report["failed"]

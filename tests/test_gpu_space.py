@@ -220,7 +220,8 @@ def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.Monke
     ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-coder-7b"))
     assert gpu.events == ["load Qwen/Qwen2.5-7B-Instruct", "release", "load Qwen/Qwen2.5-Coder-7B-Instruct"]
     monkeypatch.setattr(gpu, "free", lambda device: 10 * GIB)  # someone else holds the card
-    with pytest.raises(ModelLoadError, match=r"needs about 18\.\d GiB.*CUDA-graph buffers.*10\.0 GiB free.*back on Qwen/Qwen2.5-Coder-7B"):
+    with pytest.raises(ModelLoadError, match=r"needs about 18\.\d GiB.*CUDA-graph buffers.*10\.0 GiB free"
+                                             r".*back on Qwen/Qwen2.5-Coder-7B"):
         ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
 
 
@@ -271,7 +272,8 @@ def test_the_zerogpu_glue_imports_before_torch() -> None:
     """app.py imports ``talon.models.zerogpu`` first, so that on ZeroGPU ``spaces`` comes before
     torch: that import must bring neither torch nor transformers with it."""
     code = "import sys, talon.models.zerogpu; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=True)
     assert done.stdout.strip() == "[]"
     first = next(line for line in (REPO / "app.py").read_text().splitlines() if line.startswith(("import", "from")) and
                  "__future__" not in line and line.split()[1] not in ("logging", "threading", "pathlib"))
@@ -366,7 +368,8 @@ class ZeroGPUHarness:
 
 
 @pytest.fixture()
-def zero_gpu(tiny_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ZeroGPUHarness, Settings]]:
+def zero_gpu(tiny_dirs: tuple[Path, Path],
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ZeroGPUHarness, Settings]]:
     harness = ZeroGPUHarness(monkeypatch)
     monkeypatch.setattr(app, "ZEROGPU", True)
     monkeypatch.setattr(zerogpu, "unmet_requirements", lambda *args: [])
@@ -463,7 +466,8 @@ def test_the_zerogpu_space_bundle_meets_zerogpus_versions(tmp_path: Path) -> Non
     pins = dict(line.split("==") for line in (out / "requirements.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
     front = (out / "README.md").read_text().split("---")[1]
-    python = next(line.split(":")[1].strip().strip('"') for line in front.splitlines() if line.startswith("python_version"))
+    python = next(line.split(":")[1].strip().strip('"') for line in front.splitlines()
+                  if line.startswith("python_version"))
     assert zerogpu.unmet_requirements(tuple(int(x) for x in python.split(".")), pins["torch"]) == []
     assert "spaces" in pins and (out / "app.py").is_file() and (out / "talon" / "models" / "zerogpu.py").is_file()
     assert "torch==2.13.0" in (REPO / "requirements.txt").read_text()  # the CPU commands stay as they are

@@ -507,8 +507,8 @@ def test_readme_preloads_the_gpu_presets() -> None:
 def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
 
-    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str, draft_quant: str = "auto",
-                       target_weights: str = "dense", prepack: bool | None = None):
+    def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str,
+                       draft_quant: str = "auto", target_weights: str = "dense", prepack: bool | None = None):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 

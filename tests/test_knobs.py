@@ -72,8 +72,8 @@ def test_the_docs_flag_table_is_the_tables() -> None:
 KNOB_WORDS = {w for k in KNOBS for w in (k.name, k.words, k.app, k.field) if w}
 OPTIONS = {k.option for k in KNOBS} | {f"--no-{k.option[2:]}" for k in KNOBS if k.cli == "pair"}
 # modules that hold front ends' or records' knobs: a literal default there is a second declaration
-FRONT_ENDS = ("talon/run_config.py", "talon/ui/", "talon/server/", "talon/cli/", "talon/atlas/explorer.py", "talon/atlas/sweep.py",
-              "talon/bench/")
+FRONT_ENDS = ("talon/run_config.py", "talon/ui/", "talon/server/", "talon/cli/", "talon/atlas/explorer.py",
+              "talon/atlas/sweep.py", "talon/bench/")
 
 
 def declared_elsewhere(root: Path = REPO) -> set[str]:
@@ -114,6 +114,7 @@ def test_a_second_declaration_is_caught(tmp_path: Path) -> None:
     with (tmp_path / "talon" / "server" / "request.py").open("a", encoding="utf-8") as fh:
         fh.write('\n\nclass Extra:\n    budget: float = 16\n\n\ndef check(v):\n'
                  '    if v > 1:\n        raise ValueError(f"mu must be a number in [0, 1], got {v}")\n')
-    assert declared_elsewhere(tmp_path) == {"talon/cli/args.py: flag --budget", "talon/server/request.py: Extra.budget = 16",
+    assert declared_elsewhere(tmp_path) == {"talon/cli/args.py: flag --budget",
+                                            "talon/server/request.py: Extra.budget = 16",
                                             "talon/server/request.py: checks mu"}
     assert KNOB["mu"].option == "--mu"

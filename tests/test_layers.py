@@ -140,7 +140,8 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
         fh.write("\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from talon.atlas import data\n")
     with (tmp_path / "talon" / "atlas" / "sweep.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\ndef chart():\n    from talon.figures import atlas\n    return atlas\n")
-    assert mutual_imports(tmp_path) == {("atlas", "figures"), ("engine", "settings")}  # the planted settings -> engine too
+    # the planted settings -> engine too
+    assert mutual_imports(tmp_path) == {("atlas", "figures"), ("engine", "settings")}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from tests.test_engine import noisy_copy
 from tests.tiny import tiny_loaded
 
 COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
-PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b): return a - b\ndef mul(a, b):", "one two three, one two three, one"]
+PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b): return a - b\ndef mul(a, b):",
+           "one two three, one two three, one"]
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,8 @@ RETIRED = {
     r"\bStepForwards\b|\bresolve_step\b": "Forwards, resolve_forward (the option picks how forwards run)",
     r"\btalon[./]atlas[./]engine(s|_sweep|_costs)\b": "talon.atlas.serving_* (vLLM and SGLang are serving engines)",
     r"\bEngine(Policy|Run|Row|Costs|Draft|Step|Kind)\b": "Serving* (a serving engine's), RunnerKind",
-    r"\bdrafters\.SOURCES\b|from talon\.drafters import SOURCES\b": "talon.drafters.SOURCE_MAKERS (tree.SOURCES: node origins)",
+    r"\bdrafters\.SOURCES\b|from talon\.drafters import SOURCES\b":
+        "talon.drafters.SOURCE_MAKERS (tree.SOURCES: node origins)",
 }
 
 

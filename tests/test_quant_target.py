@@ -139,6 +139,7 @@ def test_the_cost_probe_measures_a_packed_target(weights: str) -> None:
     costs = probe_costs(target.model, tiny_loaded("llama", 1).model, 0, max_reps=2)
     assert all(costs.verify_s(n) > 0 for n in (1, 8, 32)) and costs.draft is not None
     # the cost view names the weights its curves were measured on, and they survive a trace's JSON
-    assert costs.provenance.weights == f"{weights}-weights" and f"target {weights}-weights" in costs.provenance.describe()
+    assert (costs.provenance.weights == f"{weights}-weights"
+            and f"target {weights}-weights" in costs.provenance.describe())
     title = cost_figure(CostModel.from_dict(costs.to_dict()).to_dict(), []).layout.title.text
     assert f"target {weights}-weights" in title

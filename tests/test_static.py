@@ -299,7 +299,8 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
                 assert summary.token_ids == reference(engine, summary.prompt_token_ids, 40), (prompt, mode, async_draft)
                 mats.append(summary.mean_accepted_tokens)
     assert drafter in ("none", "retrieval") or max(mats) > 1.2, "drafts must be accepted for the test to bite"
-    assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1, "every run gave its forward back, the next reused it"
+    assert len(engine.static_pools["target"].free) == engine.static_pools["target"].made == 1, \
+        "every run gave its forward back, the next reused it"
     drafts = engine.static_pools["draft"]
     assert len(drafts.free) == drafts.made, "every draft forward (async forks too) was given back"
     assert drafter in ("none", "retrieval") or drafts.made >= 1 + (drafter in ("model", "hybrid")), \

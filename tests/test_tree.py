@@ -37,7 +37,8 @@ def test_depths_positions_paths():
 def test_ancestor_mask():
     m = tree_mask(hand_tree())
     expected = torch.zeros(7, 7, dtype=torch.bool)
-    for node, ancestors in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 4], 5: [0, 2, 5], 6: [0, 1, 3, 6]}.items():
+    ancestry = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 4], 5: [0, 2, 5], 6: [0, 1, 3, 6]}
+    for node, ancestors in ancestry.items():
         expected[node, ancestors] = True
     assert torch.equal(m, expected)
 

@@ -31,8 +31,8 @@ DEFINITIONS = (
     "(vLLM's `k` = `num_speculative_tokens`, draft tokens per step). *SGLang spec_accept_length*: "
     "output tokens / verify steps, the prefill's first token included (its `num_draft_tokens` counts "
     "the root too: k + 1). All three are replayed exactly on the atlas (greedy); tokens/s are "
-    "predicted from the atlas's Talon cost curves standing in for the engine's, unless a measured "
-    "engine cost file is used (`talon atlas sweep --engine vllm --costs`)."
+    "predicted from the atlas's Talon cost curves standing in for the serving engine's, unless a "
+    "measured serving cost file is used (`talon atlas sweep --engine vllm --costs`)."
 )
 
 
@@ -91,7 +91,7 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
     """The forecast for the controls ``cfg`` exported as ``result``, on ``atlas``."""
     if atlas is None:
         return Forecast(None, note="Record or upload this prompt's draft atlas in the **Threshold explorer** to see "
-                                   "what each engine would accept on it, and its best settings.")
+                                   "what each serving engine would accept on it, and its best settings.")
     talon_mat = talon_rate = None
     try:
         mine = replay(atlas, cfg.replace(max_new_tokens=len(atlas.output)))

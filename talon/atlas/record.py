@@ -107,7 +107,8 @@ def record_atlas(
                 "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
                 "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
                 # the draft's quantization (a prepacked draft is its float32 weights, laid out for oneDNN)
-                "draft_quant": "none" if is_prepacked(engine.draft.model) else getattr(engine.draft.model, "talon_quant", "none"),
+                "draft_quant": ("none" if is_prepacked(engine.draft.model)
+                                else getattr(engine.draft.model, "talon_quant", "none")),
                 "chat_template": cfg.chat_template},
         costs=costs.to_dict(),
         record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),

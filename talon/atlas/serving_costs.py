@@ -108,7 +108,8 @@ class TalonCurves:
 
     @property
     def label(self) -> str:
-        return f"Talon's own cost curves of the recording host ({self.costs.provenance.describe()}), standing in for the engine's"
+        return (f"Talon's own cost curves of the recording host ({self.costs.provenance.describe()}), "
+                "standing in for the engine's")
 
     def step_seconds(self, drafted: int, draft_forwards: int, width: int = 1) -> float:
         return (self.costs.verify_s(drafted + 1) + draft_forwards * self.costs.draft_s(max(width, 1))
@@ -142,7 +143,9 @@ def fit_serving_costs(samples: list[dict[str, float]], engine: str, **about: Any
     plain = [s for s in samples if not s["draft_model"] and s["prompt_tokens"]]
     drafted = [s for s in samples if s["draft_model"] and s["prompt_tokens"]]
     prefill = sum(s["prefill_s"] for s in plain) / sum(s["prompt_tokens"] for s in plain) if plain else 0.0
-    with_draft = (sum(s["prefill_s"] for s in drafted) / sum(s["prompt_tokens"] for s in drafted)) if drafted else prefill
+    with_draft = prefill
+    if drafted:
+        with_draft = sum(s["prefill_s"] for s in drafted) / sum(s["prompt_tokens"] for s in drafted)
     if not plain:
         prefill, with_draft = with_draft, with_draft
     return ServingCosts(engine, *(float(c) for c in coef), prefill_token_s=prefill,

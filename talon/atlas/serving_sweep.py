@@ -49,7 +49,8 @@ def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in types:
-            raise ConfigError(f"grid item {item!r}: with --engine {engine} write KEY=V1,V2, KEY one of {', '.join(types)}")
+            raise ConfigError(f"grid item {item!r}: with --engine {engine} write KEY=V1,V2, "
+                              f"KEY one of {', '.join(types)}")
         try:
             values = [types[key](v.strip()) for v in text.split(",") if v.strip()]
         except ValueError:

@@ -35,7 +35,8 @@ class GridKey:
 # the rest stay as the base command says. An atlas replays the drafters it recorded.
 GRID: dict[str, GridKey] = {
     k.name: GridKey({"int": int, "float": float}.get(k.kind, str),
-                    ON_OFF if k.kind == "bool" else tuple(c for c in k.choices if k.name != "drafter" or c in ATLAS_KINDS))
+                    ON_OFF if k.kind == "bool"
+                    else tuple(c for c in k.choices if k.name != "drafter" or c in ATLAS_KINDS))
     for k in GRID_KNOBS
 }
 GRID_KEYS: tuple[str, ...] = tuple(GRID)

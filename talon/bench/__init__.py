@@ -70,7 +70,8 @@ from talon.specbench import ALL_SUITES, SPECBENCH_SUITES, Prompt, SuiteError, de
 __all__ = [
     "ALL_SUITES", "ALL_SUITES_ROW", "DEFAULT_LIMIT", "DEFAULT_MAX_NEW_TOKENS", "EQUAL_BUDGET", "METHODS",
     "SPECBENCH_SUITES", "SWEEP_METHODS", "SuiteError", "BenchConfig", "BenchEnv", "BenchError", "BenchReport",
-    "HfRunner", "MethodSpec", "Mismatch", "Outcome", "OutputCheck", "Prompt", "ResultRow", "Runner", "SweepCell", "SweepConfig",
+    "HfRunner", "MethodSpec", "Mismatch", "Outcome", "OutputCheck", "Prompt", "ResultRow", "Runner", "SweepCell",
+    "SweepConfig",
     "TalonRunner", "TieJudge", "TimeSplit", "TokenCheck", "aggregate", "build_runners", "default_data_dir",
     "default_tie_tol", "first_divergence", "load_prompts", "markdown", "run_bench",
     "speed_table", "speedup_figure", "sweep_figure", "sweep_runners", "talon_variant", "tie_tolerance",

@@ -43,7 +43,7 @@ def run_bench(
     runners = build_runners(engine, cfg)
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
         logger.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
-                    "(weaker than transformers' adaptive default); pip install scikit-learn")
+                       "(weaker than transformers' adaptive default); pip install scikit-learn")
     vocab = head_rows(target.model)
     encoded = [encode_prompt(target.tokenizer, p.text, True, vocab) for p in prompts]
     warm_up_runners(runners, min(encoded, key=len), cfg.warmup_tokens)
@@ -62,7 +62,8 @@ def run_bench(
         record_atlases(engine, prompts, cfg, out / "atlases", progress)
     rows = aggregate(samples, checks, runners, verify_curve(engine, runners))
     costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
-    report = BenchReport(BenchEnv.capture(target, draft, command, engine.path), cfg, rows, checks, samples, costs, judge.precision)
+    env = BenchEnv.capture(target, draft, command, engine.path)
+    report = BenchReport(env, cfg, rows, checks, samples, costs, judge.precision)
     if out is not None:
         write_report(report, out)
     return report
@@ -76,7 +77,7 @@ def record_atlases(engine: Engine, prompts: Sequence[Prompt], cfg: BenchConfig, 
         atlas = record_atlas(engine, prompt.text, base, suite=prompt.suite)
         (folder / f"{prompt.suite}-{prompt.index}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
         logger.info("atlas %s-%d: run %.1f s + atlas %.1f s (%.2fx the run)", prompt.suite, prompt.index,
-                 atlas.record["run_s"], atlas.record["atlas_s"], atlas.record["ratio"])
+                    atlas.record["run_s"], atlas.record["atlas_s"], atlas.record["ratio"])
 
 
 def verify_curve(engine: Engine, runners: Sequence[Runner]) -> Callable[[int], float] | None:
@@ -134,5 +135,5 @@ def check_outputs(
             logger.log(level, "%s: real mismatch %s", where, check.first_mismatch)
         elif check.near_ties:
             logger.info("%s: %d near-tie position(s) %s, every other token the target's argmax",
-                     where, len(check.near_ties), check.near_ties[:8])
+                        where, len(check.near_ties), check.near_ties[:8])
     return checks

@@ -10,7 +10,8 @@ from talon.knobs import KNOB, default
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 BENCH_FORMAT = "talon-bench/1"
-METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid", "layerskip",
+METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid",
+                            "layerskip",
                               "talon")
 SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")

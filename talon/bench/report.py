@@ -64,7 +64,8 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
     cell = {(r.suite, r.method): r for r in rows}
     bounded = any(r.method == BOUND_METHOD and r.free_draft_bound is not None for r in rows)
     peer = PEER_METHOD in methods and BOUND_METHOD in methods
-    extra = ([f"{BOUND_METHOD} bound", "share"] if bounded else []) + ([f"{BOUND_METHOD} vs generate()"] if peer else [])
+    extra = [f"{BOUND_METHOD} bound", "share"] if bounded else []
+    extra += [f"{BOUND_METHOD} vs generate()"] if peer else []
     legend = "Each cell: speedup vs ar · MAT (tokens per target forward) · tokens/s."
     if peer:
         legend += (f" `{BOUND_METHOD} vs generate()`: its tokens/s over `{PEER_METHOD}`'s, transformers' own greedy "
@@ -88,7 +89,8 @@ def speed_table(rows: Sequence[ResultRow]) -> str:
             texts += [f"{fmt(r.free_draft_bound, '.2f')}x", _percent(r.bound_share)]
         if peer:
             ours, theirs = cell[(suite, BOUND_METHOD)], cell[(suite, PEER_METHOD)]
-            texts.append(f"{ours.tokens_per_second / theirs.tokens_per_second:.2f}x" if theirs.tokens_per_second else "–")
+            ratio = ours.tokens_per_second / theirs.tokens_per_second if theirs.tokens_per_second else None
+            texts.append(f"{ratio:.2f}x" if ratio is not None else "–")
         label = f"**{suite}**" if suite == ALL_SUITES_ROW else suite
         lines.append(f"| {label} | {cell[(suite, 'ar')].prompts} | " + " | ".join(texts) + " |")
     return "\n".join(lines) + "\n"

@@ -16,7 +16,8 @@ from talon.settings import DRAFT_QUANTS, DTYPE_CHOICES, TARGET_WEIGHTS, Settings
 
 
 def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
-    p.add_argument("--target", default=settings.target, help="hub id, local dir, .gguf, or embedded:... (default: %(default)s)")
+    p.add_argument("--target", default=settings.target,
+                   help="hub id, local dir, .gguf, or embedded:... (default: %(default)s)")
     p.add_argument("--draft", default=settings.draft, help="like --target, or 'none' (default: %(default)s)")
     p.add_argument("--dtype", default=settings.dtype, choices=DTYPE_CHOICES)
     p.add_argument("--device", default=settings.device, help="auto, cpu, cuda or cuda:N")

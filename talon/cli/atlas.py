@@ -77,7 +77,8 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
         cfg = config_from_args(args)
         if args.suites:
             prompts = [(f"{p.suite}-{p.index}", p.text, p.suite) for p in
-                       load_prompts(default_data_dir(), [s.strip() for s in args.suites.split(",")], args.limit, args.start)]
+                       load_prompts(default_data_dir(), [s.strip() for s in args.suites.split(",")], args.limit,
+                                    args.start)]
         else:
             text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
             prompts = [("atlas", text, "")]
@@ -90,7 +91,7 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
             path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
             rec = atlas.record
             logger.info("%s: %d tokens, %d nodes; run %.1f s + atlas %.1f s = %.2fx the run",
-                     path, len(atlas.output), len(atlas.children), rec["run_s"], rec["atlas_s"], rec["ratio"])
+                        path, len(atlas.output), len(atlas.children), rec["run_s"], rec["atlas_s"], rec["ratio"])
     except (ValueError, ModelLoadError, OSError) as err:
         logger.error("%s", err)
         return 2

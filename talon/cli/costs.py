@@ -23,7 +23,8 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
                      "(TALON_COST_CACHE, else TALON_CACHE/costs), one file per model pair, dtype, "
                      "device, draft vocabulary, hardware, torch version and thread count.")
     what = c.add_mutually_exclusive_group(required=True)
-    what.add_argument("--show", action="store_true", help="list every cached model: where and when measured, key figures")
+    what.add_argument("--show", action="store_true",
+                      help="list every cached model: where and when measured, key figures")
     what.add_argument("--probe", "--refresh", dest="probe", action="store_true",
                       help="measure the curves of the given pair now, on the forward the server runs (TALON_FORWARD, "
                       "TALON_CHAIN, TALON_FOLD), and cache them")
@@ -67,7 +68,7 @@ def describe_cached(path: Path) -> str:
 def describe_costs(costs: CostModel, name: str) -> str:
     age = costs.provenance.age_days()
     stale = " (stale: measured again at next use)" if age is None or age > MAX_AGE_DAYS else ""
-    draft = f", draft layer 1/4/16 nodes {millis(costs.draft_s(1))}/{millis(costs.draft_s(4))}/{millis(costs.draft_s(16))}" \
+    draft = f", draft layer 1/4/16 nodes {'/'.join(millis(costs.draft_s(n)) for n in (1, 4, 16))}" \
         if costs.draft is not None else ""
     return (f"{name}: {costs.key}\n  {costs.provenance.describe()}, "
             f"{'?' if age is None else f'{age:.1f}'} days old{stale}\n"

@@ -34,8 +34,10 @@ def add_export_parser(p: argparse.ArgumentParser) -> None:
     p.description = ("One self-contained HTML file (Plotly inlined, no server, no network): a run's steps with the "
                      "step slider and the guided walk, and the lessons of one lesson atlas.")
     p.add_argument("--trace", type=Path, default=None,
-                   help="a talon-trace/1 file (python -m talon generate --trace-out; default: the app's opening recording)")
-    p.add_argument("--lesson", type=int, default=0, help="which bundled lesson atlas (0-based, suites in order; default 0)")
+                   help="a talon-trace/1 file (python -m talon generate --trace-out; "
+                   "default: the app's opening recording)")
+    p.add_argument("--lesson", type=int, default=0,
+                   help="which bundled lesson atlas (0-based, suites in order; default 0)")
     p.add_argument("--atlas", type=Path, default=None, help="an atlas of your own instead of a bundled one")
     add_knob(p, KNOB["budget"], EAGLE3_SHAPE["budget"], "the adaptive lesson's budget N")
     p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
@@ -82,7 +84,8 @@ def lessons_command(args: argparse.Namespace) -> int:
             print(f"Why adaptive: MAT at an equal budget N={args.budget}, the draft model alone; EAGLE-3's shape "
                   f"is K = k = 10, depth 8 (its default, with N = 59: {EAGLE3_SOURCE})\n")
             print(adaptive_table(summarize(lessons)))
-            print("\nAccepted adaptive nodes by sibling rank: " + ", ".join(f"{r}: {100 * v:.0f} %" for r, v in ranks.items()))
+            shares = ", ".join(f"{r}: {100 * v:.0f} %" for r, v in ranks.items())
+            print("\nAccepted adaptive nodes by sibling rank: " + shares)
             print("by depth: " + ", ".join(f"{d}: {100 * v:.0f} %" for d, v in depths.items()) + "\n")
     if args.lesson in ("hybrid", "all"):
         lessons = [hybrid_lesson(a) for a in atlases]

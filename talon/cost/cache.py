@@ -48,12 +48,12 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
         return None
     if busy(costs):
         logger.info("cost cache %s was probed on a busy host (spread %.0f%%): measuring again", path,
-                 100 * costs.provenance.spread)
+                    100 * costs.provenance.spread)
         return None
     age = costs.provenance.age_days()
     if costs.key != key or age is None or age > max_age_days:
         logger.info("cost cache %s is stale (%s): measuring again", path,
-                 "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
+                    "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
         return None
     costs.provenance = dataclasses.replace(costs.provenance, source="cache")
     return costs
@@ -80,11 +80,11 @@ def load_or_probe(
     costs = probe_costs(target, draft, draft_vocab, timers=timers)
     costs.key = key
     logger.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
-             time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
-             1e3 * costs.draft_s(1), costs.provenance.describe())
+                time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
+                1e3 * costs.draft_s(1), costs.provenance.describe())
     if path is not None and busy(costs):
         logger.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
-                    100 * costs.provenance.spread)
+                       100 * costs.provenance.spread)
     elif path is not None:
         save_costs(costs, path)
     return costs
@@ -111,7 +111,7 @@ def retire_if_contradicted(cache_dir: Path | None, cached: CostModel, measured: 
         return False
     path = cache_path(cache_dir, cached.key)
     logger.warning("the cached cost curves %s disagree with this run's steps by over %.1fx: retired, the next "
-                "start measures again", path, CONTRADICTED)
+                   "start measures again", path, CONTRADICTED)
     path.unlink(missing_ok=True)
     return True
 

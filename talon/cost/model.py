@@ -147,7 +147,8 @@ class CostModel:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "CostModel":
         if data.get("format") != COST_FORMAT or list(data.get("grid", [])) != list(CURVE_SIZES):
-            raise ValueError(f"not a {COST_FORMAT} file on the sizes {', '.join(map(str, CURVE_SIZES))} (in that increasing order)")
+            raise ValueError(f"not a {COST_FORMAT} file on the sizes {', '.join(map(str, CURVE_SIZES))} "
+                             "(in that increasing order)")
         draft = data.get("draft_s")
         check_times(data.get("verify_s"), "verify_s")
         if draft is not None:

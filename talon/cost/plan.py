@@ -374,4 +374,5 @@ class Planner:
             self.skips_in_a_row += 1
             self.steps_without_model += 1
             rate = new_tokens / max(step_s, 1e-6)
-            o.goodput_without = rate if o.goodput_without is None else o.goodput_without + EMA * (rate - o.goodput_without)
+            before = o.goodput_without
+            o.goodput_without = rate if before is None else before + EMA * (rate - before)

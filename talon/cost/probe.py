@@ -149,5 +149,5 @@ def probe_costs(
     )
     if costs.provenance.noisy:
         logger.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
-                    "the curves may be pessimistic", 100 * spread, max_reps)
+                       "the curves may be pessimistic", 100 * spread, max_reps)
     return costs

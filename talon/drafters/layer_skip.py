@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from talon.core.contracts import SourceModels
     from talon.run_config import RunConfig
 
-VIEWS: "weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[int, ...], PreTrainedModel]]" = weakref.WeakKeyDictionary()
+VIEWS: "weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[int, ...], PreTrainedModel]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def skipped_layers(layers: int, share: float) -> tuple[int, ...]:

@@ -96,7 +96,7 @@ class StaticModelDrafter(ModelDrafter):
         holding the root's readout and its row count."""
         if self.fed == len(self.context):  # the root's entry is there, its logits are not: redo it
             self.fed -= 1
-        bucket, t = self._forward().prefill_step(self.embeddable_ids(self.context[self.fed:]), self.fed)
+        bucket, t = self._forward().prefill_chunks(self.embeddable_ids(self.context[self.fed:]), self.fed)
         self.fed = self.used = len(self.context)
         self.slots = {(): self.fed - 1}
         return bucket, t

@@ -36,7 +36,7 @@ class PairKey:
     forward: str = "auto"  # talon.graphs.static.resolve_forward
     chain: bool = False  # talon.graphs.chain: adaptive trees grown on the draft model's device
     prepack: bool | None = None  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN (None: auto)
-    fold: bool | None = None  # talon.models.attention: grouped-query attention folded (None: the device's proven default)
+    fold: bool | None = None  # talon.models.attention: GQA folded (None: the device's proven default)
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"
@@ -60,7 +60,8 @@ def build_engine(key: PairKey, precompile: bool = True) -> Engine:
     draft = None if key.draft.strip().lower() == "none" else key.draft
     target_lm, draft_lm = load_pair(key.target, draft, key.dtype, key.device, key.allow_remote_code,
                                     key.cache_dir, key.draft_quant, key.target_weights, key.prepack)
-    engine = Engine(target_lm, draft_lm, forward=key.forward, cost_cache=Path(key.cost_cache) if key.cost_cache else None,
+    cost_cache = Path(key.cost_cache) if key.cost_cache else None
+    engine = Engine(target_lm, draft_lm, forward=key.forward, cost_cache=cost_cache,
                     chain=key.chain, fold=key.fold)
     if key.forward == "compiled" and precompile:  # (resolve_forward refused it off CUDA)
         logger.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())

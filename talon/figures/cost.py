@@ -56,7 +56,8 @@ def expected_rate(step: StepTrace, verify: Curve, other_s: float) -> tuple[list[
     return sizes, rates
 
 
-def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace], selected: int | None = None) -> go.Figure:
+def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace],
+                selected: int | None = None) -> go.Figure:
     """Measured cost curves with the run's steps on them, and the chosen step's goodput by size."""
     if not cost_model:
         return empty_figure("The cost model appears when a cost-aware run ends (or in its replayed trace).")
@@ -67,7 +68,8 @@ def cost_figure(cost_model: Mapping[str, Any] | None, steps: Sequence[StepTrace]
     biggest = max([len(st.tokens) for st in steps] + [32])
     sizes = [g for g in CURVE_SIZES if g <= max(64, 2 * biggest)]
     traces: list[Trace] = [
-        dict(type="scatter", x=sizes, y=[1e3 * verify(s) for s in sizes], mode="lines+markers", name="verify (tree nodes)",
+        dict(type="scatter", x=sizes, y=[1e3 * verify(s) for s in sizes], mode="lines+markers",
+             name="verify (tree nodes)",
              line=dict(color=VERIFY_COLOR, width=2), hovertemplate="verify %{x} nodes: %{y:.0f} ms<extra></extra>"),
     ]
     if draft is not None:

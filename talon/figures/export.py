@@ -115,7 +115,8 @@ def export_html(summary: RunSummary | None, steps: Sequence[StepTrace], atlas: A
     if atlas is not None:
         sections += _lesson_sections(atlas, lessons, lesson_index, data["lessons"])
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{html.escape(title)}</title>"
             f"<style>{_app_css()}{STYLE}</style><script>{get_plotlyjs()}</script></head><body>" + "".join(sections)
             + f'<script type="application/json" id="talon-data">{_script_json(data)}</script>'
             + f"<script>{SCRIPT}</script></body></html>")

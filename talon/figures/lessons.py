@@ -33,7 +33,8 @@ def depth_figure(lesson: AdaptiveLesson) -> go.Figure:
     best = lesson.best_depth
     traces: list[Trace] = [
         dict(type="scatter", x=depths, y=[lesson.static_mat[d] for d in depths], mode="lines+markers",
-             name=f"static tree (EAGLE's shape, K = {lesson.widths[0]}, k = {lesson.widths[1]})", line=dict(color=SOURCE_COLORS["model"], width=2),
+             name=f"static tree (EAGLE's shape, K = {lesson.widths[0]}, k = {lesson.widths[1]})",
+             line=dict(color=SOURCE_COLORS["model"], width=2),
              hovertemplate="static, depth %{x}: MAT %{y:.2f}<extra></extra>"),
         dict(type="scatter", x=[depths[0], depths[-1]], y=[lesson.adaptive_mat] * 2, mode="lines",
              name="TALON adaptive tree", line=dict(color=GATED_COLOR, width=2, dash="dash"),
@@ -43,7 +44,8 @@ def depth_figure(lesson: AdaptiveLesson) -> go.Figure:
              hovertemplate="best static depth %{x}: MAT %{y:.2f}<extra></extra>"),
     ]
     layout = base_layout(f"Static depth or adaptive, N = {lesson.budget}", 340,
-                         xaxis=axis_style("static tree depth", dtick=1), yaxis=axis_style("MAT (tokens per target forward)"),
+                         xaxis=axis_style("static tree depth", dtick=1),
+                         yaxis=axis_style("MAT (tokens per target forward)"),
                          legend=legend_top())
     return make_figure(traces, layout)
 
@@ -168,5 +170,5 @@ def async_words(lesson: AsyncLesson, measured: AsyncBound | None = None) -> str:
             f"{host.async_rate:.1f} tok/s ({host.gain:.2f}x). On a 2-core CPU the draft and the target share the "
             f"same cores, so that bound is not reached. Under an H100's measured curves (CUDA graphs at the 7B "
             f"preset's shapes: a draft forward a third of a verification) drafting takes "
-            f"{100 * gpu.draft_s / gpu.sync_s:.0f} % and the bound is {gpu.gain:.2f}x; the engine's pre-drafts run "
+            f"{100 * gpu.draft_s / gpu.sync_s:.0f} % and the bound is {gpu.gain:.2f}x; Talon's pre-drafts run "
             f"eagerly on their thread, so it does not reach it either, and async stays off by default." + run)

@@ -185,7 +185,8 @@ def _summary_detail(summary: RunSummary, steps: Sequence[StepTrace]) -> str:
     ]
     if model_skipped_most(summary, steps):
         skipped = sum(bool(st.model_skipped) for st in steps)
-        shown.append(f'<span class="talon-skipped">{esc(SKIPPED_MOST_NOTE.format(skipped=skipped, steps=len(steps)))}</span>')
+        note = SKIPPED_MOST_NOTE.format(skipped=skipped, steps=len(steps))
+        shown.append(f'<span class="talon-skipped">{esc(note)}</span>')
     if summary.tree_stops:
         stops = ", ".join(f"{k} {v}" for k, v in sorted(summary.tree_stops.items(), key=lambda kv: -kv[1]))
         parts.append(f"trees stopped by: {esc(stops)} · draft forwards {summary.draft_forwards}"

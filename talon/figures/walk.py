@@ -64,7 +64,8 @@ def _gates(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> st
     rule = (f"A node grows children only if its path confidence c (the product of q along its path) is at least "
             f"μ{f' = {mu:g}' if isinstance(mu, (int, float)) else ''} times the best c of its layer (the dashed line).")
     if not gated:
-        return f"{rule} At step {i} no node fell below its line: this tree stopped for another reason ({esc(st.tree_stop or '–')})."
+        return (f"{rule} At step {i} no node fell below its line: this tree stopped for another reason "
+                f"({esc(st.tree_stop or '–')}).")
     node = gated[0]
     threshold = st.gate_threshold[node]
     return (f"{rule} At step {i} the gate cut <b>{len(gated)} node{'s' if len(gated) > 1 else ''}</b> (⊗): for "

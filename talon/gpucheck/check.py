@@ -116,7 +116,8 @@ class PairCheck:
 FP32_PAIR = (("target", F32), ("draft", F32))
 BF16_PAIR = (("target", BF16), ("draft", BF16))
 # What a Space meets first comes first: losslessness, async, memory and sampling on the default
-# step, then the other steps, the bf16 checks, then the deep-tree ones (each is reported the moment it ends: see ``Stream``).
+# step, then the other steps, the bf16 checks, then the deep-tree ones (each is reported the moment it
+# ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless", "lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
     PairCheck("async", "async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
@@ -132,7 +133,8 @@ PAIR_CHECKS: list[PairCheck] = [
     PairCheck("seeded", "seeded sampling repeats", seeded_sampling, BF16_PAIR),
     PairCheck("costs", "cost model on this device", cost_model, BF16_PAIR),
     PairCheck("deep", "draft is the target: deep trees, full paths", draft_is_target, (("small-target", F32),)),
-    PairCheck("noise", "draft is the target + noise: partial acceptance", draft_is_noisy_target, (("small-target", F32),),
+    PairCheck("noise", "draft is the target + noise: partial acceptance", draft_is_noisy_target,
+              (("small-target", F32),),
               peak=(("small-target", F32),) * 2),
 ]
 
@@ -307,7 +309,8 @@ def choose_checks(keys: str, after: Path | None) -> list[PairCheck]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="shrunk shapes on the CPU, in minutes (the test suite runs this)")
+    p.add_argument("--tiny", action="store_true",
+                   help="shrunk shapes on the CPU, in minutes (the test suite runs this)")
     p.add_argument("--pairs", default="", help="comma list of preset keys (default: every GPU preset)")
     p.add_argument("--no-app", action="store_true", help="skip starting the app")
     p.add_argument("--checks", default="", help="comma list of check keys (" + ", ".join(c.key for c in PAIR_CHECKS)

@@ -109,7 +109,8 @@ def condition(model: PreTrainedModel, init: str, chain_vocab: int, seed: int) ->
     narrow = max(1.0, REFERENCE_HIDDEN / model.config.hidden_size)
     qk = QK_SHARPEN * math.sqrt(narrow)  # q and k both: the logits by ``narrow``
     branch = narrow / math.sqrt(2 * len(layers))
-    mlp = branch * math.sqrt(min(1.0, REFERENCE_MLP / model.config.intermediate_size))  # (its output's std ~ sqrt(width))
+    # (its output's std ~ sqrt(width))
+    mlp = branch * math.sqrt(min(1.0, REFERENCE_MLP / model.config.intermediate_size))
     for layer in layers:
         layer.self_attn.q_proj.weight.mul_(qk)
         layer.self_attn.k_proj.weight.mul_(qk)

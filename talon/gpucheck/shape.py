@@ -86,7 +86,8 @@ def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool)
 def shape_table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     base = rows["none"]["tokens"] / rows["none"]["seconds"]
-    lines = ["| method | tok/s | vs none | predicted tok/s | MAT | draft share |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| method | tok/s | vs none | predicted tok/s | MAT | draft share |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in rows.items():
         speed = r["tokens"] / r["seconds"]
         predicted = f"{r['tokens'] / r['predicted_s']:.1f}" if r.get("predicted_s") else ""
@@ -100,10 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default="qwen2.5-7b", help="a GPU preset's key (its shapes)")
     p.add_argument("--tiny", action="store_true", help="the tiny pair on the CPU, atlases recorded on it")
-    p.add_argument("--forward", "--step", dest="forward", default="auto", help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default)")
+    p.add_argument("--forward", "--step", dest="forward", default="auto",
+                   help="the engine's path, e.g. graphs, static+fold (auto: the device's proven default; "
+                   "--step is its former name)")
     p.add_argument("--limit", type=int, default=12, help="atlases (the bundled lesson atlases: 12)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens a replay (at most the atlas's text)")
-    p.add_argument("--planner", choices=("on", "off"), default="off", help="cost-aware planning on this device's curves")
+    p.add_argument("--planner", choices=("on", "off"), default="off",
+                   help="cost-aware planning on this device's curves")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -114,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = F32 if args.tiny else BF16
     target = random_model(spec.target, spec.family, 1, dtype, device)
     draft = random_model(spec.draft, spec.family, 2, dtype, device)
-    engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)  # auto: proven
+    # auto: the device kind's proven path
+    engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)
     atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
     report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
               else "cpu", "dtype": str(dtype).removeprefix("torch."), "forward": engine.path, "atlases": len(atlases),

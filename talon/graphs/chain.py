@@ -78,7 +78,8 @@ class StepTables:
     drafted: float  # the step's drafting so far (the root's forward), as the planner charges it
 
     @staticmethod
-    def of(shape: ChainShape, match_len: int, acceptance: CalibratedAcceptance, planner: Planner | None) -> "StepTables":
+    def of(shape: ChainShape, match_len: int, acceptance: CalibratedAcceptance,
+           planner: Planner | None) -> "StepTables":
         rates = np.zeros((3, len(Q_EDGES) + 1))
         for row, calibration in enumerate((acceptance.model, acceptance.both, acceptance.retrieval)):
             rates[row, :len(calibration.priors)] = [calibration.rate(i) for i in range(len(calibration.priors))]

@@ -65,10 +65,10 @@ def spans_devices(model: PreTrainedModel) -> bool:
 
 def resolve_forward(forward: str, device: torch.device, split: bool = False) -> str:
     """How forwards run, as asked. ``auto``: graphs on one CUDA device (a step is launch-bound
-    there), the dynamic cache elsewhere (on the CPU the static forward measured slower: docs/gpu.md) and for a pair spread
-    over several GPUs (a graph is captured on one device's stream). ``compiled`` is graphs with
-    the draft model's small buckets through ``torch.compile`` (opt-in: each bucket compiles for
-    about 30 s, at start-up, and ZeroGPU does not support it)."""
+    there), the dynamic cache elsewhere (on the CPU the static forward measured slower:
+    docs/gpu.md) and for a pair spread over several GPUs (a graph is captured on one device's
+    stream). ``compiled`` is graphs with the draft model's small buckets through ``torch.compile``
+    (opt-in: each bucket compiles for about 30 s, at start-up, and ZeroGPU does not support it)."""
     if forward not in FORWARDS:
         raise ConfigError(f"forward must be one of {', '.join(FORWARDS)}, not {forward!r}")
     if forward == "auto":
@@ -191,13 +191,14 @@ class StaticForward:
         self.buckets = {b: self._buffers(b) for b in buckets}
         self.minimum = torch.finfo(model.dtype).min
         self.capture_report = CaptureReport()
-        self.chains: dict = {}  # talon.graphs.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
+        # talon.graphs.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
+        self.chains: dict = {}
 
     def _buffers(self, size: int) -> Bucket:
         nbytes = 8 * (2 + 2 * size + size * self.earlier) + size * size
         return Bucket(size, self.earlier, torch.zeros(nbytes, dtype=torch.uint8, device=self.device))
 
-    # ------------------------------------------------------------------ the step
+    # ------------------------------------------------------------------ one bucketed forward
 
     def _run(self, bucket: Bucket) -> torch.Tensor:
         """The model over ``bucket``'s packed inputs: (B, V) float32 logits (captured as is), the
@@ -265,15 +266,16 @@ class StaticForward:
         base = length if base is None else base
         bucket = self.buckets[bucket_for(t, tuple(self.buckets))]
         if length + bucket.size > self.max_len:
-            raise ValueError(f"{length} tokens + a bucket of {bucket.size} exceed the static cache ({self.max_len} slots)")
+            raise ValueError(f"{length} tokens + a bucket of {bucket.size} exceed the static cache "
+                             f"({self.max_len} slots)")
         if visible.shape != (t, length - base + t):
             raise ValueError(f"visible is {tuple(visible.shape)}, not ({t}, {length - base + t})")
         packed = self.pack(bucket, ids.cpu(), positions.cpu(), visible.cpu(), length, base)
         bucket.packed.copy_(torch.from_numpy(packed), non_blocking=True)  # pageable: staged before it returns
         return bucket
 
-    def _step(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
-              base: int | None) -> Bucket:
+    def _fill_and_launch(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int,
+                         base: int | None) -> Bucket:
         """Fill a bucket and run it: a replay of its graph when one was captured."""
         return self.launch(self.fill(ids, positions, visible, length, base))
 
@@ -294,16 +296,17 @@ class StaticForward:
                 base: int | None = None) -> torch.Tensor:
         """(T, V) float32 logits of ``T`` nodes written after slot ``length`` (see ``fill``); a
         replay of the bucket's graph when one was captured."""
-        return self._step(ids, positions, visible, length, base).logits[:ids.shape[0]]
+        return self._fill_and_launch(ids, positions, visible, length, base).logits[:ids.shape[0]]
 
     @torch.inference_mode()
     def top(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, length: int, k: int,
             base: int | None = None) -> tuple[list[list[float]], list[list[int]]]:
         """A drafting forward's readout: each of the ``T`` nodes' top-``k`` children (their
         probabilities, their ids), made inside the forward and copied back at once."""
-        return self.read_top(self._step(ids, positions, visible, length, base), ids.shape[0], k)
+        return self.read_top(self._fill_and_launch(ids, positions, visible, length, base), ids.shape[0], k)
 
-    def read_top(self, bucket: Bucket, rows: int, k: int, last: bool = False) -> tuple[list[list[float]], list[list[int]]]:
+    def read_top(self, bucket: Bucket, rows: int, k: int,
+                 last: bool = False) -> tuple[list[list[float]], list[list[int]]]:
         """The first ``rows`` rows of ``bucket``'s top-K table (``last``: row ``rows - 1`` alone),
         cut to ``k`` children: one copy to the host."""
         width = bucket.top.shape[1] // 2 if bucket.top is not None else 0  # K, or the vocabulary when smaller
@@ -312,22 +315,22 @@ class StaticForward:
         table = (bucket.top[rows - 1:rows] if last else bucket.top[:rows]).cpu().numpy()
         return table[:, :k].tolist(), table[:, width:width + k].astype(np.int64).tolist()
 
-    def prefill_step(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
+    def prefill_chunks(self, ids: torch.Tensor, start: int) -> tuple[Bucket, int]:
         """Write ``P`` tokens' entries, causally, into slots ``start .. start + P - 1`` (the
         tokens at those positions), a bucket at a time, each chunk seeing every slot before it as
         committed; the last chunk's bucket and its size."""
-        step = max(self.buckets)
-        for at in range(0, ids.shape[0], step):
-            chunk = ids[at:at + step]
+        size = max(self.buckets)
+        for at in range(0, ids.shape[0], size):
+            chunk = ids[at:at + size]
             t, length = chunk.shape[0], start + at
-            bucket = self._step(chunk, torch.arange(length, length + t), torch.ones(t, t, dtype=torch.bool).tril(),
-                                length, None)
+            causal = torch.ones(t, t, dtype=torch.bool).tril()  # (t, t)
+            bucket = self._fill_and_launch(chunk, torch.arange(length, length + t), causal, length, None)
         return bucket, t
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """``prefill_step``; the last token's logits, (1, V)."""
-        bucket, t = self.prefill_step(ids, start)
+        """``prefill_chunks``; the last token's logits, (1, V)."""
+        bucket, t = self.prefill_chunks(ids, start)
         return bucket.logits[t - 1:t]
 
     @torch.inference_mode()

@@ -96,7 +96,8 @@ def async_lesson(atlas: Atlas, base: RunConfig | None = None) -> AsyncLesson:
 
 def async_table(lessons: list[AsyncLesson]) -> str:
     """Markdown: per prompt, drafting's share of a step and the async bound, on both curves."""
-    lines = ["| suite | drafting share (host) | async bound (host) | drafting share (H100 graphs) | async bound (H100 graphs) |",
+    lines = ["| suite | drafting share (host) | async bound (host) | drafting share (H100 graphs) "
+             "| async bound (H100 graphs) |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for x in lessons:
         cells = []

@@ -84,7 +84,8 @@ def hybrid_table(lessons: Sequence[HybridLesson]) -> str:
         mat = " / ".join(f"{sum(g.mat[d] for g in group) / n:.2f}" for d in COMPARED)
         rate = " / ".join(f"{sum(g.tokens_per_s[d] for g in group) / n:.2f}" for d in COMPARED)
         shares = [carried_shares(g) for g in group]
-        carried = " / ".join(f"{100 * sum(s[k] for s in shares) / n:.0f} %" for k in ("model", "retrieval", "both", "none"))
+        carried = " / ".join(f"{100 * sum(s[k] for s in shares) / n:.0f} %"
+                             for k in ("model", "retrieval", "both", "none"))
         best = ", ".join(g.best for g in group)
         lines.append(f"| {suite} | {n} | {mat} | {rate} | {carried} | {best} |")
     return "\n".join(lines)

@@ -125,9 +125,9 @@ def prepack_pays() -> bool:
     times = {rows: time_layer(rows) for rows in CHECK_ROWS}
     choice = pays(times)
     logger.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked: %s (need %.2fx at "
-             "%d rows, at most %.2fx slower at %d) -> TALON_PREPACK auto = %s",
-             ", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)" for r, (p, q) in times.items()),
-             MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], "on" if choice else "off")
+                "%d rows, at most %.2fx slower at %d) -> TALON_PREPACK auto = %s",
+                ", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)" for r, (p, q) in times.items()),
+                MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], "on" if choice else "off")
     return choice
 
 

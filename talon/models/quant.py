@@ -217,7 +217,8 @@ def resolve_target_weights(weights: str, device: torch.device) -> str:
     if weights == "auto":
         return "dense"
     if weights == "int4" and (device.type != "cpu" or not packed_supported(4)):
-        raise ConfigError("int4 target weights need the CPU with torch's packed int4 kernel; use --target-weights dense")
+        raise ConfigError("int4 target weights need the CPU with torch's packed int4 kernel; "
+                          "use --target-weights dense")
     return weights
 
 
@@ -229,15 +230,16 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
 
     int4 with ``blocks`` (the GGUF the target was converted from): a layer shipped as Q4_K keeps
     its own integers and group scales; any other layer (Q6_K, say) is packed to weight-only int8
-    from its dequantized weights, so no layer is rounded twice and no activation is rounded. Without ``blocks`` every layer is rounded
-    to int4 groups (``nearest_int4``); a shape the int4 kernel cannot take stays dense."""
+    from its dequantized weights, so no layer is rounded twice and no activation is rounded.
+    Without ``blocks`` every layer is rounded to int4 groups (``nearest_int4``); a shape the int4
+    kernel cannot take stays dense."""
     bits = {"int8": 8, "int4": 4}[weights]
     model = lm.model
     shipped = 0
     if bits == 8:  # kept for study (experiments/target_weights_check.py); not a user's choice
         logger.warning("int8 target weights: rounding each activation row to int8 turns float noise (a tree's rows "
-                    "against one-token decoding) into different tokens on a real model; the output is not "
-                    "guaranteed to be this model's own generate() (docs/design.md, Target weights)")
+                       "against one-token decoding) into different tokens on a real model; the output is not "
+                       "guaranteed to be this model's own generate() (docs/design.md, Target weights)")
 
     def pack(name: str, linear: nn.Linear) -> PackedLinear | None:
         nonlocal shipped
@@ -257,5 +259,5 @@ def quantize_target(lm: LoadedModel, weights: str, dtype: torch.dtype = torch.bf
     model.talon_quant = f"{weights}-weights" + ("-q4k" if shipped else "")
     source = f" ({shipped} layers from {blocks.path.name}'s Q4_K blocks, the rest weight-only int8)" if shipped else ""
     logger.info("target %s: decoder Linear layers and LM head packed to %s weights%s, %s activations", lm.name, weights,
-             source, str(dtype).removeprefix("torch."))
+                source, str(dtype).removeprefix("torch."))
     return LoadedModel(model, lm.tokenizer, lm.name, dtype, lm.device)

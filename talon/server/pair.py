@@ -88,7 +88,8 @@ class PairSlot:
             if not is_out_of_memory(error):
                 raise
             self._release()
-            raise ModelLoadError(f"{key.describe()} did not fit in the device's memory while loading ({error}).") from None
+            raise ModelLoadError(f"{key.describe()} did not fit in the device's memory while loading "
+                                 f"({error}).") from None
         self.held = Held(key, engine)
         logger.info("holding %s", key.describe())
         return engine

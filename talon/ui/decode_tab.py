@@ -213,7 +213,8 @@ class DecodeView:
         if full:
             node = F.default_node(st)
             updates[self.node_pick] = gr.update(choices=F.node_choices(st), value=node)
-            updates[self.inspector] = F.node_inspector_html(st, node, F.token_vocab(steps[max(0, index - 50) : index + 1]))
+            vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
+            updates[self.inspector] = F.node_inspector_html(st, node, vocab)
             updates[self.gates] = F.gate_figure(st)
             updates[self.mask] = F.mask_figure(st)
             updates[self.timeline] = F.timeline_figure(steps, index)

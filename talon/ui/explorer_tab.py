@@ -99,7 +99,8 @@ def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = 
         component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
                         trigger_mode="always_last", api_name="atlas_score" if name == "mu" else None,
                         api_visibility="public" if name == "mu" else "private", **quick)
-    view.step.input(make_show_replayed_step(view), [view.step, view.state], [view.step, view.caption, view.tree, view.gates],
+    view.step.input(make_show_replayed_step(view), [view.step, view.state],
+                    [view.step, view.caption, view.tree, view.gates],
                     trigger_mode="always_last", api_visibility="private", **quick)
     view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
                        outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
@@ -292,7 +293,8 @@ def apply_controls(knobs: Knobs, components: dict[str, Any], atlas: Atlas | None
     return updates
 
 
-def make_apply(view: ExplorerView, components: dict[str, Any], best: bool, prompt: Any = None) -> Callable[..., dict[Any, Any]]:
+def make_apply(view: ExplorerView, components: dict[str, Any], best: bool,
+               prompt: Any = None) -> Callable[..., dict[Any, Any]]:
     def apply(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
         """Set the controls on the left to the knobs' configuration (or to the best one found)."""
         knobs = knobs_of(knob_values)

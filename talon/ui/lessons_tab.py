@@ -144,7 +144,8 @@ def make_export() -> Callable[[Any, Any, Any, Any], str]:
             summary, steps = recording[0], list(recording[1])
         picked = pick(index, budget, atlas_state)
         page = export_html(summary, steps, picked.atlas if picked else None, picked.lessons if picked else (),
-                           picked.index if picked else 0, title="Talon: one run, step by step, and what the papers claim")
+                           picked.index if picked else 0,
+                           title="Talon: one run, step by step, and what the papers claim")
         return write_lesson(page)
 
     return export

@@ -56,13 +56,13 @@ EXPLAIN: dict[str, str] = {
     ),
     "serve": (
         "**Run it in a server.** The controls on the left as the nearest SGLang launch flags and "
-        "vLLM `--speculative-config`, checked against the engines' source at the versions named. "
+        "vLLM `--speculative-config`, checked against the serving engines' source at the versions named. "
         "What has no equivalent there (the adaptive gate, the hybrid graft of retrieval into the "
-        "model's tree, async pre-drafting, cost-aware planning) is listed plainly. Both engines "
+        "model's tree, async pre-drafting, cost-aware planning) is listed plainly. Both serving engines "
         "report acceptance as *mean acceptance length* and *per-position acceptance rate*: Talon's "
         "traces and benchmark results carry the same numbers (`serving_metrics`). With a draft atlas "
-        "of the prompt (Threshold explorer), the tab also replays each engine's *own* drafting on it: "
-        "the acceptance the exported flags will get there, and each engine's best settings."
+        "of the prompt (Threshold explorer), the tab also replays each serving engine's *own* drafting "
+        "on it: the acceptance the exported flags will get there, and each one's best settings."
     ),
     "inspector": (
         "**Node inspector.** For the chosen node: the target's top 5 at its place (the drafted "
