@@ -81,12 +81,12 @@ def test_no_thread_left_behind(engine: Engine, stop: str) -> None:
 
 
 def test_drafter_error_surfaces_and_threads_end(engine: Engine, monkeypatch) -> None:
-    from talon.drafters import hybrid
+    from talon.drafters import tree_drafter
 
     def boom(self, pre, clock):
         raise RuntimeError("draft model exploded")
 
-    monkeypatch.setattr(hybrid.TreeDrafter, "grow", boom)
+    monkeypatch.setattr(tree_drafter.TreeDrafter, "grow", boom)
     with pytest.raises(RuntimeError, match="exploded"):
         generate(engine, PROMPTS[0], RunConfig(drafter="model", max_new_tokens=20, async_draft=True))
     assert not drafter_threads()

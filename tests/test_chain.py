@@ -328,7 +328,7 @@ def test_chaining_needs_a_static_step() -> None:
     from tests.tiny import tiny_loaded
 
     with pytest.raises(ConfigError, match="static"):
-        Engine(tiny_loaded("llama", 11), None, step="dynamic", chain=True)
+        Engine(tiny_loaded("llama", 11), None, forward="dynamic", chain=True)
 
 
 def test_talon_chain_reaches_the_servers_engine() -> None:

@@ -27,7 +27,7 @@ def atlas() -> Atlas:
 
 def other_pair(step: str) -> Engine:
     """Other weights, the same vocabulary: what its forwards would say differs from the atlas."""
-    return Engine(tiny_loaded("llama", 31), tiny_loaded("llama", 32), step=step,
+    return Engine(tiny_loaded("llama", 31), tiny_loaded("llama", 32), forward=step,
                   costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
 
 

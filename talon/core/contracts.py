@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from talon.core.accept import Acceptance
 from talon.tree import DraftTree
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the contracts import no torch: the planner and its cost model are plain Python
     from transformers import Cache, PreTrainedModel
 
+    from talon.core.accept import Acceptance
     from talon.models import LoadedModel
     from talon.run_config import RunConfig, TreeConfig
 

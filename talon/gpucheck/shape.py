@@ -67,7 +67,7 @@ def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool)
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     faithful = True
     for atlas in atlases:
-        for drafter in ATLAS_KINDS:
+        for drafter in reversed(ATLAS_KINDS):  # none, retrieval, model, hybrid: each adds a source
             result = shape_replay(engine, atlas, config(atlas, drafter, tokens, cost_aware))
             s, row = result.summary, rows[drafter]
             faithful &= result.coverage.misses == 0 and s.token_ids == list(atlas.output[:len(s.token_ids)])
