@@ -29,7 +29,9 @@ from typing import Any
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    model: str  # which model drafts: "draft" (the pair's draft model), "target" (the target itself), "" (none)
+    # which model drafts: "draft" (the pair's draft model), "head" (an EAGLE-3 head in the pair's draft slot,
+    # on the target's features), "target" (the target itself), "" (none)
+    model: str
     retrieval: bool  # retrieval from the text so far drafts too
     summary: str  # one line: --help, docs/cli.md, the app
     atlas: bool = True  # an atlas (which records the draft model's and retrieval's children) replays it
@@ -42,12 +44,18 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("layerskip", "target", False,
                 "self-speculative: the target itself with some of its layers skipped drafts (no second model)",
                 atlas=False),
+    DrafterKind("eagle3", "head", False, "an EAGLE-3 head (--draft DIR): one decoder layer on the target's own "
+                "features", atlas=False),
+    DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in", atlas=False),
     DrafterKind("none", "", False, "nobody: the autoregressive baseline (one token a step)"),
 )}
 DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
 # the kinds that draft
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
+HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
+# the kinds the app offers: its pairs hold a draft model, not a head
+APP_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 
@@ -175,8 +183,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("drafter", "drafter", "choice", "hybrid", "who drafts (talon.knobs): "
          "hybrid = the draft model's gated tree with retrieval grafted in; model = the draft model alone; "
          "retrieval = retrieval from the text so far alone; layerskip = the target with some layers skipped "
-         "(self-speculative, no second model); none = nobody (the autoregressive baseline)",
-         choices=DRAFTER_KINDS, app="drafter", app_choices=DRAFTING_KINDS, label="Drafter", grid=True, explore=True),
+         "(self-speculative, no second model); eagle3 = an EAGLE-3 head on the target's features (eagle3-hybrid: "
+         "with retrieval); none = nobody (the autoregressive baseline)",
+         choices=DRAFTER_KINDS, app="drafter", app_choices=APP_KINDS, label="Drafter", grid=True, explore=True),
     Knob("tree", "tree.mode", "choice", "adaptive", "TALON's gated tree, EAGLE-2's static tree, or a single chain",
          choices=TREE_MODES, said="tree mode", app="tree_mode", label="Tree", grid=True, explore=True),
     Knob("budget", "tree.budget", "int", 16, "N: draft nodes verified per target forward, root excluded",

@@ -153,6 +153,16 @@ class RunConfig:
         return self.kind.model == "draft"
 
     @property
+    def needs_head(self) -> bool:
+        """An EAGLE-3 head in the pair's draft slot drafts (``eagle3``, ``eagle3-hybrid``)."""
+        return self.kind.model == "head"
+
+    @property
+    def uses_draft_slot(self) -> bool:
+        """What the pair's draft slot holds drafts: a draft model or an EAGLE-3 head."""
+        return self.needs_draft_model or self.needs_head
+
+    @property
     def uses_retrieval(self) -> bool:
         """Retrieval drafts (``hybrid``, ``retrieval``)."""
         return self.kind.retrieval

@@ -12,7 +12,7 @@ from talon.engine.engine import Engine
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.tree import DraftTree
-from tests.tiny import byte_tokenizer, tiny_model
+from tests.tiny import byte_tokenizer, tiny_head, tiny_model
 
 
 def tv(a: dict, b: dict) -> float:
@@ -69,15 +69,17 @@ def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> N
     # draft model is the acceptance rule's own test above: one acceptance path serves every drafter)
     [(SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic", "model"),
      (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static", "model"),  # the static step samples alike
-     (SamplingConfig(temperature=1.0, seed=0), "dynamic", "layerskip")],  # the target drafts for itself
+     (SamplingConfig(temperature=1.0, seed=0), "dynamic", "layerskip"),  # the target drafts for itself
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic", "eagle3")],  # a head on its features
 )
 def test_speculative_sampling_matches_target_distribution_end_to_end(sampling: SamplingConfig, step: str,
                                                                      drafter: str) -> None:
     vocab = 6
-    layers = 4 if drafter == "layerskip" else 2  # a view of four layers skips one
+    layers = 4 if drafter in ("layerskip", "eagle3") else 2  # a view of four layers skips one; a head reads 2, 2, 1
     target = LoadedModel(tiny_model("llama", 21, vocab=vocab, layers=layers), byte_tokenizer(), "t", torch.float32,
                          torch.device("cpu"))
-    draft = LoadedModel(tiny_model("llama", 22, vocab=vocab), byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
+    drafting = tiny_head(target.model, 22) if drafter == "eagle3" else tiny_model("llama", 22, vocab=vocab)
+    draft = LoadedModel(drafting, byte_tokenizer(), "d", torch.float32, torch.device("cpu"))
     with torch.no_grad():  # flatten the target a little so many outcomes are likely
         target.model.get_output_embeddings().weight.mul_(0.15)
     prompt = [1, 4, 2, 0, 3]

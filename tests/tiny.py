@@ -94,3 +94,26 @@ def tiny_loaded(kind: str = "llama", seed: int = 0, **kw: int) -> LoadedModel:
         dtype=torch.float32,
         device=torch.device("cpu"),
     )
+
+
+def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | None = None) -> torch.nn.Module:
+    """A random EAGLE-3 head on ``target`` (its width, its embedding, its default feature layers),
+    drafting over ``draft_tokens`` (ascending target ids; None: the whole vocabulary)."""
+    from talon.models.eagle3 import Eagle3Head, HeadConfig
+
+    cfg = target.config
+    vocab = target.get_input_embeddings().weight.shape[0]
+    tokens = list(range(vocab)) if draft_tokens is None else sorted(draft_tokens)
+    head_cfg = HeadConfig(hidden=cfg.hidden_size, target_hidden=cfg.hidden_size, heads=4, kv_heads=2,
+                          head_dim=cfg.hidden_size // 4, intermediate=2 * cfg.hidden_size, vocab=vocab,
+                          draft_vocab=len(tokens), rms_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
+                          aux_layers=None, norm_before_residual=False, layout="eagle")
+    torch.manual_seed(seed)
+    head = Eagle3Head(head_cfg, target.get_input_embeddings())
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.5 / param.shape[1] ** 0.5)
+        head.d2t.copy_(torch.tensor(tokens) - torch.arange(len(tokens)))  # target id = i + d2t[i]
+    head.talon_name = f"tiny-head-{seed}"
+    return head.eval()

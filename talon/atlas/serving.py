@@ -165,21 +165,24 @@ def tree_shape(tree: TreeConfig) -> TreeShape:
     return TreeShape(steps, topk, min(tree.budget, candidates) + 1)
 
 
-def _model_half(cfg: RunConfig, draft: str) -> _Half:
-    """A separate draft model: SGLang STANDALONE (tree), vLLM draft_model (chain)."""
+def _model_half(cfg: RunConfig, draft: str, head: bool = False) -> _Half:
+    """A separate draft model: SGLang STANDALONE (tree), vLLM draft_model (chain); an EAGLE-3
+    head (``head``): SGLang EAGLE3 (the same tree worker over the head), vLLM eagle3 (chain)."""
     tree, shape = cfg.tree, tree_shape(cfg.tree)
     flags = [
-        "--speculative-algorithm", "STANDALONE",
+        "--speculative-algorithm", "EAGLE3" if head else "STANDALONE",
         "--speculative-draft-model-path", draft,
         "--speculative-num-steps", str(shape.steps),
         "--speculative-eagle-topk", str(shape.topk),
         "--speculative-num-draft-tokens", str(shape.draft_tokens),
     ]
-    vllm = {"method": "draft_model", "model": draft, "num_speculative_tokens": shape.chain_len}
+    vllm = {"method": "eagle3" if head else "draft_model", "model": draft, "num_speculative_tokens": shape.chain_len}
     notes = [
+        "EAGLE-3 head -> SGLang --speculative-algorithm EAGLE3 (the EAGLE-2 tree worker over the head, on "
+        "the target's features) and vLLM method eagle3 (a chain)" if head else
         "draft model -> SGLang --speculative-algorithm STANDALONE (a separate small LM drafting "
-        "with the EAGLE-2 tree worker; EAGLE/EAGLE3 need trained EAGLE heads, which Talon does "
-        "not use) and vLLM method draft_model",
+        "with the EAGLE-2 tree worker; EAGLE3 needs a trained EAGLE-3 head: --drafter eagle3) and vLLM "
+        "method draft_model",
         f"{tree.mode} tree, depth {shape.steps} -> --speculative-num-steps {shape.steps} (one "
         f"draft forward per layer); width -> --speculative-eagle-topk {shape.topk}"
         + (" (a chain)" if shape.topk == 1 else f" (per-node width k={tree.top_k})"),
@@ -295,9 +298,9 @@ def _retrieval_half(cfg: RunConfig) -> _Half:
     return _Half(flags, vllm, notes, gaps)
 
 
-def _hybrid_half(cfg: RunConfig, draft: str) -> _Half:
-    """The draft-model half; the graft of retrieval into the model's tree has no equivalent."""
-    model, retrieval = _model_half(cfg, draft), _retrieval_half(cfg)
+def _hybrid_half(cfg: RunConfig, draft: str, head: bool = False) -> _Half:
+    """The draft-model (or head) half; the graft of retrieval into its tree has no equivalent."""
+    model, retrieval = _model_half(cfg, draft, head), _retrieval_half(cfg)
     graft = (
         f"the hybrid graft: Talon grafts the retrieval trie (from a {cfg.retrieval.graft_threshold}"
         "-token match) under the draft model's tree and verifies both in one forward; a server "
@@ -319,7 +322,7 @@ def _draft_half(cfg: RunConfig, draft: str | None) -> _Half:
                               "method; no speculation flags (a draft model or EAGLE head is their nearest)"])
     if draft is None:
         raise ConfigError(f"drafter {cfg.drafter!r} needs a draft model; pass one or use retrieval")
-    return (_model_half if cfg.drafter == "model" else _hybrid_half)(cfg, draft)
+    return (_hybrid_half if cfg.uses_retrieval else _model_half)(cfg, draft, cfg.needs_head)
 
 
 def _run_notes(cfg: RunConfig) -> tuple[list[str], list[str]]:
@@ -368,13 +371,13 @@ def serving_config(
     ``vocab_sizes``: (target, draft) embedding rows when known (else looked up for known models)."""
     target_id, notes = hub_id(target)
     draft_id = None
-    if draft is not None and cfg.needs_draft_model:
+    if draft is not None and cfg.uses_draft_slot:
         draft_id, draft_notes = hub_id(draft)
         notes += draft_notes
     half = _draft_half(cfg, draft_id)
     refused: list[str] = []
     sizes = vocab_sizes or vocab_sizes_of(target_id, draft_id)
-    if draft_id is not None and sizes is not None and sizes[0] != sizes[1]:
+    if cfg.needs_draft_model and draft_id is not None and sizes is not None and sizes[0] != sizes[1]:
         half, refused = _unequal_vocab(half, sizes)
     run_notes, run_gaps = _run_notes(cfg)
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", target_id, *half.sglang_flags]

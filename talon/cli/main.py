@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.prompt_file, encoding="utf-8") as fh:
                 prompt = fh.read()
         # layerskip drafts with the target itself, retrieval with none
-        engine = build_engine(pair_from_args(args, settings, args.draft if cfg.needs_draft_model else "none"))
+        engine = build_engine(pair_from_args(args, settings, args.draft if cfg.uses_draft_slot else "none"))
         summary, steps = generate(engine, prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus
         logger.error("%s", err)

@@ -12,6 +12,9 @@
 * ``AcceptanceModel``: P(node accepted | parent accepted), what the builder ranks nodes by and the
   planner prices layers with (``talon.cost.plan.CalibratedAcceptance`` learns it per run).
 * ``DraftPlanner``: what a drafter asks the cost-aware planner (``talon.cost.plan.Planner``).
+* ``FeatureSource``: a draft source that reads the target's own hidden states (an EAGLE-3 head,
+  ``talon.drafters.eagle3``): the verifier returns them (``Verdict.features``) and the drafter
+  hands those of the committed positions over.
 * ``KVCut``: the one cache cut every commit makes, with two implementations in
   ``talon.core.kv`` (``keep_dynamic`` on a growing cache, ``keep_slots`` on preallocated slots).
 
@@ -142,6 +145,20 @@ class ForkableSource(DraftSource, Protocol):
 
 
 @runtime_checkable
+class FeatureSource(DraftSource, Protocol):
+    """A source that drafts from the target's features: the hidden states entering the target's
+    layers ``feature_layers`` (HF ``output_hidden_states`` indices), concatenated. The feature at a
+    committed position pairs with the token after it. It cannot pre-draft: the features of a step
+    exist once that step is verified."""
+
+    feature_layers: tuple[int, ...]
+
+    def add_features(self, features: Any) -> None:
+        """(n, F): the target's features at the next n committed positions, in order (the prompt's
+        but its root's after the prefill; the root's and the accepted nodes' after a step)."""
+
+
+@runtime_checkable
 class ChainingSource(DraftSource, Protocol):
     """A source that grows a whole adaptive tree itself, on its device (``talon.graphs.chain``):
     ``StaticModelDrafter`` with ``chain``. The tree drafter asks ``chains`` each step."""
@@ -169,11 +186,14 @@ class Drafter(Protocol):
 
     acceptance: AcceptanceModel  # the run's calibrated acceptance (the planner and traces read it)
 
-    def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None: ...
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: Any = None) -> None:
+        """Start a request; ``features``: the prefill's (``Verifier.prefill``), for a ``FeatureSource``."""
 
     def draft(self, root: int, planner: DraftPlanner | None = None) -> Draft: ...
 
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None: ...
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
+               features: Any = None) -> None:
+        """Learn from the verdict; ``features``: ``Verdict.features`` (None unless a source reads them)."""
 
     def close(self) -> None: ...
 
@@ -204,6 +224,7 @@ class Verdict:
     acceptance: Acceptance  # the accepted path (node ids, root first), the bonus token, p_target
     topk: tuple[list[list[int]], list[list[float]]]  # (T, 5) ids and probabilities
     positions: list[int]  # (T,) position ids; positions[0] is the root's, the committed length
+    features: Any = None  # (T, F) tensor: the target's features at every node, where a FeatureSource reads them
 
 
 @runtime_checkable
@@ -211,7 +232,9 @@ class Verifier(Protocol):
     """What ``Run._step`` calls to score a tree. Its cache holds every committed token but the
     root; ``verify`` adds the tree's entries, ``commit`` cuts them to the accepted path (``KVCut``)."""
 
-    def prefill(self, ids: list[int]) -> None: ...
+    def prefill(self, ids: list[int]) -> Any:
+        """Fill the cache with every prompt token but the root; returns the target's features at
+        those positions where it reads them (``feature_layers``), else None."""
 
     def verify(self, tree: DraftTree) -> Verdict: ...
 

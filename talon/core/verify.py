@@ -8,6 +8,9 @@ frontier layer.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 from transformers import Cache, DynamicCache, PreTrainedModel
 
@@ -60,18 +63,41 @@ def forward_hidden(
     visible: (T, S) bool over the cache's S - T old entries plus the T new ones; None = causal.
     Returns the last hidden states, (T, H).
     """
+    return _decode(model, cache, input_ids, positions, visible, False).last_hidden_state[0]  # (T, H)
+
+
+@torch.inference_mode()
+def forward_features(
+    model: PreTrainedModel,
+    cache: Cache,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor | None,
+    layers: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward_hidden``, and the hidden states entering ``layers`` (HF ``output_hidden_states``
+    indices: 0 the embeddings, i the input of layer i) concatenated: ((T, H), (T, len(layers) * H))."""
+    out = _decode(model, cache, input_ids, positions, visible, True)
+    features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (T, 3H): low, mid, high
+    return out.last_hidden_state[0], features
+
+
+def _decode(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor, positions: torch.Tensor,
+            visible: torch.Tensor | None, hidden_states: bool) -> Any:
+    """The decoder body's forward (a transformers ``BaseModelOutputWithPast``)."""
     device = model.device
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if visible is not None:  # a tree's mask: GQA folded, not the keys and values repeated (talon.models.attention)
         kwargs = {"attention_mask": additive_mask(visible.to(device), model.dtype), **fold_kwargs(model)}
-    out = model.get_decoder()(
+    if hidden_states:
+        kwargs["output_hidden_states"] = True
+    return model.get_decoder()(
         input_ids=input_ids[None].to(device),  # (1, T)
         position_ids=positions[None].to(device),  # (1, T)
         past_key_values=cache,
         use_cache=True,
         **kwargs,
     )
-    return out.last_hidden_state[0]  # (T, H)
 
 
 def head_device(model: PreTrainedModel) -> torch.device:
@@ -130,21 +156,35 @@ class TargetVerifier:
     """Verification by the target model: its KV cache holds every committed token but the
     root; one forward scores the whole tree through the 4D tree mask."""
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig,
+                 feature_layers: tuple[int, ...] = ()) -> None:
+        """``feature_layers``: also return the target's hidden states entering these layers (an
+        EAGLE-3 head's features, ``forward_features``) from the prefill and every verification."""
         self.model = model
         self.sampling = sampling
+        self.feature_layers = feature_layers
         self.generator = generator_for(head_device(model), sampling.seed)  # where the target's probabilities live
         self.cache = DynamicCache(config=model.config)
 
-    def prefill(self, ids: list[int]) -> None:
-        if len(ids) > 1:
-            forward_hidden(self.model, self.cache, torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None)
+    def prefill(self, ids: list[int]) -> torch.Tensor | None:
+        if len(ids) <= 1:
+            return None
+        prompt, positions = torch.tensor(ids[:-1]), torch.arange(len(ids) - 1)
+        if self.feature_layers:
+            return forward_features(self.model, self.cache, prompt, positions, None, self.feature_layers)[1]
+        forward_hidden(self.model, self.cache, prompt, positions, None)
+        return None
 
     def verify(self, tree: DraftTree) -> Verdict:
         prefix_len = self.cache.get_seq_length()
         positions = tree_positions(tree, prefix_len)  # (T,)
-        logits = verify_tree(self.model, self.cache, tree.tokens, tree_mask(tree), positions)
-        return self.judge(tree, logits, positions)
+        if not self.feature_layers:
+            logits = verify_tree(self.model, self.cache, tree.tokens, tree_mask(tree), positions)
+            return self.judge(tree, logits, positions)
+        visible = tree_visibility(tree_mask(tree), prefix_len)  # (T, P + T)
+        hidden, features = forward_features(self.model, self.cache, torch.tensor(tree.tokens), positions, visible,
+                                            self.feature_layers)
+        return dataclasses.replace(self.judge(tree, lm_logits(self.model, hidden), positions), features=features)
 
     def judge(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor) -> Verdict:
         """The verdict on ``tree`` from the target's (T, V) logits at its nodes."""

@@ -7,6 +7,7 @@
 * ``retrieval``: :class:`RetrievalDrafter`, context and corpus matches as proposals;
 * ``tree_drafter``: :class:`TreeDrafter`, every drafter kind's drafter: retrieval grafts first, the
   model's gated tree fills the rest; :func:`build_drafter` makes a run's;
+* ``eagle3``: :class:`HeadDrafter`, an EAGLE-3 head on the target's own features;
 * ``SOURCE_MAKERS``: for every drafter kind a model drafts (``talon.knobs.DRAFTERS``), the function
   that makes a run's draft source.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from talon.core.contracts import DraftSource
 from talon.drafters.corpus import CorpusIndex
+from talon.drafters.eagle3 import HeadDrafter, head_source
 from talon.drafters.layer_skip import layer_skip_source
 from talon.drafters.model import ModelDrafter, draft_model_source
 from talon.drafters.retrieval import RetrievalDrafter
@@ -24,13 +26,15 @@ from talon.drafters.trie import RetrievalProposal, build_trie
 from talon.knobs import DRAFTERS
 
 # which model drafts (the knob table's ``DrafterKind.model``) -> the maker of its draft source
-BY_DRAFTING_MODEL: dict[str, Callable[..., DraftSource]] = {"draft": draft_model_source, "target": layer_skip_source}
+BY_DRAFTING_MODEL: dict[str, Callable[..., DraftSource]] = {
+    "draft": draft_model_source, "head": head_source, "target": layer_skip_source,
+}
 # (SourceModels, RunConfig, prompt_len) -> DraftSource, by drafter kind: every kind the table says a model drafts
 SOURCE_MAKERS: dict[str, Callable[..., DraftSource]] = {
     name: BY_DRAFTING_MODEL[kind.model] for name, kind in DRAFTERS.items() if kind.model
 }
 
 __all__ = [
-    "CorpusIndex", "ModelDrafter", "RetrievalDrafter", "RetrievalProposal", "SOURCE_MAKERS", "SuffixIndex",
-    "SuffixMatch", "TreeDrafter", "build_drafter", "build_trie",
+    "CorpusIndex", "HeadDrafter", "ModelDrafter", "RetrievalDrafter", "RetrievalProposal", "SOURCE_MAKERS",
+    "SuffixIndex", "SuffixMatch", "TreeDrafter", "build_drafter", "build_trie",
 ]

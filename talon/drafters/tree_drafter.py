@@ -21,11 +21,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from talon.core.builder import Expand, Scores, build_tree, keep_best, path_confidence
-from talon.core.contracts import ChainingSource, Draft, DraftPlanner, DraftSource, ForkableSource, PreDraft
+from talon.core.contracts import (
+    ChainingSource,
+    Draft,
+    DraftPlanner,
+    DraftSource,
+    FeatureSource,
+    ForkableSource,
+    PreDraft,
+)
 from talon.cost.plan import CalibratedAcceptance
 from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
@@ -76,11 +85,14 @@ class TreeDrafter:
         self.acceptance = CalibratedAcceptance()
         self.forks: list[ForkableSource] = []  # pre-drafters not yet adopted or dropped (close gives them back)
 
-    def reset(self, prompt_ids: list[int], lazy_model: bool = False) -> None:
-        """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed."""
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: Any = None) -> None:
+        """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed;
+        ``features``: the target's at the prompt's positions (for a ``FeatureSource``)."""
         self.stats = SourceStats()
         if self.model is not None:
             self.model.reset(prompt_ids, prefill=not lazy_model)
+            if isinstance(self.model, FeatureSource) and features is not None:
+                self.model.add_features(features)
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
 
@@ -223,13 +235,18 @@ class TreeDrafter:
         if self.model is not None and hasattr(self.model, "close"):
             self.model.close()
 
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
+               features: Any = None) -> None:
         """Learn from the verdict (per-source rates, the acceptance model), then advance the
-        draft model and the retrieval index by the committed tokens."""
+        draft model and the retrieval index by the committed tokens. ``features``: the verdict's
+        (T, F) features of every node; a ``FeatureSource`` gets the accepted path's (root first)."""
         self.stats.record(tree, accepted)
         self.acceptance.observe(tree, accepted, match_len)
         if self.model is not None:
             self.model.commit(tree, accepted, new_tokens)
+            if isinstance(self.model, FeatureSource) and features is not None:
+                index = torch.tensor(accepted[:len(new_tokens)], device=features.device)
+                self.model.add_features(features.index_select(0, index))  # the root's, then each accepted node's
         if self.retrieval is not None:
             self.retrieval.extend(new_tokens)
 

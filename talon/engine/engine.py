@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from talon.core.contracts import FeatureSource
 from talon.core.verify import head_rows
 from talon.cost.cache import load_or_probe, retire_if_contradicted
 from talon.cost.model import CostModel
@@ -24,8 +25,10 @@ from talon.engine.forwards import Forwards
 from talon.engine.prompt import PromptError, StopCheck, encode_prompt, eos_ids
 from talon.engine.run import Run, RunParts
 from talon.graphs.pool import StaticPool
+from talon.knobs import HEAD_KINDS
 from talon.models import LoadedModel
 from talon.models.attention import resolve_fold, set_fold
+from talon.models.eagle3 import is_head
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 
@@ -54,7 +57,7 @@ class Engine:
         proven default). It switches the models' attention, so engines sharing a model share it."""
         wanted = resolve_fold(fold, target.device)
         self.fold = set_fold(target.model, wanted)  # False for a model on eager or flash attention
-        if draft is not None:
+        if draft is not None and not is_head(draft.model):  # a head runs its own attention
             set_fold(draft.model, wanted)
         self.forwards = Forwards(forward, target, draft, chain)
         self.forward = self.forwards.forward
@@ -153,6 +156,16 @@ class Engine:
             raise ConfigError(
                 f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval"
             )
+        head = self.draft is not None and is_head(self.draft.model)
+        if cfg.needs_draft_model and head:
+            raise ConfigError(f"the draft is an EAGLE-3 head, not a model: use --drafter "
+                              f"{' or '.join(HEAD_KINDS)}")
+        if cfg.needs_head and not head:
+            raise ConfigError(f"drafter {cfg.drafter!r} needs an EAGLE-3 head as the draft (--draft DIR, a "
+                              "head's checkpoint: its config.json names draft_vocab_size)")
+        if cfg.needs_head and cfg.async_draft:
+            raise ConfigError("an EAGLE-3 head drafts from the features the target's verification returns, so it "
+                              "cannot draft the next tree during that verification: turn async_draft off")
         vocab = head_rows(self.target.model)  # a shape: no device touched
         prompt_ids = encode_prompt(self.target.tokenizer, prompt, cfg.chat_template, vocab)
         limit = getattr(self.target.model.config, "max_position_embeddings", None)
@@ -177,7 +190,7 @@ class Engine:
             prompt_ids=prompt_ids,
             prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
             drafter=drafter,
-            verifier=self.forwards.verifier(cfg, len(prompt_ids)),
+            verifier=self.forwards.verifier(cfg, len(prompt_ids), feature_layers(drafter)),
             stop=StopCheck(tok, eos_ids(self.target), cfg.stop_strings, cfg.max_new_tokens),
             token_text=self.token_text,
             detokenize=lambda ids: tok.decode(ids, skip_special_tokens=True),
@@ -191,6 +204,12 @@ class Engine:
             costs=costs,
         )
         return Run(cfg, parts, cancel, engine=self)
+
+
+def feature_layers(drafter: TreeDrafter) -> tuple[int, ...]:
+    """The target layers whose entering hidden states the run's draft source reads (an EAGLE-3
+    head's), so the verifier returns them; () for every other source."""
+    return drafter.model.feature_layers if isinstance(drafter.model, FeatureSource) else ()
 
 
 def generate(engine: Engine, prompt: str | list[int], cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:

@@ -12,11 +12,13 @@ import threading
 from transformers import PreTrainedModel
 
 from talon.core.verify import TargetVerifier
+from talon.drafters.eagle3 import head_timer
 from talon.drafters.model import ModelDrafter
 from talon.drafters.static_draft import StaticModelDrafter
 from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
 from talon.models import LoadedModel
+from talon.models.eagle3 import is_head
 from talon.run_config import ConfigError, RunConfig
 
 
@@ -39,7 +41,7 @@ class Forwards:
         self._pools: dict[int, tuple[StaticPool, StaticPool | None]] = {}  # id(model) -> (pool, async forks' pool)
         if self.forward != "dynamic":
             self._target = StaticPool(target.model, self.graphs)
-            if draft is not None:
+            if draft is not None and not is_head(draft.model):  # a head runs its own forward
                 self.pools_of(draft.model)
 
     def pools_of(self, model: PreTrainedModel) -> tuple[StaticPool, StaticPool | None]:
@@ -62,20 +64,28 @@ class Forwards:
         if self._target is None:
             return {}
         pools = {"target": self._target}
-        if draft is not None:
+        if draft is not None and not is_head(draft):
             pools["draft"], fork = self.pools_of(draft)
             pools.update({"fork": fork} if fork is not None else {})
         return pools
 
     def timers(self, model: PreTrainedModel | None) -> tuple[StaticTimer | None, StaticTimer | None]:
-        """The cost probe's timers on this forward: the target's, the drafting model's."""
+        """The cost probe's timers on this forward: the target's, the drafting model's (a head's
+        own forward, whatever the target's)."""
+        target = static_timer(self._target) if self._target is not None else None
+        if model is not None and is_head(model):
+            return target, head_timer
         if self._target is None:
             return None, None
-        return static_timer(self._target), static_timer(self.pools_of(model)[0]) if model is not None else None
+        return target, static_timer(self.pools_of(model)[0]) if model is not None else None
 
-    def verifier(self, cfg: RunConfig, prompt_len: int) -> TargetVerifier:
+    def verifier(self, cfg: RunConfig, prompt_len: int, feature_layers: tuple[int, ...] = ()) -> TargetVerifier:
+        """The run's verifier; ``feature_layers``: it also returns the target's features there."""
         if self._target is None:
-            return TargetVerifier(self.target.model, cfg.sampling)
+            return TargetVerifier(self.target.model, cfg.sampling, feature_layers)
+        if feature_layers:
+            raise ConfigError(f"drafter {cfg.drafter!r} reads the target's features, which the {self.forward} "
+                              "forward does not return yet: run it with TALON_FORWARD=dynamic")
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
         # with async drafting every bucket is captured first: no capture while another thread drafts
         return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft)

@@ -79,11 +79,11 @@ class Run:
     def __iter__(self) -> Iterator[StepTrace]:
         t0 = time.perf_counter()
         ids = self.prompt_ids
-        self.verifier.prefill(ids)
+        features = self.verifier.prefill(ids)  # the target's features, where the drafter reads them
         if self.planner is not None and self.cfg.uses_model and self.cfg.uses_retrieval and not self.cfg.async_draft:
-            self.drafter.reset(ids, lazy_model=True)  # the planner decides when the model's prefill pays
+            self.drafter.reset(ids, lazy_model=True, features=features)  # the planner decides when the prefill pays
         else:
-            self.drafter.reset(ids)
+            self.drafter.reset(ids, features=features)
         predrafts = self.cfg.async_draft and isinstance(self.drafter, PreDrafter)  # once, not per step
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if predrafts else None
         root, reason, ahead = ids[-1], "", None
@@ -138,7 +138,7 @@ class Run:
         )
         p_accept_est = self._estimates(draft)  # what the drafter predicted, before it learns
         self.verifier.commit(verdict)  # commit: the verifier keeps the path's KV (the KV cut) ...
-        self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len)  # ... and the drafter learns
+        self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len, verdict.features)  # ... the drafter learns
         self.generated.extend(new_tokens)
         record = self._record(draft, verdict, new_tokens)  # record: one StepTrace
         timing = self._timing(draft, t0, pre_busy, (t_start, t_draft, t_verify_start, t_verify))

@@ -30,6 +30,7 @@ from talon.models import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
+from talon.models.eagle3 import fetch_head, load_head, read_head_config
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf
 from talon.models.gguf_blocks import Q4KSource
 from talon.models.prepack import prepack as prepack_linears
@@ -84,6 +85,17 @@ def _local_checkpoint(spec: str, cache_dir: Path) -> str | None:
             f"Local path {spec!r} does not exist (resolved to {path.resolve()}). {_HINT}"
         )
     return None
+
+
+def _head_checkpoint(spec: str) -> Path | None:
+    """The local directory of the EAGLE-3 head ``spec`` names (a directory, or a Hub id fetched
+    when the Hub is reachable), or None where ``spec`` is not a head."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path if read_head_config(path) is not None else None
+    if spec.startswith(EMBEDDED_PREFIX) or _looks_like_path(spec) or _offline_reason() is not None:
+        return None
+    return fetch_head(spec)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -236,6 +248,13 @@ def load_pair(
         target_lm = quantize_target(dense, weights, torch.bfloat16, blocks=shipped_blocks(dense.name, cache_dir))
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
+    head = _head_checkpoint(draft.strip())
+    if head is not None:  # an EAGLE-3 head: it drafts on the target's features, in the target's dtype
+        start = time.perf_counter()
+        module = load_head(head, target_lm.model, target_lm.dtype, target_lm.device)
+        logger.info("Loaded the EAGLE-3 head %s (%s layout) in %.1f s", head, module.cfg.layout,
+                    time.perf_counter() - start)
+        return target_lm, LoadedModel(module, target_lm.tokenizer, str(head), target_lm.dtype, target_lm.device)
     quant = resolve_draft_quant(draft_quant, target_lm.device)
     draft_dtype = "float32" if quant == "int8" else dtype
     draft_lm = load_model(draft, draft_dtype, device, allow_remote_code, cache_dir)

@@ -1,0 +1,277 @@
+"""EAGLE-3 heads: the head drafts on the target's own features, lossless with drafts accepted.
+
+A tiny target and a head trained here, in seconds, on the target's own features and greedy text
+(what SpecForge and EAGLE's trainer do at scale): greedy decoding with the head equals the
+target's ``generate`` on every tree mode, alone and with retrieval, accepting drafts above the
+floor; features from the wrong position, or draft ids read without the vocabulary map, drop it
+below. Both checkpoint layouts load to the same head, and a head that does not fit is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DynamicCache
+
+from talon.core.verify import additive_mask
+from talon.drafters.eagle3 import HeadDrafter
+from talon.engine.engine import Engine, generate
+from talon.models import LoadedModel, ModelLoadError
+from talon.models.eagle3 import Eagle3Head, load_head, read_head_config
+from talon.run_config import ConfigError, RunConfig, TreeConfig
+from tests.tiny import assert_decodes_own_generate, byte_tokenizer, tiny_head, tiny_model
+
+LAYERS = 6  # the head reads the hidden states entering layers 2, 3 and 3
+PROMPTS = ["abc abc abc abc abd", "def add(a, b):", "one two three, one", "xyz xyz xy"]
+DRAFT_TOKENS = 96  # the head drafts over the text's most frequent tokens: a real vocabulary map
+
+
+def greedy_text(target: LoadedModel, prompt: str, tokens: int) -> list[int]:
+    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens)
+    return out[0].tolist()
+
+
+def features_of(target: LoadedModel, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
+    """(n, 3H): the target's hidden states entering ``layers`` at every position of ``ids``."""
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
+
+
+def train_head(target: LoadedModel, texts: list[list[int]], steps: int = 250) -> Eagle3Head:
+    """A head fitted to predict token t + 2 from (feature t, token t + 1), as EAGLE-3 trains its
+    first draft level, over the texts' ``DRAFT_TOKENS`` most frequent tokens."""
+    counts: dict[int, int] = {}
+    for ids in texts:
+        for token in ids:
+            counts[token] = counts.get(token, 0) + 1
+    vocab = sorted(sorted(counts, key=lambda t: -counts[t])[:DRAFT_TOKENS])
+    head = tiny_head(target.model, seed=5, draft_tokens=vocab)
+    draft_id = {token: i for i, token in enumerate(vocab)}
+    layers = head.cfg.layers_for(LAYERS)
+    batches = []
+    for ids in texts:
+        g = features_of(target, ids, layers)[:-2].clone()  # (n - 2, 3H)
+        x = torch.tensor(ids[1:-1])
+        y = torch.tensor([draft_id.get(t, -100) for t in ids[2:]])
+        n = x.shape[0]
+        batches.append((g, x, torch.arange(n), additive_mask(torch.ones(n, n, dtype=torch.bool).tril(),
+                                                             torch.float32), y))
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    head.train()
+    for _ in range(steps):
+        loss = sum(torch.nn.functional.cross_entropy(head(g, x, p, DynamicCache(), m)[1], y, ignore_index=-100)
+                   for g, x, p, m, y in batches)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[LoadedModel, LoadedModel]:
+    target = LoadedModel(tiny_model("llama", 41, layers=LAYERS), byte_tokenizer(), "tiny-target", torch.float32,
+                         torch.device("cpu"))
+    texts = [greedy_text(target, p, 64) for p in PROMPTS]
+    head = train_head(target, texts)
+    return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3-hybrid"])
+@pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
+def test_the_head_decodes_the_targets_own_greedy_text(pair: tuple[LoadedModel, LoadedModel], drafter: str,
+                                                      tree: str) -> None:
+    target, head = pair
+    assert_decodes_own_generate(target, head, drafter, tree)
+
+
+def handed_features(target: LoadedModel, head: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """After a greedy run with the head: the features it was handed, one per committed position
+    (the prefill's, then each step's root and accepted nodes'), and the target's own at those
+    positions from one plain causal forward over the committed text."""
+    engine = Engine(target, head, costs=None)
+    cfg = RunConfig(drafter="eagle3", max_new_tokens=32, chat_template=False,
+                    tree=TreeConfig(mode="adaptive", budget=12, cost_aware=False))
+    run = engine.run(greedy_text(target, PROMPTS[0], 16), cfg)
+    steps = list(run)
+    assert sum(s.accept_len for s in steps) > 0, "the steps must accept drafts: several features a step"
+    source = run.drafter.model
+    committed = run.prompt_ids + run.generated
+    return torch.stack(source.features), features_of(target, committed[:-1], source.feature_layers)
+
+
+def test_the_head_is_handed_the_targets_features_at_their_own_positions(
+        pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """Feature t is the target's hidden states entering the head's layers at position t, read off
+    the prefill and the tree forwards (tree masks, not a causal one): equal to a plain forward's."""
+    got, want = handed_features(*pair)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4)
+
+
+def test_features_one_position_late_are_caught(pair: tuple[LoadedModel, LoadedModel],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: every feature handed over one position late (feature t - 1 beside token t + 1)."""
+    handed = HeadDrafter.add_features
+    late: dict[int, torch.Tensor] = {}
+
+    def one_late(self: HeadDrafter, features: torch.Tensor) -> None:
+        previous = late.get(id(self), torch.zeros_like(features[:1]))
+        late[id(self)] = features[-1:]
+        handed(self, torch.cat([previous, features[:-1]]))
+
+    monkeypatch.setattr(HeadDrafter, "add_features", one_late)
+    got, want = handed_features(*pair)
+    assert got.shape == want.shape and not torch.allclose(got, want, atol=1e-4)
+
+
+def test_draft_ids_go_through_the_vocabulary_map(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """Planted: the draft's ids read as target ids (d2t zeroed): the drafts stop being accepted."""
+    target, head = pair
+    saved = head.model.d2t.clone()
+    assert saved.any(), "the test's head must draft over a mapped vocabulary"
+    try:
+        head.model.d2t.zero_()
+        with pytest.raises(AssertionError, match="MAT"):
+            assert_decodes_own_generate(target, head, "eagle3", "adaptive")
+    finally:
+        head.model.d2t.copy_(saved)
+
+
+def test_a_cost_aware_run_probes_the_heads_own_forward(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    target, head = pair
+    engine = Engine(target, head)
+    summary, steps = generate(engine, PROMPTS[0], RunConfig(drafter="eagle3", max_new_tokens=24, chat_template=False))
+    costs = engine.cost_snapshot()
+    assert costs.draft is not None and costs.draft_s(4) > 0 and summary.mean_accepted_tokens > 1.0
+    assert summary.token_ids == greedy_text(target, PROMPTS[0], 24)[-24:][: len(summary.token_ids)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: both layouts, and what does not fit
+# ---------------------------------------------------------------------------------------------
+
+
+def save_head(head: Eagle3Head, path: Path, layout: str, target_layers: int = LAYERS, **config: object) -> Path:
+    """``head`` written as its trainers write it: EAGLE / SpecForge (``midlayer.*``, a flat Llama
+    config) or speculators (``layers.0.*``, ``transformer_layer_config``, its own embedding)."""
+    c = head.cfg
+    layer = {"hidden_size": c.hidden, "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads,
+             "head_dim": c.head_dim, "intermediate_size": c.intermediate, "vocab_size": c.vocab,
+             "rms_norm_eps": c.rms_eps, "num_hidden_layers": 1, "hidden_act": "silu", "model_type": "llama"}
+    prefix = "midlayer." if layout == "eagle" else "layers.0."
+    tensors = {}
+    for name, tensor in head.state_dict().items():
+        top = name.split(".")[0] in ("fc", "norm", "lm_head", "d2t")
+        tensors[name if top else prefix + name] = tensor.contiguous()
+    tensors["t2d"] = torch.zeros(c.vocab, dtype=torch.bool).index_fill_(0, torch.arange(c.draft_vocab) + head.d2t,
+                                                                        True)
+    if layout == "eagle":
+        cfg = {"architectures": ["LlamaForCausalLMEagle3"], **layer, "draft_vocab_size": c.draft_vocab,
+               "tie_word_embeddings": False}
+    else:
+        tensors["embed_tokens.weight"] = head.embed.weight.detach().clone()
+        cfg = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+               "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab,
+               "norm_before_residual": c.norm_before_residual}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**cfg, **config}), encoding="utf-8")
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def head_logits(head: Eagle3Head, target: LoadedModel) -> torch.Tensor:
+    ids = greedy_text(target, PROMPTS[1], 8)
+    g = features_of(target, ids, head.cfg.layers_for(LAYERS))[:-1]
+    n = g.shape[0]
+    mask = additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), torch.float32)
+    with torch.inference_mode():
+        return head(g, torch.tensor(ids[1:]), torch.arange(n), DynamicCache(), mask)[1]
+
+
+@pytest.mark.parametrize("layout", ["eagle", "speculators"])
+def test_both_layouts_load_to_the_same_head(pair: tuple[LoadedModel, LoadedModel], layout: str,
+                                            tmp_path: Path) -> None:
+    target, head = pair
+    loaded = load_head(save_head(head.model, tmp_path / layout, layout), target.model, torch.float32,
+                       torch.device("cpu"))
+    assert loaded.cfg.layout == layout and torch.equal(loaded.d2t, head.model.d2t)
+    assert torch.equal(head_logits(loaded, target), head_logits(head.model, target))
+
+
+def test_speculators_reads_an_absent_norm_before_residual_as_true(pair: tuple[LoadedModel, LoadedModel],
+                                                                  tmp_path: Path) -> None:
+    """vLLM's reading of a speculators config; an EAGLE / SpecForge config has no such switch."""
+    _, head = pair
+    path = save_head(head.model, tmp_path / "s", "speculators")
+    raw = json.loads((path / "config.json").read_text())
+    del raw["norm_before_residual"]
+    (path / "config.json").write_text(json.dumps(raw))
+    assert read_head_config(path).norm_before_residual
+    assert not read_head_config(save_head(head.model, tmp_path / "e", "eagle")).norm_before_residual
+    assert read_head_config(tmp_path) is None  # no config at all: not a head
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"target_hidden_size": 32}, "reads 32-wide features, the target is 64 wide"),
+    ({"eagle_aux_hidden_state_layer_ids": [2, 3, 9]}, "reads layers (2, 3, 9), the target has 6"),
+])
+def test_a_head_that_does_not_fit_the_target_is_refused(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
+                                                        change: dict, message: str) -> None:
+    target, head = pair
+    path = save_head(head.model, tmp_path / "h", "eagle", **change)
+    with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_head(path, target.model, torch.float32, torch.device("cpu"))
+
+
+def test_a_head_is_refused_where_it_cannot_draft(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    target, head = pair
+    engine = Engine(target, head)
+    with pytest.raises(ConfigError, match="EAGLE-3 head, not a model"):
+        engine.prepare("abc", RunConfig(drafter="hybrid"))
+    with pytest.raises(ConfigError, match="async_draft off"):
+        engine.prepare("abc", RunConfig(drafter="eagle3", async_draft=True))
+    with pytest.raises(ConfigError, match="needs an EAGLE-3 head"):
+        Engine(target, None).prepare("abc", RunConfig(drafter="eagle3"))
+    static = Engine(target, head, forward="static")
+    cfg = RunConfig(drafter="eagle3", max_new_tokens=4, chat_template=False, tree=TreeConfig(cost_aware=False))
+    with pytest.raises(ConfigError, match="TALON_FORWARD=dynamic"):
+        static.run("abc abc", cfg)
+
+
+def test_the_command_line_drafts_with_a_head_directory(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m talon generate --target T --draft H --drafter eagle3 --json``: the target's own greedy text."""
+    from talon.cli.main import main
+
+    target, head = pair
+    target.model.save_pretrained(tmp_path / "target")
+    target.tokenizer.save_pretrained(tmp_path / "target")
+    head_dir = save_head(head.model, tmp_path / "head", "speculators")
+    code = main(["generate", "--prompt", PROMPTS[0], "--target", str(tmp_path / "target"), "--draft", str(head_dir),
+                 "--drafter", "eagle3", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "24",
+                 "--no-chat-template", "--cost-aware", "off", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["draft"] == str(head_dir)
+    assert summary["token_ids"] == greedy_text(target, PROMPTS[0], 24)[-24:]
+    assert summary["mean_accepted_tokens"] > 1.5
+
+
+def test_serve_it_maps_a_head_to_sglang_eagle3_and_vllm_eagle3() -> None:
+    from talon.atlas.serving import serving_config
+
+    target, head = "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    cfg = RunConfig(drafter="eagle3", tree=TreeConfig(mode="static", budget=16, top_k=4, max_depth=5))
+    served = serving_config(cfg, target, head)
+    flags = dict(zip(served.sglang_flags[::2], served.sglang_flags[1::2]))
+    assert flags["--speculative-algorithm"] == "EAGLE3" and flags["--speculative-draft-model-path"] == head
+    assert flags["--speculative-num-steps"] == "5" and flags["--speculative-eagle-topk"] == "4"
+    assert served.vllm_config == {"method": "eagle3", "model": head, "num_speculative_tokens": 5}
+    hybrid = serving_config(cfg.replace(drafter="eagle3-hybrid"), target, head)
+    assert hybrid.vllm_config["method"] == "eagle3" and any("hybrid graft" in g for g in hybrid.not_carried)
+    assert serving_config(cfg.replace(drafter="model"), target, "d").vllm_config["method"] == "draft_model"
