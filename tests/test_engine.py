@@ -167,7 +167,7 @@ class OracleTreeDrafter:
         self.size = size
         self.pos = 0
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: object = None) -> None:
         self.pos = 0
 
     def draft(self, root_token: int) -> Draft:
@@ -181,7 +181,8 @@ class OracleTreeDrafter:
             node = child if child is not None else tree.add(node, token, 0.9, "retrieval")
         return Draft(tree=tree)
 
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0) -> None:
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
+               features: object = None) -> None:
         self.pos += len(new_tokens)
 
     def close(self) -> None:
