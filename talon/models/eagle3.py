@@ -92,6 +92,13 @@ def read_head_config(path: Path) -> HeadConfig | None:
             "eagle_aux_hidden_state_layer_ids")
     else:
         return None
+    unsupported = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
+    if unsupported or int(layer.get("num_hidden_layers") or 1) != 1:
+        raise ModelLoadError(f"{path}: an EAGLE-3 head with {', '.join(unsupported) or 'several layers'} "
+                             "(EAGLE 3.1 options) is not supported yet; a one-layer EAGLE-3 head is")
+    rope = dict(layer.get("rope_parameters") or {})  # transformers 5 writes rope_theta and scaling here
+    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
+                                            if rope.get("rope_type", "default") != "default" else None)
     try:
         hidden, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
         vocab = int(layer["vocab_size"])
@@ -101,8 +108,8 @@ def read_head_config(path: Path) -> HeadConfig | None:
             head_dim=int(layer.get("head_dim") or hidden // heads),
             intermediate=int(layer["intermediate_size"]), vocab=vocab,
             draft_vocab=int(raw.get("draft_vocab_size") or vocab), rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(layer.get("rope_theta") or 10000.0),  # EAGLE's code: 10000 when absent
-            rope_scaling=layer.get("rope_scaling") or None,
+            rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),  # EAGLE: 10000 if absent
+            rope_scaling=scaling,
             aux_layers=tuple(int(i) for i in aux) if aux else None,
             norm_before_residual=bool(raw.get("norm_before_residual", default_nbr)), layout=layout)
     except (KeyError, TypeError, ValueError) as error:
