@@ -91,11 +91,25 @@ def test_the_head_decodes_the_targets_own_greedy_text(pair: tuple[LoadedModel, L
     assert_decodes_own_generate(target, head, drafter, tree)
 
 
-def handed_features(target: LoadedModel, head: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+@pytest.mark.parametrize("tree", ["adaptive", "chain"])
+def test_the_head_on_the_static_forward_decodes_the_same(pair: tuple[LoadedModel, LoadedModel], tree: str) -> None:
+    """The static forward (the buckets CUDA graphs replay on a GPU) returns the features too."""
+    target, head = pair
+    engine = Engine(target, head, costs=None, forward="static")
+    ids = greedy_text(target, PROMPTS[0], 16)
+    cfg = RunConfig(drafter="eagle3", max_new_tokens=32, chat_template=False,
+                    tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
+    summary, _ = generate(engine, ids, cfg)
+    assert summary.token_ids == greedy_text(target, PROMPTS[0], 48)[-32:]
+    assert summary.mean_accepted_tokens >= 1.5 and summary.forward == "static+fold"
+
+
+def handed_features(target: LoadedModel, head: LoadedModel,
+                    forward: str = "dynamic") -> tuple[torch.Tensor, torch.Tensor]:
     """After a greedy run with the head: the features it was handed, one per committed position
     (the prefill's, then each step's root and accepted nodes'), and the target's own at those
     positions from one plain causal forward over the committed text."""
-    engine = Engine(target, head, costs=None)
+    engine = Engine(target, head, costs=None, forward=forward)
     cfg = RunConfig(drafter="eagle3", max_new_tokens=32, chat_template=False,
                     tree=TreeConfig(mode="adaptive", budget=12, cost_aware=False))
     run = engine.run(greedy_text(target, PROMPTS[0], 16), cfg)
@@ -106,11 +120,13 @@ def handed_features(target: LoadedModel, head: LoadedModel) -> tuple[torch.Tenso
     return torch.stack(source.features), features_of(target, committed[:-1], source.feature_layers)
 
 
-def test_the_head_is_handed_the_targets_features_at_their_own_positions(
-        pair: tuple[LoadedModel, LoadedModel]) -> None:
+@pytest.mark.parametrize("forward", ["dynamic", "static"])
+def test_the_head_is_handed_the_targets_features_at_their_own_positions(pair: tuple[LoadedModel, LoadedModel],
+                                                                       forward: str) -> None:
     """Feature t is the target's hidden states entering the head's layers at position t, read off
-    the prefill and the tree forwards (tree masks, not a causal one): equal to a plain forward's."""
-    got, want = handed_features(*pair)
+    the prefill and the tree forwards (tree masks, not a causal one): equal to a plain forward's,
+    on the dynamic cache and on the static forward (whose buckets CUDA graphs replay)."""
+    got, want = handed_features(*pair, forward=forward)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4)
 
 
@@ -238,10 +254,6 @@ def test_a_head_is_refused_where_it_cannot_draft(pair: tuple[LoadedModel, Loaded
         engine.prepare("abc", RunConfig(drafter="eagle3", async_draft=True))
     with pytest.raises(ConfigError, match="needs an EAGLE-3 head"):
         Engine(target, None).prepare("abc", RunConfig(drafter="eagle3"))
-    static = Engine(target, head, forward="static")
-    cfg = RunConfig(drafter="eagle3", max_new_tokens=4, chat_template=False, tree=TreeConfig(cost_aware=False))
-    with pytest.raises(ConfigError, match="TALON_FORWARD=dynamic"):
-        static.run("abc abc", cfg)
 
 
 def test_the_command_line_drafts_with_a_head_directory(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,

@@ -40,8 +40,10 @@ class Forwards:
         self._target: StaticPool | None = None
         self._pools: dict[int, tuple[StaticPool, StaticPool | None]] = {}  # id(model) -> (pool, async forks' pool)
         if self.forward != "dynamic":
-            self._target = StaticPool(target.model, self.graphs)
-            if draft is not None and not is_head(draft.model):  # a head runs its own forward
+            head = draft is not None and is_head(draft.model)  # then every target forward keeps its features
+            layers = draft.model.cfg.layers_for(int(target.model.config.num_hidden_layers)) if head else ()
+            self._target = StaticPool(target.model, self.graphs, feature_layers=layers)
+            if draft is not None and not head:  # a head runs its own forward
                 self.pools_of(draft.model)
 
     def pools_of(self, model: PreTrainedModel) -> tuple[StaticPool, StaticPool | None]:
@@ -83,12 +85,14 @@ class Forwards:
         """The run's verifier; ``feature_layers``: it also returns the target's features there."""
         if self._target is None:
             return TargetVerifier(self.target.model, cfg.sampling, feature_layers)
-        if feature_layers:
-            raise ConfigError(f"drafter {cfg.drafter!r} reads the target's features, which the {self.forward} "
-                              "forward does not return yet: run it with TALON_FORWARD=dynamic")
+        if feature_layers and feature_layers != self._target.feature_layers:
+            raise ConfigError(f"drafter {cfg.drafter!r} reads the target's hidden states entering layers "
+                              f"{feature_layers}; this engine's {self.forward} forwards keep "
+                              f"{self._target.feature_layers or 'none'}")
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + 1
         # with async drafting every bucket is captured first: no capture while another thread drafts
-        return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft)
+        return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft,
+                              features=bool(feature_layers))
 
     def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
         """A model drafter over ``model`` on this forward."""

@@ -4,6 +4,7 @@ target's verdicts on a static forward) and ``StaticTimer`` (the cost probe's tim
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -24,11 +25,12 @@ class StaticPool:
     graphs are built once): a run takes one large enough, or gets a new one, and gives it back."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool = False, quantum: int = SLOT_QUANTUM,
-                 compile_upto: int = 0, drafts: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
-        """``compile_upto``, ``drafts``, ``buckets``: see ``StaticForward``; a compiling pool
+                 compile_upto: int = 0, drafts: bool = False, buckets: tuple[int, ...] = BUCKETS,
+                 feature_layers: tuple[int, ...] = ()) -> None:
+        """``compile_upto``, ``drafts``, ``buckets``, ``feature_layers``: see ``StaticForward``; a compiling pool
         rounds its slot caches up to 4x ``quantum``, so that fewer cache lengths each compile."""
         self.model, self.graphs, self.compile_upto, self.drafts = model, graphs, compile_upto, drafts
-        self.buckets = buckets
+        self.buckets, self.feature_layers = buckets, feature_layers
         self.quantum = quantum * 4 if compile_upto else quantum
         self.free: list[StaticForward] = []
         self.made = 0  # forwards built: with none in use, all of them are free
@@ -43,7 +45,7 @@ class StaticPool:
                     return self.free.pop(i)
         max_len = -(-(tokens + self.buckets[-1]) // self.quantum) * self.quantum  # rounded up: reused by longer runs
         sf = StaticForward(self.model, max_len, self.buckets, vocab=vocab, graphs=self.graphs,
-                           compile_upto=self.compile_upto, drafts=self.drafts)
+                           compile_upto=self.compile_upto, drafts=self.drafts, feature_layers=self.feature_layers)
         with self.lock:
             self.made += 1
         return sf
@@ -75,10 +77,12 @@ class StaticVerifier(TargetVerifier):
     bucketed sizes (graph replays where the pool captured them). ``close`` gives the forward back."""
 
     def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, pool: StaticPool, tokens: int,
-                 capture_all: bool = False) -> None:
+                 capture_all: bool = False, features: bool = False) -> None:
         """``capture_all``: capture every bucket now (before another thread drafts: see
-        ``Engine.run``), not each at its first use."""
+        ``Engine.run``), not each at its first use. ``features``: return the features the pool's
+        forwards keep (``StaticPool.feature_layers``) from the prefill and every verification."""
         self.model, self.sampling, self.pool = model, sampling, pool
+        self.features = features
         self.generator = generator_for(head_device(model), sampling.seed)
         self.static: StaticForward | None = pool.take(tokens)
         if capture_all and self.static.graphs:
@@ -86,15 +90,22 @@ class StaticVerifier(TargetVerifier):
         self.cache = self.static.cache
         self.length = 0  # committed tokens in the cache (all but the root)
 
-    def prefill(self, ids: list[int]) -> None:
-        if len(ids) > 1:
-            self.static.prefill(torch.tensor(ids[:-1]))
+    def prefill(self, ids: list[int]) -> torch.Tensor | None:
         self.length = len(ids) - 1
+        if len(ids) <= 1:
+            return None
+        if self.features:
+            return self.static.prefill_features(torch.tensor(ids[:-1]))
+        self.static.prefill(torch.tensor(ids[:-1]))
+        return None
 
     def verify(self, tree: DraftTree) -> Verdict:
         positions = tree_positions(tree, self.length)  # (T,)
-        logits = self.static.forward(torch.tensor(tree.tokens), positions, tree_mask(tree), self.length)
-        return self.judge(tree, logits, positions)
+        ids, mask = torch.tensor(tree.tokens), tree_mask(tree)
+        if not self.features:
+            return self.judge(tree, self.static.forward(ids, positions, mask, self.length), positions)
+        logits, features = self.static.forward_features(ids, positions, mask, self.length)
+        return dataclasses.replace(self.judge(tree, logits, positions), features=features)
 
     def commit(self, verdict: Verdict) -> None:
         accepted = verdict.acceptance.accepted

@@ -137,6 +137,7 @@ class Bucket:
     packed: torch.Tensor  # (8 * (2 + 2B + B*E) + B*B,) uint8: see ``StaticForward.pack``
     logits: torch.Tensor | None = None  # (B, V) float32: the forward's output
     top: torch.Tensor | None = None  # (B, 2K) float64: top-K probabilities, then their ids (drafting)
+    features: torch.Tensor | None = None  # (B, F): hidden states entering ``feature_layers`` (an EAGLE-3 head's)
     graph: "torch.cuda.CUDAGraph | None" = None
 
     @property
@@ -170,14 +171,18 @@ class StaticForward:
     forward); ``keep_path`` commits a path."""
 
     def __init__(self, model: PreTrainedModel, max_len: int, buckets: tuple[int, ...] = BUCKETS,
-                 vocab: int = 0, graphs: bool = False, compile_upto: int = 0, drafts: bool = False) -> None:
+                 vocab: int = 0, graphs: bool = False, compile_upto: int = 0, drafts: bool = False,
+                 feature_layers: tuple[int, ...] = ()) -> None:
         """``graphs``: capture each bucket as a CUDA graph at its first use, and replay it.
         ``compile_upto``: buckets up to this size run the decoder through ``torch.compile``
         (inductor fuses a layer's small kernels; one compile per bucket, captured the same way);
         larger ones (a prefill's chunks, not launch-bound) stay eager. ``drafts``: a drafting
         model's forward: its nodes may see slots of earlier layers (up to ``EARLIER``), and it
-        reads out each node's top ``READOUT_K`` children inside the forward (``top``)."""
+        reads out each node's top ``READOUT_K`` children inside the forward (``top``).
+        ``feature_layers``: every forward also keeps the hidden states entering these layers
+        (``features``, inside the graph like the logits): an EAGLE-3 head's features."""
         self.model, self.max_len, self.vocab, self.graphs = model, max_len, vocab, graphs
+        self.feature_layers = feature_layers
         self.fold = fold_kwargs(model)  # GQA without copying K/V (talon.models.attention)
         self.compile_upto = compile_upto
         self.compiled = compiled_decoder(model) if compile_upto else None
@@ -218,8 +223,11 @@ class StaticForward:
         visible = seen[:, :-1].bool() | (self.columns < base)  # and the committed prefix
         mask = torch.where(visible, 0.0, self.minimum).to(self.model.dtype).view(1, 1, b, self.max_len)
         decoder = self.compiled if self.compiled is not None and b <= self.compile_upto else self.model.get_decoder()
+        hidden = {"output_hidden_states": True} if self.feature_layers else {}
         out = decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
-                      past_key_values=self.cache, use_cache=True, **self.fold)
+                      past_key_values=self.cache, use_cache=True, **self.fold, **hidden)
+        if self.feature_layers:  # (B, 3H): low, mid, high
+            bucket.features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
         logits = lm_logits(self.model, out.last_hidden_state[0], self.vocab)  # (B, V)
         if self.readout_k:
             q, top = torch.softmax(logits, dim=-1).topk(min(self.readout_k, logits.shape[-1]), dim=-1)
@@ -326,6 +334,26 @@ class StaticForward:
             causal = torch.ones(t, t, dtype=torch.bool).tril()  # (t, t)
             bucket = self._fill_and_launch(chunk, torch.arange(length, length + t), causal, length, None)
         return bucket, t
+
+    @torch.inference_mode()
+    def forward_features(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                         length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``, and the nodes' features (T, F), copied out of the bucket."""
+        bucket = self._fill_and_launch(ids, positions, visible, length, None)
+        t = ids.shape[0]
+        return bucket.logits[:t], bucket.features[:t].clone()
+
+    @torch.inference_mode()
+    def prefill_features(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prefill ``ids`` from slot 0 (``prefill_chunks``), keeping every token's features: (P, F)."""
+        size, parts = max(self.buckets), []
+        for at in range(0, ids.shape[0], size):
+            chunk = ids[at:at + size]
+            t = chunk.shape[0]
+            causal = torch.ones(t, t, dtype=torch.bool).tril()  # (t, t)
+            bucket = self._fill_and_launch(chunk, torch.arange(at, at + t), causal, at, None)
+            parts.append(bucket.features[:t].clone())
+        return torch.cat(parts)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
