@@ -54,8 +54,9 @@ DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
 HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
-# the kinds the app offers: its pairs hold a draft model, not a head
-APP_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
+# the kinds the app offers with a draft model in the pair's draft slot, and with an EAGLE-3 head there
+MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
+HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", ""))
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 
@@ -185,7 +186,7 @@ KNOBS: tuple[Knob, ...] = (
          "retrieval = retrieval from the text so far alone; layerskip = the target with some layers skipped "
          "(self-speculative, no second model); eagle3 = an EAGLE-3 head on the target's features (eagle3-hybrid: "
          "with retrieval); none = nobody (the autoregressive baseline)",
-         choices=DRAFTER_KINDS, app="drafter", app_choices=APP_KINDS, label="Drafter", grid=True, explore=True),
+         choices=DRAFTER_KINDS, app="drafter", app_choices=DRAFTING_KINDS, label="Drafter", grid=True, explore=True),
     Knob("tree", "tree.mode", "choice", "adaptive", "TALON's gated tree, EAGLE-2's static tree, or a single chain",
          choices=TREE_MODES, said="tree mode", app="tree_mode", label="Tree", grid=True, explore=True),
     Knob("budget", "tree.budget", "int", 16, "N: draft nodes verified per target forward, root excluded",

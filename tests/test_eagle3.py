@@ -287,3 +287,34 @@ def test_serve_it_maps_a_head_to_sglang_eagle3_and_vllm_eagle3() -> None:
     hybrid = serving_config(cfg.replace(drafter="eagle3-hybrid"), target, head)
     assert hybrid.vllm_config["method"] == "eagle3" and any("hybrid graft" in g for g in hybrid.not_carried)
     assert serving_config(cfg.replace(drafter="model"), target, "d").vllm_config["method"] == "draft_model"
+
+
+def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(pair: tuple[LoadedModel, LoadedModel],
+                                                                     tmp_path: Path) -> None:
+    """The Models menu's pair decides the drafter radio: a draft model's kinds, or a head's (a head
+    preset, or the server's TALON_DRAFT a head's directory), hybrid turning into eagle3-hybrid."""
+    from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
+    from talon.server.pair import drafter_choices, holds_head
+    from talon.server.presets import PRESETS
+    from talon.settings import Settings
+
+    _, head = pair
+    assert drafter_choices(Settings(), "default", "hybrid") == (MODEL_PAIR_KINDS, "hybrid")
+    assert "eagle3" not in MODEL_PAIR_KINDS and {"eagle3", "eagle3-hybrid", "retrieval"} <= set(HEAD_PAIR_KINDS)
+    server_head = Settings(draft=str(save_head(head.model, tmp_path / "h", "eagle")))
+    assert drafter_choices(server_head, "default", "hybrid") == (HEAD_PAIR_KINDS, "eagle3-hybrid")
+    assert drafter_choices(server_head, "default", "retrieval") == (HEAD_PAIR_KINDS, "retrieval")
+    assert drafter_choices(Settings(), "default", "eagle3") == (MODEL_PAIR_KINDS, "model")
+    assert [p.key for p in PRESETS if holds_head(Settings(), p)] == ["llama-3.1-8b-eagle3"]
+
+
+def test_the_memory_guard_counts_the_head() -> None:
+    from talon.models.memory import KNOWN_SHAPES, estimate_pair
+    from talon.server.presets import PRESETS
+
+    preset = next(p for p in PRESETS if p.head)
+    target, head = KNOWN_SHAPES[preset.target], KNOWN_SHAPES[preset.draft]
+    alone = estimate_pair(target, None, "bfloat16", 4096, graphs=True).total
+    with_head = estimate_pair(target, head, "bfloat16", 4096, graphs=True).total
+    assert 0.7e9 < with_head - alone < 1.5e9, "a head of about 0.43 B parameters in bf16, counted from above"
+    assert 0.4e9 < head.parameters < 0.6e9

@@ -79,6 +79,9 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen2.5-14B-Instruct": ModelShape(5120, 48, 40, 8, 13_824, 152_064, False, True),
     "meta-llama/Llama-3.2-1B-Instruct": ModelShape(2048, 16, 32, 8, 8192, 128_256, True),
     "meta-llama/Llama-3.1-8B-Instruct": ModelShape(4096, 32, 32, 8, 14_336, 128_256, False),
+    # an EAGLE-3 head counted as one Llama layer with a 32k embedding and head: its fc and 2h-wide
+    # q/k/v (about 0.1 B) in place of that embedding (0.13 B), so an estimate from above
+    "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": ModelShape(4096, 1, 32, 8, 14_336, 32_000, False),
 }
 
 

@@ -20,15 +20,23 @@ from talon.run_config import RunConfig
 from talon.server import device
 from talon.server.device import ActionRun, DeviceAction, start_status
 from talon.server.examples import Example, load_examples
-from talon.server.pair import find_preset, initial_preset, preset_label, presets, server_notices, warm_up
+from talon.server.pair import (
+    drafter_choices,
+    find_preset,
+    initial_preset,
+    preset_label,
+    presets,
+    server_notices,
+    warm_up,
+)
 from talon.server.presets import ModelPreset
-from talon.server.request import UI_DRAFTERS, Controls, user_error
+from talon.server.request import Controls, user_error
 from talon.settings import Settings
 
 __all__ = [
-    "NO_DRAFT", "UI_DRAFTERS", "ActionRun", "Controls", "DeviceAction", "Example", "ModelPreset", "decode",
-    "decode_all", "find_preset", "initial_preset", "load_examples", "preset_label", "presets", "record_prompt_atlas",
-    "server_notices", "start_status", "user_error", "warm_up",
+    "NO_DRAFT", "ActionRun", "Controls", "DeviceAction", "Example", "ModelPreset", "decode", "decode_all",
+    "drafter_choices", "find_preset", "initial_preset", "load_examples", "preset_label", "presets",
+    "record_prompt_atlas", "server_notices", "start_status", "user_error", "warm_up",
 ]
 
 

@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -19,7 +20,9 @@ import torch
 
 from talon.engine.build import PairKey, build_engine
 from talon.engine.engine import Engine
+from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
+from talon.models.eagle3 import read_head_config
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.server.presets import ModelPreset, available_presets, startup_preset
@@ -213,6 +216,31 @@ def initial_preset(settings: Settings) -> str:
     """The preset selected (and loaded) at start; see ``talon.server.presets.startup_preset``."""
     gpu = any(p.needs_cuda for p in presets(settings))
     return startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
+
+
+# a drafter kind's counterpart when the pair's draft slot holds an EAGLE-3 head instead of a draft model
+HEAD_COUNTERPART = {"hybrid": "eagle3-hybrid", "model": "eagle3"}
+
+
+def holds_head(settings: Settings, preset: ModelPreset) -> bool:
+    """Does ``preset`` put an EAGLE-3 head in the draft slot (a head preset, or the server's own
+    pair with TALON_DRAFT a head's directory)?"""
+    if preset.head:
+        return True
+    draft = Path(settings.draft).expanduser() if preset.target is None and settings.draft else None
+    return draft is not None and draft.is_dir() and read_head_config(draft) is not None
+
+
+def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tuple[str, ...], str]:
+    """The drafter kinds the app offers for preset ``key`` (a head's kinds where the draft slot
+    holds one, a draft model's elsewhere), and the choice to show: ``current`` where offered, else
+    its counterpart (hybrid and eagle3-hybrid, model and eagle3), else the first."""
+    head = holds_head(settings, find_preset(settings, key))
+    offered = HEAD_PAIR_KINDS if head else MODEL_PAIR_KINDS
+    if current in offered:
+        return offered, current
+    swap = HEAD_COUNTERPART if head else {v: k for k, v in HEAD_COUNTERPART.items()}
+    return offered, swap.get(current, offered[0])
 
 
 def find_preset(settings: Settings, key: str) -> ModelPreset:

@@ -23,6 +23,7 @@ class ModelPreset:
     draft_quant: str | None = None  # None: TALON_DRAFT_QUANT
     target_weights: str | None = None  # None: TALON_TARGET_WEIGHTS
     gpu_gib: float | None = None  # the GPU memory the pair is meant for (the memory guard names it)
+    head: bool = False  # the draft is an EAGLE-3 head (drafter kinds eagle3, eagle3-hybrid)
 
     @property
     def repos(self) -> tuple[str, ...]:
@@ -62,6 +63,16 @@ PRESETS: tuple[ModelPreset, ...] = (
         needs_cuda=True,
         dtype="bfloat16",
         gpu_gib=24,
+    ),
+    ModelPreset(
+        "llama-3.1-8b-eagle3",
+        "Llama-3.1-8B-Instruct + its EAGLE-3 head (GPU, bf16; gated: needs HF_TOKEN with access)",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",  # EAGLE's authors' head (Apache-2.0)
+        needs_cuda=True,
+        dtype="bfloat16",
+        gpu_gib=24,
+        head=True,
     ),
     ModelPreset(
         "qwen2.5-14b",

@@ -18,7 +18,7 @@ import gradio as gr
 from talon import figures as F
 from talon.engine.prompt import PromptError
 from talon.engine.run import Run
-from talon.knobs import APP_KNOBS, KNOB, values_of
+from talon.knobs import APP_KNOBS, values_of
 from talon.models import ModelLoadError, zerogpu
 from talon.models.quant import resolve_target_weights
 from talon.run_config import ConfigError, RunConfig
@@ -26,8 +26,6 @@ from talon.server import pair as pairs
 from talon.server.pair import find_preset, held_key, out_of_memory_as_error, pair_key, server_device
 from talon.server.presets import DEFAULT_PRESET, ModelPreset
 from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS, Settings
-
-UI_DRAFTERS = KNOB["drafter"].app_choices
 
 
 def _from_config(cls: type, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Any:

@@ -13,9 +13,9 @@ import gradio as gr
 
 from talon import figures as F
 from talon.run_config import TREE_MODES, RunConfig
-from talon.server.facade import UI_DRAFTERS, Controls, decode_all
+from talon.server.facade import Controls, decode_all, drafter_choices, initial_preset
 from talon.settings import Settings
-from talon.ui.panel import ControlPanel, run_on_click
+from talon.ui.panel import ControlPanel, follow_preset, run_on_click
 from talon.ui.session import CompareSession
 from talon.ui.stream import run_variants
 from talon.ui.words import EXPLAIN
@@ -106,7 +106,8 @@ def build_compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
     gr.Markdown(EXPLAIN["compare"], elem_classes=["talon-explain"])
     with gr.Row():
         tree_b = gr.Radio(label="B: tree", choices=list(TREE_MODES), value="static")
-        drafter_b = gr.Radio(label="B: drafter", choices=list(UI_DRAFTERS), value=Controls().drafter)
+        kinds, kind = drafter_choices(settings, initial_preset(settings), Controls().drafter)
+        drafter_b = gr.Radio(label="B: drafter", choices=list(kinds), value=kind)
         mu_b = gr.Slider(0.0, 1.0, value=Controls().mu, step=0.01, label="B: gate μ")
     go_button = gr.Button("Run A and B", variant="primary", elem_id="talon-compare-run")
     summary = gr.HTML(compare_summary_html(CompareSession(), "Press “Run A and B”."))
@@ -122,4 +123,5 @@ def build_compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
                        state=gr.State(CompareSession()))
     extra = {"tree_mode_b": tree_b, "drafter_b": drafter_b, "mu_b": mu_b, "cmp": view.state}
     run_on_click(go_button, make_compare(view, settings), panel, extra, view.outputs(), "compare", settings)
+    follow_preset(panel.components["preset"], drafter_b, settings)
     return view

@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
-from talon.server.facade import Example, initial_preset, preset_label, presets
+from talon.server.facade import Example, drafter_choices, initial_preset, preset_label, presets
 from talon.settings import Settings
 
 MODEL_CONCURRENCY_ID = "model"
@@ -59,6 +59,16 @@ def control(knob: Knob, limit: int | None = None, **options: Any) -> Any:
     return gr.Slider(lo, hi, step=step, **{**given, "value": min(given["value"], hi)})
 
 
+def follow_preset(preset: Any, drafter: Any, settings: Settings) -> None:
+    """A drafter radio offers what the picked pair can draft with: a draft model's kinds, or an
+    EAGLE-3 head's where the pair's draft slot holds one (hybrid becomes eagle3-hybrid)."""
+    def offer(key: str, current: str) -> Any:
+        kinds, kind = drafter_choices(settings, key, current)
+        return gr.update(choices=list(kinds), value=kind)
+
+    preset.change(offer, [preset, drafter], drafter, api_visibility="private")
+
+
 def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     prompt = gr.Textbox(label="Prompt", value=examples[0].prompt, lines=6, max_lines=14, elem_id="talon-prompt")
     picker = gr.Dropdown(
@@ -80,8 +90,11 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
     with gr.Accordion("Drafter and tree", open=True):
         c["preset"] = gr.Dropdown(label="Models", choices=[(preset_label(p, settings), p.key) for p in offered],
                                   value=initial, info=MODELS_INFO if len(offered) > 1 else MODELS_INFO_CPU)
+        kinds, kind = drafter_choices(settings, initial, BY_APP["drafter"].default)
         for name in DRAFTER_AND_TREE:
-            c[name] = control(BY_APP[name], **({"info": DRAFTER_INFO} if name == "drafter" else {}))
+            drafter = {"info": DRAFTER_INFO, "choices": list(kinds), "value": kind} if name == "drafter" else {}
+            c[name] = control(BY_APP[name], **drafter)
+        follow_preset(c["preset"], c["drafter"], settings)
     with gr.Accordion("Sampling and length", open=False):
         for name in SAMPLING_AND_LENGTH:
             c[name] = control(BY_APP[name], limit if name == "max_new_tokens" else None)
