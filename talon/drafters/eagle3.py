@@ -138,8 +138,9 @@ def head_timer(head: Eagle3Head, prefix: int, vocab: int, max_size: int) -> Call
     """The cost probe's timer for a head (``talon.cost.probe.Timer``): one forward of ``size``
     tree nodes (fed parents' outputs) over ``prefix`` committed pairs; the nodes are dropped again."""
     cache = DynamicCache()
-    features = torch.randn(prefix, 3 * head.cfg.target_hidden, generator=torch.Generator().manual_seed(0))
-    ids = torch.randint(0, min(head.cfg.vocab, 1000), (prefix + max_size,), generator=torch.Generator().manual_seed(1))
+    host = torch.Generator("cpu").manual_seed(0)  # host tensors: the head moves them to its device
+    features = torch.randn(prefix, 3 * head.cfg.target_hidden, generator=host)  # (S, 3H)
+    ids = torch.randint(0, min(head.cfg.vocab, 1000), (prefix + max_size,), generator=host)
     causal = torch.ones(prefix, prefix, dtype=torch.bool).tril()  # (S, S)
     with torch.inference_mode():
         out, _ = head(features, ids[:prefix], torch.arange(prefix), cache, additive_mask(causal, head.dtype))
