@@ -318,3 +318,16 @@ def test_the_memory_guard_counts_the_head() -> None:
     with_head = estimate_pair(target, head, "bfloat16", 4096, graphs=True).total
     assert 0.7e9 < with_head - alone < 1.5e9, "a head of about 0.43 B parameters in bf16, counted from above"
     assert 0.4e9 < head.parameters < 0.6e9
+
+
+def test_a_head_over_the_whole_vocabulary_needs_no_map(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path) -> None:
+    """speculators writes no ``d2t`` when the draft vocabulary is the target's: the ids are the same."""
+    from safetensors.torch import load_file
+
+    target, _ = pair
+    head = tiny_head(target.model, seed=7)
+    path = save_head(head, tmp_path / "full", "speculators")
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}, str(path / "model.safetensors"))
+    loaded = load_head(path, target.model, torch.float32, torch.device("cpu"))
+    assert not loaded.d2t.any() and torch.equal(head_logits(loaded, target), head_logits(head, target))

@@ -48,10 +48,6 @@ class HeadDrafter(DraftLedger):
         self.timings: list[tuple[int, float]] = []
 
     @property
-    def engaged(self) -> bool:
-        return self.fed > 0 or len(self.context) <= 1
-
-    @property
     def pending(self) -> int:
         """Committed pairs the next expansion feeds first (the root's included)."""
         return max(len(self.context) - 1 - self.fed, 1)
