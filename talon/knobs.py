@@ -34,7 +34,9 @@ class DrafterKind:
     model: str
     retrieval: bool  # retrieval from the text so far drafts too
     summary: str  # one line: --help, docs/cli.md, the app
-    atlas: bool = True  # an atlas (which records the draft model's and retrieval's children) replays it
+    # an atlas (which records the draft slot's and retrieval's children) replays it: an atlas recorded with
+    # a draft model replays the "draft" kinds, one recorded with an EAGLE-3 head the "head" kinds
+    atlas: bool = True
 
 
 DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
@@ -45,15 +47,17 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
                 "self-speculative: the target itself with some of its layers skipped drafts (no second model)",
                 atlas=False),
     DrafterKind("eagle3", "head", False, "an EAGLE-3 head (--draft DIR): one decoder layer on the target's own "
-                "features", atlas=False),
-    DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in", atlas=False),
+                "features"),
+    DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in"),
     DrafterKind("none", "", False, "nobody: the autoregressive baseline (one token a step)"),
 )}
 DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
 # the kinds that draft
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
-ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas)  # the kinds an atlas replays
 HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
+# the kinds an atlas recorded with a draft model replays, and those one recorded with an EAGLE-3 head replays
+ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model != "head")
+HEAD_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("head", ""))
 # the kinds the app offers with a draft model in the pair's draft slot, and with an EAGLE-3 head there
 MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
 HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", ""))

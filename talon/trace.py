@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from talon.tree import layer_width
+from talon.tree import TRACE_SOURCES, layer_width
 
 TRACE_FORMAT = "talon-trace/1"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # trace and results.json uploads
@@ -49,7 +49,7 @@ class StepTrace:
     depths: list[int]
     q_draft: list[float]
     path_conf: list[float]
-    sources: list[str]  # "root" | "model" | "retrieval" | "both"
+    sources: list[str]  # "root" | "model" | "head" (an EAGLE-3 head's) | "retrieval" | "both"
     gate_layer_max: list[float | None]
     gate_threshold: list[float | None]
     gate_passed: list[bool | None]  # None: the gate never looked at this node
@@ -261,7 +261,7 @@ _NODE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "depths": _is_int,
     "q_draft": is_number,
     "path_conf": is_number,
-    "sources": lambda v: v in ("root", "model", "retrieval", "both"),
+    "sources": lambda v: v in TRACE_SOURCES,
     "gate_layer_max": lambda v: v is None or is_number(v),
     "gate_threshold": lambda v: v is None or is_number(v),
     "gate_passed": lambda v: v is None or isinstance(v, bool),

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
+# a step's node sources as its trace records them: "model" is "head" where an EAGLE-3 head drafted
+TRACE_SOURCES: tuple[str, ...] = (*SOURCES, "head")
 
 
 # Why a tree stopped growing (DraftTree.stop): the budget is full and no frontier node can place a

@@ -74,13 +74,18 @@ def train_head(target: LoadedModel, texts: list[list[int]], steps: int = 250) ->
     return head.eval()
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[LoadedModel, LoadedModel]:
+def trained_pair() -> tuple[LoadedModel, LoadedModel]:
+    """A tiny target and a head trained on its greedy text (float32, CPU)."""
     target = LoadedModel(tiny_model("llama", 41, layers=LAYERS), byte_tokenizer(), "tiny-target", torch.float32,
                          torch.device("cpu"))
     texts = [greedy_text(target, p, 64) for p in PROMPTS]
     head = train_head(target, texts)
     return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[LoadedModel, LoadedModel]:
+    return trained_pair()
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3-hybrid"])
@@ -331,3 +336,25 @@ def test_a_head_over_the_whole_vocabulary_needs_no_map(pair: tuple[LoadedModel, 
     save_file({k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}, str(path / "model.safetensors"))
     loaded = load_head(path, target.model, torch.float32, torch.device("cpu"))
     assert not loaded.d2t.any() and torch.equal(head_logits(loaded, target), head_logits(head, target))
+
+
+def test_the_app_draws_head_nodes_as_the_heads(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path) -> None:
+    """A head's nodes are "head" in the trace (a file reads back), the tree's legend, the
+    inspector, the committed-source bars and the walk; a draft model's stay "model"."""
+    from talon.figures import accepted_per_step_figure, node_inspector_html, tree_figure, walk_html
+    from talon.trace import dump_trace, parse_trace
+
+    target, head = pair
+    summary, steps = generate(Engine(target, head, costs=None), greedy_text(target, PROMPTS[0], 16),
+                              RunConfig(drafter="eagle3-hybrid", max_new_tokens=24, chat_template=False))
+    step = max(steps, key=lambda s: s.sources.count("head"))
+    assert "head" in step.sources and "model" not in {s for st in steps for s in st.sources}
+    dump_trace(str(tmp_path / "t.json"), summary, steps)
+    assert parse_trace(json.loads((tmp_path / "t.json").read_text()))[1][step.step].sources == step.sources
+    legend = [t.name for t in tree_figure(step).data if t.showlegend is not False]
+    assert "EAGLE-3 head" in legend and "draft model" not in legend
+    node = step.sources.index("head")
+    assert "EAGLE-3 head" in node_inspector_html(step, node)
+    bars = [t.name for t in accepted_per_step_figure(steps).data if t.type == "bar"]
+    assert "EAGLE-3 head" in bars and "draft model" not in bars
+    assert "from the EAGLE-3 head" in walk_html(0, summary, steps, step.step)

@@ -12,6 +12,10 @@ root is the last of them) and ``path`` the drafted tokens below the root, with t
 prefix that agrees with the greedy text moved into ``p``. So the root's children at ``p + 1``
 and the children of the greedy child at ``p`` are one entry: positions share their work.
 
+An atlas recorded with an EAGLE-3 head in the draft slot (``models["draft_kind"] == "head"``)
+keys every node by its own ``(p, path)``: a head's node below the root reads the head's own
+output where the root's child at ``p + 1`` reads the target's feature, so they differ.
+
 This module owns the ``talon-atlas/1`` file format: ``Atlas.to_dict`` writes it and
 ``parse_atlas`` reads it back, validated field by field like a trace (never eval'd).
 """
@@ -40,8 +44,11 @@ Key = tuple[int, tuple[int, ...]]  # (generated tokens committed, drafted path b
 
 
 
-def canonical_key(output: list[int], p: int, path: tuple[int, ...]) -> Key:
-    """Move the prefix of ``path`` that agrees with the greedy ``output`` from ``p`` into ``p``."""
+def canonical_key(output: list[int], p: int, path: tuple[int, ...], shared: bool = True) -> Key:
+    """Move the prefix of ``path`` that agrees with the greedy ``output`` from ``p`` into ``p``
+    (``shared``: a node's children depend on its tokens only, as a draft model's do)."""
+    if not shared:
+        return p, path
     m = 0
     while m < len(path) and p + m < len(output) and path[m] == output[p + m]:
         m += 1
@@ -103,14 +110,25 @@ class Atlas:
     stop_reason: str = ""  # why the recorded generation ended: max_new_tokens, eos, stop_string
     eos: list[int] = field(default_factory=list)
     token_texts: dict[int, str] = field(default_factory=dict)
-    models: dict[str, Any] = field(default_factory=dict)  # target, draft, dtype, device, draft_vocab, draft_quant
+    # target, draft, draft_kind, dtype, device, draft_vocab, draft_quant
+    models: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, Any] = field(default_factory=dict)  # talon-cost/1: the snapshot replays plan and time on
     record: dict[str, Any] = field(default_factory=dict)  # what recording cost and held
     suite: str = ""  # the benchmark suite the prompt came from, if any
 
+    @property
+    def draft_kind(self) -> str:
+        """What drafted in the draft slot: "draft" (a draft model) or "head" (an EAGLE-3 head)."""
+        return str(self.models.get("draft_kind", "draft"))
+
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
-        """Move the prefix of ``path`` that agrees with the greedy text into ``p``."""
-        return canonical_key(self.output, p, path)
+        """The node's key: the prefix of ``path`` that agrees with the greedy text moved into
+        ``p``, except in a head's atlas, where every node has its own entry."""
+        return canonical_key(self.output, p, path, shared=self.draft_kind != "head")
+
+    def off_text(self, p: int, path: tuple[int, ...]) -> bool:
+        """Whether the node's path leaves the greedy text."""
+        return bool(canonical_key(self.output, p, path)[1])
 
     def lookup(self, p: int, path: tuple[int, ...], k: int) -> Children | None:
         """The draft's top ``k`` children of the node ``path`` below the root after ``p``
@@ -201,6 +219,8 @@ def parse_atlas(data: Any) -> Atlas:
     meta = {k: data.get(k) for k in ("models", "record")}
     if not all(isinstance(v, dict) or v is None for v in meta.values()):
         raise TraceFileError("'models' and 'record' must be JSON objects")
+    if (meta["models"] or {}).get("draft_kind", "draft") not in ("draft", "head"):
+        raise TraceFileError("'models.draft_kind' must be \"draft\" (a draft model) or \"head\" (an EAGLE-3 head)")
     for name in ("prompt", "suite", "stop_reason"):
         if not isinstance(data.get(name, ""), str):
             raise TraceFileError(f"'{name}' must be a string")

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from talon.atlas.data import Atlas
 from talon.atlas.replay import replay
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
-from talon.atlas.serving_replay import ServingPolicy, SglangStandalone, VllmDraftModel, VllmNgram
+from talon.atlas.serving_replay import (
+    CHAIN_METHODS,
+    TREE_ALGORITHMS,
+    ServingPolicy,
+    SglangStandalone,
+    VllmDraftModel,
+    VllmNgram,
+)
 from talon.atlas.serving_sweep import (
     DEFAULT_GRIDS,
     ServingRow,
@@ -73,15 +80,16 @@ def exported_policies(result: ServingConfig) -> list[tuple[str, ServingPolicy | 
     """The engine policies an exported ServingConfig describes (None, with why, where no replay)."""
     out: list[tuple[str, ServingPolicy | None, str]] = []
     v = result.vllm_config
-    if v.get("method") == "draft_model":
-        out.append(("vLLM", VllmDraftModel(int(v["num_speculative_tokens"])), ""))
+    if v.get("method") in CHAIN_METHODS:
+        out.append(("vLLM", VllmDraftModel(int(v["num_speculative_tokens"]), method=v["method"]), ""))
     elif v.get("method") in ("suffix", "ngram"):
         out.append(("vLLM suffix", None, "not replayed (arctic-inference's suffix tree spans requests)"))
     flags = dict(zip(result.sglang_flags[0::2], result.sglang_flags[1::2]))
-    if flags.get("--speculative-algorithm") == "STANDALONE":
+    if flags.get("--speculative-algorithm") in TREE_ALGORITHMS:
         out.append(("SGLang", SglangStandalone(int(flags["--speculative-eagle-topk"]),
                                                int(flags["--speculative-num-steps"]),
-                                               int(flags["--speculative-num-draft-tokens"])), ""))
+                                               int(flags["--speculative-num-draft-tokens"]),
+                                               algorithm=flags["--speculative-algorithm"]), ""))
     elif flags.get("--speculative-algorithm") == "NGRAM":
         out.append(("SGLang NGRAM", None, "not replayed (its n-gram trie is shared between requests)"))
     return out
@@ -112,6 +120,6 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         exported.append((engine, sweep_serving([atlas], [({}, policy)])[0], ""))
     best = {}
     for engine in ("vllm", "sglang"):
-        rows = sweep_serving([atlas], serving_policies(engine, DEFAULT_GRIDS[engine]))
+        rows = sweep_serving([atlas], serving_policies(engine, DEFAULT_GRIDS[engine], atlas.draft_kind))
         best[engine] = why_best(rows, best_serving_row(rows))
     return Forecast(talon_mat, talon_rate, exported, best)

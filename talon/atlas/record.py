@@ -31,11 +31,12 @@ from talon.atlas.data import Atlas, AtlasSpec, Key, canonical_key
 from talon.atlas.replay import replay
 from talon.core.contracts import Children
 from talon.core.kv import gather_entries
-from talon.core.verify import forward_hidden, lm_logits
+from talon.core.verify import additive_mask, forward_features, forward_hidden, lm_logits
 from talon.drafters.model import ModelDrafter
 from talon.drafters.retrieval import RetrievalDrafter
 from talon.engine.engine import Engine, generate
 from talon.engine.prompt import eos_ids
+from talon.models.eagle3 import Eagle3Head, is_head
 from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
 
@@ -71,6 +72,9 @@ def record_atlas(
     if engine.draft is None:
         raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
     report = progress or (lambda fraction, what: None)
+    head = is_head(engine.draft.model)
+    if head and cfg.kind.model == "draft":  # the draft slot holds a head: it drafts the reference run
+        cfg = cfg.replace(drafter="eagle3-hybrid" if cfg.uses_retrieval else "eagle3")
     run_cfg = cfg.replace(
         tree=dataclasses.replace(cfg.tree, cost_aware=False),
         sampling=SamplingConfig(), async_draft=False, cost_model="fixed",
@@ -83,13 +87,16 @@ def record_atlas(
     report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
     costs = engine.cost_snapshot(cfg.draft_vocab)  # what replays plan and time on, the cover's too
     t1 = time.perf_counter()
-    target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
-    drafter = ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab)
-    recorder = _Recorder(drafter, prompt_ids, output, spec)
+    if head:
+        recorder: _Recorder = _HeadRecorder(engine, prompt_ids, output, spec)
+    else:
+        target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
+        recorder = _Recorder(ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab), prompt_ids, output, spec)
     recorder.record(lambda f, what: report(0.25 + 0.75 * f, what))
     if cover:
         recorder.cover(Atlas(prompt_ids=prompt_ids, output=output, children=recorder.children, spec=spec,
-                             eos=sorted(eos_ids(engine.target)), models={"draft_vocab": cfg.draft_vocab},
+                             eos=sorted(eos_ids(engine.target)),
+                             models={"draft_vocab": cfg.draft_vocab, "draft_kind": "head" if head else "draft"},
                              costs=costs.to_dict()), cover)
     atlas_s = time.perf_counter() - t1
     tokens = set(prompt_ids) | set(output) | {t for kids in recorder.children.values() for t, _ in kids}
@@ -102,7 +109,7 @@ def record_atlas(
         stop_reason=summary.stop_reason,
         eos=sorted(eos_ids(engine.target)),
         token_texts={t: engine.token_text(t) for t in sorted(tokens)},
-        models={"target": engine.target.name, "draft": engine.draft.name,
+        models={"target": engine.target.name, "draft": engine.draft.name, "draft_kind": "head" if head else "draft",
                 "dtype": str(engine.target.dtype).removeprefix("torch."),
                 "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
                 "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
@@ -124,13 +131,14 @@ def record_atlas(
 class _Recorder:
     """Grows every position's superset and asks the draft model for missing children."""
 
-    def __init__(self, drafter: ModelDrafter, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
+    def __init__(self, drafter: ModelDrafter | None, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
         self.drafter = drafter
         self.prompt_ids, self.output, self.spec = prompt_ids, output, spec
         self.seq = prompt_ids + output  # (S,) the committed context of every position is a prefix
+        self.prefix = len(self.seq)  # the cache entries of the committed text, kept between chunks
         self.root_index = len(prompt_ids) - 1  # seq index of the root at p = 0
         self.children: dict[Key, Children] = {}
-        self.cache = DynamicCache(config=drafter.model.config)
+        self.cache = DynamicCache(config=drafter.model.config) if drafter is not None else DynamicCache()
         self.slots: dict[Key, int] = {}  # keys fed into the cache in this chunk -> cache index
         self.rows = 0
         self.forwards = 0
@@ -200,6 +208,9 @@ class _Recorder:
         self.forwards += 1
         self.rows += len(batch)
         return forward_hidden(self.drafter.model, self.cache, ids, torch.tensor(positions), visible)
+
+    def forget(self) -> None:
+        """The chunk's node entries were dropped: forget what they held (a head's outputs)."""
 
     # --- the superset ----------------------------------------------------------------------
 
@@ -294,14 +305,15 @@ class _Recorder:
             if not missing:
                 return
             self._feed(sorted(missing, key=lambda key: (len(key[1]), key)))
-            gather_entries(self.cache, list(range(len(self.seq))))  # drop the fed node entries again
+            gather_entries(self.cache, list(range(self.prefix)))  # drop the fed node entries again
             self.slots = {}
+            self.forget()
         logger.warning("the atlas still misses nodes after %d cover rounds", rounds)
 
     def record(self, progress: Progress) -> None:
         self._prefill()
         grafts = self._grafts()
-        prefix = len(self.seq)
+        prefix = self.prefix
         positions = len(self.output)
         for start in range(0, positions, self.spec.chunk):
             chunk = range(start, min(start + self.spec.chunk, positions))
@@ -313,6 +325,102 @@ class _Recorder:
                 self._feed(wanted)
             gather_entries(self.cache, list(range(prefix)))  # drop the chunk's node entries
             self.slots = {}
+            self.forget()
             done = chunk.stop / positions
             progress(done, f"positions {chunk.stop} of {positions}: {len(self.children)} nodes, "
                            f"{self.rows} drafted in {self.forwards} forwards")
+
+
+class _HeadRecorder(_Recorder):
+    """The recorder for an EAGLE-3 head in the draft slot (``talon.drafters.eagle3``): its cache
+    holds the committed (target feature j, token j + 1) pairs of the text, from the target's one
+    forward over it; a node below a root feeds its parent's output with its own token. A node's
+    children depend on where its root is, so every node is keyed by its own ``(p, path)``, and
+    each layer of nodes is one forward (a node needs its parent's output)."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
+        super().__init__(None, prompt_ids, output, spec)
+        if len(prompt_ids) < 2:
+            raise ConfigError("an EAGLE-3 head needs a prompt of at least two tokens")
+        self.target = engine.target.model
+        self.head: Eagle3Head = engine.draft.model
+        self.prefix = len(self.seq) - 1  # pair j = (feature j, token j + 1)
+        self.outs: dict[Key, torch.Tensor] = {}  # fed nodes' outputs (h,), this chunk only
+        self.root_outs = torch.empty(0)
+
+    def canonical(self, p: int, path: tuple[int, ...]) -> Key:
+        return p, path
+
+    def forget(self) -> None:
+        self.outs = {}
+
+    def _grow(self, p: int, graft: list[tuple[tuple[int, ...], float]]) -> _Superset:
+        """The superset, and the text's own chain from ``p`` (a node on the text is not the root one
+        position later here): a chain drafter that follows the text is always answered."""
+        superset = super()._grow(p, graft)
+        text = tuple(self.output[p:p + self.spec.max_depth - 1])
+        superset.wanted += [(p, text[:i]) for i in range(1, len(text) + 1) if (p, text[:i]) not in self.children]
+        return superset
+
+    def _children(self, logits: torch.Tensor, keys: list[Key]) -> None:
+        q, ids = torch.softmax(logits, dim=-1).topk(max(self.spec.root_k, self.spec.top_k), dim=-1)  # (T, k)
+        tokens = ids + self.head.d2t[ids]  # draft id -> target id
+        for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
+            self.children[key] = list(zip(toks, qs))[: self._k(key)]
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        """The target's features over the text, then the head over every pair: the roots' children."""
+        layers = self.head.cfg.layers_for(int(self.target.config.num_hidden_layers))
+        ids = torch.tensor(self.seq)
+        _, features = forward_features(self.target, DynamicCache(config=self.target.config), ids,
+                                       torch.arange(len(ids)), None, layers)  # (S, 3H)
+        n = self.prefix
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        out, logits = self.head(features[:n], ids[1:], torch.arange(n), self.cache,
+                                additive_mask(causal, self.head.dtype))  # (S - 1, h), (S - 1, Vd)
+        self.forwards += 2
+        self.root_outs = out
+        first = self.root_index - 1  # the pair of the root at p = 0
+        for start in range(first, n, 256):
+            stop = min(start + 256, n)
+            self._children(logits[start:stop], [(p - first, ()) for p in range(start, stop)])
+
+    @torch.inference_mode()
+    def _feed(self, keys: list[Key]) -> None:
+        order = []
+        seen = set(self.slots)
+        for p, path in keys:
+            for i in range(1, len(path) + 1):
+                if (p, path[:i]) not in seen:
+                    seen.add((p, path[:i]))
+                    order.append((p, path[:i]))
+        for depth in sorted({len(path) for _, path in order}):
+            layer = [key for key in order if len(key[1]) == depth]
+            for start in range(0, len(layer), MAX_ROWS):
+                batch = layer[start:start + MAX_ROWS]
+                logits = self._forward(batch)
+                fresh = [(i, key) for i, key in enumerate(batch) if key not in self.children]
+                if fresh:
+                    self._children(logits[[i for i, _ in fresh]], [key for _, key in fresh])
+
+    def _forward(self, batch: list[Key]) -> torch.Tensor:
+        old = self.cache.get_seq_length()
+        visible = torch.zeros(len(batch), old + len(batch), dtype=torch.bool)  # (T, S + T)
+        g, positions = [], []
+        for row, (p, path) in enumerate(batch):
+            root_pair = self.root_index + p - 1
+            visible[row, : root_pair + 1] = True
+            for i in range(1, len(path)):
+                visible[row, self.slots[(p, path[:i])]] = True
+            visible[row, old + row] = True
+            self.slots[(p, path)] = old + row
+            g.append(self.root_outs[root_pair] if len(path) == 1 else self.outs[(p, path[:-1])])
+            positions.append(root_pair + len(path))
+        out, logits = self.head(torch.stack(g), torch.tensor([path[-1] for _, path in batch]),
+                                torch.tensor(positions), self.cache, additive_mask(visible, self.head.dtype))
+        for row, key in enumerate(batch):
+            self.outs[key] = out[row]
+        self.forwards += 1
+        self.rows += len(batch)
+        return logits

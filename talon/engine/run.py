@@ -68,6 +68,7 @@ class Run:
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
+        self.model_source = "head" if cfg.kind.model == "head" else "model"  # what the trace calls model nodes
 
     @property
     def fixed_costs(self) -> bool:
@@ -222,7 +223,7 @@ class Run:
             depths=list(tree.depths),
             q_draft=list(tree.q_draft),
             path_conf=list(tree.path_conf),
-            sources=list(tree.sources),
+            sources=[self.model_source if s == "model" else s for s in tree.sources],
             gate_layer_max=[g.layer_max if g else None for g in gates],
             gate_threshold=[g.threshold if g else None for g in gates],
             gate_passed=[g.passed if g else None for g in gates],

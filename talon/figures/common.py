@@ -16,6 +16,7 @@ from talon.trace import StepTrace
 SOURCE_COLORS: dict[str, str] = {
     "root": "#6b6b6b",
     "model": "#0072B2",
+    "head": "#0072B2",  # an EAGLE-3 head drafts where a draft model would: never both in one run
     "retrieval": "#E69F00",
     "both": "#CC79A7",
     "bonus": "#009E73",
@@ -24,6 +25,7 @@ SOURCE_COLORS: dict[str, str] = {
 SOURCE_NAMES: dict[str, str] = {
     "root": "root (last committed)",
     "model": "draft model",
+    "head": "EAGLE-3 head",
     "retrieval": "retrieval",
     "both": "model + retrieval",
     "bonus": "target bonus token",

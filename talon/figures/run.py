@@ -26,7 +26,7 @@ from talon.trace import StepTrace
 # Run-level figures
 # ---------------------------------------------------------------------------------------------
 
-COMMIT_SOURCES = ("bonus", "resampled", "model", "retrieval", "both")
+COMMIT_SOURCES = ("bonus", "resampled", "model", "head", "retrieval", "both")
 
 
 def committed_sources(step: StepTrace) -> dict[str, int]:
@@ -43,9 +43,10 @@ def accepted_per_step_figure(steps: Sequence[StepTrace], selected: int | None = 
         return empty_figure("No steps yet.")
     x = [st.step for st in steps]
     per_step = [committed_sources(st) for st in steps]
+    head = any(c["head"] for c in per_step)  # an EAGLE-3 head drafted in the draft model's place
     traces: list[Trace] = [
         dict(type="bar", x=x, y=[c[s] for c in per_step], name=SOURCE_NAMES[s], marker=dict(color=SOURCE_COLORS[s]))
-        for s in COMMIT_SOURCES
+        for s in COMMIT_SOURCES if s not in (("model",) if head else ("head",))
     ]
     totals = [sum(c.values()) for c in per_step]
     running = [sum(totals[: i + 1]) / (i + 1) for i in range(len(totals))]

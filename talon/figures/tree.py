@@ -24,6 +24,7 @@ from talon.figures.common import (
 )
 from talon.figures.text import esc, fmt_number, token_label, token_vocab
 from talon.trace import StepTrace
+from talon.tree import TRACE_SOURCES
 
 # ---------------------------------------------------------------------------------------------
 # (1) The draft tree
@@ -81,7 +82,7 @@ def tree_figure(step: StepTrace, vocab: Mapping[int, str] | None = None) -> go.F
         _edge_trace([(step.accepted[-1], bonus)], pos, dict(color=SOURCE_COLORS[step.bonus_kind], width=3, dash="dot")),
     ]
     labels = n <= MAX_NODE_LABELS
-    for source in ("root", "model", "retrieval", "both"):
+    for source in TRACE_SOURCES:
         nodes = [i for i in range(n) if step.sources[i] == source]
         if nodes:
             traces.append(_node_trace(step, nodes, source, status, pos, vocab, labels))
