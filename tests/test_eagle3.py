@@ -310,7 +310,7 @@ def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(pair: tuple
     assert drafter_choices(server_head, "default", "hybrid") == (HEAD_PAIR_KINDS, "eagle3-hybrid")
     assert drafter_choices(server_head, "default", "retrieval") == (HEAD_PAIR_KINDS, "retrieval")
     assert drafter_choices(Settings(), "default", "eagle3") == (MODEL_PAIR_KINDS, "model")
-    assert [p.key for p in PRESETS if holds_head(Settings(), p)] == ["llama-3.1-8b-eagle3"]
+    assert [p.key for p in PRESETS if holds_head(Settings(), p)] == ["llama-3.1-8b-eagle3", "qwen3-8b-eagle3"]
 
 
 def test_the_memory_guard_counts_the_head() -> None:

@@ -62,7 +62,7 @@ FAMILY_PAIRS = ("qwen2.5-7b", "llama-3.1-8b")
 
 def test_the_tiny_gpu_check_passes_and_reports(gpu_check, tmp_path: Path) -> None:
     assert {spec.key for spec in gpu_check.pair_specs(True, set())} == {
-        "qwen2.5-7b", "qwen2.5-coder-7b", "llama-3.1-8b", "qwen2.5-14b"}  # what a plain --tiny runs
+        "qwen2.5-7b", "qwen2.5-coder-7b", "llama-3.1-8b", "qwen3-8b", "qwen2.5-14b"}  # what a plain --tiny runs
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, *MODULE, "--tiny", "--pairs", ",".join(FAMILY_PAIRS), "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -335,3 +335,27 @@ def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check,
                       + json.dumps({"name": named(gpu_check, "bf16").name, "ok": True}) + "\n")
     assert [c.key for c in gpu_check.choose_checks("memory,bf16,seeded", stream)] == ["memory", "seeded"]
     assert gpu_check.main(["--tiny", "--checks", "nope"]) == 2
+
+
+def test_sharpening_gives_qwen3_the_attention_scale_of_a_model_without_qk_norms() -> None:
+    """Qwen3 normalises q and k per head after the projections, so the checks' sharpening sets the
+    norms' weights instead: q (and k) come out at the scale a Llama of the same shape gets."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from talon.gpucheck.check_model import config_for, sharpen_qk
+    from talon.models.memory import ModelShape
+
+    shape = ModelShape(256, 2, 4, 2, 512, 300, False)
+    scales = {}
+    for family in ("llama", "qwen3"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config_for(shape, family))
+        attention = model.model.layers[0].self_attn
+        sharpen_qk(model, attention, 6.0)
+        x = torch.randn(64, shape.hidden)  # unit RMS, as the input norm leaves it
+        with torch.no_grad():
+            q = attention.q_proj(x).view(64, shape.heads, shape.head_dim)
+            scales[family] = (attention.q_norm(q) if family == "qwen3" else q).std().item()
+    assert scales["qwen3"] == pytest.approx(scales["llama"], rel=0.15)
+    assert scales["llama"] > 1.0  # sharpened: the planted bugs then move the logits

@@ -74,3 +74,25 @@ def test_cuda_graphs_add_their_buffers_to_the_guards_estimate() -> None:
     check_preset_memory(settings, preset, "bfloat16", needed)
     with pytest.raises(ModelLoadError, match="CUDA-graph buffers"):
         check_preset_memory(settings, preset, "bfloat16", needed - 1)
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_SHAPES))
+def test_every_known_shape_counts_what_its_architecture_holds(name: str) -> None:
+    """Each shape, built at its real size on the meta device by the architecture its checks use
+    (``ModelShape.family``), holds exactly the parameters the guard counts (Qwen3: per-head q and k
+    norms, and the 0.6B's head_dim of 128, not hidden / heads)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from talon.gpucheck.check_model import config_for
+
+    shape = KNOWN_SHAPES[name]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config_for(shape, shape.family))
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    assert model.config.model_type == shape.family
+
+
+def test_qwen3_shapes_match_the_model_cards() -> None:
+    assert KNOWN_SHAPES["Qwen/Qwen3-8B"].parameters / 1e9 == pytest.approx(8.19, rel=0.01)
+    assert KNOWN_SHAPES["Qwen/Qwen3-0.6B"].parameters / 1e9 == pytest.approx(0.596, rel=0.01)

@@ -224,7 +224,13 @@ class SglangStandalone:
 
     Scores are multiplied in float32, as the draft's probabilities are. ``algorithm="EAGLE3"`` is the
     same worker drafting with an EAGLE-3 head (``eagle_worker_v2.py``; STANDALONE subclasses it),
-    whose deeper layers read the head's own outputs: replayed from an atlas recorded with the head."""
+    whose deeper layers read the head's own outputs: replayed from an atlas recorded with the head.
+
+    Not modelled: SGLang gives each of the ``topk`` lanes its own draft cache slots and does not
+    gather them again when a selected candidate's parent sits in another lane, so from the third
+    level on a node may attend to another path's slots; the replay reads every node's children as
+    its own ancestors give them. With ``topk`` 1 or ``num_steps`` up to 2 the two are the same;
+    deeper, a selection that rests on such a node's q may differ."""
 
     topk: int
     num_steps: int

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 
 from talon.models.rng import generator_for
 
@@ -88,10 +88,25 @@ def chain_prompt(vocab: int, length: int, seed: int) -> list[int]:
 
 def config_for(shape, family: str, untie: bool = False):  # noqa: ANN001 - a talon.models.memory.ModelShape
     """The model's config; ``untie`` gives a tied shape its own head, so it can carry the chain."""
-    config_cls = Qwen2Config if family == "qwen2" else LlamaConfig
+    config_cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}.get(family, LlamaConfig)
     kwargs = shape.config_kwargs() | ({"tie_word_embeddings": False} if untie else {})
     return config_cls(**kwargs, max_position_embeddings=8192, eos_token_id=None, bos_token_id=None,
                       pad_token_id=None)
+
+
+@torch.no_grad()
+def sharpen_qk(model: PreTrainedModel, attention: torch.nn.Module, factor: float) -> None:
+    """Scale an attention's q and k by ``factor``. Where a per-head norm follows the projections
+    (Qwen3's ``q_norm`` / ``k_norm``) scaling them would be undone, so the norms' weights are set
+    to the scale the projections have in a model without them (init std x sqrt(hidden)), times
+    ``factor``: the same attention logits either way."""
+    if hasattr(attention, "q_norm"):
+        scale = factor * model.config.initializer_range * math.sqrt(model.config.hidden_size)
+        attention.q_norm.weight.fill_(scale)
+        attention.k_norm.weight.fill_(scale)
+        return
+    attention.q_proj.weight.mul_(factor)
+    attention.k_proj.weight.mul_(factor)
 
 
 @torch.no_grad()
@@ -101,8 +116,7 @@ def condition(model: PreTrainedModel, init: str, chain_vocab: int, seed: int) ->
     if init == "sharp":
         model.model.norm.weight.mul_(4.0)
         for layer in layers:
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
+            sharpen_qk(model, layer.self_attn, 6.0)
         return
     if init != "conditioned":
         raise ValueError(f"init must be one of {INITS}, not {init!r}")
@@ -112,8 +126,7 @@ def condition(model: PreTrainedModel, init: str, chain_vocab: int, seed: int) ->
     # (its output's std ~ sqrt(width))
     mlp = branch * math.sqrt(min(1.0, REFERENCE_MLP / model.config.intermediate_size))
     for layer in layers:
-        layer.self_attn.q_proj.weight.mul_(qk)
-        layer.self_attn.k_proj.weight.mul_(qk)
+        sharpen_qk(model, layer.self_attn, qk)
         layer.self_attn.o_proj.weight.mul_(branch)
         layer.mlp.down_proj.weight.mul_(mlp)
     if model.config.tie_word_embeddings:  # one matrix cannot both name a token and predict its successor:

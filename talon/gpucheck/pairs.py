@@ -67,7 +67,7 @@ class PairSpec:
     target: ModelShape
     draft: ModelShape
     gpu_gib: float | None
-    family: str  # "llama" | "qwen2"
+    family: str  # "llama" | "qwen2" | "qwen3" (ModelShape.family)
 
 
 # ------------------------------------------------------------------------------------ models
@@ -87,7 +87,7 @@ def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
             target, draft = scaled(target, TINY_FACTOR), scaled(draft, TINY_FACTOR)
             target = dataclasses.replace(target, vocab=TINY_VOCAB + extra, hidden=target.heads * TINY_HEAD_DIM)
             draft = dataclasses.replace(draft, vocab=TINY_VOCAB, hidden=draft.heads * TINY_HEAD_DIM)
-        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, "qwen2" if target.qkv_bias else "llama"))
+        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, target.family))
     return specs
 
 

@@ -31,17 +31,26 @@ class ModelShape:
     vocab: int
     tie_embeddings: bool
     qkv_bias: bool = False  # Qwen2 has biases on q, k and v
+    qk_norm: bool = False  # Qwen3 normalises q and k per head (and has no biases)
+    explicit_head_dim: int = 0  # a config's own head_dim where it is not hidden // heads (Qwen3-0.6B)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def family(self) -> str:
+        """The transformers architecture the shape's checks build: llama, qwen2 or qwen3."""
+        return "qwen3" if self.qk_norm else "qwen2" if self.qkv_bias else "llama"
 
     @property
     def parameters(self) -> int:
-        kv = self.kv_heads * self.head_dim
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = 2 * self.hidden * q + 2 * self.hidden * kv
         if self.qkv_bias:
-            attention += self.hidden + 2 * kv
+            attention += q + 2 * kv
+        if self.qk_norm:
+            attention += 2 * self.head_dim
         layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
         embeddings = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
         return self.layers * layer + embeddings + self.hidden
@@ -54,7 +63,7 @@ class ModelShape:
         return dict(
             hidden_size=self.hidden, num_hidden_layers=self.layers, num_attention_heads=self.heads,
             num_key_value_heads=self.kv_heads, intermediate_size=self.intermediate,
-            vocab_size=self.vocab, tie_word_embeddings=self.tie_embeddings,
+            vocab_size=self.vocab, tie_word_embeddings=self.tie_embeddings, head_dim=self.head_dim,
         )
 
     @staticmethod
@@ -64,7 +73,9 @@ class ModelShape:
             kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             intermediate=config.intermediate_size, vocab=config.vocab_size,
             tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=config.model_type == "qwen2",
+            qkv_bias=config.model_type == "qwen2", qk_norm=config.model_type == "qwen3",
+            explicit_head_dim=(getattr(config, "head_dim", 0) or 0)
+            if getattr(config, "head_dim", 0) != config.hidden_size // config.num_attention_heads else 0,
         )
 
 
@@ -82,6 +93,10 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
     # an EAGLE-3 head counted as one Llama layer with a 32k embedding and head: its fc and 2h-wide
     # q/k/v (about 0.1 B) in place of that embedding (0.13 B), so an estimate from above
     "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": ModelShape(4096, 1, 32, 8, 14_336, 32_000, False),
+    "Qwen/Qwen3-8B": ModelShape(4096, 36, 32, 8, 12_288, 151_936, False, qk_norm=True),
+    "Qwen/Qwen3-0.6B": ModelShape(1024, 28, 16, 8, 3072, 151_936, True, qk_norm=True, explicit_head_dim=128),
+    # the head counted as the Llama head above is: one layer at the target's width, a 32k draft vocabulary
+    "RedHatAI/Qwen3-8B-speculator.eagle3": ModelShape(4096, 1, 32, 8, 12_288, 32_000, False),
 }
 
 
@@ -156,5 +171,5 @@ def scaled(shape: ModelShape, factor: int) -> ModelShape:
         kv -= 1
     return dataclasses.replace(
         shape, hidden=heads * 16, layers=max(shape.layers // factor, 2), heads=heads, kv_heads=kv,
-        intermediate=max(shape.intermediate // (factor * 8), 32),
+        intermediate=max(shape.intermediate // (factor * 8), 32), explicit_head_dim=0,
     )

@@ -75,6 +75,25 @@ PRESETS: tuple[ModelPreset, ...] = (
         head=True,
     ),
     ModelPreset(
+        "qwen3-8b",
+        "Qwen3-8B + Qwen3-0.6B (GPU, bf16)",
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-0.6B",
+        needs_cuda=True,
+        dtype="bfloat16",
+        gpu_gib=24,
+    ),
+    ModelPreset(
+        "qwen3-8b-eagle3",
+        "Qwen3-8B + an EAGLE-3 head trained for it (GPU, bf16)",
+        "Qwen/Qwen3-8B",
+        "RedHatAI/Qwen3-8B-speculator.eagle3",  # Red Hat's head, speculators layout
+        needs_cuda=True,
+        dtype="bfloat16",
+        gpu_gib=24,
+        head=True,
+    ),
+    ModelPreset(
         "qwen2.5-14b",
         "Qwen2.5-14B-Instruct + Qwen2.5-0.5B-Instruct (GPU with 40 GB or more, bf16)",
         "Qwen/Qwen2.5-14B-Instruct",
