@@ -180,9 +180,11 @@ class Knob:
 
 
 # async drafting's one default and its one reason (the knob's help, the app's note, the settings' table)
-ASYNC_OFF_WHY = ("it measured slower: on a CPU the pre-draft takes the verifier's cores; on a GPU an in-line "
-                 "draft layer is a CUDA-graph replay (about 3 ms on an H100) while a pre-draft runs eagerly on its "
-                 "own thread (about 15 ms)")
+ASYNC_OFF_WHY = ("it measured slower on a CPU, where the pre-draft takes the verifier's cores "
+                 "(docs/runs/2026-11-22-cpu-async.md: humaneval 5.36 sync against 3.88 async tok/s); on a GPU "
+                 "an in-line draft layer is a CUDA-graph replay (2.8 ms on an H100, "
+                 "docs/runs/2026-11-26-h100-speed.md) while a pre-draft runs eagerly on its own thread, and "
+                 "no GPU run has timed async drafting yet")
 
 KNOBS: tuple[Knob, ...] = (
     Knob("drafter", "drafter", "choice", "hybrid", "who drafts (talon.knobs): "

@@ -125,3 +125,21 @@ def proven_table() -> str:
 
 def test_the_gpu_doc_states_every_default_and_its_proof() -> None:
     assert proven_table() in (REPO / "docs" / "gpu.md").read_text(encoding="utf-8")
+
+
+def test_every_proven_row_is_what_the_code_reads_and_cites_files_that_exist() -> None:
+    """The rows that ``auto`` does not resolve (chain, async drafting, prepacking) equal the
+    defaults the code holds, and every run file a row cites is committed."""
+    import re
+
+    from talon.settings import Settings
+
+    plain = Settings.from_env({})
+    for kind in ("cpu", "cuda"):
+        assert (proven_default("chain", kind).value == "on") == plain.chain, kind
+        assert (proven_default("async_draft", kind).value == "on") == KNOB["async_draft"].default, kind
+    assert (proven_default("prepack", "cpu").value == "auto") == (plain.prepack is None)
+    cited = {path.rstrip(".,;:)") for row in PROVEN.values()
+             for path in re.findall(r"(?:docs|tests|scripts|data)/[\w./-]+", row.run)}
+    assert "docs/runs/2026-11-22-cpu-async.md" in cited, "the async default cites its measured run"
+    assert {p for p in cited if not (REPO / p).exists()} == set()

@@ -175,9 +175,10 @@ def lossless_section(report: BenchReport) -> str:
     ]
     for method in dict.fromkeys(c.method for c in checks):
         mine = [c for c in checks if c.method == method]
+        spots, ties = sum(c.check.positions for c in mine), sum(len(c.check.near_ties) for c in mine)
         lines.append(
-            f"| {method} | {len(mine)} | {sum(c.check.positions for c in mine)} | "
-            f"{sum(len(c.check.near_ties) for c in mine)} | {sum(c.departs_from_ar is not None for c in mine)} | "
+            f"| {method} | {len(mine)} | {spots} | "
+            f"{ties} ({100 * ties / max(spots, 1):.2f} %) | {sum(c.departs_from_ar is not None for c in mine)} | "
             f"{sum(not c.check.lossless for c in mine)} |"
         )
     if bad:
