@@ -3,7 +3,8 @@
 #   1. every lossless configuration with drafts accepted (MAT floor) on the default path (CUDA
 #      graphs, fold off) and the other paths (fold on, dynamic, static, the tree grown on the
 #      device): talon/gpucheck/check.py --checks lossless,steps;
-#   2. the check's teeth on this GPU: a tree mask bug planted, the lossless check must fail;
+#   2. the check's teeth on this GPU: a tree mask bug, then a position bug, planted; every path of
+#      step 1 must fail in a configuration whose tree can express it (the report names each path);
 #   3. Talon's step measured with real acceptance: the shape replay on six lesson atlases, beside
 #      generate() and the prediction on this GPU's curves (python -m talon.gpucheck.shape);
 #   4. the grouped-query fold timed on and off (two minutes at most);
@@ -28,11 +29,13 @@ for line in open(sys.argv[1]):
 " "$out/check.jsonl"
 
 cap() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # seconds for the next step: at most $1
-if [ "$(left)" -gt 90 ]; then
-  timeout "$(cap 150)" python3 -m talon.gpucheck --pairs "$pair" --checks lossless \
-    --plant mask --out "$out/plant.json" > "$out/plant.log" 2>&1
-  took "planted mask bug (rc 0 = caught)" $?; grep -E "^PLANTED" "$out/plant.log"
-fi
+for bug in mask position; do
+  if [ "$(left)" -gt 120 ]; then
+    timeout "$(cap 150)" python3 -m talon.gpucheck --pairs "$pair" --checks lossless,steps \
+      --plant "$bug" --out "$out/plant-$bug.json" > "$out/plant-$bug.log" 2>&1
+    took "planted $bug bug (rc 0 = caught on every path)" $?; grep -E "^(PLANTED|  )" "$out/plant-$bug.log"
+  fi
+done
 
 if [ "$(left)" -gt 90 ]; then  # Talon's step with real acceptance: the shape replay on the lesson atlases
   timeout "$(cap 150)" python3 -m talon.gpucheck.shape --pair "$pair" --limit 6 --tokens 64 --out "$out/shape.json" \

@@ -105,22 +105,52 @@ def test_a_planted_bug_fails_the_check_and_the_others_still_run(gpu_check, monke
     assert "qwen2.5-7b: " + lossless["name"] in report["failed"] and checks[1]["ok"]
 
 
+def test_drafts_never_accepted_fail_the_lossless_check_on_its_floor(gpu_check,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the draft model's every child one token off (never the target's choice): the text
+    is still the target's, but the configurations the draft model drafts in (alone, and hybrid on
+    a prompt where retrieval finds nothing) fall below the floor, and the check fails on it,
+    naming them."""
+    from talon.drafters.model import ModelDrafter
+
+    real = ModelDrafter.expand
+
+    def off_by_one(self, tree, nodes, k):  # noqa: ANN001, ANN202
+        return [[(token + 1, q) for token, q in kids] for kids in real(self, tree, nodes, k)]
+
+    monkeypatch.setattr(ModelDrafter, "expand", off_by_one)
+    only_checks(gpu_check, monkeypatch, named(gpu_check, "lossless"))
+    report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False)
+    detail = report["pairs"]["qwen2.5-7b"]["checks"][0]["detail"]
+    assert not report["ok"] and detail["failures"] == [], "the text is the target's: the floor must fail it"
+    assert {k.split("/")[0] for k in detail["below_floor"]} == {"model", "hybrid"}, detail["below_floor"]
+    assert all(k in detail["below_floor"] for k in detail["mat"] if k.startswith(("model/", "hybrid/")))
+
+
 @pytest.mark.parametrize("bug", ["position", "mask"])
-def test_plant_passes_only_when_every_lossless_check_catches_the_bug(gpu_check, bug: str, tmp_path: Path) -> None:
-    """``--plant``: what a GPU runs to prove the check's teeth there. The lossless checks of the
-    tiny Qwen pair (every drafter x tree x async on the default path, the other paths) must
-    each see a token differ from ``generate()``; without the bug the same run is not ``caught``."""
+def test_plant_is_caught_on_every_step_path(gpu_check, bug: str, tmp_path: Path) -> None:
+    """``--plant``: what a GPU runs to prove the check's teeth there. On the tiny Qwen pair every
+    step path the lossless checks run (the default, the fold switched, the dynamic cache, the
+    static forward, the tree grown on the device) sees a token differ from ``generate()`` in a
+    configuration whose tree can express the bug; a path whose catches are taken away is named
+    as missed, and the configurations that cannot express it are named with why."""
     out = tmp_path / "plant.json"
     args = ["--tiny", "--pairs", "qwen2.5-7b", "--checks", "lossless,steps", "--out", str(out)]
     assert gpu_check.main([*args, "--plant", bug]) == 0
     report = json.loads(out.read_text())
     planted = report["planted"]
-    assert planted["bug"] == bug and planted["pairs"] == 1 and planted["missed"] == []
-    assert planted["caught_by"]["qwen2.5-7b"] >= 4, planted  # configurations whose tokens differed
-    checks = report["pairs"]["qwen2.5-7b"]["checks"]
-    report["pairs"]["qwen2.5-7b"]["checks"] = [{**c, "ok": True, "detail": {"failures": []}} for c in checks]
-    gpu_check.caught_planted(report, bug)  # the same checks passing: the bug went unnoticed
-    assert not report["ok"] and report["planted"]["missed"] == ["qwen2.5-7b"]
+    paths = planted["paths"]["qwen2.5-7b"]
+    assert planted["bug"] == bug and planted["missed"] == []
+    assert set(paths) == {"dynamic+fold", *part("pair_checks").OTHER_PATHS["cpu"]}, paths
+    for path, row in paths.items():
+        assert row["ok"] and any(c.split("/")[1] != "chain" for c in row["caught"]), (path, row)
+        assert all(c.startswith("none/") or bug == "mask" for c in row["cannot"]), row["cannot"]
+    # one path's catches taken away (its plant disabled): that path, and only it, is missed
+    for check in report["pairs"]["qwen2.5-7b"]["checks"]:
+        if check["name"].startswith("the other steps"):
+            check["detail"]["failures"] = [f for f in check["detail"]["failures"] if not f.startswith("static/")]
+    gpu_check.caught_planted(report, bug)
+    assert not report["ok"] and report["planted"]["missed"] == ["qwen2.5-7b: static"]
 
 
 def test_without_cuda_the_full_check_says_to_use_tiny(gpu_check, capsys: pytest.CaptureFixture[str]) -> None:

@@ -283,7 +283,12 @@ def check_table(report: dict[str, Any]) -> str:
     if "planted" in report:
         planted_bug = report["planted"]
         lines.append(f"PLANTED {planted_bug['bug']} bug: configurations that caught it, by pair: "
-                     f"{planted_bug['caught_by']}; missed by {planted_bug['missed'] or 'no pair'}")
+                     f"{planted_bug['caught_by']}; missed by {planted_bug['missed'] or 'no path'}")
+        for key, rows in planted_bug.get("paths", {}).items():
+            for path, row in rows.items():
+                lines.append(f"  {key} {path}: caught by {len(row['caught'])} of {len(row['run'])} "
+                             f"({', '.join(row['caught']) or 'none'}); cannot express it: "
+                             f"{', '.join(sorted(row['cannot'])) or 'none'}")
     return "\n".join(lines)
 
 
@@ -354,21 +359,52 @@ def main(argv: list[str] | None = None) -> int:
 LOSSLESS_KEYS = ("lossless", "steps")
 
 
-def caught_planted(report: dict[str, Any], bug: str) -> None:
-    """With a bug planted, the run is ``ok`` when every pair's lossless step (its lossless checks
-    that ran) saw a token differ from ``generate()`` (not an error, not a floor): the check's
-    teeth, proven where it runs."""
-    names = {c.name for c in PAIR_CHECKS if c.key in LOSSLESS_KEYS}
-    caught: dict[str, list[str]] = {}
+def unexpressed(bug: str, config: str) -> str:
+    """Why a configuration (``drafter/mode[/async]``) cannot show ``bug``, or "" where it can."""
+    drafter, mode = config.split("/")[:2]
+    if drafter == "none":
+        return "drafts nothing: no tree to misplace"
+    if bug == "mask" and mode == "chain":
+        return "a chain has no siblings: a mask that shows a node its elder siblings changes nothing"
+    return ""
+
+
+def plant_paths(report: dict[str, Any], bug: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per pair, per step path (the lossless check's default path, and each of the other paths the
+    steps check runs): the configurations run, those whose tokens differed from ``generate()``
+    (caught), those that could not express ``bug`` (with why), and whether the path caught it in
+    a configuration that can."""
+    names = {c.name: c.key for c in PAIR_CHECKS if c.key in LOSSLESS_KEYS}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for key, check in report_rows(report):
-        if check["name"] in names and not check["skipped"]:
-            caught.setdefault(key, [])
-            if not check["ok"] and check["detail"].get("failures"):
-                caught[key] += check["detail"]["failures"]
-    missed = sorted(key for key, failures in caught.items() if not failures)
-    report["planted"] = {"bug": bug, "pairs": len(caught), "missed": missed,
-                         "caught_by": {key: len(failures) for key, failures in caught.items()}}
-    report["ok"] = bool(caught) and not missed and not report["invalid"]
+        if check["name"] not in names or check["skipped"]:
+            continue
+        detail, paths = check["detail"], out.setdefault(key, {})
+        failures = set(detail.get("failures", ()))
+        for run in detail.get("mat", {}):
+            path, config = ((detail.get("forward", "default"), run) if names[check["name"]] == "lossless"
+                            else tuple(run.split("/", 1)))
+            row = paths.setdefault(path, {"run": [], "caught": [], "cannot": {}})
+            row["run"].append(config)
+            if run in failures:
+                row["caught"].append(config)
+            elif unexpressed(bug, config):
+                row["cannot"][config] = unexpressed(bug, config)
+        for row in paths.values():
+            row["ok"] = any(not unexpressed(bug, c) for c in row["caught"])
+    return out
+
+
+def caught_planted(report: dict[str, Any], bug: str) -> None:
+    """With a bug planted, the run is ``ok`` when, on every pair, every step path its lossless
+    checks ran saw a token differ from ``generate()`` (not an error, not a floor) in at least one
+    configuration whose tree can express the bug: the check's teeth, proven on each path."""
+    paths = plant_paths(report, bug)
+    missed = sorted(f"{key}: {path}" for key, rows in paths.items() for path, row in rows.items() if not row["ok"])
+    missed += sorted(key for key, rows in paths.items() if not rows)  # checks that ran nothing (errors)
+    report["planted"] = {"bug": bug, "pairs": len(paths), "missed": missed, "paths": paths,
+                         "caught_by": {key: sum(len(r["caught"]) for r in rows.values()) for key, rows in paths.items()}}
+    report["ok"] = bool(paths) and not missed and not report["invalid"]
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
                 summary, _ = generate(engine, ids, cfg)
                 mats[f"{drafter}/{mode}/{'async' if async_draft else 'sync'}"] = round(summary.mean_accepted_tokens, 3)
                 if summary.token_ids != want:
-                    failures.append(f"{drafter}/{mode}/async={async_draft}")
+                    failures.append(f"{drafter}/{mode}/{'async' if async_draft else 'sync'}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     low = below_floor(mats)
     return not failures and not low, {"runs": len(mats), "forward": engine.path, "failures": failures, "vocab": vocab,

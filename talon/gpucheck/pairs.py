@@ -252,9 +252,10 @@ class PairRun:
 # accept drafts at depth, and fails below its floor (``none`` drafts nothing: it has none).
 # Retrieval drafts copies of the text so far. A random-weight model sensitive enough to its
 # context for a planted bug to show rarely repeats itself, even on a prompt that repeats its own
-# continuation (``echo_ids``: at the 7B preset's width MAT 1.14, at the tiny shapes 1.0-1.3), so
-# retrieval alone is held to no floor: its grafts are read where they are accepted, in hybrid's
-# trees, and its MAT is reported.
+# continuation (``echo_ids``; the tiny shapes 1.0-1.3 in the suite; at the 7B preset's width 1.0
+# on every path, docs/gpu_runs/2026-11-26-h100-check-graphs.jsonl), nor on the planted chain's
+# walk (the tiny shapes 1.0-1.33), so retrieval alone is held to no floor: its grafts are read
+# where they are accepted, in hybrid's trees, and its MAT is reported.
 MAT_FLOOR = 1.5
 FLOORS = {"none": 0.0, "retrieval": 0.0}
 
