@@ -4,7 +4,7 @@ The tiny models of the rest of the suite have 2 layers: a bug that only shows at
 mask, a position id or a cache move that is slightly wrong, amplified through 28 layers) would
 pass them. Here the target has the preset's full depth, head size and grouped-query shape (Qwen2.5
 7B: 28 layers, head_dim 128, 7 query heads a KV head; Llama 3.1 8B: 32 layers, 4 a KV head) with
-a quarter of its heads (``SLIM``: what a tree position or mask bug needs is the depth and the
+half its heads (``SLIM``: what a tree position or mask bug needs is the depth and the
 attention's shape, not its width, ``experiments/check_model_width.py`` covers the real width), a
 narrow MLP and a reduced vocabulary so it fits the CPU and CI's time; the draft has its preset's
 full depth too. The weights are the GPU check's conditioned init
@@ -48,7 +48,7 @@ def preset_shapes(key: str) -> tuple[ModelShape, ModelShape, str]:
     preset = next(p for p in PRESETS if p.key == key)
     target, draft = KNOWN_SHAPES[preset.target or ""], KNOWN_SHAPES[preset.draft or ""]
     extra = target.vocab - draft.vocab
-    return narrow(target, VOCAB + extra), narrow(draft, VOCAB), "qwen2" if target.qkv_bias else "llama"
+    return narrow(target, VOCAB + extra), narrow(draft, VOCAB), target.family
 
 
 def loaded(shape: ModelShape, family: str, seed: int, init: str = "conditioned") -> LoadedModel:
@@ -115,10 +115,11 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
         if generate(static, ids, config(drafter, mode))[0].token_ids != want:
             wrong.append((prompt, drafter, mode, "static step"))
     assert not wrong, f"{pair.key}: differs from generate() for {wrong}"
-    # the check has teeth only where drafts are accepted at depth: the draft model's trees must be
-    # (retrieval's, on the chain prompt, are on Qwen's shapes; they share the one verify path)
-    for drafter in ("model", "hybrid"):
-        assert max(m for (_, d, *_), m in mats.items() if d == drafter) > 1.5, (drafter, mats)
+    # the check has teeth only where drafts are accepted at depth: every configuration the draft
+    # model drafts in must be (retrieval's, on the chain prompt, are on Qwen's shapes only, and
+    # share the one verify path)
+    low = {run: round(m, 2) for run, m in mats.items() if run[1] in ("model", "hybrid") and m < 1.5}
+    assert not low, f"{pair.key}: below MAT 1.5: {low}"
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTS))
@@ -139,7 +140,7 @@ def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_th
     """Every GPU preset's depth (heads narrowed: depth is what conditions), then the old init at
     the 7B's real attention width, where it is chaotic."""
     ids = random_ids(VOCAB, 48, 3)
-    for preset in (p for p in PRESETS if p.needs_cuda and p.target in KNOWN_SHAPES):
+    for preset in (p for p in PRESETS if p.needs_cuda and not p.head and p.target in KNOWN_SHAPES):
         slim, _, family = preset_shapes(preset.key)
         slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2,
                                    kv_heads=max(slim.kv_heads // 2, 1))
