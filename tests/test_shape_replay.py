@@ -76,10 +76,69 @@ def test_the_device_script_measures_every_drafter_beside_generate_and_the_predic
     from talon.gpucheck.shape import main
 
     out = tmp_path / "shape.json"
-    assert main(["--tiny", "--limit", "1", "--tokens", "16", "--out", str(out)]) == 0
+    assert main(["--tiny", "--limit", "1", "--tokens", "16", "--forward", "static", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["faithful"] and report["forward"] == "dynamic+fold"
+    assert report["faithful"] and report["forward"] == "static"
+    assert report["clean_clock"] and report["built_while_timed"] == {}, "warmed: the clock times decoding only"
     rows = report["rows"]
     assert list(rows) == ["none", "retrieval", "model", "hybrid", "generate()"]
     assert rows["hybrid"]["tokens"] / rows["hybrid"]["steps"] > 1.2  # drafts accepted
     assert all(r["seconds"] > 0 for r in rows.values()) and rows["hybrid"]["predicted_s"] > 0
+
+
+def test_a_run_that_builds_while_timed_fails_the_device_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: no warm-up, so the timed runs build the static forwards (on CUDA: capture graphs):
+    counted, and the script exits 1."""
+    import talon.gpucheck.shape as device_script
+
+    real = device_script.shape_replay
+    warmed: list[bool] = []
+
+    def unwarmed(engine, atlas, cfg):  # noqa: ANN001, ANN202 - the warm-up pass skipped
+        if len(warmed) < len(device_script.ATLAS_KINDS):
+            warmed.append(True)
+            return None
+        return real(engine, atlas, cfg)
+
+    monkeypatch.setattr(device_script, "shape_replay", unwarmed)
+    monkeypatch.setattr(device_script, "reference", lambda *a: None)  # the warm-up's generate() too
+    assert device_script.main(["--tiny", "--limit", "1", "--tokens", "8", "--forward", "static"]) == 1
+
+
+def test_a_readout_of_the_forwards_own_proposals_fails_faithfulness(atlas: Atlas,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the shape source hands the tree the real forward's top-k, not the atlas's. The
+    text is still the atlas's (verification reads it), but the trees are not the atlas replay's."""
+    from talon.atlas.shape import ShapeSource
+
+    monkeypatch.setattr(ShapeSource, "expand", lambda self, tree, nodes, k: self.real.expand(tree, nodes, k))
+    result = shape_replay(other_pair("dynamic"), atlas, RunConfig(drafter="model", max_new_tokens=16, draft_vocab=0))
+    assert result.summary.token_ids == atlas.output[:16] and not result.same_trees
+
+
+def test_a_replay_that_leaves_its_atlas_makes_the_device_script_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The atlases cut after their first positions: the replays ask for children the atlas does not
+    hold, which is counted, and the script exits 1."""
+    import talon.gpucheck.shape as device_script
+
+    recorded = device_script.atlases_for
+
+    def pruned(*args):  # noqa: ANN002, ANN202
+        atlases = recorded(*args)
+        for a in atlases:
+            a.children = {key: kids for key, kids in a.children.items() if key[0] < 4}
+        return atlases
+
+    monkeypatch.setattr(device_script, "atlases_for", pruned)
+    assert device_script.main(["--tiny", "--limit", "1", "--tokens", "16"]) == 1
+
+
+def test_the_shape_source_answers_only_a_draft_sources_calls(atlas: Atlas) -> None:
+    from talon.atlas.shape import ShapeSource
+
+    run, _ = shape_run(other_pair("dynamic"), atlas, RunConfig(drafter="model", max_new_tokens=8, draft_vocab=0))
+    source = run.drafter.model
+    assert isinstance(source, ShapeSource)
+    for name in ("fork", "chained_tree", "chains"):
+        with pytest.raises(AttributeError):
+            getattr(source, name)

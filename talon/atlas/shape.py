@@ -34,7 +34,9 @@ from talon.tree import DraftTree
 
 
 class ShapeSource:
-    """A real draft source whose forwards run and whose children come from the atlas."""
+    """A real draft source whose forwards run and whose children come from the atlas. It answers
+    the ``DraftSource`` calls and nothing else: a call it does not know (a fork, a device-grown
+    tree) raises, so no real proposal reaches the tree unseen."""
 
     def __init__(self, real: DraftSource, told: AtlasModel) -> None:
         self.real, self.told = real, told
@@ -67,8 +69,13 @@ class ShapeSource:
         self.told.take_timings()
         return self.real.take_timings()
 
-    def __getattr__(self, name: str) -> Any:  # the rest of a real source (a view's model, its close)
-        return getattr(self.real, name)
+    def add_features(self, features: Any) -> None:
+        """The target's features for a head's next forward (what it proposes is still the atlas's)."""
+        self.real.add_features(features)
+
+    def close(self) -> None:
+        if hasattr(self.real, "close"):
+            self.real.close()
 
 
 class ShapeVerifier:
@@ -143,6 +150,14 @@ class ShapeResult:
     steps: list[StepTrace]
     coverage: Coverage
     predicted: RunSummary
+    replayed: list[StepTrace] = dataclasses.field(default_factory=list)  # the atlas replay's steps
+
+    @property
+    def same_trees(self) -> bool:
+        """Every step grew the tree the atlas replay grows (which a readout leaking a forward's own
+        proposals would change) and accepted as much."""
+        return ([(s.tokens, s.parents, len(s.new_tokens)) for s in self.steps]
+                == [(s.tokens, s.parents, len(s.new_tokens)) for s in self.replayed])
 
     @property
     def tokens_per_s(self) -> float:
@@ -161,4 +176,4 @@ def shape_replay(engine: Engine, atlas: Atlas, cfg: RunConfig) -> ShapeResult:
     assert run.summary is not None
     costed = dataclasses.replace(atlas, costs=engine.cost_snapshot(cfg.draft_vocab).to_dict())
     predicted = replay(costed, cfg.replace(max_new_tokens=run.cfg.max_new_tokens))
-    return ShapeResult(run.summary, run.steps, coverage, predicted.summary)
+    return ShapeResult(run.summary, run.steps, coverage, predicted.summary, predicted.steps)

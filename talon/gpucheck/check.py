@@ -402,8 +402,8 @@ def caught_planted(report: dict[str, Any], bug: str) -> None:
     paths = plant_paths(report, bug)
     missed = sorted(f"{key}: {path}" for key, rows in paths.items() for path, row in rows.items() if not row["ok"])
     missed += sorted(key for key, rows in paths.items() if not rows)  # checks that ran nothing (errors)
-    report["planted"] = {"bug": bug, "pairs": len(paths), "missed": missed, "paths": paths,
-                         "caught_by": {key: sum(len(r["caught"]) for r in rows.values()) for key, rows in paths.items()}}
+    caught_by = {key: sum(len(r["caught"]) for r in rows.values()) for key, rows in paths.items()}
+    report["planted"] = {"bug": bug, "pairs": len(paths), "missed": missed, "paths": paths, "caught_by": caught_by}
     report["ok"] = bool(paths) and not missed and not report["invalid"]
 
 

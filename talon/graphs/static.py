@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,9 @@ from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
 from talon.settings import proven_default
 
+# what a static forward built in this process, by kind: "forwards" (slot caches and buffers),
+# "captures" (CUDA graphs), "compiles" (a compiled bucket's first run); a timed run must add none
+BUILT: Counter[str] = Counter()
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
 
@@ -198,6 +202,8 @@ class StaticForward:
         self.capture_report = CaptureReport()
         # talon.graphs.chain's tree buffers (and captured updates) by ChainShape, kept with the forward
         self.chains: dict = {}
+        self.compiled_sizes: set[int] = set()  # compiled buckets that ran (each compiles at its first run)
+        BUILT["forwards"] += 1
 
     def _buffers(self, size: int) -> Bucket:
         nbytes = 8 * (2 + 2 * size + size * self.earlier) + size * size
@@ -223,6 +229,9 @@ class StaticForward:
         visible = seen[:, :-1].bool() | (self.columns < base)  # and the committed prefix
         mask = torch.where(visible, 0.0, self.minimum).to(self.model.dtype).view(1, 1, b, self.max_len)
         decoder = self.compiled if self.compiled is not None and b <= self.compile_upto else self.model.get_decoder()
+        if decoder is self.compiled and b not in self.compiled_sizes:
+            self.compiled_sizes.add(b)
+            BUILT["compiles"] += 1
         hidden = {"output_hidden_states": True} if self.feature_layers else {}
         out = decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
                       past_key_values=self.cache, use_cache=True, **self.fold, **hidden)
@@ -423,6 +432,7 @@ class StaticForward:
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 bucket.logits = self._run(bucket)
             bucket.graph = graph
+            BUILT["captures"] += 1
             torch.cuda.synchronize(self.device)
             report = self.capture_report
             report.buckets = sorted([*report.buckets, bucket.size])
