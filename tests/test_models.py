@@ -18,7 +18,7 @@ import talon.models.convert as tm_convert
 import talon.models.device as tm_device
 import talon.models.embedded as tm_embedded
 import talon.models.loading as tm_loading
-from talon.models.base import LoadedModel, ModelLoadError
+from talon.models.base import ModelLoadError
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.embedded import (
     EmbeddedModel,
@@ -392,29 +392,6 @@ def test_settings_from_env_values_and_errors(tmp_path: Path) -> None:
 
 
 # --- the embedded pair ----------------------------------------------------------------------------
-
-
-@pytest.mark.embedded
-def test_embedded_pair(embedded_pair: tuple[LoadedModel, LoadedModel]) -> None:
-    target, draft = embedded_pair
-    for lm in (target, draft):
-        assert (lm.dtype, lm.device) == (torch.float32, CPU)
-        assert not lm.model.training and lm.model.dtype == torch.float32
-        assert (Path(lm.name) / tm_convert.MARKER_FILE).is_file()
-        assert lm.tokenizer.chat_template and "<|im_start|>" in lm.tokenizer.chat_template
-        assert lm.tokenizer.eos_token == "<|im_end|>"
-        im_end = lm.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        assert im_end in list(lm.model.generation_config.eos_token_id)
-    assert target.model.config.num_hidden_layers == 28 and draft.model.config.num_hidden_layers == 24
-
-    messages = [{"role": "user", "content": "Write a Python function add(a, b) that returns a + b."}]
-    inputs = target.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    with torch.inference_mode():
-        out = target.model.generate(**inputs, max_new_tokens=20, do_sample=False)
-    text = target.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert "def add(a, b)" in text, text
 
 
 def test_the_int8_draft_head_is_the_float_head_quantized() -> None:

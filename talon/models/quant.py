@@ -51,7 +51,7 @@ class Int8Linear(nn.Module):
         with warnings.catch_warnings():  # quantized tensors are marked deprecated in torch 2.13
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
-        bias = None if linear.bias is None else linear.bias.detach().float()
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()  # not a view of a mapped file
         self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
