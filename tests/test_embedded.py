@@ -7,6 +7,7 @@ import functools
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,13 +43,14 @@ def cached_greedy(model, prompt_ids: tuple[int, ...], n: int) -> tuple[int, ...]
 
 
 @pytest.fixture(scope="module")
-def embedded_pair() -> tuple[LoadedModel, LoadedModel]:
+def embedded_pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
     """The embedded target in float32 and its draft in int8 (the CPU's default draft), on the CPU,
     loaded once for this module and released after it: the float32 target alone holds 6.2 GB."""
     target, draft = load_pair(EMBEDDED_TARGET, EMBEDDED_DRAFT, dtype="float32", device="cpu", draft_quant="int8",
                               prepack=False)
     assert draft is not None
-    return target, draft
+    yield target, draft
+    cached_greedy.cache_clear()  # its keys hold the models: the pair is freed with the module
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@ module, so the float32 pair of ``tests/test_embedded.py`` is released before it 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
@@ -10,9 +12,16 @@ from talon.engine.engine import Engine, generate
 from talon.models.loading import load_pair
 from talon.run_config import RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
-from tests.test_embedded import first_prompt, target_greedy
+from tests.test_embedded import cached_greedy, first_prompt, target_greedy
 
 pytestmark = pytest.mark.embedded
+
+
+@pytest.fixture(autouse=True)
+def forget_references() -> Iterator[None]:
+    """The reference texts' cache holds the models it ran: freed with the test."""
+    yield
+    cached_greedy.cache_clear()
 
 
 def test_a_packed_int4_embedded_target_keeps_its_own_greedy_text() -> None:
