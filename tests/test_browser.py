@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from talon.gpucheck.launch import REPO
-from talon.ui.decode_tab import load_recording
+from talon.ui.recording import load_recording
 
 pytestmark = pytest.mark.browser
 
@@ -251,3 +251,29 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     link = page.locator("#talon-lesson-download a")
     link.first.wait_for()
     assert (link.first.get_attribute("href") or "").endswith(".html")
+
+
+def test_the_first_view_shows_the_payoff_beside_plain_decoding(page) -> None:
+    """The opening recording's speed beside plain decoding's (from its cost curve, labelled so),
+    faster, and the timeline's plain-decoding lane on the same clock."""
+    wait_for_recording(page)
+    summary_text = page.locator("#talon-summary").text_content() or ""
+    assert "plain decoding tokens/s (from the cost curve)" in summary_text and "vs plain decoding" in summary_text
+    ratio = float(re.search(r"≈ ([0-9.]+)×\s*vs plain decoding", summary_text).group(1))
+    assert ratio > 1.0, f"the first screen's run must beat plain decoding: {ratio}"
+    page.locator("#talon-timeline").scroll_into_view_if_needed()
+    page.wait_for_function("document.querySelector('#talon-timeline .js-plotly-plot') !== null")
+    lanes = page.evaluate("document.querySelector('#talon-timeline .js-plotly-plot').data.map(t => t.name)")
+    assert "plain decoding" in lanes
+
+
+def test_a_sampled_recording_draws_the_acceptance_rule_with_no_model(page) -> None:
+    wait_for_recording(page)
+    page.click("#talon-sampled")
+    page.wait_for_function("(document.querySelector('#talon-summary')?.textContent || '').includes('SAMPLED')")
+    page.wait_for_function("/sampled/.test(document.querySelector('#talon-acceptance .gtitle')?.textContent || '')")
+    names = page.evaluate("document.querySelector('#talon-acceptance .js-plotly-plot').data.map(t => t.name)")
+    assert names[:2] == ["target p", "draft q"] and any(n.startswith("chance kept") for n in names), names
+    assert "min(1, p(x)/q(x))" in (page.locator("#talon-rule").text_content() or "")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "sampled-acceptance.png"), full_page=True)

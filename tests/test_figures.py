@@ -61,6 +61,19 @@ def make_step(step: int = 3, texts: list[str] | None = None) -> StepTrace:
     )
 
 
+def sampled_step(st: StepTrace) -> StepTrace:
+    """``st`` as a sampled step records it: the target's top 5 after each node, and per tried
+    node its p and its chance of being kept (p of what was left after the elder siblings)."""
+    import dataclasses
+
+    n = len(st.tokens)
+    p_target = [None, 0.7, 0.6, 0.1, 0.2, 0.05, None, None]
+    p_accept = [None, 0.7, 0.6, 0.1, None, None, None, None]
+    return dataclasses.replace(st, p_target=p_target[:n], p_accept=p_accept[:n],
+                               target_topk_ids=[[11, 14, 15, 3, 4]] * n,
+                               target_topk_probs=[[0.7, 0.2, 0.05, 0.03, 0.02]] * n)
+
+
 def run_steps(n: int = 5) -> list[StepTrace]:
     return [make_step(i) for i in range(n)]
 
@@ -76,6 +89,9 @@ def all_figures(st: StepTrace, steps: list[StepTrace]) -> dict[str, go.Figure]:
         "gates": F.gate_figure(st),
         "mask": F.mask_figure(st),
         "timeline": F.timeline_figure(steps, 2),
+        "timeline_plain": F.timeline_figure(steps, 2, plain=F.PlainRate(0.004, False)),
+        "acceptance_greedy": F.acceptance_figure(st, 3, False, F.token_vocab(steps)),
+        "acceptance_sampled": F.acceptance_figure(sampled_step(st), 4, True, F.token_vocab(steps)),
         "per_step": F.accepted_per_step_figure(steps, 1),
         "by_depth": F.acceptance_by_depth_figure(steps),
         "sources": F.source_share_figure(steps),

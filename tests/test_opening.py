@@ -15,7 +15,7 @@ from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeCon
 from talon.server.request import Controls
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace, dump_trace
-from talon.ui.decode_tab import load_recording, recording_controls
+from talon.ui.recording import load_recording, recording_controls
 from tests.tiny import tiny_loaded
 
 

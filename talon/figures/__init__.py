@@ -11,12 +11,16 @@ The package, one job per module:
 * ``text``: control characters made visible, then HTML-escaped (``esc``, ``token_label``);
 * ``common``: the palette, node status and committed tokens of a step, Plotly plumbing;
 * ``tree``: the draft tree of one step;
-* ``gates``, ``mask``, ``timeline``: the other per-step figures (confidence gates, tree attention mask, async timeline);
+* ``gates``, ``mask``, ``timeline``: the other per-step figures (confidence gates, tree attention mask, the
+  timeline with plain decoding on the same clock);
+* ``payoff``: plain decoding's rate beside every speed (measured, or from the cost curve), a step's verdict;
 * ``run``: run-level figures (tokens per step, acceptance by depth, sources, tokens/s);
 * ``sweep``: figures over several runs: Compare and the mu x N heatmaps;
 * ``atlas``: the atlas explorer: heatmaps and a Pareto chart of replayed configurations, their score;
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
+* ``accept``: the acceptance rule drawn for one node (p, q, what was kept; the textbook rule's bridge);
+* ``glossary``: each term a newcomer meets, defined at its first use in a text (``define``);
 * ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position);
 * ``walk``: HTML: the guided walk's six stops through one step, with that step's numbers;
 * ``lessons``: the lessons' figures and words (of ``talon.lessons`` results);
@@ -29,6 +33,7 @@ works.
 
 from __future__ import annotations
 
+from talon.figures.accept import RULE_WORDS, acceptance_figure
 from talon.figures.atlas import (
     ATLAS_METRICS,
     KNOB_NAMES,
@@ -59,6 +64,7 @@ from talon.figures.common import (
 )
 from talon.figures.cost import cost_figure, expected_rate
 from talon.figures.gates import THRESHOLD_LINES, gate_figure
+from talon.figures.glossary import GLOSSARY, define, undefined
 from talon.figures.inspect import (
     NEAR_TIE_LOGITS,
     default_node,
@@ -74,6 +80,7 @@ from talon.figures.markup import (
     text_html,
 )
 from talon.figures.mask import mask_figure, mask_row_label
+from talon.figures.payoff import PlainRate, plain_rate, step_verdict, verify_at
 from talon.figures.run import (
     COMMIT_SOURCES,
     acceptance_by_depth,
@@ -112,6 +119,11 @@ from talon.figures.tree import (
 from talon.figures.walk import WALK, WalkStop, walk_html
 
 __all__ = [
+    "GLOSSARY",
+    "define",
+    "undefined",
+    "RULE_WORDS",
+    "acceptance_figure",
     "ATLAS_METRICS",
     "BONUS_SYMBOLS",
     "COMMIT_SOURCES",
@@ -135,6 +147,7 @@ __all__ = [
     "WHITESPACE",
     "Committed",
     "MeasuredCell",
+    "PlainRate",
     "Trace",
     "WalkStop",
     "acceptance_by_depth",
@@ -165,9 +178,11 @@ __all__ = [
     "node_inspector_html_empty",
     "node_status",
     "pareto_figure",
+    "plain_rate",
     "source_share_figure",
     "step_caption_html",
     "step_end_times",
+    "step_verdict",
     "summary_html",
     "sweep_grid",
     "sweep_heatmap",
@@ -180,6 +195,7 @@ __all__ = [
     "topk_line",
     "tree_figure",
     "tree_graph",
+    "verify_at",
     "visible_ws",
     "walk_html",
 ]

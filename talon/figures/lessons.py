@@ -105,8 +105,23 @@ def adaptive_words(lesson: AdaptiveLesson, suites: Sequence[AdaptiveLesson] = ()
             + ("EAGLE-3's shape (depth 8) gets " if lesson.widths == (10, 10) else
                f"EAGLE-3's depth 8 (K = {lesson.widths[0]}, k = {lesson.widths[1]}: as wide as this atlas holds) gets ")
             + f"{eagle:.2f}. TALON's adaptive tree, with no depth chosen in advance, gets {lesson.adaptive_mat:.2f}: "
-            f"{lesson.adaptive_mat / lesson.best_static_mat:.2f}x the best depth chosen with hindsight. "
-            + _dilemma(suites) + _coverage(lesson.coverage))
+            f"{lesson.adaptive_mat / lesson.best_static_mat:.2f}x the best depth chosen with hindsight, "
+            + _verdict(lesson) + " " + _dilemma(suites) + _coverage(lesson.coverage))
+
+
+TIE = 0.02  # within this share of each other, two MATs are called a tie
+
+
+def _verdict(lesson: AdaptiveLesson) -> str:
+    """Win, tie or loss against the best static depth, in words, with the reason where it is a tie."""
+    ratio = lesson.adaptive_mat / lesson.best_static_mat
+    if ratio > 1 + TIE:
+        return "a win: it goes deep where the drafter is sure and wide where it is not, on each step."
+    if ratio < 1 - TIE:
+        return "a loss here: the best fixed depth, known only in hindsight, fits this prompt better."
+    top = lesson.funnel_rank.get(1, 0) / max(sum(lesson.funnel_rank.values()), 1)
+    return (f"a tie: {100 * top:.0f} % of the accepted nodes were their parent's top child, so a narrow deep "
+            "tree catches what the adaptive one catches.")
 
 
 def _coverage(share: float) -> str:
@@ -123,18 +138,35 @@ def _dilemma(lessons: Sequence[AdaptiveLesson]) -> str:
     loss = {d: [1 - x.static_mat[d] / x.best_static_mat for x in lessons] for d in DEPTHS}
     fixed = min(DEPTHS, key=lambda d: (sum(loss[d]), -d))
     worst = max(loss[fixed])
-    return (f"Over the {len(lessons)} lesson prompts the best single depth is {fixed}: it loses "
-            f"{100 * sum(loss[fixed]) / len(lessons):.1f} % of MAT on average against each prompt's own best depth, "
-            f"{100 * worst:.1f} % at worst. That gap is the static depth dilemma the adaptive tree is built to close.")
+    mean = sum(loss[fixed]) / len(lessons)
+    head = (f"Over the {len(lessons)} lesson prompts the best single depth is {fixed}: it loses {100 * mean:.1f} % "
+            f"of MAT on average against each prompt's own best depth, {100 * worst:.1f} % at worst. ")
+    if mean < TIE and worst < 2 * TIE:
+        return head + ("So on these prompts no depth dilemma shows: one fixed depth does about as well as each "
+                       "prompt's own. It shows where prompts want different depths (a smaller budget, or prompts "
+                       "that mix predictable and free text).")
+    return head + "That gap is the static depth dilemma the adaptive tree is built to close."
+
+
+RETRIEVAL_WORDS = ("Retrieval finds the longest end of the text so far that occurred before (in the prompt or the "
+                   "output) and proposes what followed it there: no model, nearly free.")
 
 
 def hybrid_words(lesson: HybridLesson) -> str:
     shares = carried_shares(lesson)
+    verdict = {
+        "retrieval": "here retrieval alone is fastest: the text repeats what came before, and its guesses cost "
+                     "nothing.",
+        "model": "here the draft model alone is fastest: the text repeats too little for retrieval's guesses to pay "
+                 "for the grafts.",
+        "hybrid": "here the hybrid is fastest: retrieval carries the steps where the text repeats, the draft model "
+                  "the rest.",
+    }.get(lesson.best, "")
     return (f"The draft model alone accepts {lesson.mat['model']:.2f} tokens per step here, retrieval alone "
             f"{lesson.mat['retrieval']:.2f}, the hybrid {lesson.mat['hybrid']:.2f}; predicted fastest: "
             f"{lesson.best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
             f"{100 * shares['retrieval']:.0f} % came on steps retrieval carried and {100 * shares['model']:.0f} % on "
-            "steps the draft model carried: retrieval wins where the text repeats what came before.")
+            f"steps the draft model carried: {verdict} {RETRIEVAL_WORDS}")
 
 
 def async_figure(lesson: AsyncLesson) -> go.Figure:

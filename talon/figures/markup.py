@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from talon.figures.common import SOURCE_NAMES, Committed, committed_tokens
+from talon.figures.payoff import plain_rate
 from talon.figures.run import step_end_times
 from talon.figures.text import esc, fmt_number
 from talon.knobs import DRAFTERS
@@ -139,9 +140,11 @@ def summary_html(
         ("steps", str(len(steps))),
         ("seconds", f"{seconds:.2f}"),
     ]
-    if ar is not None and ar.tokens_per_second > 0:
-        cells.append(("speedup vs AR", f"{tps / ar.tokens_per_second:.2f}×"))
-        cells.append(("AR tokens/s", f"{ar.tokens_per_second:.1f}"))
+    plain = plain_rate(summary, ar)
+    if plain is not None and tps > 0:
+        approx = "" if plain.measured else "≈ "
+        cells.append((f"plain decoding tokens/s ({plain.source})", f"{approx}{plain.tokens_per_s:.1f}"))
+        cells.append(("vs plain decoding", f"{approx}{tps / plain.tokens_per_s:.2f}×"))
     stats = "".join(
         f'<div class="stat"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>' for k, v in cells
     )

@@ -14,6 +14,8 @@ from talon.trace import StepTrace
 
 MIN_RICH_STEPS = 3  # steps that branch, gate out a node and reject a draft
 RECORDING = Path(__file__).resolve().parents[2] / "static" / "recording.json"  # the first view's trace
+# a sampled run of the same pair: the acceptance rule by chance, drawn with no model loaded
+SAMPLED_RECORDING = RECORDING.with_name("recording_sampled.json")
 
 
 @dataclass(frozen=True)

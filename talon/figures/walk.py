@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from talon.figures.common import committed_tokens, node_status
+from talon.figures.glossary import define
+from talon.figures.payoff import plain_rate, step_verdict, verify_at
 from talon.figures.text import esc, token_label
 from talon.trace import RunSummary, StepTrace
 
@@ -102,17 +104,29 @@ def _verify(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> s
     else:
         end = f"The path was accepted to its end, so the target adds its own next token {bonus} for free (★)."
     return (f"{path}{end} Step {i} commits <b>{len(committed)} tokens</b> for one target forward; plain decoding "
-            "commits one. Greedy or sampled, the text is exactly what the target alone would write.")
+            "commits one. With greedy decoding the text is exactly what the target alone would write; with "
+            "sampling each token is drawn from exactly the target's own distribution (the node inspector draws "
+            "the rule).")
 
 
 def _cost(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
     st = steps[i]
     curves = summary.cost_model if summary else {}
-    one = dict(zip(curves.get("grid") or [], curves.get("verify_s") or [])).get(1)
+    one, tree = verify_at(curves, 1), verify_at(curves, len(st.tokens))
     tokens = len(st.new_tokens)
     spent = st.draft_s + st.verify_s + st.other_s
-    plain = f" One plain step (1 token) costs about {_ms(one)} here, so {tokens} tokens would take about " \
-            f"{_ms(one * tokens)} without speculation." if one else ""
+    why_one = (f" Why a tree costs about one forward: a forward reads every weight once, and at one sequence that "
+               f"reading, not the arithmetic, sets its time; on this host verifying 1 node takes {_ms(one)} and "
+               f"{len(st.tokens)} nodes {_ms(tree)}." if one and tree and len(st.tokens) > 1 else "")
+    verdict = step_verdict(st, plain_rate(summary))
+    plain = ""
+    if verdict is not None:
+        won, alone = verdict
+        plain = (f" Plain decoding would take about {_ms(alone)} for these {tokens} tokens, so this step "
+                 + ("<b>won</b>." if won else
+                    f"<b>lost</b>: {_ms(st.draft_s)} of drafting bought only {tokens - 1} drafted token"
+                    f"{'s' if tokens != 2 else ''}, less than it cost. Steps that win pay for the ones that lose "
+                    "(the whole run: the last stop)."))
     stop = {"cost": "the cost model stopped the tree: one more layer would cost more time than it is expected "
                     "to save", "budget": "the tree used its whole budget", "depth": "it reached the maximum depth",
             "min_conf": "its paths fell below the minimum confidence", "skipped": "the draft model was skipped"}
@@ -125,7 +139,7 @@ def _cost(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str
                 "on, Talon stops a tree when its next layer would not pay, and skips the draft model when retrieval "
                 "alone is faster.")
     return (f"Step {i} spent {_ms(st.draft_s)} drafting and {_ms(st.verify_s)} verifying {len(st.tokens)} nodes "
-            f"({_ms(spent)} in all) for {tokens} tokens.{plain} {planning}")
+            f"({_ms(spent)} in all) for {tokens} tokens.{plain}{why_one} {planning}")
 
 
 def _run(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
@@ -137,6 +151,11 @@ def _run(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
             sources[tok.source if tok.source in sources else "target"] += 1
     share = ", ".join(f"{v} {k}" for k, v in sources.items() if v)
     speed = f" at {summary.tokens_per_second:.1f} tokens/s" if summary and summary.tokens_per_second else ""
+    plain = plain_rate(summary)
+    if speed and plain is not None:
+        ratio = summary.tokens_per_second / plain.tokens_per_s
+        speed += (f", {ratio:.2f}x plain decoding's {plain.tokens_per_s:.1f} tokens/s ({plain.source})"
+                  + ("" if ratio >= 1 else ": on this host its trees cost more than they saved"))
     return (f"The whole run: {len(steps)} target forwards wrote {tokens} tokens{speed}, a mean of <b>{mat:.2f} "
             f"tokens per step</b> (MAT; plain decoding has 1). Committed tokens by source: {esc(share)}. Now press "
             "<b>Run</b> to decode live with the controls on the left, or move the sliders and see the trees change.")
@@ -159,6 +178,6 @@ def walk_html(stop: int, summary: RunSummary | None, steps: Sequence[StepTrace],
     stop = max(0, min(stop, len(WALK) - 1))
     index = max(0, min(index, len(steps) - 1))
     s = WALK[stop]
-    return (f'<div class="talon-walk-card" data-focus="{s.focus}" data-stop="{stop}">'
-            f'<div class="talon-walk-head">{stop + 1} / {len(WALK)} · {esc(s.title)}</div>'
-            f'<div class="talon-walk-body">{s.explain(summary, steps, index)}</div></div>')
+    return define(f'<div class="talon-walk-card" data-focus="{s.focus}" data-stop="{stop}">'
+                  f'<div class="talon-walk-head">{stop + 1} / {len(WALK)} · {esc(s.title)}</div>'
+                  f'<div class="talon-walk-body">{s.explain(summary, steps, index)}</div></div>')

@@ -6,7 +6,6 @@ replay a trace file, move the step slider, Prev / Next / Latest."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -17,12 +16,13 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.figures.opening import RECORDING, opening_step
+from talon.figures.opening import RECORDING, SAMPLED_RECORDING, opening_step
 from talon.server.facade import Controls, decode_all, start_status, user_error
 from talon.settings import Settings
-from talon.trace import RunSummary, StepTrace, TraceFileError, parse_trace, read_json_upload
+from talon.trace import TraceFileError, parse_trace, read_json_upload
 from talon.ui.files import upload_path, write_trace
 from talon.ui.panel import ControlPanel, model_event
+from talon.ui.recording import RECORDING_NOTE, SAMPLED_NOTE, load_recording
 from talon.ui.session import Session
 from talon.ui.stream import stream_run
 from talon.ui.walk_panel import WalkView, full_tree_button, make_offer_full_tree, walk_panel, wire_walk
@@ -44,6 +44,7 @@ class DecodeButtons:
     latest: gr.Button
     upload: gr.File
     full_tree: gr.Button
+    sampled: gr.Button
 
 
 def figure_row(key: str, label: str) -> gr.Plot:
@@ -83,7 +84,11 @@ def decode_panel() -> tuple[DecodeView, WalkView, DecodeButtons]:
             node_pick = gr.Dropdown(label="Node inspector: pick a node of this step", choices=[], value=None,
                                     elem_id="talon-node-pick")
             inspector = gr.HTML(F.node_inspector_html_empty(), elem_id="talon-inspector")
-        gr.Markdown(EXPLAIN["inspector"], elem_classes=["talon-explain"], min_width=200)
+            acceptance = gr.Plot(label="How the target decided the node", show_label=False,
+                                 elem_classes=["talon-plot"], elem_id="talon-acceptance")
+        with gr.Column(scale=1, min_width=200):
+            gr.Markdown(EXPLAIN["inspector"], elem_classes=["talon-explain"])
+            gr.Markdown(F.RULE_WORDS, elem_classes=["talon-explain"], elem_id="talon-rule")
     gates = figure_row("gates", "Confidence gates")
     mask = figure_row("mask", "Attention mask")
     timeline = figure_row("timeline", "Timeline")
@@ -98,6 +103,8 @@ def decode_panel() -> tuple[DecodeView, WalkView, DecodeButtons]:
     with gr.Row():
         download = gr.File(label="Download the trace (JSON)", interactive=False, elem_id="talon-download")
         upload = gr.File(label="Replay a trace (no model needed)", file_types=[".json"], elem_id="talon-upload")
+        sampled = gr.Button("Open a sampled run: drafts kept or rejected by chance (no model needed)", size="sm",
+                            elem_id="talon-sampled")
     view = DecodeView(
         summary=summary,
         text=text,
@@ -114,10 +121,12 @@ def decode_panel() -> tuple[DecodeView, WalkView, DecodeButtons]:
         download=download,
         node_pick=node_pick,
         inspector=inspector,
+        acceptance=acceptance,
         cost=cost,
         state=gr.State(Session()),
     )
-    return view, walk, DecodeButtons(prev=prev, next=nxt, latest=latest, upload=upload, full_tree=full_tree)
+    return view, walk, DecodeButtons(prev=prev, next=nxt, latest=latest, upload=upload, full_tree=full_tree,
+                                     sampled=sampled)
 
 
 def wire_decode(view: DecodeView, walk: WalkView, buttons: DecodeButtons, panel: ControlPanel,
@@ -144,11 +153,13 @@ def wire_decode(view: DecodeView, walk: WalkView, buttons: DecodeButtons, panel:
         generate, **run_inputs, api_visibility="private", **model_events).then(**offer)
     quick = dict(outputs=view.outputs(), concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view.slider.input(make_show_step(view), [view.slider, view.state], trigger_mode="always_last", **quick)
-    view.node_pick.input(make_inspect(view), [view.node_pick, view.state], [view.inspector],
+    view.node_pick.input(make_inspect(view), [view.node_pick, view.state], [view.inspector, view.acceptance],
                          concurrency_limit=None, show_progress="hidden", api_visibility="private")
     buttons.prev.click(make_nudge(view, -1), [view.state], **quick)
     buttons.next.click(make_nudge(view, +1), [view.state], **quick)
     buttons.latest.click(make_nudge(view, 0), [view.state], **quick)
+    buttons.sampled.click(make_open_sampled(view), [view.state], view.outputs(), api_visibility="private",
+                          concurrency_limit=None, show_progress="hidden")
     buttons.upload.upload(
         make_replay(view), [buttons.upload, view.state], view.outputs(), api_name="replay", concurrency_limit=None
     ).then(**offer)
@@ -186,6 +197,7 @@ class DecodeView:
     download: gr.File
     node_pick: gr.Dropdown
     inspector: gr.HTML
+    acceptance: gr.Plot
     cost: gr.Plot
     state: gr.State
 
@@ -215,9 +227,11 @@ class DecodeView:
             updates[self.node_pick] = gr.update(choices=F.node_choices(st), value=node)
             vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
             updates[self.inspector] = F.node_inspector_html(st, node, vocab)
+            updates[self.acceptance] = F.acceptance_figure(st, node, sampled(session), vocab)
             updates[self.gates] = F.gate_figure(st)
             updates[self.mask] = F.mask_figure(st)
-            updates[self.timeline] = F.timeline_figure(steps, index)
+            updates[self.timeline] = F.timeline_figure(steps, index, plain=F.plain_rate(session.summary,
+                                                                                         session.ar_summary))
             updates[self.cost] = F.cost_figure(session.summary.cost_model if session.summary else None, steps, index)
             updates[self.per_step] = F.accepted_per_step_figure(steps, index)
         return updates
@@ -307,6 +321,27 @@ def final_updates(view: DecodeView, session: Session, write: bool = True) -> dic
     return updates
 
 
+def make_open_sampled(view: DecodeView, path: Path = SAMPLED_RECORDING) -> Callable[[Session], dict[Any, Any]]:
+    def open_sampled(session: Session) -> dict[Any, Any]:
+        """The shipped sampled recording, on its first step whose draft the target rejected by chance."""
+        if session.cancel is not None and session.summary is None:
+            raise user_error("a run is in progress: press Stop first, then open the sampled run")
+        recording = load_recording(path)
+        if recording is None:
+            raise user_error("the sampled recording is not shipped with this copy of the app")
+        summary, steps = recording
+        session.begin(step_through=False, cancel=None)
+        session.steps, session.summary = list(steps), summary
+        updates = final_updates(view, session, write=False)
+        session.follow = False
+        chance = [i for i, st in enumerate(steps) if st.bonus_kind == "resampled" and st.accept_len]
+        updates.update(view.step_updates(session, chance[0] if chance else opening_step(steps)))
+        updates[view.summary] = F.summary_html(summary, session.steps, None, SAMPLED_NOTE)
+        return updates
+
+    return open_sampled
+
+
 def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     def replay(trace_file: Any, session: Session) -> dict[Any, Any]:
         """Load a downloaded trace (talon-trace/1 JSON) and re-plot every figure, no model needed."""
@@ -323,17 +358,6 @@ def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
         return updates
 
     return replay
-
-
-@functools.lru_cache(maxsize=2)
-def load_recording(path: Path = RECORDING) -> tuple[RunSummary, tuple[StepTrace, ...]] | None:
-    """The shipped trace shown before any model runs (parsed once; None if absent or bad)."""
-    try:
-        summary, steps = parse_trace(read_json_upload(path))
-    except (TraceFileError, OSError) as error:
-        logger.warning("no first view: cannot read %s: %s", path, error)
-        return None
-    return summary, tuple(steps)
 
 
 def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[Session], dict[Any, Any]]:
@@ -355,29 +379,6 @@ def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[S
     return show_recording
 
 
-RECORDING_NOTE = ("RECORDING: a run of the default pair on a 2-core CPU, shipped with the app so you can explore "
-                  "before a model loads; it opens on its most instructive step. The prompt box and the controls are "
-                  "set as it was made: press Run to decode it live (trees may differ on other hardware).")
-
-
-def recording_controls(prompt: gr.Textbox, components: dict[str, Any],
-                       path: Path = RECORDING) -> Callable[[], dict[Any, Any]]:
-    def set_controls() -> dict[Any, Any]:
-        """At page load: the prompt and controls that made the recording (nothing if absent)."""
-        recording = load_recording(path)
-        if recording is None or not recording[0].prompt:
-            return {}
-        summary = recording[0]
-        values = Controls.from_config(summary.config)
-        updates: dict[Any, Any] = {prompt: summary.prompt}
-        for key, component in components.items():
-            if key not in ("preset", "draft_quant", "target_weights"):  # the server's pair and weights stay
-                updates[component] = getattr(values, key)
-        return updates
-
-    return set_controls
-
-
 def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     def show_step(index: Any, session: Session) -> dict[Any, Any]:
         session.follow, session.sent = False, {}
@@ -386,20 +387,29 @@ def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]
     return show_step
 
 
+def sampled(session: Session) -> bool:
+    """The run on screen sampled (its temperature above 0): its nodes were kept by chance."""
+    config = session.summary.config if session.summary is not None else {}
+    return float((config.get("sampling") or {}).get("temperature", 0.0) or 0.0) > 0.0
+
+
 def make_inspect(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     def inspect(node: Any, session: Session) -> dict[Any, Any]:
         """The inspector table for ``node`` of the step on screen."""
         session.sent.pop(id(view.inspector), None)
+        session.sent.pop(id(view.acceptance), None)
+        empty = {view.inspector: F.node_inspector_html_empty(), view.acceptance: F.empty_figure("")}
         if not session.steps or node is None:
-            return {view.inspector: F.node_inspector_html_empty()}
+            return empty
         index = session.clamp(session.shown)
         steps = session.steps
         try:
             node = int(node)
         except (TypeError, ValueError):
-            return {view.inspector: F.node_inspector_html_empty()}
+            return empty
         vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
-        return {view.inspector: F.node_inspector_html(steps[index], node, vocab)}
+        return {view.inspector: F.node_inspector_html(steps[index], node, vocab),
+                view.acceptance: F.acceptance_figure(steps[index], node, sampled(session), vocab)}
 
     return inspect
 

@@ -11,10 +11,11 @@ from talon import figures as F
 from talon.server.facade import load_examples, server_notices
 from talon.settings import Settings
 from talon.ui.compare_tab import build_compare_tab
-from talon.ui.decode_tab import build_decode_tab, make_show_recording, recording_controls
+from talon.ui.decode_tab import build_decode_tab, make_show_recording
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
 from talon.ui.panel import build_controls
+from talon.ui.recording import recording_controls
 from talon.ui.serve_tab import build_serve_tab
 from talon.ui.session import stop
 from talon.ui.words import HEADER

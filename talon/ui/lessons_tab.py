@@ -21,8 +21,8 @@ from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
 from talon.lessons.asynchrony import AsyncBound, bound_of
 from talon.trace import TraceFileError
-from talon.ui.decode_tab import load_recording
 from talon.ui.files import write_lesson
+from talon.ui.recording import load_recording
 from talon.ui.session import Session
 from talon.ui.words import EXPLAIN
 
@@ -115,9 +115,10 @@ def make_show() -> Callable[..., tuple[Any, ...]]:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
             return ("", empty, empty, "", empty, "", "", empty)
         shown = show_lessons(picked.atlas, picked.lessons, picked.index, measured_bound(session))
-        return (f'<div class="talon-explain">{F.esc(shown.adaptive_words or "")}</div>', shown.depth, shown.funnel,
-                f'<div class="talon-explain">{F.esc(shown.hybrid_words)}</div>', shown.drafters, shown.carried,
-                f'<div class="talon-explain">{F.esc(shown.async_words)}</div>', shown.timeline)
+        return (f'<div class="talon-explain">{F.define(F.esc(shown.adaptive_words or ""))}</div>', shown.depth,
+                shown.funnel, f'<div class="talon-explain">{F.define(F.esc(shown.hybrid_words))}</div>',
+                shown.drafters, shown.carried,
+                f'<div class="talon-explain">{F.define(F.esc(shown.async_words))}</div>', shown.timeline)
 
     return show
 

@@ -1,16 +1,25 @@
 """The words on the page: the header, the text legend and each figure's explanation (Markdown),
-kept apart from the components that show them."""
+kept apart from the components that show them; every glossary term is defined at its first use
+in each text (``talon.figures.glossary``)."""
 
-HEADER = """
+from talon.figures.glossary import define
+
+_HEADER = """
 <div class="talon-header">
   <h1>Talon <span>tree speculative decoding, one step at a time</span></h1>
   <p>A small <b>drafter</b> (a draft model and/or retrieval from the text so far) proposes a
   <b>tree</b> of possible next tokens; the big <b>target</b> model checks the whole tree in one
   forward pass and keeps the longest path it agrees with, plus one token of its own (the
-  <b>bonus</b>). The output is what the target alone would write (token for token in float32; in
-  bfloat16 up to rounding ties), only faster.</p>
+  <b>bonus</b>). The output is what the target alone would write; it comes faster when the
+  target agrees with enough of the drafts to pay for them, and the summary says by how much.</p>
+  <details class="talon-fold"><summary>exactly the same text?</summary>With greedy decoding, token
+  for token in float32; in bfloat16 up to rounding ties (where the two best logits are closer than
+  bf16 can tell apart, forwards of different shapes may pick differently). With sampling, every
+  token is drawn from exactly the target's distribution.</details>
 </div>
 """
+
+HEADER = define(_HEADER)
 
 TEXT_LEGEND = """
 <div class="talon-legend">
@@ -24,7 +33,7 @@ TEXT_LEGEND = """
 </div>
 """
 
-EXPLAIN: dict[str, str] = {
+_EXPLAIN: dict[str, str] = {
     "tree": (
         "**Draft tree.** Left to right = tokens ahead of the text. Colour: who drafted the token "
         "(blue model, orange retrieval, purple both). **Bold ring**: accepted by the target. "
@@ -112,3 +121,4 @@ EXPLAIN: dict[str, str] = {
         "MAT rewards big trees; tokens/s shows what they cost."
     ),
 }
+EXPLAIN: dict[str, str] = {key: define(text) for key, text in _EXPLAIN.items()}

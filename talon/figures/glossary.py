@@ -1,0 +1,66 @@
+"""The words a newcomer meets, each defined where it first appears on a text: ``define`` wraps the
+first use of every glossary term in a piece of HTML (or Markdown, which passes HTML through) in
+``<abbr title="definition">``, so hovering the term says what it means."""
+
+from __future__ import annotations
+
+import html
+import re
+
+# term -> one clause that defines it (the app's texts use these words in exactly this sense)
+GLOSSARY: dict[str, str] = {
+    "MAT": "mean accepted tokens: the tokens one target forward commits, on average (plain decoding: 1)",
+    "AR": "autoregressive: plain decoding, one token per target forward",
+    "TALON": "the adaptive-tree paper this app is named after (arXiv 2601.07353): a budget, confidence gates",
+    "μ": "the gate: a node expands while its path confidence is at least μ times the best of its layer",
+    "path confidence": "c: the product of the draft's q along the node's path from the root",
+    "bonus": "the target's own token after the accepted path: every step commits at least one token",
+    "graft": "retrieval's continuation joined into the draft model's tree",
+    "frontier width": "the nodes one draft layer expands together",
+    "atlas": "the draft's proposals around one prompt's greedy text, recorded once and replayed with no model",
+    "Pareto": "the settings that no other setting beats on both MAT and step time",
+    "hindsight": "known only after the run: no decoder can choose it in advance",
+    "near-tie": "two tokens whose logits are closer than a bf16 rounding step",
+    "position id": "where a token sits in the text (its length plus the node's depth): siblings share one",
+    "residual": "the target's distribution with the rejected drafts removed, renormalised",
+    "sibling rank": "a child's place among its parent's children by the draft's q (1 = its top guess)",
+    "coverage": "the share of a replay's draft requests that the atlas holds",
+    "calibrated": "estimated from how often this run's earlier nodes of the same kind were accepted",
+}
+_TAG = re.compile(r"(<[^>]+>)")
+
+
+def _pattern(term: str) -> re.Pattern[str]:
+    flags = 0 if term.isupper() or not term.isascii() else re.IGNORECASE
+    return re.compile(rf"(?<![\w-]){re.escape(term)}(?![\w-])", flags)
+
+
+PATTERNS = {term: _pattern(term) for term in GLOSSARY}
+
+
+def define(text: str) -> str:
+    """``text`` with the first use of each glossary term (outside tags) wrapped in an ``<abbr>``
+    that defines it."""
+    parts = _TAG.split(text)
+    for term, pattern in PATTERNS.items():
+        title = html.escape(GLOSSARY[term], quote=True)
+        for i in range(0, len(parts), 2):  # the text between tags
+            if i > 0 and parts[i - 1].startswith("<abbr"):
+                continue  # already a defined term
+            match = pattern.search(parts[i])
+            if match:
+                a, b = match.span()
+                parts[i:i + 1] = [parts[i][:a], f'<abbr title="{title}">', match.group(0), "</abbr>", parts[i][b:]]
+                break
+    return "".join(parts)
+
+
+def undefined(text: str) -> set[str]:
+    """The glossary terms ``text`` uses whose first use is not defined (an ``<abbr>`` with the
+    term's definition): what a text shown to a newcomer must not have."""
+    missing = set()
+    visible = _TAG.sub(" ", text)
+    for term, pattern in PATTERNS.items():
+        if pattern.search(visible) and f'<abbr title="{html.escape(GLOSSARY[term], quote=True)}">' not in text:
+            missing.add(term)
+    return missing

@@ -1,0 +1,51 @@
+"""Every term a newcomer meets is defined where it first appears in a text: the header, every
+figure's explanation, every stop of the guided walk and the lessons' words (an ``<abbr>`` whose
+title is the term's definition, ``talon.figures.glossary``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from talon import figures as F
+from talon.ui.recording import load_recording
+from talon.ui.words import EXPLAIN, HEADER
+
+
+def test_the_header_and_every_explanation_define_their_terms() -> None:
+    for name, text in {"header": HEADER, **EXPLAIN}.items():
+        assert F.undefined(text) == set(), name
+
+
+def test_every_walk_stop_defines_its_terms() -> None:
+    recording = load_recording()
+    assert recording is not None
+    summary, steps = recording
+    for stop in range(len(F.WALK)):
+        for index in (0, len(steps) // 2):
+            assert F.undefined(F.walk_html(stop, summary, list(steps), index)) == set(), (stop, index)
+
+
+def test_the_lessons_words_define_their_terms() -> None:
+    from talon.figures.lessons import adaptive_words, hybrid_words
+    from talon.lessons.adaptive import AdaptiveLesson
+    from talon.lessons.hybrid import HybridLesson
+
+    lesson = AdaptiveLesson("qa", "p", 16, {d: 2.0 + d / 10 for d in range(1, 9)}, 2.5, 2.6, coverage=0.9)
+    hybrid = HybridLesson("qa", "p", {"model": 2.0, "retrieval": 1.2, "hybrid": 2.1},
+                          {"model": 9.0, "retrieval": 6.0, "hybrid": 9.5})
+    for words in (adaptive_words(lesson, [lesson, lesson]), hybrid_words(hybrid)):
+        assert F.undefined(F.define(F.esc(words))) == set()
+
+
+@pytest.mark.parametrize("term", sorted(F.GLOSSARY))
+def test_a_term_used_without_its_definition_is_caught(term: str) -> None:
+    text = f"The run's {term} went up."
+    assert F.undefined(text) == {term}
+    defined = F.define(text)
+    assert F.undefined(defined) == set() and defined.count("<abbr") == 1
+
+
+def test_only_the_first_use_is_wrapped_and_tags_are_left_alone() -> None:
+    text = '<span title="MAT">MAT</span> and MAT again'
+    assert F.define(text) == ('<span title="MAT"><abbr title="' + F.esc(F.GLOSSARY["MAT"]).replace("'", "&#x27;")
+                              + '">MAT</abbr></span> and MAT again')
