@@ -212,3 +212,13 @@ def test_streamed_text_leaves_out_the_hover_titles() -> None:
     live, final = F.text_html(steps, highlight=2, titles=False), F.text_html(steps, highlight=2)
     assert "title=" not in live and final.count("title=") == live.count('class="tk ')
     assert len(live) < 0.6 * len(final)
+
+
+def test_the_node_list_shows_tokens_as_text_not_entities() -> None:
+    """A dropdown shows its labels as typed: quotes and angle brackets stay themselves."""
+    import dataclasses
+
+    st = dataclasses.replace(inspected(make_step()), texts=["'''\n", "<b>", '"x"', "a", "b", "c", "d", "e"])
+    labels = [label for label, _ in F.node_choices(st)]
+    assert labels[0].startswith("0 · '''↵") and "<b>" in labels[1] and '"x"' in labels[2]
+    assert not any("&#" in label or "&lt;" in label for label in labels)

@@ -70,9 +70,9 @@ def acceptance_figure(step: StepTrace, node: int, sampled: bool, vocab: Mapping[
                            y=[chance.get(t) for t in tokens],
                            marker=dict(color=[PASS_COLOR if t in kept else GATED_COLOR for t in tokens],
                                        pattern=dict(shape="/"))))
-    words = ("kept: " + ", ".join(token_label(vocab.get(t, f"⟨{t}⟩"), 12) for t in kept) if kept else
-             "no sibling kept: the target wrote its own token" + (" from the residual" if sampled else ""))
-    layout = base_layout(f"How the target decided node {node} ({'sampled' if sampled else 'greedy'}): {words}",
+    words = ("kept " + ", ".join(token_label(vocab.get(t, f"⟨{t}⟩"), 12) for t in kept) if kept else
+             "none kept, the target drew its own" if sampled else "none kept, the target wrote its own")
+    layout = base_layout(f"Node {node}'s siblings, {'sampled' if sampled else 'greedy'}: {words}",
                          300, barmode="group", margin=dict(l=60, r=20, t=60, b=60),
                          xaxis=axis_style("tokens after the parent"), yaxis=axis_style("probability", range=[0, 1]))
     return make_figure(traces, layout)

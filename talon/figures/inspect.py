@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 
 from talon.figures.common import SOURCE_NAMES, node_status
-from talon.figures.text import esc, fmt_number, token_label, token_vocab
+from talon.figures.text import esc, fmt_number, short_text, token_label, token_vocab
 from talon.trace import StepTrace
 
 NEAR_TIE_LOGITS = 0.125  # one bf16 rounding step for logits of magnitude 16 to 32
@@ -34,7 +34,8 @@ def node_inspector_html_empty() -> str:
 def node_choices(step: StepTrace) -> list[tuple[str, int]]:
     """Dropdown entries (label, node id) for every node of the step, in id order."""
     status = node_status(step)
-    return [(f"{i} · {token_label(step.texts[i], 14)} · {status[i]}", i) for i in range(len(step.tokens))]
+    # a dropdown shows its labels as text (escaped by the page): visible whitespace, no HTML entities
+    return [(f"{i} · {short_text(step.texts[i], 14)} · {status[i]}", i) for i in range(len(step.tokens))]
 
 
 def default_node(step: StepTrace) -> int:

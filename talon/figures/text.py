@@ -57,6 +57,13 @@ def esc(text: str) -> str:
     return escape(clean_text(text))
 
 
+def short_text(text: str, limit: int = 0) -> str:
+    """A token as a short label with visible whitespace, not escaped: for a widget that shows its
+    labels as text (a dropdown), where an entity would show as typed."""
+    shown = visible_ws(text)
+    return shown[: limit - 1] + "…" if limit and len(shown) > limit else shown
+
+
 def token_label(text: str, limit: int = 0) -> str:
     """A token as a short, escaped label with visible whitespace (for hovers and tick labels)."""
     shown = visible_ws(text)
