@@ -42,6 +42,16 @@ def test_front_matter_matches_pins() -> None:
         assert "/" in repo
 
 
+def test_front_matter_links_the_space_to_every_presets_models() -> None:
+    """The Hub links a Space to the models it runs through ``models:``: every preset's repos and
+    the Hub originals of the embedded pair."""
+    from talon.atlas.serving import EMBEDDED_HUB_IDS
+    from talon.server.presets import PRESETS
+
+    repos = {repo for p in PRESETS for repo in p.repos} | set(EMBEDDED_HUB_IDS.values())
+    assert front_matter()["models"] == sorted(repos)
+
+
 def test_spacefile_declares_every_variable_with_the_code_default() -> None:
     spec = yaml.safe_load((ROOT / "Spacefile").read_text())
     assert spec["v"] == 0 and len(spec["micros"]) == 1
