@@ -24,6 +24,7 @@ import json
 import re
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +261,13 @@ def _timing_report(out: Path, talon: dict, samples: list, timing: dict, fit, pre
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    return run_actions(__doc__, prepare, report, argv)
+
+
+def run_actions(doc: str, prepare: Callable[[Path], None], report: Callable[[Path], str],
+                argv: list[str] | None = None) -> int:
+    """The command line of a serve check's Talon side: prepare, query (this module's) or report."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("action", choices=["prepare", "query", "report"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--name", default="")

@@ -15,7 +15,8 @@
 # Not part of the test run (minutes of installing and model loading; about 6 min per mapping on
 # 2 cores, mostly vLLM's compilation). Run it with nothing else on the cores. Environment:
 # SERVE_CHECK_VENV (default ~/.cache/talon/vllm-venv), SERVE_CHECK_OUT (serve-check),
-# SERVE_CHECK_PORT (8765), SERVE_CHECK_TIMEOUT (seconds to wait for a server, 900),
+# SERVE_CHECK_PORT (8765), SERVE_CHECK_TIMEOUT (seconds to wait for a server, 900), SERVE_CHECK_MODULE
+# (Talon's side, scripts.serve_check; scripts/serve_check_eagle3.sh names its own), SERVE_CHECK_DTYPE (float32),
 # SERVE_CHECK_FRESH=1 (recompute Talon's side even when OUT holds it), SERVE_CHECK_ONLY (an extended
 # regular expression: serve only the mappings whose name matches, keeping the others' results).
 set -euo pipefail
@@ -24,6 +25,8 @@ VENV=${SERVE_CHECK_VENV:-$HOME/.cache/talon/vllm-venv}
 OUT=${SERVE_CHECK_OUT:-serve-check}
 PORT=${SERVE_CHECK_PORT:-8765}
 WAIT=${SERVE_CHECK_TIMEOUT:-900}
+MODULE=${SERVE_CHECK_MODULE:-scripts.serve_check}  # Talon's side: prepare, query, report
+DTYPE=${SERVE_CHECK_DTYPE:-float32}  # vLLM's --dtype: the atlases'
 mkdir -p "$OUT"
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
@@ -41,7 +44,7 @@ trap stop_server EXIT
 
 # Talon's atlases take minutes on a CPU: kept between runs unless SERVE_CHECK_FRESH=1.
 if [ "${SERVE_CHECK_FRESH:-0}" = 1 ] || [ ! -s "$OUT/mappings.tsv" ] || [ ! -s "$OUT/talon.json" ]; then
-  .venv/bin/python -m scripts.serve_check prepare --out "$OUT" > "$OUT/mappings.tsv"
+  .venv/bin/python -m "$MODULE" prepare --out "$OUT" > "$OUT/mappings.tsv"
 fi
 TARGET=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['target_dir'])" "$OUT/talon.json")
 [ -n "${SERVE_CHECK_ONLY:-}" ] || rm -f "$OUT/vllm.json"
@@ -53,7 +56,7 @@ while IFS=$'\t' read -r name config; do
   # module entry point is the same server without that lookup.
   VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$TARGET" --host 127.0.0.1 \
-    --port "$PORT" --dtype float32 --max-model-len 4096 --speculative-config "$config" \
+    --port "$PORT" --dtype "$DTYPE" --max-model-len 4096 --speculative-config "$config" \
     --per-request-spec-decode-metrics detailed --enable-per-request-metrics > "$log" 2>&1 &
   SERVER=$!
   ready=0
@@ -63,7 +66,7 @@ while IFS=$'\t' read -r name config; do
     sleep 1
   done
   if [ "$ready" = 1 ]; then
-    .venv/bin/python -m scripts.serve_check query --out "$OUT" --name "$name" --port "$PORT" \
+    .venv/bin/python -m "$MODULE" query --out "$OUT" --name "$name" --port "$PORT" \
       || echo "   queries failed: see $log" >&2
   else
     echo "   the server did not come up (refused the mapping, or timed out): tail of $log" >&2
@@ -71,4 +74,4 @@ while IFS=$'\t' read -r name config; do
   fi
   stop_server
 done < "$OUT/mappings.tsv"
-.venv/bin/python -m scripts.serve_check report --out "$OUT"
+.venv/bin/python -m "$MODULE" report --out "$OUT"

@@ -15,12 +15,11 @@ The target and the head are random-then-trained toys: the point is the counting,
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from scripts.serve_check import SPEC_COUNTERS, SUITES, query
+from scripts.serve_check import SPEC_COUNTERS, SUITES, run_actions
 
 MAX_TOKENS = 48
 EAGLE3_K = (1, 2, 4)
@@ -182,19 +181,7 @@ def report(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["prepare", "query", "report"])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--name", default="")
-    p.add_argument("--port", type=int, default=8765)
-    args = p.parse_args(argv)
-    if args.action == "prepare":
-        prepare(args.out)
-    elif args.action == "query":
-        query(args.out, args.name, args.port)
-    else:
-        print(report(args.out))
-    return 0
+    return run_actions(__doc__, prepare, report, argv)
 
 
 if __name__ == "__main__":
