@@ -41,7 +41,7 @@ START_TIMEOUT_S = 150
 RUN_TIMEOUT_S = 90
 # Output order of /generate and /replay (DecodeView.outputs() without the State).
 SUMMARY, TEXT, SLIDER, CAPTION, TREE, GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED, DOWNLOAD = range(13)
-NODE_PICK, INSPECTOR, COST = range(13, 16)
+NODE_PICK, INSPECTOR, ACCEPTANCE, COST, PLAIN_TEXT = range(13, 18)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +120,10 @@ def test_generate_streams_text_and_figures_and_the_trace_replays(client: Client)
         assert plot_json(final[key])["layout"]["height"] > 0
     assert "MAT" in final[SUMMARY]
     assert "<table" in final[INSPECTOR] and "position id" in final[INSPECTOR]
-    assert plot_json(final[COST])["layout"]["height"] > 0
+    assert "Cost model" in plot_json(final[COST])["layout"]["title"]["text"]
+    assert "siblings" in plot_json(final[ACCEPTANCE])["layout"]["title"]["text"]
+    assert isinstance(final[PLAIN_TEXT], str) and final[PLAIN_TEXT].strip()  # the text as a plain string
+    assert 'class="tk' not in final[PLAIN_TEXT] and len(final[PLAIN_TEXT]) < len(final[TEXT])
 
     trace = json.loads(Path(final[DOWNLOAD]).read_text())
     assert trace["format"] == "talon-trace/1"

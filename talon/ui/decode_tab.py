@@ -123,6 +123,7 @@ def decode_panel() -> tuple[DecodeView, WalkView, DecodeButtons]:
         inspector=inspector,
         acceptance=acceptance,
         cost=cost,
+        plain_text=gr.Textbox(visible=False, label="text", elem_id="talon-plain-text"),
         state=gr.State(Session()),
     )
     return view, walk, DecodeButtons(prev=prev, next=nxt, latest=latest, upload=upload, full_tree=full_tree,
@@ -199,6 +200,7 @@ class DecodeView:
     inspector: gr.HTML
     acceptance: gr.Plot
     cost: gr.Plot
+    plain_text: gr.Textbox  # the decoded text as a plain string, for API clients (hidden on the page)
     state: gr.State
 
     def outputs(self) -> list[Any]:
@@ -239,6 +241,7 @@ class DecodeView:
     def summary_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
         return {
             self.summary: F.summary_html(session.summary, session.steps, session.ar_summary, status),
+            self.plain_text: session.summary.text if session.summary is not None else "",
             self.state: session,
         }
 
