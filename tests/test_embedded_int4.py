@@ -1,15 +1,19 @@
-"""The embedded target packed to int4 from its own Q4_K blocks, with the int8 draft: its own
-module, so the float32 pair of ``tests/test_embedded.py`` is released before it loads."""
+"""The embedded target packed to int4 from its own Q4_K blocks, with the int8 draft, and the
+blocks themselves: its own module, so the float32 pair of ``tests/test_embedded.py`` is released
+before it loads."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
 
 from talon.bench.judge import TieJudge, default_tie_tol, first_divergence
 from talon.engine.engine import Engine, generate
-from talon.models.loading import load_pair
+from talon.models.embedded import embedded_pair_paths
+from talon.models.loading import load_pair, shipped_blocks
 from talon.run_config import RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from tests.test_embedded import cached_greedy, first_prompt, target_greedy
@@ -45,3 +49,18 @@ def test_a_packed_int4_embedded_target_keeps_its_own_greedy_text() -> None:
         split = first_divergence(want, summary.token_ids)
         assert split is None or split in check.near_ties, (suite, split, check.near_ties)
         assert len(steps) < 24
+
+
+def test_the_embedded_targets_q4k_blocks_are_its_checkpoint_weights() -> None:
+    """int4 target weights keep the shipped integers: the GGUF's Q4_K blocks, decoded, are the
+    converted checkpoint's float32 weights bit for bit, and Q6_K layers are not taken as Q4_K."""
+    from safetensors import safe_open
+
+    target_dir, _ = embedded_pair_paths()
+    blocks = shipped_blocks(target_dir, None)
+    assert blocks is not None and blocks.count() == 169  # Q4_K_M: 169 Q4_K tensors, 29 Q6_K
+    with safe_open(str(Path(target_dir) / "model.safetensors"), framework="pt") as checkpoint:  # as converted
+        for name in ("model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj", "model.layers.27.mlp.up_proj"):
+            assert torch.equal(blocks.groups(name).dequantize(), checkpoint.get_tensor(f"{name}.weight").float()), name
+    assert blocks.groups("model.layers.0.self_attn.v_proj") is None  # Q6_K: packed to int8 instead
+    assert blocks.groups("lm_head") is None
