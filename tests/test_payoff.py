@@ -70,6 +70,9 @@ def test_the_acceptance_figure_draws_p_q_and_what_was_kept() -> None:
     assert "sampled" in sampled.layout.title.text and any(v is not None for v in chance.y)
     assert "min(1, p(x)/q(x))" in F.RULE_WORDS and "p(x)" in F.RULE_WORDS
     assert "root" in F.acceptance_figure(st, 0, False).layout.annotations[0].text
+    # unsaid, the step tells: a sampled step records each tried node's chance, a greedy one none
+    assert "sampled" in F.acceptance_figure(sampled_step(st), 4).layout.title.text
+    assert "greedy" in F.acceptance_figure(st, 1).layout.title.text
 
 
 def test_lesson_words_follow_their_data() -> None:

@@ -37,10 +37,14 @@ RULE_WORDS = (
 )
 
 
-def acceptance_figure(step: StepTrace, node: int, sampled: bool, vocab: Mapping[int, str] | None = None) -> go.Figure:
+def acceptance_figure(step: StepTrace, node: int, sampled: bool | None = None,
+                      vocab: Mapping[int, str] | None = None) -> go.Figure:
     """For ``node`` (not the root): bars of the target's p (its top 5 after the parent, and each
     drafted sibling's p where it was tried) and the draft's q for the siblings, the kept token
-    marked; under sampling, each tried sibling's chance of being kept (p of what was left)."""
+    marked; under sampling, each tried sibling's chance of being kept (p of what was left).
+    ``sampled`` None: read from the step (a sampled step records each tried node's chance)."""
+    if sampled is None:
+        sampled = any(p is not None for p in step.p_accept)
     if not 0 < node < len(step.tokens):
         return empty_figure("Pick a drafted node (not the root) to see how the target decided it.")
     vocab = {**token_vocab([step]), **(vocab or {})}

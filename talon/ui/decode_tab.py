@@ -229,7 +229,7 @@ class DecodeView:
             updates[self.node_pick] = gr.update(choices=F.node_choices(st), value=node)
             vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
             updates[self.inspector] = F.node_inspector_html(st, node, vocab)
-            updates[self.acceptance] = F.acceptance_figure(st, node, sampled(session), vocab)
+            updates[self.acceptance] = F.acceptance_figure(st, node, vocab=vocab)
             updates[self.gates] = F.gate_figure(st)
             updates[self.mask] = F.mask_figure(st)
             updates[self.timeline] = F.timeline_figure(steps, index, plain=F.plain_rate(session.summary,
@@ -390,12 +390,6 @@ def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]
     return show_step
 
 
-def sampled(session: Session) -> bool:
-    """The run on screen sampled (its temperature above 0): its nodes were kept by chance."""
-    config = session.summary.config if session.summary is not None else {}
-    return float((config.get("sampling") or {}).get("temperature", 0.0) or 0.0) > 0.0
-
-
 def make_inspect(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
     def inspect(node: Any, session: Session) -> dict[Any, Any]:
         """The inspector table for ``node`` of the step on screen."""
@@ -412,7 +406,7 @@ def make_inspect(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
             return empty
         vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
         return {view.inspector: F.node_inspector_html(steps[index], node, vocab),
-                view.acceptance: F.acceptance_figure(steps[index], node, sampled(session), vocab)}
+                view.acceptance: F.acceptance_figure(steps[index], node, vocab=vocab)}
 
     return inspect
 
