@@ -1,6 +1,7 @@
-"""The README's GPU table is a prediction from the committed curves (``data/gpu_costs``) replayed
-on the bundled lesson atlases: each figure must be what ``python -m talon atlas sweep`` predicts
-from them today, so a changed curve, planner or atlas cannot leave the table stale."""
+"""docs/gpu.md's predicted GPU table (the README quotes its hybrid row) is a prediction from the
+committed curves (``data/gpu_costs``) replayed on the bundled lesson atlases: each figure must be
+what ``python -m talon atlas sweep`` predicts from them today, so a changed curve, planner or atlas
+cannot leave the table stale."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ ROWS = {"eager (probed)": "eager", "CUDA graphs, the default (probed)": "graph",
 DRAFTERS = ("none", "retrieval", "model", "hybrid")
 
 
-def readme_rows() -> dict[str, list[float]]:
+def gpu_doc_rows() -> dict[str, list[float]]:
     """The H100 table's tok/s per row, in the order none, retrieval, model, hybrid."""
     rows = {}
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[0] in ROWS:
             rows[ROWS[cells[0]]] = [float(re.sub(r"[^0-9.]", "", c.replace("tok/s", ""))) for c in cells[1:5]]
@@ -37,19 +38,19 @@ def predicted(curve: Path, capsys: pytest.CaptureFixture[str]) -> list[float]:
     return [by[d] for d in DRAFTERS]
 
 
-def test_the_readme_gpu_table_is_the_sweep_of_the_committed_curves(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = readme_rows()
-    assert set(rows) == set(ROWS.values()), "every row of the README's H100 table was found"
+def test_the_gpu_doc_table_is_the_sweep_of_the_committed_curves(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = gpu_doc_rows()
+    assert set(rows) == set(ROWS.values()), "every row of docs/gpu.md's H100 table was found"
     for label, figures in rows.items():
         curve = ROOT / "data" / "gpu_costs" / f"h100-80gb-hbm3-{label}-qwen2.5-7b.cost.json"
         CostModel.from_dict(json.loads(curve.read_text()))  # a valid talon-cost/1 file
         want = predicted(curve, capsys)
-        assert figures == pytest.approx(want, abs=0.06), f"{label}: the README says {figures}, the sweep {want}"
+        assert figures == pytest.approx(want, abs=0.06), f"{label}: docs/gpu.md says {figures}, the sweep {want}"
 
 
 def test_the_what_if_rows_start_from_the_committed_curve_and_pay_for_a_cheaper_draft(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """``experiments/gpu_whatif.py`` (docs/gpu.md's what-if table): its first row is the README's
+    """``experiments/gpu_whatif.py`` (docs/gpu.md's what-if table): its first row is docs/gpu.md's
     compiled row, and every cheaper draft forward predicts at least as much for hybrid."""
 
     from experiments.gpu_whatif import main as whatif
@@ -58,5 +59,5 @@ def test_the_what_if_rows_start_from_the_committed_curve_and_pay_for_a_cheaper_d
     assert whatif([str(curve), "--bare-ms", "1.545"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     hybrid = [float(line.strip("|").split("|")[6]) for line in lines]
-    assert hybrid[0] == pytest.approx(readme_rows()["compiled"][3], abs=0.06)
+    assert hybrid[0] == pytest.approx(gpu_doc_rows()["compiled"][3], abs=0.06)
     assert len(hybrid) == 6 and hybrid == sorted(hybrid)
