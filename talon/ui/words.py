@@ -57,11 +57,12 @@ _EXPLAIN: dict[str, str] = {
         "peaks. On a CPU the peak comes early; on a GPU the curve stays flat and trees grow."
     ),
     "lessons": (
-        "**What the papers claim, on real prompts.** Talon rests on two papers. TALON says a budget-driven, "
-        "confidence-gated tree beats a tree of fixed depth, because the best depth changes from prompt to "
-        "prompt; Talon (AAAI) says drafting from retrieval and from a draft model together wins, because "
-        "each is strong where the other is weak. Both are replayed here, exactly and with no model, on "
-        "atlases of a few Spec-Bench prompts recorded on the embedded pair: pick a prompt and a budget."
+        "**What the papers claim, on real prompts.** This app rests on two 2026 papers, both named Talon. The "
+        "adaptive-tree paper (TALON, arXiv 2601.07353) says a budget-driven, confidence-gated tree beats a tree "
+        "of fixed depth, because the best depth changes from prompt to prompt; the hybrid-drafting paper "
+        "(Talon, AAAI 2026) says drafting from retrieval and from a draft model together wins, because each is "
+        "strong where the other is weak. Both are replayed here, exactly and with no model, on atlases of a "
+        "few Spec-Bench prompts recorded on the embedded pair: pick a prompt and a budget."
     ),
     "serve": (
         "**Run it in a server.** The controls on the left as the nearest SGLang launch flags and "
