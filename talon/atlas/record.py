@@ -21,7 +21,7 @@ import dataclasses
 import heapq
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -185,12 +185,17 @@ class _Recorder:
                     seen.add(key)
                     order.append(key)
         order.sort(key=lambda key: len(key[1]))  # ancestors first
-        for start in range(0, len(order), MAX_ROWS):
-            batch = order[start:start + MAX_ROWS]
-            hidden = self._forward(batch)
+        for batch in self._batches(order):
+            out = self._forward(batch)
             fresh = [(i, key) for i, key in enumerate(batch) if key not in self.children]
             if fresh:
-                self._topk(hidden[[i for i, _ in fresh]], [key for _, key in fresh])
+                self._topk(out[[i for i, _ in fresh]], [key for _, key in fresh])
+
+    def _batches(self, order: list[Key]) -> Iterator[list[Key]]:
+        """The fed nodes, ancestors first, at most ``MAX_ROWS`` a forward (a node may share one
+        with its parent: the mask orders them)."""
+        for start in range(0, len(order), MAX_ROWS):
+            yield order[start:start + MAX_ROWS]
 
     def _forward(self, batch: list[Key]) -> torch.Tensor:
         old = self.cache.get_seq_length()
@@ -362,7 +367,7 @@ class _HeadRecorder(_Recorder):
         superset.wanted += [(p, text[:i]) for i in range(1, len(text) + 1) if (p, text[:i]) not in self.children]
         return superset
 
-    def _children(self, logits: torch.Tensor, keys: list[Key]) -> None:
+    def _topk(self, logits: torch.Tensor, keys: list[Key]) -> None:  # the head's forward returns logits
         q, ids = torch.softmax(logits, dim=-1).topk(max(self.spec.root_k, self.spec.top_k), dim=-1)  # (T, k)
         tokens = ids + self.head.d2t[ids]  # draft id -> target id
         for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
@@ -384,25 +389,14 @@ class _HeadRecorder(_Recorder):
         first = self.root_index - 1  # the pair of the root at p = 0
         for start in range(first, n, 256):
             stop = min(start + 256, n)
-            self._children(logits[start:stop], [(p - first, ()) for p in range(start, stop)])
+            self._topk(logits[start:stop], [(p - first, ()) for p in range(start, stop)])
 
-    @torch.inference_mode()
-    def _feed(self, keys: list[Key]) -> None:
-        order = []
-        seen = set(self.slots)
-        for p, path in keys:
-            for i in range(1, len(path) + 1):
-                if (p, path[:i]) not in seen:
-                    seen.add((p, path[:i]))
-                    order.append((p, path[:i]))
+    def _batches(self, order: list[Key]) -> Iterator[list[Key]]:
+        """One layer of nodes a forward (a node needs its parent's output), at most ``MAX_ROWS``."""
         for depth in sorted({len(path) for _, path in order}):
             layer = [key for key in order if len(key[1]) == depth]
             for start in range(0, len(layer), MAX_ROWS):
-                batch = layer[start:start + MAX_ROWS]
-                logits = self._forward(batch)
-                fresh = [(i, key) for i, key in enumerate(batch) if key not in self.children]
-                if fresh:
-                    self._children(logits[[i for i, _ in fresh]], [key for _, key in fresh])
+                yield layer[start:start + MAX_ROWS]
 
     def _forward(self, batch: list[Key]) -> torch.Tensor:
         old = self.cache.get_seq_length()
