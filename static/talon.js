@@ -35,3 +35,19 @@
   };
   new MutationObserver(update).observe(document.documentElement, { childList: true, subtree: true, attributes: true, attributeFilter: ["style", "class", "data-stop"] });
 })();
+
+// Predict, then check (talon.figures.predict): pressing an answer reveals the verdict, marks the
+// pressed button right or wrong, and lifts the veil over the figures that gave the answer away.
+document.addEventListener("click", (event) => {
+  const button = event.target.closest && event.target.closest(".talon-choice");
+  const box = button && button.closest(".talon-predict");
+  if (!box) return;
+  box.querySelectorAll(".talon-choice").forEach((b) => {
+    b.classList.toggle("talon-is-right", b.dataset.right === "1");
+    b.classList.remove("talon-picked");
+  });
+  button.classList.add("talon-picked");
+  box.classList.add("talon-answered");
+  box.classList.toggle("talon-got-it", button.dataset.right === "1");
+  box.querySelector(".talon-answer").hidden = false;
+});

@@ -179,20 +179,38 @@ def test_the_guided_walk_goes_through_every_stop_and_back(page) -> None:
         if i:
             page.click("#talon-walk-next")
         page.wait_for_function(f"(document.querySelector('{WALK_HEAD}') || {{}})"
-                               f".textContent?.startsWith('{i + 1} / 6')")
+                               f".textContent?.startsWith('{i + 1} / {len(WALK)}')")
         page.wait_for_function(f"document.getElementById('{stop.focus}').classList.contains('talon-focus')")
         assert page.locator(".talon-focus").count() == 1
         assert page.locator("#talon-walk").is_visible(), "the card stays in view"
         if i == 1:
             page.screenshot(path=str(SCREENSHOTS / "walk.png"))
+        if stop.key == "predict":
+            _predict_then_check(page)
     for i in range(len(WALK) - 2, -1, -1):
         page.click("#talon-walk-back")
-        page.wait_for_function(f"document.querySelector('{WALK_HEAD}').textContent.startsWith('{i + 1} / 6')")
+        page.wait_for_function(f"document.querySelector('{WALK_HEAD}').textContent.startsWith('{i + 1} / {len(WALK)}')")
         page.wait_for_function(f"document.getElementById('{WALK[i].focus}').classList.contains('talon-focus')")
     page.click("#talon-walk-leave")
     page.wait_for_function("!document.querySelector('#talon-walk .talon-walk-card')"
                            " || document.querySelector('#talon-walk').offsetParent === null")
     page.wait_for_function("document.querySelectorAll('.talon-focus').length === 0")
+
+
+def _predict_then_check(page) -> None:
+    """The walk's question: the tree's colours and the text are veiled and the verdict hidden until
+    an answer is pressed; then the right answer is marked and the veil lifts."""
+    veiled = "getComputedStyle(document.getElementById('talon-tree')).filter"
+    blurred = "getComputedStyle(document.getElementById('talon-text')).filter"
+    page.wait_for_function(f"{veiled}.includes('grayscale')")
+    assert "blur" in page.evaluate(blurred)
+    assert not page.locator("#talon-walk .talon-answer").is_visible()
+    page.screenshot(path=str(SCREENSHOTS / "walk_predict.png"))
+    page.locator("#talon-walk .talon-choice").last.click()
+    page.wait_for_selector("#talon-walk .talon-answer", state="visible")
+    assert page.locator("#talon-walk .talon-choice.talon-is-right").count() == 1
+    assert "It kept" in (page.locator("#talon-walk .talon-answer").text_content() or "")
+    page.wait_for_function(f"{veiled} === 'none'")
 
 
 def test_a_run_that_skipped_the_draft_model_offers_the_full_tree(page) -> None:
@@ -246,6 +264,16 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     page.get_by_role("option").nth(8).click()
     page.wait_for_function("document.querySelector('#talon-lesson-hybrid').textContent.includes('retrieval alone 2.')")
     page.wait_for_function("document.querySelector('#talon-lesson-carried').textContent.includes('bonus token only')")
+    page.wait_for_selector("#talon-lesson-calibration .js-plotly-plot")
+    assert "path confidence 0.7 or more" in (page.locator("#talon-lesson-calibration-text").text_content() or "")
+    # the exercises: each verdict shows once an answer is pressed, the replay's answer marked
+    tasks = page.locator("#talon-lesson-exercises .talon-predict")
+    assert tasks.count() == 3
+    assert not tasks.first.locator(".talon-answer").is_visible()
+    tasks.first.locator(".talon-choice").first.click()
+    tasks.first.locator(".talon-answer").wait_for(state="visible")
+    assert tasks.first.locator(".talon-choice.talon-is-right").count() == 1
+    assert "mean deepest layer" in (tasks.first.locator(".talon-answer").text_content() or "")
     page.screenshot(path="/tmp/lessons_tab.png", full_page=True)
     page.click("#talon-lesson-export")  # one click: the run, its walk and these lessons as one file
     link = page.locator("#talon-lesson-download a")

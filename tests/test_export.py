@@ -60,9 +60,14 @@ def test_the_exported_lesson_works_offline_from_file_url(lesson_file: Path) -> N
             page.keyboard.press("Home")
             page.wait_for_function("/step 0/.test(document.querySelector('#tree .gtitle').textContent)")
             assert first != 0, "the page opens on the recording's instructive step, not step 0"
-            assert "1 / 6" in (page.locator("#walk").text_content() or "")
+            assert "1 / 7" in (page.locator("#walk").text_content() or "")
             page.click("#next")
-            assert "2 / 6" in (page.locator("#walk").text_content() or "")
+            assert "2 / 7" in (page.locator("#walk").text_content() or "")
+            page.click("#next")
+            page.click("#next")  # the question: the verdict shows once an answer is pressed
+            assert not page.locator("#walk .talon-answer").is_visible()
+            page.locator("#walk .talon-choice").first.click()
+            page.wait_for_selector("#walk .talon-answer", state="visible")
             for fig in ("lesson-depth", "lesson-funnel", "lesson-drafters", "lesson-async"):
                 page.wait_for_selector(f"#{fig}.js-plotly-plot .main-svg")
             page.screenshot(path="/tmp/exported_lesson.png", full_page=True)

@@ -49,3 +49,40 @@ def test_only_the_first_use_is_wrapped_and_tags_are_left_alone() -> None:
     text = '<span title="MAT">MAT</span> and MAT again'
     assert F.define(text) == ('<span title="MAT"><abbr title="' + F.esc(F.GLOSSARY["MAT"]).replace("'", "&#x27;")
                               + '">MAT</abbr></span> and MAT again')
+
+
+SHOWN = F.LEAD_WORDS + 5  # "about 40": a lead ends at a sentence
+
+
+def _texts() -> dict[str, str]:
+    """Every explanation a newcomer reads: the header, the figures', the walk's, the lessons'."""
+    from talon.ui.lessons_tab import make_show
+
+    recording = load_recording()
+    assert recording is not None
+    summary, steps = recording
+    texts = {"header": HEADER.split("</h1>")[1], **EXPLAIN}  # the title aside
+    for stop, walk in enumerate(F.WALK):
+        if walk.key != "predict":  # a question and its answers, not an explanation
+            for index in range(0, len(steps), 3):
+                card = F.walk_html(stop, summary, list(steps), index)
+                texts[f"walk {walk.key} step {index}"] = card.split('class="talon-walk-body">')[1]
+    shown = make_show()(0, 16, None, None)
+    for i in (0, 3, 6, 9):  # the adaptive, hybrid, async and calibration words
+        texts[f"lesson words {i}"] = shown[i]
+    return texts
+
+
+def test_every_explanation_shows_about_forty_words_and_folds_the_rest() -> None:
+    long = {name: F.words_shown(text) for name, text in _texts().items() if F.words_shown(text) > SHOWN}
+    assert long == {}
+
+
+def test_the_fold_keeps_the_lead_and_hides_the_rest() -> None:
+    text = " ".join(f"Sentence {i} has exactly six words." for i in range(20))
+    folded = F.fold(text)
+    assert F.words_shown(folded) <= F.LEAD_WORDS and '<details class="talon-more">' in folded
+    assert F.words_shown(text) == 120  # unfolded, all of it shows
+    assert F.fold("One short sentence. And another.") == "One short sentence. And another."
+    tagged = "<b>" + text + "</b>"
+    assert F.fold(tagged) == tagged, "no split inside an element"

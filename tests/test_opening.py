@@ -5,6 +5,7 @@ stop with the step's own numbers, and the re-run offer follows the planner's ski
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -98,22 +99,29 @@ def _element_ids(settings: Settings) -> set[str]:
 def test_every_walk_stop_points_at_a_figure_and_quotes_the_step(recording) -> None:
     summary, steps = recording
     ids = _element_ids(Settings())
-    assert len(F.WALK) == 6 and len({s.key for s in F.WALK}) == 6
+    assert len(F.WALK) == 7 and len({s.key for s in F.WALK}) == 7
     for stop in F.WALK:
         assert stop.focus in ids, f"walk stop {stop.key} points at #{stop.focus}, which the page lacks"
     index = opening_step(steps)
     st = steps[index]
     cards = [F.walk_html(i, summary, steps, index) for i in range(len(F.WALK))]
     for i, card in enumerate(cards):
-        assert f'data-focus="{F.WALK[i].focus}"' in card and f"{i + 1} / 6" in card
+        assert f'data-focus="{F.WALK[i].focus}"' in card and f"{i + 1} / {len(F.WALK)}" in card
     assert f"{len(st.tokens) - 1} tokens" in cards[0]  # the tree: nodes drafted
     gated = sum(passed is False for passed in st.gate_passed)
     assert f"{gated} node" in cards[1]  # the gate: how many it cut
     assert f"all {len(st.tokens)} nodes" in cards[2]  # the mask: one forward
-    assert f"{len(st.new_tokens)} tokens" in cards[3] and "◆" in cards[3]  # a rejection, resampled
-    assert f"{st.verify_s * 1e3:.0f} ms verifying" in cards[4]
+    # the question: the kept path is the one right answer, and the verdict is hidden until pressed
+    question = cards[3]
+    rights = re.findall(r'class="talon-choice" data-right="(\d)"', question)
+    assert rights.count("1") == 1 and len(rights) >= 2, rights
+    assert '<div class="talon-answer" hidden>' in question and "talon-hides" in question
+    kept = len(st.accepted) - 1
+    assert f"It kept <b>{kept}</b>" in question.split("talon-answer")[1]
+    assert f"{len(st.new_tokens)} tokens" in cards[4] and "◆" in cards[4]  # a rejection, resampled
+    assert f"{st.verify_s * 1e3:.0f} ms verifying" in cards[5]
     tokens = sum(len(s.new_tokens) for s in steps)
-    assert f"wrote {tokens} tokens" in cards[5] and f"{tokens / len(steps):.2f}" in cards[5]
+    assert f"wrote {tokens} tokens" in cards[6] and f"{tokens / len(steps):.2f}" in cards[6]
     # every step of the recording walks without error, and the card shows no raw markup from tokens
     for i in range(len(steps)):
         for stop in range(len(F.WALK)):
@@ -121,6 +129,18 @@ def test_every_walk_stop_points_at_a_figure_and_quotes_the_step(recording) -> No
     hostile = dataclasses.replace(st, texts=["<img src=x onerror=alert(1)>"] * len(st.tokens))
     card = F.walk_html(0, summary, [hostile], 0)
     assert "<img" not in card and "&lt;img" in card
+
+
+def test_the_question_answers_none_when_the_target_kept_nothing(recording) -> None:
+    summary, steps = recording
+    st = next(s for s in steps if len(s.tokens) > 3)
+    predict = [s.key for s in F.WALK].index("predict")
+    card = F.walk_html(predict, summary, [dataclasses.replace(st, accepted=[0])], 0)
+    answers = re.findall(r'data-right="(\d)">(.*?)</button>', card)
+    assert [label for right, label in answers if right == "1"] == [
+        "None of them: it turns down the first token of every path"]
+    with pytest.raises(ValueError, match="right answer"):
+        F.predict_html("?", [F.Choice("a", False)], "")
 
 
 def test_the_full_tree_offer_follows_the_planner_skips(recording) -> None:

@@ -12,6 +12,8 @@ from tests.test_figures import make_step, run_steps, sampled_step
 
 GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 
+STOP = {stop.key: i for i, stop in enumerate(F.WALK)}
+
 
 def summary(verify_one: float = 0.1, other: float = 0.01, tps: float = 12.0) -> RunSummary:
     curves = {"grid": GRID, "verify_s": [verify_one * (1 + (g - 1) / 64) for g in GRID], "other_s": other}
@@ -47,16 +49,16 @@ def test_the_timeline_draws_plain_decoding_of_the_same_tokens_on_the_same_clock(
 
 def test_the_walk_says_whether_a_step_won_or_lost_against_plain_decoding() -> None:
     steps = [dataclasses.replace(s, draft_s=0.01, verify_s=0.12, other_s=0.01) for s in run_steps(3)]
-    won = F.walk_html(4, summary(), steps, 1)  # 0.14 s for 3 tokens; plain 0.33 s
+    won = F.walk_html(STOP['cost'], summary(), steps, 1)  # 0.14 s for 3 tokens; plain 0.33 s
     assert "<b>won</b>" in won and "reads every weight once" in won
     slow = [dataclasses.replace(s, draft_s=0.5) for s in steps]
-    lost = F.walk_html(4, summary(), slow, 1)
+    lost = F.walk_html(STOP['cost'], summary(), slow, 1)
     assert "<b>lost</b>" in lost and "Steps that win pay for the ones that lose" in lost
-    assert "plain decoding's" in F.walk_html(5, summary(), steps, 1)
+    assert "plain decoding's" in F.walk_html(STOP['run'], summary(), steps, 1)
 
 
 def test_the_walk_no_longer_says_sampled_text_equals_the_targets() -> None:
-    text = F.walk_html(3, summary(), run_steps(3), 1)
+    text = F.walk_html(STOP['verify'], summary(), run_steps(3), 1)
     assert "Greedy or sampled, the text is exactly" not in text and "distribution" in text
 
 
@@ -92,7 +94,7 @@ def test_lesson_words_follow_their_data() -> None:
     model = HybridLesson("qa", "p", mats, {"model": 9.0, "retrieval": 6.0, "hybrid": 8.0})
     hybrid = HybridLesson("qa", "p", mats, {"model": 9.0, "retrieval": 6.0, "hybrid": 9.5})
     assert "the draft model alone is fastest" in hybrid_words(model)
-    assert "the hybrid is fastest" in hybrid_words(hybrid) and "longest end of the text" in hybrid_words(hybrid)
+    assert "the hybrid is fastest" in hybrid_words(hybrid)
 
 
 def test_a_step_without_timings_has_no_verdict() -> None:

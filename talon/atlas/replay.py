@@ -159,6 +159,11 @@ class ReplayResult:
     def mat(self) -> float:
         return self.summary.mean_accepted_tokens
 
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted: the tokens over the time the atlas's cost curves give the run."""
+        return len(self.summary.token_ids) / self.predicted_s if self.predicted_s > 0 else 0.0
+
 
 def replayable_kinds(atlas: Atlas) -> tuple[str, ...]:
     """The drafter kinds ``atlas`` replays: those of the model that drafted in its draft slot."""

@@ -20,9 +20,10 @@ The package, one job per module:
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
 * ``accept``: the acceptance rule drawn for one node (p, q, what was kept; the textbook rule's bridge);
+* ``predict``: HTML: a question whose verdict shows once an answer is pressed (the walk's, the exercises);
 * ``glossary``: each term a newcomer meets, defined at its first use in a text (``define``);
 * ``inspect``: HTML: the node inspector (the target's top 5 at a node, verdict, position);
-* ``walk``: HTML: the guided walk's six stops through one step, with that step's numbers;
+* ``walk``: HTML: the guided walk's seven stops through one step (one a question), with that step's numbers;
 * ``lessons``: the lessons' figures and words (of ``talon.lessons`` results);
 * ``opening``: which step of a run the page opens on (``opening_step``), and the bundled recording;
 * ``export``: a run and the lessons as one offline HTML file (it reads the app's stylesheet).
@@ -64,7 +65,7 @@ from talon.figures.common import (
 )
 from talon.figures.cost import cost_figure, expected_rate
 from talon.figures.gates import THRESHOLD_LINES, gate_figure
-from talon.figures.glossary import GLOSSARY, define, undefined
+from talon.figures.glossary import GLOSSARY, LEAD_WORDS, define, fold, undefined, words_shown
 from talon.figures.inspect import (
     NEAR_TIE_LOGITS,
     default_node,
@@ -81,6 +82,7 @@ from talon.figures.markup import (
 )
 from talon.figures.mask import mask_figure, mask_row_label
 from talon.figures.payoff import PlainRate, plain_rate, step_verdict, verify_at
+from talon.figures.predict import Choice, predict_html
 from talon.figures.run import (
     COMMIT_SOURCES,
     acceptance_by_depth,
@@ -122,6 +124,9 @@ from talon.figures.walk import WALK, WalkStop, walk_html
 __all__ = [
     "GLOSSARY",
     "define",
+    "fold",
+    "words_shown",
+    "LEAD_WORDS",
     "undefined",
     "RULE_WORDS",
     "acceptance_figure",
@@ -180,6 +185,8 @@ __all__ = [
     "node_status",
     "pareto_figure",
     "plain_rate",
+    "predict_html",
+    "Choice",
     "source_share_figure",
     "step_caption_html",
     "step_end_times",

@@ -22,19 +22,26 @@ from talon.figures.lessons import (
     adaptive_words,
     async_figure,
     async_words,
+    calibration_figure,
+    calibration_words,
     carried_text_html,
     depth_figure,
     drafters_figure,
+    exercises_html,
     funnel_figure,
     hybrid_words,
+    retrieval_html,
 )
 from talon.figures.opening import opening_step
-from talon.lessons.adaptive import AdaptiveLesson, funnel
+from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson, calibration, funnel
 from talon.lessons.asynchrony import AsyncBound, async_lesson
-from talon.lessons.hybrid import hybrid_lesson
+from talon.lessons.exercises import exercises
+from talon.lessons.hybrid import hybrid_lesson, retrieval_example
 from talon.trace import RunSummary, StepTrace
 
-APP_CSS = Path(__file__).resolve().parents[2] / "static" / "talon.css"  # the summary's and the walk's classes
+STATIC = Path(__file__).resolve().parents[2] / "static"
+APP_CSS = STATIC / "talon.css"  # the summary's and the walk's classes
+APP_JS = STATIC / "talon.js"  # the walk's questions and the exercises answer on a press
 STYLE = """
 body { font-family: Inter, 'Segoe UI', system-ui, sans-serif; max-width: 1100px; margin: 1.5rem auto; color: #222;
        line-height: 1.5; padding: 0 1rem; }
@@ -70,9 +77,9 @@ show();
 """
 
 
-def _app_css() -> str:
+def _static(path: Path) -> str:
     try:
-        return APP_CSS.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8").replace("</", "<\\/")
     except OSError:
         return ""
 
@@ -89,7 +96,7 @@ def _script_json(data: Any) -> str:
 
 def export_html(summary: RunSummary | None, steps: Sequence[StepTrace], atlas: Atlas | None = None,
                 lessons: Sequence[AdaptiveLesson] = (), lesson_index: int = 0, title: str = "Talon lesson") -> str:
-    """The page: the run's steps (tree and gates per step, the six-stop walk per step), then the
+    """The page: the run's steps (tree and gates per step, the walk per step), then the
     lessons of ``atlas`` (``lessons``: the adaptive lesson of every lesson atlas, for the funnel
     and the dilemma; ``lesson_index``: ``atlas``'s among them)."""
     if not steps:
@@ -117,9 +124,10 @@ def export_html(summary: RunSummary | None, steps: Sequence[StepTrace], atlas: A
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{html.escape(title)}</title>"
-            f"<style>{_app_css()}{STYLE}</style><script>{get_plotlyjs()}</script></head><body>" + "".join(sections)
+            f"<style>{_static(APP_CSS)}{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
+            + "".join(sections)
             + f'<script type="application/json" id="talon-data">{_script_json(data)}</script>'
-            + f"<script>{SCRIPT}</script></body></html>")
+            + f"<script>{SCRIPT}</script><script>{_static(APP_JS)}</script></body></html>")
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,9 @@ class LessonShow:
     carried: str
     async_words: str
     timeline: go.Figure
+    calibration: go.Figure | None = None  # acceptance against confidence, pooled over ``lessons``
+    calibration_words: str = ""
+    exercises: str = ""  # HTML: predict, then check, answered by replays of this atlas
 
 
 def show_lessons(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int,
@@ -142,11 +153,18 @@ def show_lessons(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int,
     """The three lessons on ``atlas`` (``lessons[index]`` its adaptive lesson among ``lessons``;
     ``measured``: a real run's timeline for the async lesson)."""
     hybrid, overlap = hybrid_lesson(atlas), async_lesson(atlas)
+    example = retrieval_html(retrieval_example(atlas, hybrid), lambda ids: "".join(atlas.text(t) for t in ids))
     lesson = lessons[index] if lessons else None
+    calibrated = calibration(lessons)
+    tasks = ""
+    if lesson is not None:
+        small, large = (lesson if n == lesson.budget else adaptive_lesson(atlas, n) for n in BUDGETS)
+        tasks = exercises_html(exercises(atlas, small, large, hybrid))
     return LessonShow(
         adaptive_words(lesson, lessons) if lesson else None, depth_figure(lesson) if lesson else None,
         funnel_figure(*funnel(lessons)) if lesson else None, hybrid_words(hybrid), drafters_figure(hybrid),
-        carried_text_html(hybrid), async_words(overlap, measured), async_figure(overlap))
+        carried_text_html(hybrid) + example, async_words(overlap, measured), async_figure(overlap),
+        calibration_figure(calibrated) if calibrated else None, calibration_words(calibrated), tasks)
 
 
 def _lesson_sections(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int, figures: dict[str, Any]) -> list[str]:
@@ -158,10 +176,15 @@ def _lesson_sections(atlas: Atlas, lessons: Sequence[AdaptiveLesson], index: int
         figures["lesson-depth"] = _fig(shown.depth)
         figures["lesson-funnel"] = _fig(shown.funnel)
         out += ["<h2>Why adaptive?</h2>", f"<p>{html.escape(shown.adaptive_words)}</p>",
-                '<div class="row"><div id="lesson-depth"></div><div id="lesson-funnel"></div></div>']
+                '<div id="lesson-depth"></div><div class="row"><div id="lesson-funnel"></div>'
+                '<div id="lesson-calibration"></div></div>', f"<p>{html.escape(shown.calibration_words)}</p>"]
+        if shown.calibration is not None:
+            figures["lesson-calibration"] = _fig(shown.calibration)
     figures["lesson-drafters"] = _fig(shown.drafters)
     figures["lesson-async"] = _fig(shown.timeline)
     out += ["<h2>Why hybrid?</h2>", f"<p>{html.escape(shown.hybrid_words)}</p>", '<div id="lesson-drafters"></div>',
             shown.carried, "<h2>Why async?</h2>", f"<p>{html.escape(shown.async_words)}</p>",
             '<div id="lesson-async"></div>']
+    if shown.exercises:
+        out += ["<h2>Try it: predict, then check</h2>", shown.exercises]
     return out

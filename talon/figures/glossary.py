@@ -1,6 +1,7 @@
 """The words a newcomer meets, each defined where it first appears on a text: ``define`` wraps the
 first use of every glossary term in a piece of HTML (or Markdown, which passes HTML through) in
-``<abbr title="definition">``, so hovering the term says what it means."""
+``<abbr title="definition">``, so hovering the term says what it means; ``fold`` keeps what a text
+shows at first to about ``LEAD_WORDS`` words, the rest behind a "more" fold."""
 
 from __future__ import annotations
 
@@ -64,3 +65,43 @@ def undefined(text: str) -> set[str]:
         if pattern.search(visible) and f'<abbr title="{html.escape(GLOSSARY[term], quote=True)}">' not in text:
             missing.add(term)
     return missing
+
+
+LEAD_WORDS = 40  # what a text shows before its "more" fold, at most (a first sentence may run longer)
+_SENTENCE_END = re.compile(r"(?<=[.;!?])\s+(?=[*A-Z(<])")
+_VOID = ("<br", "<img", "<hr", "<input", "<meta", "<wbr")
+
+
+def words_shown(text: str) -> int:
+    """The words of ``text`` (HTML or Markdown) that show before a fold opens."""
+    shown = re.sub(r"<details\b.*?</details>", " ", text, flags=re.S)
+    shown = re.sub(r"<(\w+)[^>]*\bhidden\b[^>]*>.*?</\1>", " ", shown, flags=re.S)
+    return len(_TAG.sub(" ", shown).split())
+
+
+def _depth(text: str) -> int:
+    """Open elements at the end of ``text`` (a split there would break one)."""
+    depth = 0
+    for tag in _TAG.findall(text):
+        if tag.startswith("</"):
+            depth -= 1
+        elif not tag.endswith("/>") and not tag.startswith(_VOID) and not tag.startswith("<!"):
+            depth += 1
+    return depth
+
+
+def fold(text: str, limit: int = LEAD_WORDS) -> str:
+    """``text`` (HTML or Markdown) with the sentences after the first ``limit`` words behind a
+    "more" fold; the first sentence always shows, and no split falls inside an element."""
+    cuts = [m for m in _SENTENCE_END.finditer(text) if _depth(text[:m.start()]) == 0]
+    lead = 0
+    for m in cuts:
+        if len(_TAG.sub(" ", text[:m.start()]).split()) > limit:
+            break
+        lead = m.start()
+    if lead == 0 and cuts:
+        lead = cuts[0].start()
+    if not lead or len(_TAG.sub(" ", text[lead:]).split()) < 6:
+        return text
+    return (f"{text[:lead]} <details class=\"talon-more\"><summary>more</summary>\n\n{text[lead:].strip()}"
+            "\n\n</details>")

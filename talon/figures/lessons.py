@@ -4,7 +4,8 @@ the text coloured by the source that carried each step."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
@@ -18,36 +19,86 @@ from talon.figures.common import (
     legend_top,
     make_figure,
 )
+from talon.figures.predict import Choice, predict_html
 from talon.figures.text import esc
-from talon.lessons.adaptive import DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
+from talon.lessons.adaptive import CONF_BINS, DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
 from talon.lessons.asynchrony import AsyncBound, AsyncLesson
-from talon.lessons.hybrid import COMPARED, HybridLesson, carried_shares
+from talon.lessons.exercises import Exercise
+from talon.lessons.hybrid import COMPARED, HybridLesson, RetrievalExample, carried_shares
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
 CARRIER_NAMES = {"model": "draft model", "retrieval": "retrieval", "both": "both", "none": "bonus token only"}
 
 
 def depth_figure(lesson: AdaptiveLesson) -> go.Figure:
-    """MAT of the static tree at every depth (equal budget), the adaptive tree's as a line."""
+    """The static tree at every depth (equal budget) against the adaptive tree, in MAT (left) and
+    in tokens/s predicted by the recording host's costs (right: each layer costs a draft forward)."""
     depths = list(DEPTHS)
-    best = lesson.best_depth
-    traces: list[Trace] = [
-        dict(type="scatter", x=depths, y=[lesson.static_mat[d] for d in depths], mode="lines+markers",
-             name=f"static tree (EAGLE's shape, K = {lesson.widths[0]}, k = {lesson.widths[1]})",
-             line=dict(color=SOURCE_COLORS["model"], width=2),
-             hovertemplate="static, depth %{x}: MAT %{y:.2f}<extra></extra>"),
-        dict(type="scatter", x=[depths[0], depths[-1]], y=[lesson.adaptive_mat] * 2, mode="lines",
-             name="TALON adaptive tree", line=dict(color=GATED_COLOR, width=2, dash="dash"),
-             hovertemplate="adaptive: MAT %{y:.2f}<extra></extra>"),
-        dict(type="scatter", x=[best], y=[lesson.static_mat[best]], mode="markers", name="best depth (hindsight)",
-             marker=dict(color=PATH_COLOR, size=12, symbol="star"),
-             hovertemplate="best static depth %{x}: MAT %{y:.2f}<extra></extra>"),
-    ]
-    layout = base_layout(f"Static depth or adaptive, N = {lesson.budget}", 340,
-                         xaxis=axis_style("static tree depth", dtick=1),
+    traces: list[Trace] = []
+    panels = [("MAT", lesson.static_mat, lesson.adaptive_mat, lesson.best_depth, "", "y", ".2f")]
+    if lesson.static_rate:
+        panels.append(("tok/s", lesson.static_rate, lesson.adaptive_rate, lesson.fastest_depth, "2", "y2", ".1f"))
+    for unit, static, adaptive, best, axis, yaxis, fmt in panels:
+        first = not axis
+        traces += [
+            dict(type="scatter", x=depths, y=[static[d] for d in depths], mode="lines+markers", xaxis=f"x{axis}",
+                 yaxis=yaxis, name=f"static tree (EAGLE's shape, K = {lesson.widths[0]}, k = {lesson.widths[1]})",
+                 line=dict(color=SOURCE_COLORS["model"], width=2), showlegend=first, legendgroup="static",
+                 hovertemplate=f"static, depth %{{x}}: {unit} %{{y:{fmt}}}<extra></extra>"),
+            dict(type="scatter", x=[depths[0], depths[-1]], y=[adaptive] * 2, mode="lines", xaxis=f"x{axis}",
+                 yaxis=yaxis, name="TALON adaptive tree", line=dict(color=GATED_COLOR, width=2, dash="dash"),
+                 showlegend=first, legendgroup="adaptive",
+                 hovertemplate=f"adaptive: {unit} %{{y:{fmt}}}<extra></extra>"),
+            dict(type="scatter", x=[best], y=[static[best]], mode="markers", name="best depth (hindsight)",
+                 xaxis=f"x{axis}", yaxis=yaxis, marker=dict(color=PATH_COLOR, size=12, symbol="star"),
+                 showlegend=first, legendgroup="best",
+                 hovertemplate=f"best static depth %{{x}}: {unit} %{{y:{fmt}}}<extra></extra>"),
+        ]
+    layout = base_layout(f"Static depth or adaptive, N = {lesson.budget}", 360,
+                         xaxis=axis_style("static tree depth", dtick=1, domain=[0, 0.45]),
                          yaxis=axis_style("MAT (tokens per target forward)"),
+                         xaxis2=axis_style("static tree depth", dtick=1, domain=[0.57, 1], anchor="y2"),
+                         yaxis2=axis_style("tokens/s (predicted, recording host)", anchor="x2"),
                          legend=legend_top())
     return make_figure(traces, layout)
+
+
+def calibration_figure(bins: dict[int, tuple[int, int]]) -> go.Figure:
+    """Share of drafted nodes the target accepted, by path confidence (tenths), with the diagonal
+    a perfectly calibrated drafter would follow: why gating on confidence spends the budget well."""
+    mids = [(b + 0.5) / CONF_BINS for b in bins]
+    rates = [100 * a / d if d else 0.0 for a, d in bins.values()]
+    traces: list[Trace] = [
+        dict(type="scatter", x=[0, 1], y=[0, 100], mode="lines", name="accepted as often as confident",
+             line=dict(color="#9a9a9a", dash="dot"), hoverinfo="skip"),
+        dict(type="scatter", x=mids, y=rates, mode="lines+markers", name="lesson prompts (adaptive tree)",
+             marker=dict(color=SOURCE_COLORS["model"], size=[6 + min(14, d ** 0.5 / 2) for _, d in bins.values()]),
+             line=dict(color=SOURCE_COLORS["model"]), customdata=[[a, d] for a, d in bins.values()],
+             hovertemplate="path confidence %{x:.2f}: %{y:.0f} % accepted (%{customdata[0]} of "
+                           "%{customdata[1]} drafted nodes)<extra></extra>"),
+    ]
+    layout = base_layout("Acceptance against confidence (all lesson prompts)", 340,
+                         xaxis=axis_style("path confidence c (product of q along the path)", range=[0, 1]),
+                         yaxis=axis_style("% of drafted nodes accepted", range=[0, 105]), legend=legend_top())
+    return make_figure(traces, layout)
+
+
+def _accepted(group: Sequence[tuple[int, int]]) -> float:
+    return 100 * sum(a for a, _ in group) / max(sum(d for _, d in group), 1)
+
+
+def calibration_words(bins: dict[int, tuple[int, int]]) -> str:
+    """What the calibration figure shows, with its numbers."""
+    low = [bins[b] for b in bins if b < 3]
+    high = [bins[b] for b in bins if b >= 7]
+    if not low or not high:
+        return ""
+    drafted = sum(d for _, d in low)
+    share = 100 * drafted / max(sum(d for _, d in bins.values()), 1)
+    return (f"The target accepted {_accepted(high):.0f} % of the nodes drafted with path confidence 0.7 or more and "
+            f"{_accepted(low):.0f} % of those under 0.3, which were {share:.0f} % of all drafted nodes. Acceptance "
+            "follows "
+            "confidence, so a gate on confidence keeps the nodes likely to be accepted and cuts the rest.")
 
 
 def funnel_figure(ranks: dict[int, float], depths: dict[int, float]) -> go.Figure:
@@ -96,6 +147,22 @@ def carried_text_html(lesson: HybridLesson) -> str:
             f'that carried it: {legend}</div><pre>{"".join(spans)}</pre></div>')
 
 
+def retrieval_html(example: RetrievalExample | None, text: Callable[[list[int]], str]) -> str:
+    """How retrieval drafted its best step on this prompt: the end of the text, the same tokens
+    earlier, and what followed them there (``text``: token ids to text)."""
+    if example is None:
+        return ('<div class="talon-retrieval">Retrieval carried no step on this prompt: the end of the text never '
+                "repeated what came before for long enough.</div>")
+    match = f'<mark class="match">{esc(text(example.match))}</mark>'
+    proposed = f'<mark class="next">{esc(text(example.proposed))}</mark>'
+    return (f'<div class="talon-retrieval"><div class="legend">How retrieval drafted step {example.step}: '
+            f'{RETRIEVAL_WORDS}</div>'
+            f'<div><span class="what">the text so far ends</span> …{esc(text(example.now_before))}{match} ▸ ?</div>'
+            f'<div><span class="what">the same tokens before</span> …{esc(text(example.before))}{match}{proposed} …'
+            f'</div><div><span class="what">retrieval proposes</span> {proposed}: the target kept {example.kept} of '
+            f"these {len(example.proposed)} tokens.</div></div>")
+
+
 def adaptive_words(lesson: AdaptiveLesson, suites: Sequence[AdaptiveLesson] = ()) -> str:
     """Two or three sentences with this prompt's numbers."""
     best, eagle = lesson.best_depth, lesson.static_mat[EAGLE3_SHAPE["max_depth"]]
@@ -132,20 +199,45 @@ def _coverage(share: float) -> str:
 
 
 def _dilemma(lessons: Sequence[AdaptiveLesson]) -> str:
-    """How much one fixed depth for every prompt loses against each prompt's own best depth."""
+    """How much one fixed depth for every prompt loses against each prompt's own best depth: in
+    MAT, then in tokens/s (where every layer costs a draft forward)."""
     if len(lessons) < 2:
         return ""
-    loss = {d: [1 - x.static_mat[d] / x.best_static_mat for x in lessons] for d in DEPTHS}
+    mat = _fixed_loss(lessons, lambda x: x.static_mat)
+    words = (f"Over the {len(lessons)} lesson prompts, in MAT the best single depth is {mat.depth}: it loses "
+             f"{100 * mat.mean:.1f} % on average against each prompt's own best depth, {100 * mat.worst:.1f} % at "
+             "worst. ")
+    if mat.mean < TIE:
+        words += ("In MAT, then, no depth dilemma shows: the static tree keeps its N likeliest nodes, so a deep cap "
+                  "costs it nothing. ")
+    else:
+        words += "That gap is the static depth dilemma, in accepted tokens. "
+    rates = [x for x in lessons if x.static_rate]
+    if len(rates) < 2:
+        return words
+    fast = _fixed_loss(rates, lambda x: x.static_rate)
+    best = sorted({x.fastest_depth for x in rates})
+    adaptive = [x.adaptive_rate / x.static_rate[x.fastest_depth] for x in rates]
+    words += (f"In time it is another story: each layer costs a draft forward, and the fastest depth per prompt "
+              f"ranges over {', '.join(map(str, best))}; the best single depth, {fast.depth}, loses "
+              f"{100 * fast.mean:.1f} % of tokens/s on average and {100 * fast.worst:.1f} % at worst. ")
+    if fast.mean < TIE:
+        return words + "So here one fixed depth does about as well as each prompt's own, even in time."
+    return words + (f"That is the depth dilemma; the adaptive tree gets {min(adaptive):.2f}x to {max(adaptive):.2f}x "
+                    "each prompt's fastest depth without choosing one in advance.")
+
+
+@dataclass(frozen=True)
+class FixedLoss:
+    depth: int  # the one depth that loses least over all prompts
+    mean: float  # its mean share lost against each prompt's own best depth
+    worst: float
+
+
+def _fixed_loss(lessons: Sequence[AdaptiveLesson], metric: Callable[[AdaptiveLesson], dict[int, float]]) -> FixedLoss:
+    loss = {d: [1 - metric(x)[d] / max(metric(x).values()) for x in lessons] for d in DEPTHS}
     fixed = min(DEPTHS, key=lambda d: (sum(loss[d]), -d))
-    worst = max(loss[fixed])
-    mean = sum(loss[fixed]) / len(lessons)
-    head = (f"Over the {len(lessons)} lesson prompts the best single depth is {fixed}: it loses {100 * mean:.1f} % "
-            f"of MAT on average against each prompt's own best depth, {100 * worst:.1f} % at worst. ")
-    if mean < TIE and worst < 2 * TIE:
-        return head + ("So on these prompts no depth dilemma shows: one fixed depth does about as well as each "
-                       "prompt's own. It shows where prompts want different depths (a smaller budget, or prompts "
-                       "that mix predictable and free text).")
-    return head + "That gap is the static depth dilemma the adaptive tree is built to close."
+    return FixedLoss(fixed, sum(loss[fixed]) / len(lessons), max(loss[fixed]))
 
 
 RETRIEVAL_WORDS = ("Retrieval finds the longest end of the text so far that occurred before (in the prompt or the "
@@ -166,7 +258,7 @@ def hybrid_words(lesson: HybridLesson) -> str:
             f"{lesson.mat['retrieval']:.2f}, the hybrid {lesson.mat['hybrid']:.2f}; predicted fastest: "
             f"{lesson.best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
             f"{100 * shares['retrieval']:.0f} % came on steps retrieval carried and {100 * shares['model']:.0f} % on "
-            f"steps the draft model carried: {verdict} {RETRIEVAL_WORDS}")
+            f"steps the draft model carried: {verdict}")
 
 
 def async_figure(lesson: AsyncLesson) -> go.Figure:
@@ -204,3 +296,10 @@ def async_words(lesson: AsyncLesson, measured: AsyncBound | None = None) -> str:
             f"preset's shapes: a draft forward a third of a verification) drafting takes "
             f"{100 * gpu.draft_s / gpu.sync_s:.0f} % and the bound is {gpu.gain:.2f}x; Talon's pre-drafts run "
             f"eagerly on their thread, so it does not reach it either, and async stays off by default." + run)
+
+
+def exercises_html(tasks: Sequence[Exercise]) -> str:
+    """Each exercise as a question whose answer shows once a choice is pressed."""
+    return "".join(predict_html(f"<b>{i}.</b> {esc(t.question)}",
+                                [Choice(esc(c), k == t.right) for k, c in enumerate(t.choices)], esc(t.answer))
+                   for i, t in enumerate(tasks, start=1))

@@ -1,7 +1,8 @@
-"""The guided walk through one step: six stops (the draft tree, the gate, the attention mask,
-verification, the step's cost, the run), each pointing at one figure (``WalkStop.focus``, an
-element id that ``static/talon.js`` highlights) and explaining one idea with that step's
-numbers. Pure functions of the traces: the walk works on a recording with no model loaded."""
+"""The guided walk through one step: seven stops (the draft tree, the gate, the attention mask, a
+question (which path will the target keep?), verification, the step's cost, the run), each
+pointing at one figure (``WalkStop.focus``, an element id that ``static/talon.js`` highlights)
+and explaining one idea with that step's numbers. Pure functions of the traces: the walk works
+on a recording with no model loaded."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from talon.figures.common import committed_tokens, node_status
-from talon.figures.glossary import define
+from talon.figures.glossary import define, fold
 from talon.figures.payoff import plain_rate, step_verdict, verify_at
+from talon.figures.predict import Choice, predict_html
 from talon.figures.text import esc, token_label
 from talon.trace import RunSummary, StepTrace
 
@@ -90,6 +92,46 @@ def _mask(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str
             f"its own continuation.{siblings}")
 
 
+def _paths(st: StepTrace) -> list[list[int]]:
+    """Every root-to-leaf path of the tree (node ids, the root left out), likeliest leaf first."""
+    kids = _children(st)
+    paths = []
+    for leaf in (n for n in range(1, len(st.tokens)) if not kids[n]):
+        path, node = [], leaf
+        while node:
+            path.append(node)
+            node = st.parents[node]
+        paths.append(path[::-1])
+    return sorted(paths, key=lambda p: -st.path_conf[p[-1]])
+
+
+def _path_label(st: StepTrace, path: list[int], shown: int = 5) -> str:
+    more = " …" if len(path) > shown else ""
+    return " ".join(_tok(st, node) for node in path[:shown]) + more
+
+
+def _predict(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
+    st = steps[i]
+    paths = _paths(st)
+    if not paths:
+        return (f"At step {i} nothing was drafted, so there is nothing to predict: the target writes one token "
+                "alone. Pick a step with a tree on the slider and come back.")
+    kept = st.accepted[1:]
+    right = [p for p in paths if kept and kept[-1] in p][:1]
+    wrong = [p for p in paths if not (kept and kept[-1] in p)][:3 - len(right)]
+    choices = sorted(right + wrong, key=paths.index)
+    options = [Choice(_path_label(st, p), p in right) for p in choices]
+    options.append(Choice("None of them: it turns down the first token of every path", not kept))
+    bonus = f"<code>{token_label(st.bonus_text, 24)}</code>"
+    answer = (f"It kept <b>{len(kept)}</b> drafted token{'s' if len(kept) != 1 else ''} "
+              f"({' '.join(_tok(st, node) for node in kept)}), then wrote its own {bonus}. "
+              if kept else f"It kept none of the drafted tokens and wrote its own {bonus}. ")
+    question = (f"Before the target checks step {i}: <b>which path will it keep?</b> It keeps a drafted token "
+                "only where it agrees with it, from the first token down; the tree's colours and the text stay "
+                "hidden until you answer.")
+    return predict_html(question, options, answer + "The next stop shows how it decided.", hides_figures=True)
+
+
 def _verify(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
     st = steps[i]
     accepted = [_tok(st, node) for node in st.accepted[1:]]
@@ -165,6 +207,7 @@ WALK: tuple[WalkStop, ...] = (
     WalkStop("tree", "The draft tree", "talon-tree", _tree),
     WalkStop("gates", "The confidence gate", "talon-gates", _gates),
     WalkStop("mask", "One forward for the whole tree", "talon-mask", _mask),
+    WalkStop("predict", "Predict, then check", "talon-tree", _predict),
     WalkStop("verify", "Verification, the accepted path and the bonus", "talon-text", _verify),
     WalkStop("cost", "What the step cost", "talon-cost", _cost),
     WalkStop("run", "The run as a whole", "talon-per-step", _run),
@@ -178,6 +221,7 @@ def walk_html(stop: int, summary: RunSummary | None, steps: Sequence[StepTrace],
     stop = max(0, min(stop, len(WALK) - 1))
     index = max(0, min(index, len(steps) - 1))
     s = WALK[stop]
+    body = s.explain(summary, steps, index)
     return define(f'<div class="talon-walk-card" data-focus="{s.focus}" data-stop="{stop}">'
                   f'<div class="talon-walk-head">{stop + 1} / {len(WALK)} · {esc(s.title)}</div>'
-                  f'<div class="talon-walk-body">{s.explain(summary, steps, index)}</div></div>')
+                  f'<div class="talon-walk-body">{body if s.key == "predict" else fold(body)}</div></div>')

@@ -15,6 +15,9 @@ best fixed depth chosen with hindsight, all at equal budgets. No model: every nu
   ranked by path confidence, so shape is set against shape.
 * **The funnel**: of the nodes the adaptive tree drafted and the target accepted, the share by
   sibling rank (1 = the most probable child) and by depth.
+* **Calibration**: the adaptive tree's drafted nodes binned by path confidence (tenths), with the
+  share the target accepted: where that share follows the confidence, gating on it spends the
+  budget where acceptance is likely (EAGLE-2's observation, on these prompts).
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ class AdaptiveLesson:
     adaptive_mat: float
     funnel_rank: Counter = field(default_factory=Counter)  # sibling rank (1 = top child) -> accepted nodes
     funnel_depth: Counter = field(default_factory=Counter)  # depth -> accepted nodes
+    static_rate: dict[int, float] = field(default_factory=dict)  # depth -> tokens/s, predicted by the atlas's costs
+    adaptive_rate: float = 0.0  # the same for the adaptive tree
+    drafted_by_conf: Counter = field(default_factory=Counter)  # path-confidence tenth (0..9) -> drafted nodes
+    accepted_by_conf: Counter = field(default_factory=Counter)  # the same tenth -> of them, accepted
     coverage: float = 1.0  # the least coverage of the replays above
     widths: tuple[int, int] = (EAGLE3_SHAPE["root_k"], EAGLE3_SHAPE["top_k"])  # the static trees' K and k
 
@@ -106,6 +113,11 @@ class AdaptiveLesson:
     @property
     def best_static_mat(self) -> float:
         return self.static_mat[self.best_depth]
+
+    @property
+    def fastest_depth(self) -> int:
+        """The static depth with the most tokens/s: each layer costs one more draft forward."""
+        return max(self.static_rate, key=lambda d: (self.static_rate[d], -d))
 
 
 def sibling_ranks(result: ReplayResult) -> tuple[Counter, Counter]:
@@ -121,15 +133,43 @@ def sibling_ranks(result: ReplayResult) -> tuple[Counter, Counter]:
     return ranks, depths
 
 
+CONF_BINS = 10
+
+
+def by_confidence(result: ReplayResult) -> tuple[Counter, Counter]:
+    """Drafted nodes by path-confidence tenth, and of them the ones the target accepted."""
+    drafted: Counter = Counter()
+    accepted: Counter = Counter()
+    for step in result.steps:
+        kept = set(step.accepted)
+        for node in range(1, len(step.tokens)):
+            tenth = min(CONF_BINS - 1, int(step.path_conf[node] * CONF_BINS))
+            drafted[tenth] += 1
+            accepted[tenth] += node in kept
+    return drafted, accepted
+
+
+def calibration(lessons: Sequence[AdaptiveLesson]) -> dict[int, tuple[int, int]]:
+    """Per path-confidence tenth, pooled over ``lessons``: (accepted, drafted)."""
+    drafted: Counter = Counter()
+    accepted: Counter = Counter()
+    for lesson in lessons:
+        drafted.update(lesson.drafted_by_conf)
+        accepted.update(lesson.accepted_by_conf)
+    return {b: (accepted[b], drafted[b]) for b in sorted(drafted)}
+
+
 def adaptive_lesson(atlas: Atlas, budget: int = EAGLE3_SHAPE["budget"]) -> AdaptiveLesson:
     """Replay the static depths, EAGLE-3's default and the adaptive tree on ``atlas``."""
     static = {d: replay(atlas, static_config(atlas, d, budget)) for d in DEPTHS}
     eagle3 = static[EAGLE3_SHAPE["max_depth"]]  # EAGLE-3's shape at this budget: its default at N = 59
     adaptive = replay(atlas, adaptive_config(atlas, budget))
     ranks, depths = sibling_ranks(adaptive)
+    drafted, accepted = by_confidence(adaptive)
     coverage = min(r.coverage.share for r in [*static.values(), eagle3, adaptive])
     return AdaptiveLesson(atlas.suite, atlas.prompt, budget, {d: r.mat for d, r in static.items()}, eagle3.mat,
-                          adaptive.mat, ranks, depths, coverage, widths(atlas))
+                          adaptive.mat, ranks, depths, {d: r.tokens_per_s for d, r in static.items()},
+                          adaptive.tokens_per_s, drafted, accepted, coverage, widths(atlas))
 
 
 @dataclass
@@ -143,6 +183,8 @@ class SuiteSummary:
     adaptive_vs_hindsight: float
     fixed_depth_shortfall: dict[int, float]  # depth -> mean share of the per-prompt best MAT lost
     coverage: float
+    fastest_depths: list[int] = field(default_factory=list)  # per prompt, by predicted tokens/s
+    adaptive_vs_fastest: float = 0.0  # tokens/s against each prompt's fastest static depth
 
 
 def summarize(lessons: Sequence[AdaptiveLesson]) -> list[SuiteSummary]:
@@ -160,7 +202,9 @@ def summarize(lessons: Sequence[AdaptiveLesson]) -> list[SuiteSummary]:
             sum(g.adaptive_mat / g.eagle3_mat for g in group) / n,
             sum(g.adaptive_mat / g.best_static_mat for g in group) / n,
             {d: sum(1 - g.static_mat[d] / g.best_static_mat for g in group) / n for d in DEPTHS},
-            min(g.coverage for g in group)))
+            min(g.coverage for g in group),
+            [g.fastest_depth for g in group if g.static_rate],
+            sum(g.adaptive_rate / g.static_rate[g.fastest_depth] for g in group if g.static_rate) / n))
     return out
 
 
@@ -177,12 +221,16 @@ def funnel(lessons: Sequence[AdaptiveLesson]) -> tuple[dict[int, float], dict[in
 
 def adaptive_table(summaries: Sequence[SuiteSummary]) -> str:
     """Markdown: per suite, the best static depth per prompt, what fixed depths lose, and the
-    adaptive tree against EAGLE-3's default and against the per-prompt best depth."""
+    adaptive tree against EAGLE-3's default and against the per-prompt best depth; then the same
+    in time: the fastest depth per prompt and the adaptive tree against it (predicted tokens/s)."""
     head = ("| suite | prompts | best static depth per prompt | depth 2 / 4 / 8 lose | adaptive / EAGLE-3's shape "
-            "| adaptive / best depth (hindsight) | coverage |")
-    lines = [head, "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+            "| adaptive / best depth (hindsight) | fastest depth per prompt (tok/s) | adaptive / fastest depth "
+            "(tok/s) | coverage |")
+    lines = [head, "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]
     for s in summaries:
         lose = " / ".join(f"{100 * s.fixed_depth_shortfall[d]:.0f} %" for d in (2, 4, 8))
         lines.append(f"| {s.suite} | {s.prompts} | {', '.join(map(str, s.best_depths))} | {lose} | "
-                     f"{s.adaptive_vs_eagle3:.2f}x | {s.adaptive_vs_hindsight:.2f}x | {100 * s.coverage:.1f} % |")
+                     f"{s.adaptive_vs_eagle3:.2f}x | {s.adaptive_vs_hindsight:.2f}x | "
+                     f"{', '.join(map(str, s.fastest_depths))} | {s.adaptive_vs_fastest:.2f}x | "
+                     f"{100 * s.coverage:.1f} % |")
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 copied (summaries, code that repeats the prompt), the draft model where it is not, and the hybrid
 takes each where it is strong. Per atlas, MAT and predicted tokens/s of the draft model alone,
 retrieval alone and the hybrid (the app's default configuration otherwise), and for the hybrid,
-which source carried each step: the source of its deepest accepted node.
+which source carried each step: the source of its deepest accepted node. ``retrieval_example``
+finds, on the step retrieval carried furthest, the match retrieval drafted from: the end of the
+text so far, where it occurred before, and what followed it there.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
+from talon.drafters.suffix import SuffixIndex
 from talon.knobs import ATLAS_DRAFTING_KINDS
 from talon.run_config import RunConfig
 from talon.trace import StepTrace
@@ -51,7 +54,7 @@ def hybrid_lesson(atlas: Atlas, base: RunConfig | None = None) -> HybridLesson:
     base = (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
                                          draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
     runs: dict[str, ReplayResult] = {d: replay(atlas, base.replace(drafter=d)) for d in COMPARED}
-    rate = {d: len(r.summary.token_ids) / r.predicted_s if r.predicted_s > 0 else 0.0 for d, r in runs.items()}
+    rate = {d: r.tokens_per_s for d, r in runs.items()}
     hybrid = runs["hybrid"].steps
     texts = ["".join(atlas.text(t) for t in s.new_tokens if t not in atlas.eos) for s in hybrid]
     return HybridLesson(atlas.suite, atlas.prompt, {d: r.mat for d, r in runs.items()}, rate,
@@ -89,3 +92,41 @@ def hybrid_table(lessons: Sequence[HybridLesson]) -> str:
         best = ", ".join(g.best for g in group)
         lines.append(f"| {suite} | {n} | {mat} | {rate} | {carried} | {best} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RetrievalExample:
+    """Retrieval at work on one step: the text's last ``len(match)`` tokens occurred before, at
+    ``earlier``; what followed them there is the draft (``proposed``, of which ``kept`` tokens the
+    target accepted on that step)."""
+
+    step: int
+    before: list[int]  # a few tokens before the earlier occurrence
+    match: list[int]
+    proposed: list[int]
+    kept: int
+    earlier: int  # token position (prompt included) where the earlier occurrence ends
+    now_before: list[int]  # a few tokens before the match at the end of the text
+
+
+def retrieval_example(atlas: Atlas, lesson: HybridLesson, context: int = 12, shown: int = 8) -> RetrievalExample | None:
+    """The hybrid step retrieval carried furthest, and the match it drafted from (None: retrieval
+    carried no step on this prompt)."""
+    carried = [i for i, who in enumerate(lesson.carried) if who in ("retrieval", "both")]
+    if not carried:
+        return None
+    step = max(carried, key=lambda i: (len(lesson.step_tokens[i]), -i))
+    start = sum(len(t) for t in lesson.step_tokens[:step])
+    text = list(atlas.prompt_ids) + list(atlas.output[:start])
+    index = SuffixIndex()
+    index.extend(text)
+    found = index.longest_match()
+    if not found.ends or found.length == 0:
+        return None
+    end, n = found.ends[0], min(found.length, shown)
+    proposed = index.continuation(end, shown)
+    done = lesson.step_tokens[step]
+    agree = next((k for k, (a, b) in enumerate(zip(proposed, done)) if a != b), min(len(proposed), len(done)))
+    kept = min(agree, len(done) - 1)  # the last committed token is the target's own
+    return RetrievalExample(step, text[max(0, end - n - context + 1):end - n + 1], text[end - n + 1:end + 1],
+                            proposed, kept, end, text[max(0, len(text) - n - context):len(text) - n])

@@ -2,7 +2,8 @@
 with no model: why adaptive (TALON: the static depth dilemma, the funnel, the adaptive tree at an
 equal budget), why hybrid (Talon: which source carried each step) and why async (drafting hidden
 behind verification, on this host's curves and an H100's measured ones). A prompt and a budget pick
-what is shown; every number comes from ``talon.lessons``."""
+what is shown; three exercises ask what a knob will do and answer with a replay. Every number
+comes from ``talon.lessons``."""
 
 from __future__ import annotations
 
@@ -58,12 +59,15 @@ class LessonsView:
     carried: gr.HTML
     async_text: gr.HTML
     timeline: gr.Plot
+    calibration: gr.Plot
+    calibration_text: gr.HTML
+    exercises: gr.HTML
     export: gr.Button
     download: gr.File
 
     def outputs(self) -> list[Any]:
         return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried,
-                self.async_text, self.timeline]
+                self.async_text, self.timeline, self.calibration, self.calibration_text, self.exercises]
 
 
 OWN = -1  # the dropdown's value for the session's own atlas (Threshold explorer)
@@ -107,18 +111,23 @@ def measured_bound(session: Any) -> AsyncBound | None:
     return None
 
 
+def _words(text: str) -> str:
+    """A lesson's words as the page shows them: terms defined, the lead first, the rest folded."""
+    return f'<div class="talon-explain">{F.define(F.fold(F.esc(text)))}</div>'
+
+
 def make_show() -> Callable[..., tuple[Any, ...]]:
     def show(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
         """The three lessons on the picked atlas at budget N (``session``: the Decode tab's run)."""
         picked = pick(index, budget, atlas_state)
         if picked is None:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
-            return ("", empty, empty, "", empty, "", "", empty)
+            return ("", empty, empty, "", empty, "", "", empty, empty, "", "")
         shown = show_lessons(picked.atlas, picked.lessons, picked.index, measured_bound(session))
-        return (f'<div class="talon-explain">{F.define(F.esc(shown.adaptive_words or ""))}</div>', shown.depth,
-                shown.funnel, f'<div class="talon-explain">{F.define(F.esc(shown.hybrid_words))}</div>',
-                shown.drafters, shown.carried,
-                f'<div class="talon-explain">{F.define(F.esc(shown.async_words))}</div>', shown.timeline)
+        return (_words(shown.adaptive_words or ""), shown.depth, shown.funnel, _words(shown.hybrid_words),
+                shown.drafters, shown.carried, _words(shown.async_words), shown.timeline,
+                shown.calibration or F.empty_figure("No adaptive lessons to bin."), _words(shown.calibration_words),
+                f'<div class="talon-exercises">{F.define(shown.exercises)}</div>')
 
     return show
 
@@ -165,9 +174,11 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
                           elem_id="talon-lesson-budget", scale=1)
     gr.Markdown("### Why adaptive? The static depth dilemma")
     adaptive_text = gr.HTML(elem_id="talon-lesson-adaptive")
+    depth = gr.Plot(elem_id="talon-lesson-depth", show_label=False)
     with gr.Row():
-        depth = gr.Plot(elem_id="talon-lesson-depth", show_label=False)
         funnel_plot = gr.Plot(elem_id="talon-lesson-funnel", show_label=False)
+        calibration = gr.Plot(elem_id="talon-lesson-calibration", show_label=False)
+    calibration_text = gr.HTML(elem_id="talon-lesson-calibration-text")
     gr.Markdown("### Why hybrid? Where each source carries the step")
     hybrid_text = gr.HTML(elem_id="talon-lesson-hybrid")
     drafters = gr.Plot(elem_id="talon-lesson-drafters", show_label=False)
@@ -175,13 +186,15 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
     gr.Markdown("### Why async? Drafting hidden behind verification")
     async_text = gr.HTML(elem_id="talon-lesson-async")
     timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    gr.Markdown("### Try it: predict, then check (each answer is a replay of this prompt)")
+    tasks = gr.HTML(elem_id="talon-lesson-exercises")
     with gr.Row():
         export = gr.Button("Take this lesson along: one HTML file (the run on the Decode tab, its walk, these lessons)",
                            elem_id="talon-lesson-export")
         download = gr.File(label="The lesson, offline (open it in any browser)", elem_id="talon-lesson-download",
                            interactive=False)
     view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
-                       async_text, timeline, export, download)
+                       async_text, timeline, calibration, calibration_text, tasks, export, download)
     for control in (prompt, budget):
         control.change(make_show(), [prompt, budget, atlas_state, run_state], view.outputs(), api_visibility="private",
                        show_progress="hidden")

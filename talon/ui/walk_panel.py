@@ -28,7 +28,7 @@ class WalkView:
 
 def walk_panel() -> WalkView:
     """The walk's components (call inside the Decode tab)."""
-    start = gr.Button("New here? Walk me through this step (6 stops, no model needed)", size="md",
+    start = gr.Button(f"New here? Walk me through this step ({len(F.WALK)} stops, no model needed)", size="md",
                       variant="primary", elem_id="talon-walk-start")
     with gr.Column(visible=False, elem_id="talon-walk") as panel:
         card = gr.HTML("", elem_id="talon-walk-card")

@@ -1,17 +1,20 @@
 """The words on the page: the header, the text legend and each figure's explanation (Markdown),
 kept apart from the components that show them; every glossary term is defined at its first use
-in each text (``talon.figures.glossary``)."""
+in each text, and each explanation shows about 40 words with the rest behind a "more" fold
+(``talon.figures.glossary``)."""
 
-from talon.figures.glossary import define
+from talon.figures.glossary import define, fold
 
 _HEADER = """
 <div class="talon-header">
   <h1>Talon <span>tree speculative decoding, one step at a time</span></h1>
-  <p>A small <b>drafter</b> (a draft model and/or retrieval from the text so far) proposes a
-  <b>tree</b> of possible next tokens; the big <b>target</b> model checks the whole tree in one
-  forward pass and keeps the longest path it agrees with, plus one token of its own (the
-  <b>bonus</b>). The output is what the target alone would write; it comes faster when the
-  target agrees with enough of the drafts to pay for them, and the summary says by how much.</p>
+  <p>A small <b>drafter</b> proposes a <b>tree</b> of possible next tokens; the big <b>target</b>
+  model checks the whole tree in one forward pass and keeps the longest path it agrees with, plus
+  one token of its own (the <b>bonus</b>).</p>
+  <details class="talon-fold"><summary>more</summary>The drafter is a draft model, retrieval from
+  the text so far, or both. The output is what the target alone would write; it comes faster when
+  the target agrees with enough of the drafts to pay for them, and the summary says by how
+  much.</details>
   <details class="talon-fold"><summary>exactly the same text?</summary>With greedy decoding, token
   for token in float32; in bfloat16 up to rounding ties (where the two best logits are closer than
   bf16 can tell apart, forwards of different shapes may pick differently). With sampling, every
@@ -46,8 +49,8 @@ _EXPLAIN: dict[str, str] = {
     "gates": (
         "**Confidence gates.** Each dot is a candidate of one layer; height = its path confidence "
         "c (product of q along the path, log scale). Dashed line: the layer's threshold μ × max. "
-        "Above it the node proposes children; below it is gated out. Small μ: wide, shallow trees; "
-        "large μ: narrow, deep ones."
+        "Above it the node proposes children; below it is gated out. A larger μ gates more out; whether the "
+        "tree then grows deeper or stops sooner depends on the prompt (the Lessons tab's exercises replay it)."
     ),
     "cost": (
         "**Cost model.** Left: what verification (green, by tree nodes) and one draft layer (blue, "
@@ -122,4 +125,4 @@ _EXPLAIN: dict[str, str] = {
         "MAT rewards big trees; tokens/s shows what they cost."
     ),
 }
-EXPLAIN: dict[str, str] = {key: define(text) for key, text in _EXPLAIN.items()}
+EXPLAIN: dict[str, str] = {key: define(fold(text)) for key, text in _EXPLAIN.items()}
