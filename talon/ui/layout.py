@@ -1,9 +1,14 @@
 """The page: the header and notices, the control panel shared by every tab (``panel``), the
 tabs, each built and wired by its own module (``build_<tab>_tab``: ``decode_tab``, ``compare_tab``,
 ``explorer_tab``, ``lessons_tab``, ``serve_tab``), and the few events that
-span the page: Stop, which stops whatever the session runs, and the opening recording."""
+span the page: Stop, which stops whatever the session runs, and the opening recording. Every event
+that runs no model skips the queue (``outside_queue``): Gradio counts every waiting event against
+the queue's size, so otherwise a queue full of runs would turn away page loads, the slider, the
+walk and Stop."""
 
 from __future__ import annotations
+
+import inspect
 
 import gradio as gr
 
@@ -14,7 +19,7 @@ from talon.ui.compare_tab import build_compare_tab
 from talon.ui.decode_tab import build_decode_tab, make_show_recording
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
-from talon.ui.panel import build_controls
+from talon.ui.panel import MODEL_CONCURRENCY_ID, build_controls
 from talon.ui.recording import recording_controls
 from talon.ui.serve_tab import build_serve_tab
 from talon.ui.session import stop
@@ -65,4 +70,16 @@ def build_ui(settings: Settings) -> gr.Blocks:
         # the prompt box and the controls as the recording was made, so Run repeats it
         demo.load(recording_controls(panel.prompt, panel.components), None, [panel.prompt, *panel.components.values()],
                   api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    outside_queue(demo)
     return demo
+
+
+def outside_queue(demo: gr.Blocks) -> None:
+    """Take every event that runs no model out of the queue (they answer at once, while runs
+    wait). Only the queue streams a generator, so one outside the model group is a wiring error."""
+    for fn in demo.fns.values():
+        if fn.concurrency_id == MODEL_CONCURRENCY_ID or fn.fn is None:
+            continue
+        if inspect.isgeneratorfunction(fn.fn):
+            raise TypeError(f"{fn.name} streams, so it needs the queue: give it the model group or stop its yields")
+        fn.queue = False
