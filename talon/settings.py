@@ -97,6 +97,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_MAX_PROMPT_TOKENS": ("4096", "Prompts longer than this (in tokens) are refused."),
     "TALON_QUEUE_CONCURRENCY": ("1", "Model runs at once per device; further requests wait in the queue."),
     "TALON_QUEUE_SIZE": ("16", "Requests the queue holds; beyond that new requests are turned away."),
+    "TALON_PRESETS": (
+        "",
+        "Comma-separated preset keys the Models menu offers (empty: on a GPU the presets the Space "
+        "preloads, else the default pair; all: every preset this device can hold).",
+    ),
+    "TALON_PRESET": ("", "The preset loaded at start and held (empty: the GPU pair on CUDA, else the default pair)."),
+    "TALON_PRESET_SWITCH": (
+        "auto",
+        "Who may switch the held pair: owner (visitors run the held pair; TALON_PRESET picks it), "
+        "visitors (a visitor's pick loads after the running work, for everyone), or auto (owner on a GPU).",
+    ),
     "TALON_ZEROGPU_UNSUPPORTED_OK": (
         "0",
         "1 to start on ZeroGPU with a Python or torch version ZeroGPU does not list (a warning, "
@@ -177,6 +188,9 @@ def _parse_int(name: str, raw: str, lo: int) -> int:
     return value
 
 
+PRESET_SWITCHES = ("auto", "owner", "visitors")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Deployment settings; see ``ENV_VARS`` for what each field means."""
@@ -198,6 +212,9 @@ class Settings:
     max_prompt_tokens: int = 4096
     queue_concurrency: int = 1
     queue_max_size: int = 16
+    presets: str = ""  # comma-separated keys; "" = the default offer, "all" = every preset that fits
+    preset: str = ""  # the preset held from start; "" = the startup default
+    preset_switch: str = "auto"
     zerogpu_unsupported_ok: bool = False
 
     def __post_init__(self) -> None:
@@ -215,6 +232,11 @@ class Settings:
             raise ConfigError("TALON_TARGET must name a model, got an empty string")
         if not self.device:
             raise ConfigError("TALON_DEVICE must be auto, cpu, cuda or cuda:N, got an empty string")
+        if self.preset_switch not in PRESET_SWITCHES:
+            raise ConfigError(f"TALON_PRESET_SWITCH must be one of {PRESET_SWITCHES}, got {self.preset_switch!r}")
+        if self.preset_switch == "visitors" and self.queue_concurrency > 1:
+            raise ConfigError("TALON_PRESET_SWITCH=visitors needs TALON_QUEUE_CONCURRENCY=1: a switch then waits "
+                              "for the running work, never unloading a pair under another visitor's run")
 
     @property
     def cost_cache_dir(self) -> Path:
@@ -249,6 +271,9 @@ class Settings:
             ),
             queue_concurrency=_parse_int("TALON_QUEUE_CONCURRENCY", _get(env, "TALON_QUEUE_CONCURRENCY"), 1),
             queue_max_size=_parse_int("TALON_QUEUE_SIZE", _get(env, "TALON_QUEUE_SIZE"), 1),
+            presets=_get(env, "TALON_PRESETS").strip().lower(),
+            preset=_get(env, "TALON_PRESET").strip().lower(),
+            preset_switch=_get(env, "TALON_PRESET_SWITCH").strip().lower(),
             zerogpu_unsupported_ok=_parse_bool(
                 "TALON_ZEROGPU_UNSUPPORTED_OK", _get(env, "TALON_ZEROGPU_UNSUPPORTED_OK")
             ),

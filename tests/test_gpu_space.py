@@ -215,7 +215,7 @@ def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.Monke
     gpu = FakeGPU({"Qwen/Qwen2.5-7B-Instruct": 17 * GIB, "Qwen/Qwen2.5-Coder-7B-Instruct": 17 * GIB})
     monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
     monkeypatch.setattr(ui_models, "SLOT", PairSlot(gpu.build, gpu.release, lambda device: gpu.free(device)))
-    settings = Settings(device="cuda")
+    settings = Settings(device="cuda", preset_switch="visitors")
     ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
     ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-coder-7b"))
     assert gpu.events == ["load Qwen/Qwen2.5-7B-Instruct", "release", "load Qwen/Qwen2.5-Coder-7B-Instruct"]

@@ -385,7 +385,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
     monkeypatch.setattr(talon.core.verify, "verify_tree", exhausted)
     monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    generate = make_generate(view, Settings())
+    generate = make_generate(view, Settings(presets="all", preset="default"))  # a GPU server holding the default pair
     session = Session()
     with pytest.raises(gr.Error, match="ran out of memory .*budget N 16, max new tokens 12"):
         list(generate("abc abc abc", session, max_new_tokens=12))
@@ -474,7 +474,7 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     assert initial_preset(Settings()) == DEFAULT_PRESET
 
     monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
-    gpu = [p for p in presets(Settings()) if p.needs_cuda]
+    gpu = [p for p in presets(Settings(presets="all")) if p.needs_cuda]
     assert {"qwen2.5-7b", "llama-3.1-8b"} <= {p.key for p in gpu}
     assert all(p.dtype == "bfloat16" and p.target and p.draft for p in gpu)
     assert [p.key for p in presets(Settings(device="cpu"))] == [DEFAULT_PRESET]
@@ -489,7 +489,8 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(fake_engine, lambda: None, lambda device: None))
     warm_up(Settings())
     load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
-    load_engine(Settings(), find_preset(Settings(), DEFAULT_PRESET))
+    switching = Settings(presets="all", preset_switch="visitors")  # where a visitor may pick the default pair
+    load_engine(switching, find_preset(switching, DEFAULT_PRESET))
     assert [(k.target, k.dtype) for k in loads] == [
         ("Qwen/Qwen2.5-7B-Instruct", "bfloat16"),
         ("Qwen/Qwen2.5-7B-Instruct", "float16"),  # TALON_DTYPE wins

@@ -9,9 +9,11 @@ share: run i+1 starts where run i ends, Stop ends the call. Recording a prompt's
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from talon.server.presets import ModelPreset
 from talon.server.request import Controls, Job, open_run, validate
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace
+
+logger = logging.getLogger(__name__)
 
 
 class CancelRegistry:
@@ -194,6 +198,35 @@ class DeviceAction:
         finally:
             items.close()
             CANCELS.drop(cancel_id)
+
+
+def wait_for_pair(settings: Settings, preset_key: str, cancel: threading.Event) -> Iterator[str]:
+    """Before a run validates (which needs its pair): while that pair is loading (the start-up
+    load, or another visitor's switch) or not yet held, a status line every half second, ending
+    when it is held or Stop is pressed. The load runs in a thread, so Stop ends the wait (the
+    load goes on and the pair stays for the next run). A preset this server refuses raises here;
+    a failed load is reported by the run's own load. On ZeroGPU the GPU call loads: nothing here."""
+    if zerogpu.active():
+        return
+    preset = pairs.find_preset(settings, preset_key)
+    key = pair_key(settings, preset)
+    loader = None
+    if pairs.SLOT.loading is None and held_key() != key:
+        loader = threading.Thread(target=_load_quietly, args=(settings, preset), daemon=True, name="talon-load")
+        loader.start()
+    start = time.monotonic()
+    while not cancel.is_set() and (pairs.SLOT.loading is not None or (loader is not None and loader.is_alive())):
+        loading = pairs.SLOT.loading or key
+        yield (f"loading the models: {pairs.pair_words(loading)}, {time.monotonic() - start:.0f} s so far; "
+               "the run starts when they are ready (Stop ends the wait)")
+        cancel.wait(0.5)
+
+
+def _load_quietly(settings: Settings, preset: ModelPreset) -> None:
+    try:
+        pairs.load_engine(settings, preset)
+    except Exception as error:  # noqa: BLE001 - the run's own load reports it to the user
+        logger.warning("loading %s for a waiting run failed: %s", preset.key, error)
 
 
 def start_status(action: DeviceAction) -> str:

@@ -18,15 +18,19 @@ from talon.atlas.data import Atlas
 from talon.models.loading import NO_DRAFT
 from talon.run_config import RunConfig
 from talon.server import device
-from talon.server.device import ActionRun, DeviceAction, start_status
+from talon.server.device import ActionRun, DeviceAction, start_status, wait_for_pair
 from talon.server.examples import Example, load_examples
 from talon.server.pair import (
     drafter_choices,
     find_preset,
     initial_preset,
+    pair_status,
     preset_label,
     presets,
     server_notices,
+    switch_policy,
+    unoffered,
+    visitor_presets,
     warm_up,
 )
 from talon.server.presets import ModelPreset
@@ -35,8 +39,9 @@ from talon.settings import Settings
 
 __all__ = [
     "NO_DRAFT", "ActionRun", "Controls", "DeviceAction", "Example", "ModelPreset", "decode", "decode_all",
-    "drafter_choices", "find_preset", "initial_preset", "load_examples", "preset_label", "presets",
-    "record_prompt_atlas", "server_notices", "start_status", "user_error", "warm_up",
+    "drafter_choices", "find_preset", "initial_preset", "load_examples", "pair_status", "preset_label", "presets",
+    "record_prompt_atlas", "server_notices", "start_status", "switch_policy", "unoffered", "user_error",
+    "visitor_presets", "wait_for_pair", "warm_up",
 ]
 
 

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,8 +24,10 @@ from talon.engine.engine import Engine
 from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.eagle3 import read_head_config
+from talon.models.embedded import EMBEDDED_MODELS
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
+from talon.server import offer
 from talon.server.presets import ModelPreset, available_presets, startup_preset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 
@@ -60,6 +63,8 @@ class PairSlot:
         self._build, self._release, self._free_bytes = build, release, free_bytes
         self._lock = threading.Lock()  # loads are serialised: one pair on the device at a time
         self.held: Held | None = None
+        self.loading: PairKey | None = None  # the pair being loaded now, for the status every page shows
+        self.switched = ""  # when the held pair last replaced another, for every open page
 
     def get(self, key: PairKey, guard: Callable[[int | None], None] | None = None,
             fallback: PairKey | None = None) -> Any:
@@ -82,9 +87,11 @@ class PairSlot:
             self._release()
 
     def _switch(self, key: PairKey, guard: Callable[[int | None], None] | None) -> Any:
+        previous = self.held.key if self.held is not None else None
         self.drop()
         if guard is not None:
             guard(self._free_bytes(key.device))
+        self.loading = key
         try:
             engine = self._build(key)
         except RuntimeError as error:
@@ -93,7 +100,11 @@ class PairSlot:
             self._release()
             raise ModelLoadError(f"{key.describe()} did not fit in the device's memory while loading "
                                  f"({error}).") from None
+        finally:
+            self.loading = None
         self.held = Held(key, engine)
+        if previous is not None:
+            self.switched = f"{time.strftime('%H:%M')} UTC: the server switched from {pair_words(previous)}"
         logger.info("holding %s", key.describe())
         return engine
 
@@ -140,6 +151,7 @@ def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, ava
     # a guarded device is a CUDA one, where steps replay as graphs (talon.graphs.static.resolve_forward)
     estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
     check_fits(estimate, available, preset.label, preset.gpu_gib)
+    # offer.preset_need_bytes is this estimate's total: the Models menu offers what fits the GPU
 
 
 def load_engine(settings: Settings, preset: ModelPreset, guarded: bool = True) -> Engine:
@@ -159,6 +171,32 @@ def load_engine(settings: Settings, preset: ModelPreset, guarded: bool = True) -
 
 def held_key() -> PairKey | None:
     return SLOT.held.key if SLOT.held is not None else None
+
+
+def pair_words(key: PairKey) -> str:
+    """A pair as a status line names it: its models' short names and, where known without a
+    download, the size of their weights."""
+    names = " + ".join(model_short_name(m) for m in (key.target, key.draft) if m and m != "none")
+    models = [m for m in (key.target, key.draft) if m and m != "none"]
+    if all(m in EMBEDDED_MODELS for m in models):
+        return f"{names} ({sum(EMBEDDED_MODELS[m].size for m in models) / 1e9:.1f} GB of GGUF weights)"
+    shapes = [KNOWN_SHAPES.get(m) for m in models]
+    if all(shapes):
+        size = sum(shape.parameters for shape in shapes if shape) * DTYPE_BYTES.get(key.dtype, 2)
+        return f"{names} ({size / 1e9:.1f} GB of weights)"
+    return names
+
+
+def pair_status() -> str:
+    """What every page's status line says about the models: loading (which, how large), held,
+    or none; and the last switch of the held pair."""
+    if (loading := SLOT.loading) is not None:
+        now = f"Loading the models: {pair_words(loading)}. Runs start when they are ready."
+    elif SLOT.held is not None:
+        now = f"Models ready: {pair_words(SLOT.held.key)}."
+    else:
+        now = "No model pair is loaded yet; the first run loads it."
+    return f"{now} {SLOT.switched}." if SLOT.switched else now
 
 
 def server_notices() -> list[str]:
@@ -190,9 +228,41 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def presets(settings: Settings) -> list[ModelPreset]:
-    """The presets this server offers: the GPU pairs only with CUDA and TALON_DEVICE not cpu."""
+def _device_presets(settings: Settings) -> list[ModelPreset]:
+    """The presets this device kind runs: the GPU pairs only with CUDA and TALON_DEVICE not cpu."""
     return available_presets(cuda_available() and not settings.device.startswith("cpu"))
+
+
+def _refusals(settings: Settings) -> dict[str, str]:
+    """Preset key -> why this server cannot run it (``talon.server.offer.refusal``)."""
+    kinds = _device_presets(settings)
+    total = offer.gpu_total_bytes(settings) if any(p.needs_cuda for p in kinds) else None
+    return {p.key: why for p in kinds if (why := offer.refusal(settings, p, total)) is not None}
+
+
+def presets(settings: Settings) -> list[ModelPreset]:
+    """The presets this server offers: those its device holds, among the ones TALON_PRESETS names."""
+    refused = _refusals(settings)
+    return offer.chosen(settings, [p for p in _device_presets(settings) if p.key not in refused])
+
+
+def unoffered(settings: Settings) -> list[tuple[ModelPreset, str]]:
+    """The presets TALON_PRESETS would offer that this server cannot run, with the reason."""
+    refused = _refusals(settings)
+    return [(p, refused[p.key]) for p in offer.chosen(settings, _device_presets(settings)) if p.key in refused]
+
+
+def visitor_presets(settings: Settings) -> list[ModelPreset]:
+    """What a visitor may pick: every offered preset, or, where the owner picks the pair
+    (TALON_PRESET_SWITCH=owner), the held one alone."""
+    offered = presets(settings)
+    if switch_policy(settings) == "owner":
+        return [p for p in offered if p.key == initial_preset(settings)]
+    return offered
+
+
+def switch_policy(settings: Settings) -> str:
+    return offer.who_switches(settings, any(p.needs_cuda for p in _device_presets(settings)))
 
 
 def model_short_name(name: str) -> str:
@@ -213,9 +283,19 @@ def preset_label(preset: ModelPreset, settings: Settings) -> str:
 
 
 def initial_preset(settings: Settings) -> str:
-    """The preset selected (and loaded) at start; see ``talon.server.presets.startup_preset``."""
-    gpu = any(p.needs_cuda for p in presets(settings))
-    return startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
+    """The preset selected (and loaded) at start: TALON_PRESET, else
+    ``talon.server.presets.startup_preset`` where offered, else the first offered."""
+    offered = [p.key for p in presets(settings)]
+    if settings.preset:
+        if settings.preset not in offered:
+            why = _refusals(settings).get(settings.preset, f"this server offers {offered} (TALON_PRESETS)")
+            raise ConfigError(f"TALON_PRESET {settings.preset!r} cannot be held here: {why}")
+        return settings.preset
+    gpu = any(p.needs_cuda for p in _device_presets(settings))
+    start = startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
+    if start in offered or not offered:
+        return start
+    return offered[0]
 
 
 # a drafter kind's counterpart when the pair's draft slot holds an EAGLE-3 head instead of a draft model
@@ -244,10 +324,18 @@ def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tu
 
 
 def find_preset(settings: Settings, key: str) -> ModelPreset:
-    offered = presets(settings)
+    """The preset ``key`` names, if a visitor may run it here; else a ConfigError that says why."""
+    offered = visitor_presets(settings)
     for preset in offered:
         if preset.key == key:
             return preset
+    why = _refusals(settings).get(key)
+    if why is not None:
+        raise ConfigError(f"the model preset {key!r} cannot run on this server: {why}")
+    if key in {p.key for p in presets(settings)}:  # offered, but the owner picks the pair
+        held = offered[0].label if offered else "none"
+        raise ConfigError(f"this Space runs one model pair, {held}: its owner picks it (TALON_PRESET), and visitors "
+                          f"do not switch it (TALON_PRESET_SWITCH=owner), so no visitor unloads another's pair")
     raise ConfigError(f"model preset must be one of {[p.key for p in offered]} on this server, got {key!r}")
 
 

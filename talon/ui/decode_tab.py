@@ -17,7 +17,8 @@ import gradio as gr
 
 from talon import figures as F
 from talon.figures.opening import RECORDING, SAMPLED_RECORDING, opening_step
-from talon.server.facade import Controls, decode_all, start_status, user_error
+from talon.run_config import ConfigError
+from talon.server.facade import Controls, decode_all, start_status, user_error, wait_for_pair
 from talon.settings import Settings
 from talon.trace import TraceFileError, parse_trace, read_json_upload
 from talon.ui.files import upload_path, write_trace
@@ -294,6 +295,17 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         one device call (one ZeroGPU reservation)."""
         values = Controls(**controls)
         cancel = threading.Event()
+        session.cancel = cancel  # Stop ends the wait for the models too
+        try:
+            for note in wait_for_pair(settings, values.preset, cancel):
+                yield {view.summary: F.summary_html(session.summary, session.steps, session.ar_summary, note),
+                       view.caption: f'<div class="talon-caption"><b>Waiting for the models.</b> {F.esc(note)}.</div>'}
+        except ConfigError as error:
+            raise user_error(str(error)) from error
+        if cancel.is_set():
+            yield {view.caption: '<div class="talon-caption">Stopped while the models loaded: nothing ran. They '
+                                 "go on loading for the next run.</div>"}
+            return
         requests = [(prompt, values, {})] + ([(prompt, values, AUTOREGRESSIVE)] if compare_ar else [])
         action = decode_all(settings, requests, cancel)
         session.begin(bool(step_through), cancel)

@@ -21,7 +21,7 @@ from talon.atlas.data import Atlas
 from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, explore
 from talon.knobs import ATLAS_DRAFTING_KINDS, KNOB, default
 from talon.run_config import ConfigError, RetrievalConfig
-from talon.server.facade import Controls, decode, record_prompt_atlas, user_error
+from talon.server.facade import Controls, decode, record_prompt_atlas, user_error, wait_for_pair
 from talon.settings import Settings
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.measure_panel import build_measure_panel
@@ -214,8 +214,14 @@ def make_record(view: ExplorerView, settings: Settings) -> Callable[..., Iterato
         """Record the draft atlas of the prompt with the controls on the left (the models run
         once), then score the controls' configuration from it."""
         values = Controls(**controls)
+        try:
+            for note in wait_for_pair(settings, values.preset, threading.Event()):
+                yield {view.status: progress_html(0.0, note)}
+        except ConfigError as error:
+            raise user_error(str(error)) from error
         run = decode(settings, prompt, values, threading.Event())  # validates (elsewhere than ZeroGPU: loads)
-        yield {view.status: progress_html(0.0, "loading the models…")}
+        yield {view.status: progress_html(0.0, "recording: the target's greedy text first, then the draft's "
+                                               "proposals around it…")}
         atlas = None
         for item in record_prompt_atlas(settings, run.preset, prompt, run.cfg):
             if isinstance(item, Atlas):

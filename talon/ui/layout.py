@@ -13,7 +13,7 @@ import inspect
 import gradio as gr
 
 from talon import figures as F
-from talon.server.facade import load_examples, server_notices
+from talon.server.facade import load_examples, pair_status, server_notices
 from talon.settings import Settings
 from talon.ui.compare_tab import build_compare_tab
 from talon.ui.decode_tab import build_decode_tab, make_show_recording
@@ -45,6 +45,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
         gr.HTML(HEADER)
         for notice in server_notices():
             gr.HTML(f'<div class="talon-notice">{F.esc(notice)}</div>')
+        models = gr.HTML(models_status(), elem_id="talon-models-status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300, elem_id="talon-controls"):
                 panel = build_controls(settings, examples)
@@ -70,8 +71,18 @@ def build_ui(settings: Settings) -> gr.Blocks:
         # the prompt box and the controls as the recording was made, so Run repeats it
         demo.load(recording_controls(panel.prompt, panel.components), None, [panel.prompt, *panel.components.values()],
                   api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        # every open page hears what the models are doing: loading, ready, switched by a visitor
+        demo.load(models_status, None, models, api_visibility="private", show_progress="hidden")
+        gr.Timer(STATUS_EVERY_S).tick(models_status, None, models, api_visibility="private", show_progress="hidden")
     outside_queue(demo)
     return demo
+
+
+STATUS_EVERY_S = 3.0
+
+
+def models_status() -> str:
+    return f'<div class="talon-models-status">{F.esc(pair_status())}</div>'
 
 
 def outside_queue(demo: gr.Blocks) -> None:

@@ -10,12 +10,28 @@ from typing import Any
 import gradio as gr
 
 from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
-from talon.server.facade import Example, drafter_choices, initial_preset, preset_label, presets
+from talon.server.facade import (
+    Example,
+    drafter_choices,
+    initial_preset,
+    preset_label,
+    switch_policy,
+    unoffered,
+    visitor_presets,
+)
 from talon.settings import Settings
 
 MODEL_CONCURRENCY_ID = "model"
 MODELS_INFO_CPU = "target + draft (larger pairs appear on a server with a GPU)"
-MODELS_INFO = "target + draft; choosing another pair loads it and frees this one"
+MODELS_INFO = "target + draft; choosing another pair loads it, after the running work, for every visitor"
+MODELS_INFO_OWNER = "target + draft: this Space runs one pair, which its owner picks (TALON_PRESET)"
+
+
+def models_info(settings: Settings, offered: int) -> str:
+    """The Models menu's line: who picks the pair, and which pairs this server cannot hold, with why."""
+    info = MODELS_INFO_OWNER if switch_policy(settings) == "owner" else MODELS_INFO if offered > 1 else MODELS_INFO_CPU
+    refused = "; ".join(f"{preset_label(p, settings)}: {why}" for p, why in unoffered(settings))
+    return f"{info}. Not offered here: {refused}" if refused else info
 
 
 def queue_limits(settings: Settings) -> tuple[int, int]:
@@ -85,11 +101,12 @@ def build_controls(settings: Settings, examples: list[Example]) -> ControlPanel:
         run = gr.Button("Run", variant="primary", elem_id="talon-run")
         stop = gr.Button("Stop", variant="stop", elem_id="talon-stop")
     limit = settings.max_new_tokens_limit
-    offered, initial = presets(settings), initial_preset(settings)
+    offered, initial = visitor_presets(settings), initial_preset(settings)
     c: dict[str, Any] = {}
     with gr.Accordion("Drafter and tree", open=True):
         c["preset"] = gr.Dropdown(label="Models", choices=[(preset_label(p, settings), p.key) for p in offered],
-                                  value=initial, info=MODELS_INFO if len(offered) > 1 else MODELS_INFO_CPU)
+                                  value=initial, info=models_info(settings, len(offered)),
+                                  interactive=len(offered) > 1)
         kinds, kind = drafter_choices(settings, initial, BY_APP["drafter"].default)
         for name in DRAFTER_AND_TREE:
             drafter = {"info": DRAFTER_INFO, "choices": list(kinds), "value": kind} if name == "drafter" else {}
