@@ -108,6 +108,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Who may switch the held pair: owner (visitors run the held pair; TALON_PRESET picks it), "
         "visitors (a visitor's pick loads after the running work, for everyone), or auto (owner on a GPU).",
     ),
+    "TALON_ZEROGPU_MAX_S": (
+        "120",
+        "On ZeroGPU, the GPU seconds one run may reserve (an anonymous visitor's daily quota is 2 minutes, a "
+        "free account's 3.5); a run that needs more is refused before the call, with the figures.",
+    ),
     "TALON_ZEROGPU_UNSUPPORTED_OK": (
         "0",
         "1 to start on ZeroGPU with a Python or torch version ZeroGPU does not list (a warning, "
@@ -215,6 +220,7 @@ class Settings:
     presets: str = ""  # comma-separated keys; "" = the default offer, "all" = every preset that fits
     preset: str = ""  # the preset held from start; "" = the startup default
     preset_switch: str = "auto"
+    zerogpu_max_s: int = 120
     zerogpu_unsupported_ok: bool = False
 
     def __post_init__(self) -> None:
@@ -274,6 +280,7 @@ class Settings:
             presets=_get(env, "TALON_PRESETS").strip().lower(),
             preset=_get(env, "TALON_PRESET").strip().lower(),
             preset_switch=_get(env, "TALON_PRESET_SWITCH").strip().lower(),
+            zerogpu_max_s=_parse_int("TALON_ZEROGPU_MAX_S", _get(env, "TALON_ZEROGPU_MAX_S"), 30),
             zerogpu_unsupported_ok=_parse_bool(
                 "TALON_ZEROGPU_UNSUPPORTED_OK", _get(env, "TALON_ZEROGPU_UNSUPPORTED_OK")
             ),

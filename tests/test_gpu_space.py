@@ -445,6 +445,23 @@ def test_zerogpu_an_error_before_the_gpu_call_needs_no_device(zero_gpu: tuple[Ze
     assert harness.calls == []
 
 
+def test_zerogpu_a_run_past_a_visitors_grant_is_refused_before_the_call_with_the_figures(
+    zero_gpu: tuple[ZeroGPUHarness, Settings],
+) -> None:
+    harness, settings = zero_gpu
+    with gr.Blocks():
+        from talon.ui.decode_tab import decode_panel
+
+        view, _, _ = decode_panel()
+    capped = dataclasses.replace(settings, zerogpu_max_s=60)  # 20 s to start + 0.1 s x tokens
+    with pytest.raises(gr.Error, match=r"reserve about 80 s of GPU .*600 token steps over 2 runs.*more than the "
+                                       r"60 s.*at most 200 new tokens, or untick the baseline"):
+        list(make_generate(view, capped)("abc abc abc", Session(), compare_ar=True, max_new_tokens=300))
+    assert harness.calls == [], "refused before any GPU call"
+    list(make_generate(view, capped)("abc abc abc", Session(), compare_ar=True, max_new_tokens=100))
+    assert len(harness.calls) == 1 and harness.calls[0] <= 60
+
+
 def test_what_a_gpu_call_learned_comes_back_as_plain_data(tiny_engine: Engine) -> None:  # noqa: F811
     from talon.cost.model import synthetic_costs
 

@@ -101,3 +101,14 @@ def test_a_step_without_timings_has_no_verdict() -> None:
     assert F.step_verdict(make_step(), None) is None
     st: StepTrace = dataclasses.replace(make_step(), draft_s=0.0, verify_s=0.001)
     assert F.step_verdict(st, F.PlainRate(0.1, False)) == (True, 0.30000000000000004)
+
+
+def test_where_plain_decoding_parts_from_the_run_is_said_with_the_reason() -> None:
+    run = dataclasses.replace(summary(), token_ids=[5, 6, 7, 8], dtype="bfloat16")
+    same = dataclasses.replace(run, token_ids=[5, 6, 7])  # a shorter baseline that agrees: nothing to say
+    parted = dataclasses.replace(run, token_ids=[5, 6, 9, 8])
+    assert F.parting_words(run, same) is None and F.parting_words(run, None) is None
+    words = F.parting_words(run, parted)
+    assert words is not None and "at token 2" in words and "in bfloat16 a rounding tie" in words
+    sampled = dataclasses.replace(run, config={**run.config, "sampling": {"temperature": 0.8}})
+    assert "under sampling" in (F.parting_words(sampled, parted) or "")

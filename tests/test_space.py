@@ -38,6 +38,7 @@ def test_front_matter_matches_pins() -> None:
     assert fm["app_file"] == "app.py" and (ROOT / fm["app_file"]).exists()
     assert str(fm["python_version"]) == "3.11"
     assert fm["suggested_hardware"] and fm["short_description"]
+    assert fm["license"] == "apache-2.0" and "Apache License" in (ROOT / "LICENSE").read_text()
     for repo in fm.get("preload_from_hub", []):
         assert "/" in repo
 

@@ -81,7 +81,7 @@ from talon.figures.markup import (
     text_html,
 )
 from talon.figures.mask import mask_figure, mask_row_label
-from talon.figures.payoff import PlainRate, plain_rate, step_verdict, verify_at
+from talon.figures.payoff import PlainRate, parting_words, plain_rate, step_verdict, verify_at
 from talon.figures.predict import Choice, predict_html
 from talon.figures.run import (
     COMMIT_SOURCES,
@@ -185,6 +185,7 @@ __all__ = [
     "node_status",
     "pareto_figure",
     "plain_rate",
+    "parting_words",
     "predict_html",
     "Choice",
     "source_share_figure",

@@ -54,3 +54,20 @@ def step_verdict(st: StepTrace, plain: PlainRate | None) -> tuple[bool, float] |
     spent = st.draft_s + st.verify_s + st.other_s
     alone = plain.step_s * len(st.new_tokens)
     return spent <= alone, alone
+
+
+def parting_words(summary: RunSummary | None, ar: RunSummary | None) -> str | None:
+    """Where plain decoding's text parts from the run's, in words (None: they agree, or one is
+    shorter only because it stopped): greedy runs agree token for token in float32; in bf16 or
+    float16 a rounding tie can part them, since the two runs' forwards have different shapes."""
+    if summary is None or ar is None:
+        return None
+    run, plain = summary.token_ids, ar.token_ids
+    at = next((i for i, (a, b) in enumerate(zip(run, plain)) if a != b), None)
+    if at is None:
+        return None
+    sampled = (summary.config.get("sampling") or {}).get("temperature", 0) not in (0, 0.0, None)
+    why = ("under sampling each run draws its own tokens from the target's distribution" if sampled else
+           f"in {summary.dtype or 'this dtype'} a rounding tie between the two best tokens can go either way, since "
+           "the two runs' forwards have different shapes; in float32 greedy runs agree token for token")
+    return f"Plain decoding's text parts from this run's at token {at}: {why}."

@@ -28,7 +28,7 @@ from talon.run_config import RunConfig
 from talon.server import pair as pairs
 from talon.server.pair import held_key, out_of_memory_as_error, pair_key
 from talon.server.presets import ModelPreset
-from talon.server.request import Controls, Job, open_run, validate
+from talon.server.request import Controls, Job, open_run, user_error, validate
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace
 
@@ -98,8 +98,29 @@ def gpu_seconds(settings: Settings, jobs: list[Job], cancel_id: str = "") -> int
     for prefill and the cost probe, a per-token cost of each run's max_new_tokens, and a load
     when a run needs a pair other than the one held, capped at GPU_MAX_S."""
     tokens = sum(job.cfg.max_new_tokens for job in jobs)
-    load = any(pair_key(settings, job.preset) != held_key() for job in jobs)
-    return min(GPU_MAX_S, math.ceil(GPU_BASE_S + GPU_LOAD_S * load + GPU_PER_TOKEN_S * tokens))
+    return min(GPU_MAX_S, math.ceil(_fixed_s(settings, jobs) + GPU_PER_TOKEN_S * tokens))
+
+
+def _fixed_s(settings: Settings, jobs: list[Job]) -> float:
+    """The reservation's part that does not grow with tokens: the start, and a load if needed."""
+    return GPU_BASE_S + GPU_LOAD_S * any(pair_key(settings, job.preset) != held_key() for job in jobs)
+
+
+def check_reservation(settings: Settings, jobs: list[Job], seconds: int, per_token: int = 1) -> None:
+    """On ZeroGPU, refuse before the call an action whose reservation (``seconds``) exceeds what a
+    visitor can be granted (TALON_ZEROGPU_MAX_S), saying what it needs and what would fit
+    (``per_token``: token costs per new token, 2 for a recording's run and its draft forwards)."""
+    cap = settings.zerogpu_max_s
+    if not zerogpu.active() or seconds <= cap:
+        return
+    tokens = sum(job.cfg.max_new_tokens for job in jobs)
+    fixed = _fixed_s(settings, jobs)
+    fits = max(0, math.floor((cap - fixed) / GPU_PER_TOKEN_S / per_token / len(jobs)))
+    raise user_error(
+        f"this run would reserve about {seconds} s of GPU ({fixed:.0f} s to start, {GPU_PER_TOKEN_S:g} s for each "
+        f"of {per_token * tokens} token steps over {len(jobs)} run{'s' if len(jobs) > 1 else ''}), more than the "
+        f"{cap} s a visitor can be granted here (TALON_ZEROGPU_MAX_S; a free account's daily quota is 3.5 "
+        f"minutes). Ask for at most {fits} new tokens{', or untick the baseline' if len(jobs) > 1 else ''}.")
 
 
 @on_gpu(duration=gpu_seconds)
@@ -145,6 +166,7 @@ class DeviceAction:
     def __init__(self, settings: Settings, requests: list[tuple[str, Controls, dict[str, Any]]],
                  cancel: threading.Event) -> None:
         self.jobs = validate(settings, requests)  # validated once, the ids handed on
+        check_reservation(settings, self.jobs, gpu_seconds(settings, self.jobs))
         self.settings, self.cancel = settings, cancel
         self.summaries: list[RunSummary | None] = [None] * len(self.jobs)
         self.runs = [ActionRun(self, i) for i in range(len(self.jobs))]

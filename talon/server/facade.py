@@ -34,7 +34,7 @@ from talon.server.pair import (
     warm_up,
 )
 from talon.server.presets import ModelPreset
-from talon.server.request import Controls, user_error
+from talon.server.request import Controls, Job, user_error
 from talon.settings import Settings
 
 __all__ = [
@@ -64,4 +64,6 @@ def record_prompt_atlas(settings: Settings, preset: ModelPreset, prompt: str,
                         cfg: RunConfig) -> Iterator[tuple[float, str] | Atlas]:
     """Record ``prompt``'s draft atlas in a device call of its own: yields (fraction done, what is
     happening), then the Atlas. Validate first with ``decode`` (its ``preset`` and ``cfg``)."""
+    device.check_reservation(settings, [Job(preset, prompt, cfg)], device.record_seconds(settings, preset, prompt, cfg),
+                             per_token=2)
     return device.record_on_device(settings, preset, prompt, cfg)  # looked up now: ZeroGPU's wrapper replaces it

@@ -303,6 +303,7 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
         except ConfigError as error:
             raise user_error(str(error)) from error
         if cancel.is_set():
+            gr.Info("Stopped while the models loaded: nothing ran. They go on loading for the next run.")
             yield {view.caption: '<div class="talon-caption">Stopped while the models loaded: nothing ran. They '
                                  "go on loading for the next run.</div>"}
             return
@@ -317,6 +318,13 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
             yield session.unsent(view.live_updates(session, "measuring the autoregressive baseline…"))
             action.finish()
             session.ar_summary = None if cancel.is_set() else action.summaries[1]
+            if (parted := F.parting_words(session.summary, session.ar_summary)) is not None:
+                gr.Warning(parted)
+        if cancel.is_set():
+            gr.Info(f"Stopped after step {len(session.steps)}: the figures and the trace hold what ran.")
+        elif F.model_skipped_most(session.summary, session.steps):
+            gr.Info("The draft model was skipped on most steps: its trees did not pay on this host. \"Show the full "
+                    "TALON tree\" runs the prompt again with cost-aware planning off.")
         yield final_updates(view, session)  # complete: API clients read every output of the last update
 
     return generate
