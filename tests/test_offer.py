@@ -131,3 +131,15 @@ def test_a_visitors_switch_is_announced_to_every_page(gpu) -> None:
     status = pairs.pair_status()
     assert status.startswith("Models ready: Qwen2.5-Coder-7B-Instruct")
     assert "switched from Qwen2.5-7B-Instruct" in status
+
+
+def test_every_preset_a_gpu_space_offers_by_default_is_preloaded(gpu) -> None:
+    """No visitor's pick downloads a pair inside a run: the README's preload_from_hub holds the
+    repos of every preset a GPU Space offers unless its owner lists more (TALON_PRESETS)."""
+    from tests.test_space import front_matter
+
+    preload = set(front_matter()["preload_from_hub"])
+    offered = pairs.presets(Settings(device="cuda"))
+    assert offered and {repo for p in offered for repo in p.repos} <= preload
+    held = pairs.find_preset(Settings(device="cuda"), pairs.initial_preset(Settings(device="cuda")))
+    assert set(held.repos) <= preload

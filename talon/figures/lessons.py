@@ -170,8 +170,9 @@ def adaptive_words(lesson: AdaptiveLesson, suites: Sequence[AdaptiveLesson] = ()
     return (f"On this prompt, with N = {lesson.budget} nodes, TALON's adaptive tree accepts "
             f"{lesson.adaptive_mat:.2f} tokens per step with no depth chosen in advance: "
             f"{lesson.adaptive_mat / lesson.best_static_mat:.2f}x the best static depth chosen with hindsight. "
-            "That is " + _verdict(lesson) + f" A static tree accepts {shallow:.2f} at depth 2 and {lesson.best_static_mat:.2f} "
-            f"at its best depth, {best}; "
+            "That is " + _verdict(lesson)
+            + f" A static tree accepts {shallow:.2f} at depth 2 and {lesson.best_static_mat:.2f} at its best depth, "
+            f"{best}; "
             + ("EAGLE-3's shape (depth 8) gets " if lesson.widths == (10, 10) else
                f"EAGLE-3's depth 8 (K = {lesson.widths[0]}, k = {lesson.widths[1]}: as wide as this atlas holds) gets ")
             + f"{eagle:.2f}. " + _dilemma(suites) + _coverage(lesson.coverage))
