@@ -52,18 +52,22 @@ def tiny_app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def _rss_kib() -> tuple[int, int]:
-    """(resident now, peak resident) of this process, KiB (``/proc/self/status``)."""
+RSS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+
+
+def _rss_kib() -> tuple[int, ...]:
+    """This process's resident memory now, its peak, and the resident now split into anonymous
+    memory and file-backed pages (a memory-mapped checkpoint's, which the kernel can drop and
+    read again under pressure), KiB (``/proc/self/status``)."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+    return tuple(int(fields[name].split()[0]) for name in RSS_FIELDS)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
-    """``TALON_RSS_LOG=FILE``: after every test, its id, the resident memory and the peak so far
-    (what finds the test that holds the most)."""
+    """``TALON_RSS_LOG=FILE``: after every test, its id and the MiB of ``RSS_FIELDS`` (resident
+    now, the peak so far, anonymous, file-backed): what finds the test that holds the most."""
     log = os.environ.get("TALON_RSS_LOG")
     if log and Path("/proc/self/status").exists():
-        now, peak = _rss_kib()
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"{now // 1024}\t{peak // 1024}\t{nodeid}\n")
+            fh.write("\t".join(str(kib // 1024) for kib in _rss_kib()) + f"\t{nodeid}\n")
