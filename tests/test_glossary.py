@@ -61,7 +61,7 @@ def _texts() -> dict[str, str]:
     recording = load_recording()
     assert recording is not None
     summary, steps = recording
-    texts = {"header": HEADER.split("</h1>")[1], **EXPLAIN}  # the title aside
+    texts = {"header": HEADER.split("</h1>")[1], **EXPLAIN, "rule": F.fold(F.RULE_WORDS)}  # the title aside
     for stop, walk in enumerate(F.WALK):
         if walk.key != "predict":  # a question and its answers, not an explanation
             for index in range(0, len(steps), 3):

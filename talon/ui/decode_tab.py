@@ -89,7 +89,7 @@ def decode_panel() -> tuple[DecodeView, WalkView, DecodeButtons]:
                                  elem_classes=["talon-plot"], elem_id="talon-acceptance")
         with gr.Column(scale=1, min_width=200):
             gr.Markdown(EXPLAIN["inspector"], elem_classes=["talon-explain"])
-            gr.Markdown(F.RULE_WORDS, elem_classes=["talon-explain"], elem_id="talon-rule")
+            gr.Markdown(F.define(F.fold(F.RULE_WORDS)), elem_classes=["talon-explain"], elem_id="talon-rule")
     gates = figure_row("gates", "Confidence gates")
     mask = figure_row("mask", "Attention mask")
     timeline = figure_row("timeline", "Timeline")
