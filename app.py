@@ -18,6 +18,7 @@ import gradio as gr  # noqa: E402
 
 from talon import ui  # noqa: E402
 from talon.models import gpu_health  # noqa: E402
+from talon.run_config import ConfigError  # noqa: E402
 from talon.settings import Settings  # noqa: E402
 
 logger = logging.getLogger("talon.app")
@@ -52,7 +53,11 @@ def start_models(settings: Settings) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+        ui.initial_preset(settings)  # TALON_PRESET / TALON_PRESETS name what this server can hold, or say why not
+    except ConfigError as error:
+        raise SystemExit(f"talon: {error}") from None
     if (unusable := gpu_health.unusable_gpu()) is not None:
         logger.warning("%s", unusable)
     try:

@@ -455,7 +455,7 @@ def test_zerogpu_a_run_past_a_visitors_grant_is_refused_before_the_call_with_the
         view, _, _ = decode_panel()
     capped = dataclasses.replace(settings, zerogpu_max_s=60)  # 20 s to start + 0.1 s x tokens
     with pytest.raises(gr.Error, match=r"reserve about 80 s of GPU .*600 token steps over 2 runs.*more than the "
-                                       r"60 s.*at most 200 new tokens, or untick the baseline"):
+                                       r"60 s.*at most 200 new tokens per run, or for fewer runs"):
         list(make_generate(view, capped)("abc abc abc", Session(), compare_ar=True, max_new_tokens=300))
     assert harness.calls == [], "refused before any GPU call"
     list(make_generate(view, capped)("abc abc abc", Session(), compare_ar=True, max_new_tokens=100))

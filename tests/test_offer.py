@@ -143,3 +143,21 @@ def test_every_preset_a_gpu_space_offers_by_default_is_preloaded(gpu) -> None:
     assert offered and {repo for p in offered for repo in p.repos} <= preload
     held = pairs.find_preset(Settings(device="cuda"), pairs.initial_preset(Settings(device="cuda")))
     assert set(held.repos) <= preload
+
+
+def test_a_preset_the_server_cannot_hold_stops_the_app_at_start_with_the_reason(gpu) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from talon.gpucheck.launch import REPO
+
+    env = {**os.environ, "TALON_PRESET": "qwen2.5-14b", "TALON_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "TALON_PRESET 'qwen2.5-14b' cannot be held here: it needs a CUDA GPU" in done.stderr
+    assert "Traceback" not in done.stderr
+    with pytest.raises(ConfigError, match="there is no such preset"):
+        pairs.initial_preset(Settings(preset="qwen-9000"))
+    with pytest.raises(ConfigError, match="TALON_PRESETS offers only"):  # on the faked GPU
+        pairs.initial_preset(Settings(device="cuda", preset="qwen3-8b"))

@@ -120,7 +120,8 @@ def check_reservation(settings: Settings, jobs: list[Job], seconds: int, per_tok
         f"this run would reserve about {seconds} s of GPU ({fixed:.0f} s to start, {GPU_PER_TOKEN_S:g} s for each "
         f"of {per_token * tokens} token steps over {len(jobs)} run{'s' if len(jobs) > 1 else ''}), more than the "
         f"{cap} s a visitor can be granted here (TALON_ZEROGPU_MAX_S; a free account's daily quota is 3.5 "
-        f"minutes). Ask for at most {fits} new tokens{', or untick the baseline' if len(jobs) > 1 else ''}.")
+        f"minutes). Ask for at most {fits} new tokens" + (" per run, or for fewer runs (the baseline, Compare's B, "
+                                                           "a sweep's cells)." if len(jobs) > 1 else "."))
 
 
 @on_gpu(duration=gpu_seconds)

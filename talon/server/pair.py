@@ -28,7 +28,7 @@ from talon.models.embedded import EMBEDDED_MODELS
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
 from talon.server import offer
-from talon.server.presets import ModelPreset, available_presets, startup_preset
+from talon.server.presets import PRESETS, ModelPreset, available_presets, startup_preset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 
 logger = logging.getLogger(__name__)
@@ -288,8 +288,7 @@ def initial_preset(settings: Settings) -> str:
     offered = [p.key for p in presets(settings)]
     if settings.preset:
         if settings.preset not in offered:
-            why = _refusals(settings).get(settings.preset, f"this server offers {offered} (TALON_PRESETS)")
-            raise ConfigError(f"TALON_PRESET {settings.preset!r} cannot be held here: {why}")
+            raise ConfigError(f"TALON_PRESET {settings.preset!r} cannot be held here: {_why_not(settings, offered)}")
         return settings.preset
     gpu = any(p.needs_cuda for p in _device_presets(settings))
     start = startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
@@ -321,6 +320,16 @@ def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tu
         return offered, current
     swap = HEAD_COUNTERPART if head else {v: k for k, v in HEAD_COUNTERPART.items()}
     return offered, swap.get(current, offered[0])
+
+
+def _why_not(settings: Settings, offered: list[str]) -> str:
+    """Why TALON_PRESET is not among the ``offered`` preset keys."""
+    key = settings.preset
+    if key not in {p.key for p in PRESETS}:
+        return f"there is no such preset; the presets: {[p.key for p in PRESETS]}"
+    if key not in {p.key for p in _device_presets(settings)}:
+        return "it needs a CUDA GPU, and this server runs on a CPU"
+    return _refusals(settings).get(key, f"TALON_PRESETS offers only {offered}")
 
 
 def find_preset(settings: Settings, key: str) -> ModelPreset:
