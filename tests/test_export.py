@@ -68,8 +68,11 @@ def test_the_exported_lesson_works_offline_from_file_url(lesson_file: Path) -> N
             assert not page.locator("#walk .talon-answer").is_visible()
             page.locator("#walk .talon-choice").first.click()
             page.wait_for_selector("#walk .talon-answer", state="visible")
-            for fig in ("lesson-depth", "lesson-funnel", "lesson-drafters", "lesson-async"):
+            for fig in ("lesson-depth", "lesson-funnel", "lesson-calibration", "lesson-drafters", "lesson-async"):
                 page.wait_for_selector(f"#{fig}.js-plotly-plot .main-svg")
+            exercise = page.locator(".talon-predict").filter(has_text="Give the adaptive tree")
+            exercise.locator(".talon-choice").first.click()  # the exercises answer offline too
+            exercise.locator(".talon-answer").wait_for(state="visible")
             page.screenshot(path="/tmp/exported_lesson.png", full_page=True)
             assert not errors, errors
         finally:
