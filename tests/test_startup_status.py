@@ -22,7 +22,7 @@ def test_the_page_names_the_models_while_they_load_and_stop_ends_the_wait(tmp_pa
     from playwright.sync_api import sync_playwright
 
     require_chromium()
-    env = {**os.environ, "TALON_DEVICE": "cpu"}  # the embedded pair, from the shared converted cache
+    env = {**os.environ, "TALON_DEVICE": "cpu", "TALON_PREPACK": "0"}  # the embedded pair, from the shared cache
     with serve_app(env, tmp_path / "app.log", 300) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
