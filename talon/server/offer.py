@@ -20,21 +20,27 @@ import torch
 
 from talon.models import zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
-from talon.models.memory import DTYPE_BYTES, GIB, KNOWN_SHAPES, estimate_pair
+from talon.models.memory import DTYPE_BYTES, GIB, KNOWN_SHAPES, MemoryEstimate, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError
 from talon.server.presets import DEFAULT_PRESET, PRESETS, ModelPreset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 
 
-def preset_need_bytes(settings: Settings, preset: ModelPreset, dtype: str) -> int | None:
+def preset_estimate(settings: Settings, preset: ModelPreset, dtype: str) -> MemoryEstimate | None:
     """The memory guard's estimate for ``preset`` at this server's largest settings (longest
-    prompt + most new tokens + the largest tree, steps as CUDA graphs); None where the shapes are
-    not known without a download."""
+    prompt + most new tokens + the largest tree; a guarded device is a CUDA one, where steps replay
+    as graphs); None where the shapes are not known without a download."""
     target, draft = KNOWN_SHAPES.get(preset.target or ""), KNOWN_SHAPES.get(preset.draft or "")
     if target is None:
         return None
     tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
-    return estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True).total
+    return estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
+
+
+def preset_need_bytes(settings: Settings, preset: ModelPreset, dtype: str) -> int | None:
+    """The bytes ``preset_estimate`` says the pair needs (what the Models menu holds a GPU to)."""
+    estimate = preset_estimate(settings, preset, dtype)
+    return None if estimate is None else estimate.total
 
 
 def gpu_total_bytes(settings: Settings) -> int | None:

@@ -25,8 +25,8 @@ from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.eagle3 import read_head_config
 from talon.models.embedded import EMBEDDED_MODELS
-from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, estimate_pair
-from talon.run_config import MAX_BUDGET, ConfigError, RunConfig
+from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits
+from talon.run_config import ConfigError, RunConfig
 from talon.server import offer
 from talon.server.presets import PRESETS, ModelPreset, available_presets, startup_preset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
@@ -143,15 +143,10 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
 
 def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, available: int) -> None:
     """Refuse, before loading, a GPU preset whose pair would not fit in ``available`` bytes at
-    this server's largest settings (longest prompt + most new tokens + the largest tree)."""
-    target, draft = KNOWN_SHAPES.get(preset.target or ""), KNOWN_SHAPES.get(preset.draft or "")
-    if target is None:
-        return  # not a pair whose shape is known without a download
-    tokens = settings.max_prompt_tokens + settings.max_new_tokens_limit + MAX_BUDGET + 1
-    # a guarded device is a CUDA one, where steps replay as graphs (talon.graphs.static.resolve_forward)
-    estimate = estimate_pair(target, draft, dtype if dtype in DTYPE_BYTES else "bfloat16", tokens, graphs=True)
-    check_fits(estimate, available, preset.label, preset.gpu_gib)
-    # offer.preset_need_bytes is this estimate's total: the Models menu offers what fits the GPU
+    this server's largest settings (``talon.server.offer.preset_estimate``)."""
+    estimate = offer.preset_estimate(settings, preset, dtype)
+    if estimate is not None:  # None: not a pair whose shape is known without a download
+        check_fits(estimate, available, preset.label, preset.gpu_gib)
 
 
 def load_engine(settings: Settings, preset: ModelPreset, guarded: bool = True) -> Engine:
