@@ -103,8 +103,11 @@ def test_a_run_waits_for_the_loading_pair_with_words_and_stop_ends_the_wait(monk
     loader = threading.Thread(target=pairs.warm_up, args=(settings,))
     loader.start()
     try:
-        while slot.loading is None:
+        for _ in range(1000):  # the warm-up thread starts the load
+            if slot.loading is not None:
+                break
             gate.wait(0.01)
+        assert slot.loading is not None, "the slot says what it loads"
         assert pairs.pair_status().startswith("Loading the models: qwen2.5-coder-1.5b-instruct + "
                                               "qwen2.5-coder-0.5b-instruct (1.6 GB of GGUF weights)")
         cancel = threading.Event()
