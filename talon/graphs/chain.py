@@ -20,6 +20,7 @@ tree stopped runs on pads only and is reported as an idle forward.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from talon.cost.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, CalibratedAcceptance, Planner
-from talon.graphs.static import CAPTURE_LOCK, Bucket, bucket_for
+from talon.graphs.static import CAPTURE_LOCK, Bucket, HostScalarGuard, bucket_for
 from talon.run_config import TreeConfig
 from talon.tree import SOURCES, STOP_CODES, STOPS, DraftTree, Gate
 
@@ -223,13 +224,13 @@ class ChainState:
                                                                      self.src[existing])
         self.tok[slot], self.par[slot], self.q[slot], self.conf[slot] = ctok, cpar, cq, c
         self.dep[slot] = self.dep[cpar] + 1
-        self.src[slot] = MODEL
-        self.slot[slot] = self.sink_slot
+        self.src.index_fill_(0, slot, MODEL)  # a scalar fill: no host tensor is copied under capture
+        self.slot.index_fill_(0, slot, self.sink_slot)
         self.count.add_(new.sum())
         self.alive.copy_(self.idx < self.count)
         self.rank.fill_(BIG)
         self.rank[target] = torch.where(cvalid, torch.arange(c.shape[0], device=self.device), BIG)
-        self.rank[sink] = BIG
+        self.rank[sink:].fill_(BIG)  # the sink is the last node
         if self.shape.calibrated or self.shape.costs:  # a merge changed a node's source, so its subtree's products
             self.p.copy_(self.probs(depth))
 
@@ -396,8 +397,9 @@ class ChainState:
                 fn()
                 for buf, old in zip(self.buffers(), saved):
                     buf.copy_(old)
-        if not self.graphs:
-            warm()
+        if not self.graphs:  # rehearsed: eager updates are held to capture's rule (a compiled one is traced instead)
+            with contextlib.nullcontext() if self.compiled else HostScalarGuard():
+                warm()
             return fn
         with CAPTURE_LOCK:
             current = torch.cuda.current_stream(self.device)
