@@ -16,4 +16,4 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators.mo
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps speculators==0.9.0
 fi
 "$VENV/bin/python" scripts/eagle3_parity.py data/eagle3_parity
-rm -f data/eagle3_parity/head/config.py  # the library's own config class, which Talon does not run
+rm -f data/eagle3_parity/*/config.py  # the library's own config class, which Talon does not run

@@ -107,7 +107,7 @@ def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | 
     head_cfg = HeadConfig(hidden=cfg.hidden_size, target_hidden=cfg.hidden_size, heads=4, kv_heads=2,
                           head_dim=cfg.hidden_size // 4, intermediate=2 * cfg.hidden_size, vocab=vocab,
                           draft_vocab=len(tokens), rms_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
-                          aux_layers=None, norm_before_residual=False, layout="eagle")
+                          aux_layers=None, aux_rule="none written", norm_before_residual=False, layout="eagle")
     torch.manual_seed(seed)
     head = Eagle3Head(head_cfg, target.get_input_embeddings())
     with torch.no_grad():

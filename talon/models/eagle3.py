@@ -2,7 +2,10 @@
 
 A head (EAGLE-3, arXiv 2503.01840; the drafter TALON's paper builds its trees on) reads the
 target's hidden states entering three of its layers (``aux_layers``: 2, N//2 and N-3 by default,
-HF ``output_hidden_states`` indices), concatenated low to high: the *features*. The feature at
+HF ``output_hidden_states`` indices), concatenated low to high: the *features*. Checkpoints write
+those layers two ways (``feature_layers``): speculators and vLLM as the index itself (the input of
+layer i), SpecForge in ``eagle_config`` as "the output of layer i" (its default ``[1, N//2-1, N-4]``),
+which SGLang reads as index i + 1. The feature at
 position t pairs with token t+1, at position id t::
 
     g   = fc(features_t)                       (3H -> h; deeper levels: the head's own output, no fc)
@@ -22,6 +25,7 @@ Both name the same tensors; the attention, MLP, norms and RoPE are transformers'
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,8 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from talon.models.base import ModelLoadError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class HeadConfig:
     rope_theta: float
     rope_scaling: dict | None
     aux_layers: tuple[int, ...] | None  # HF hidden-state indices; None: 2, N//2, N-3 of the target
+    aux_rule: str  # how the checkpoint's ids were read (``feature_layers``)
     norm_before_residual: bool
     layout: str  # "eagle" or "speculators"
 
@@ -82,18 +89,13 @@ def read_head_config(path: Path) -> HeadConfig | None:
     if raw.get("speculators_model_type") == "eagle3":
         layer = dict(raw.get("transformer_layer_config") or {})
         layout, default_nbr = "speculators", True  # vLLM reads an absent norm_before_residual as true here
-        aux = raw.get("eagle_aux_hidden_state_layer_ids")
     elif "draft_vocab_size" in raw and any("Eagle3" in a or "LlamaForCausalLM" == a
                                            for a in raw.get("architectures") or []):
         layer, layout, default_nbr = raw, "eagle", False
-        aux = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids")
     else:
         return None
-    unsupported = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
-    if unsupported or int(layer.get("num_hidden_layers") or 1) != 1:
-        raise ModelLoadError(f"{path}: an EAGLE-3 head with {', '.join(unsupported) or 'several layers'} "
-                             "(EAGLE 3.1 options) is not supported yet; a one-layer EAGLE-3 head is")
+    refuse_unsupported(path, raw, layer)
+    aux, aux_rule = feature_layers(raw)
     rope = dict(layer.get("rope_parameters") or {})  # transformers 5 writes rope_theta and scaling here
     scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
                                             if rope.get("rope_type", "default") != "default" else None)
@@ -108,11 +110,72 @@ def read_head_config(path: Path) -> HeadConfig | None:
             draft_vocab=int(raw.get("draft_vocab_size") or vocab), rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),  # EAGLE: 10000 if absent
             rope_scaling=scaling,
-            aux_layers=tuple(int(i) for i in aux) if aux else None,
+            aux_layers=aux, aux_rule=aux_rule,
             norm_before_residual=bool(raw.get("norm_before_residual", default_nbr)), layout=layout)
     except (KeyError, TypeError, ValueError) as error:
         raise ModelLoadError(f"{path}: an EAGLE-3 config without a usable {error} (hidden_size, "
                              "num_attention_heads, intermediate_size, vocab_size)") from error
+
+
+def feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
+    """The target's hidden states a head reads (HF ``output_hidden_states`` indices: 0 is the
+    embedding, i the output of layer i - 1), as the serving engines read the checkpoint's ids:
+
+    * top-level ``eagle_aux_hidden_state_layer_ids`` (speculators, vLLM): the index as written;
+    * nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge, SGLang): SGLang's
+      ``set_eagle3_layers_to_capture`` as of sglang PR #25454 (main, 2026-05): ids whose first is 1
+      are "the output of layer i" (SpecForge's default ``[1, N//2-1, N-4]``), read as i + 1; any
+      other list is already an index. (SGLang before it added 1 always; vLLM reads nested ids as
+      written, one layer early for SpecForge's.)
+    * none: 2, N//2 and N-3, every engine's default."""
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        return tuple(int(i) for i in top), "top-level ids, as written (speculators, vLLM)"
+    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if nested:
+        ids = [int(i) for i in nested]
+        if ids[0] == 1:
+            return tuple(i + 1 for i in ids), "eagle_config ids as layer outputs, each + 1 (SpecForge, SGLang)"
+        return tuple(ids), "eagle_config ids as written (SGLang: a list not starting at 1)"
+    return None, "none written: 2, N//2, N-3 (every engine's default)"
+
+
+UNSUPPORTED_TENSORS = {"q_norm": "q/k norms in its attention", "k_norm": "q/k norms in its attention",
+                       "q_proj.bias": "attention biases", "fc.bias": "a bias on fc"}
+
+
+def refuse_unsupported(path: Path, raw: dict, layer: dict) -> None:
+    """ModelLoadError, before any weight loads, for heads Talon's layer would run wrongly: EAGLE 3.1
+    options, several layers, attention biases, q/k norms (read from the checkpoint's tensor names),
+    quantized (compressed-tensors) weights."""
+    why = [f"{k} (an EAGLE 3.1 option)" for k in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
+    if int(layer.get("num_hidden_layers") or 1) != 1:
+        why.append(f"{layer.get('num_hidden_layers')} layers")
+    if layer.get("attention_bias") or raw.get("attention_bias"):
+        why.append("attention biases (attention_bias: true)")
+    quant = raw.get("quantization_config") or layer.get("quantization_config")
+    if quant:
+        why.append(f"{(quant or {}).get('quant_method', 'quantized')} weights")
+    names = tensor_names(path)
+    why += sorted({what for name in names for key, what in UNSUPPORTED_TENSORS.items() if name.endswith(key + ".weight")
+                   or name.endswith(key)})
+    if why:
+        raise ModelLoadError(f"{path}: an EAGLE-3 head with {', '.join(why)} is not supported; Talon runs the "
+                             "one-layer Llama head EAGLE-3, SpecForge and speculators train (no biases, no q/k "
+                             "norms, unquantized)")
+
+
+def tensor_names(path: Path) -> list[str]:
+    """The checkpoint's tensor names from its safetensors headers alone (no weight is read); a
+    ``pytorch_model.bin`` is opened memory-mapped. Empty where there is no checkpoint yet."""
+    names: list[str] = []
+    for f in sorted(path.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            names += [k for k in json.loads(fh.read(size)) if k != "__metadata__"]
+    if not names and (path / "pytorch_model.bin").is_file():
+        names = list(torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+    return names
 
 
 class Eagle3Head(nn.Module):
@@ -231,6 +294,8 @@ def load_head(path: str | Path, target: nn.Module, dtype: torch.dtype, device: t
     if "d2t" not in state and cfg.draft_vocab != cfg.vocab:
         raise ModelLoadError(f"the EAGLE-3 head {path} drafts over {cfg.draft_vocab} ids but has no d2t map")
     head.talon_name = str(path)  # type: ignore[assignment]
+    logger.info("EAGLE-3 head %s (%s layout) reads the target's hidden states %s: %s", path, cfg.layout,
+                cfg.layers_for(layers), cfg.aux_rule)
     return head.to(device=device, dtype=dtype).eval()
 
 
