@@ -63,6 +63,21 @@ MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in 
 HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", ""))
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
+# the same for an atlas recorded with an EAGLE-3 head: eagle3, eagle3-hybrid and retrieval
+HEAD_ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in HEAD_ATLAS_KINDS)
+# a drafter kind's counterpart when the draft slot holds an EAGLE-3 head instead of a draft model
+HEAD_COUNTERPART: dict[str, str] = {"hybrid": "eagle3-hybrid", "model": "eagle3"}
+
+
+def slot_kind(head: bool, offered: tuple[str, ...], current: str) -> str:
+    """The kind to show of ``offered`` for a draft slot holding a head (``head``) or a draft model:
+    ``current`` where offered, else its counterpart (hybrid and eagle3-hybrid, model and eagle3),
+    else the first."""
+    if current in offered:
+        return current
+    swap = HEAD_COUNTERPART if head else {v: k for k, v in HEAD_COUNTERPART.items()}
+    found = swap.get(current, offered[0])
+    return found if found in offered else offered[0]
 
 
 class ConfigError(ValueError):

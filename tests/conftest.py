@@ -71,3 +71,25 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
     if log and Path("/proc/self/status").exists():
         with open(log, "a", encoding="utf-8") as fh:
             fh.write("\t".join(str(kib // 1024) for kib in _rss_kib()) + f"\t{nodeid}\n")
+
+
+@pytest.fixture(scope="session")
+def head_atlas_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An atlas recorded with an EAGLE-3 head (``tests.tiny.trained_pair``: a tiny target and a head
+    trained on its text) on a prompt followed by the target's own greedy text, as a file."""
+    import json
+
+    from talon.atlas.record import record_atlas
+    from talon.cost.model import synthetic_costs
+    from talon.engine.engine import Engine
+    from talon.run_config import RunConfig
+    from tests.tiny import HEAD_PROMPTS, greedy_text, trained_pair
+
+    target, head = trained_pair()
+    costs = synthetic_costs({1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006, 64: 0.012})
+    engine = Engine(target, head, costs=costs)
+    ids = greedy_text(target, HEAD_PROMPTS[0], 12)
+    atlas = record_atlas(engine, ids, RunConfig(drafter="eagle3-hybrid", max_new_tokens=40, chat_template=False))
+    path = tmp_path_factory.mktemp("head-atlas") / "tiny-head.atlas.json"
+    path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
+    return path

@@ -90,3 +90,24 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     assert "Reading the numbers" in forecast
     page.locator("#talon-serve-forecast").scroll_into_view_if_needed()
     page.screenshot(path="/tmp/serve_forecast.png", full_page=False)
+
+
+def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file) -> None:  # noqa: F811
+    """An atlas recorded with an EAGLE-3 head: the drafter offers the head's kinds, the heatmaps
+    and the best configuration replay the head (``eagle3-hybrid`` for the default ``hybrid``)."""
+    page.get_by_role("tab", name="Threshold explorer").click()
+    page.locator("#talon-atlas-upload input[type=file]").set_input_files(str(head_atlas_file))
+    page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('EAGLE-3 head')")
+    page.wait_for_function(f"document.querySelectorAll('{STAT}').length === 5")
+    page.wait_for_function(f"{PLOT.format('mu')} && {PLOT.format('mu')}.data.length > 0")
+    page.wait_for_function(f"{PLOT.format('k')} && {PLOT.format('k')}.data.length > 0")
+    drafter = page.locator("#talon-atlas-drafter")
+    labels = [t.strip() for t in drafter.locator("label").all_text_contents()]
+    assert labels == ["retrieval", "eagle3", "eagle3-hybrid"], labels
+    assert drafter.locator("input[value='eagle3-hybrid']").is_checked()
+    assert "best found" in (page.locator(f"{SCORE} .talon-best").text_content() or "")
+    page.click("#talon-atlas-to-best")
+    page.wait_for_function(f"document.querySelector('{SCORE}').textContent.includes('moved to the best')")
+    assert drafter.locator("input[value='eagle3-hybrid']").is_checked()  # the best replays the head
+    page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/atlas_head.png", full_page=True)

@@ -23,64 +23,19 @@ from talon.engine.engine import Engine, generate
 from talon.models import LoadedModel, ModelLoadError
 from talon.models.eagle3 import Eagle3Head, load_head, read_head_config
 from talon.run_config import ConfigError, RunConfig, TreeConfig
-from tests.tiny import assert_decodes_own_generate, byte_tokenizer, tiny_head, tiny_model
-
-LAYERS = 6  # the head reads the hidden states entering layers 2, 3 and 3
-PROMPTS = ["abc abc abc abc abd", "def add(a, b):", "one two three, one", "xyz xyz xy"]
-DRAFT_TOKENS = 96  # the head drafts over the text's most frequent tokens: a real vocabulary map
-
-
-def greedy_text(target: LoadedModel, prompt: str, tokens: int) -> list[int]:
-    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens)
-    return out[0].tolist()
-
-
-def features_of(target: LoadedModel, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
-    """(n, 3H): the target's hidden states entering ``layers`` at every position of ``ids``."""
-    with torch.inference_mode():
-        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
-
-
-def train_head(target: LoadedModel, texts: list[list[int]], steps: int = 250) -> Eagle3Head:
-    """A head fitted to predict token t + 2 from (feature t, token t + 1), as EAGLE-3 trains its
-    first draft level, over the texts' ``DRAFT_TOKENS`` most frequent tokens."""
-    counts: dict[int, int] = {}
-    for ids in texts:
-        for token in ids:
-            counts[token] = counts.get(token, 0) + 1
-    vocab = sorted(sorted(counts, key=lambda t: -counts[t])[:DRAFT_TOKENS])
-    head = tiny_head(target.model, seed=5, draft_tokens=vocab)
-    draft_id = {token: i for i, token in enumerate(vocab)}
-    layers = head.cfg.layers_for(LAYERS)
-    batches = []
-    for ids in texts:
-        g = features_of(target, ids, layers)[:-2].clone()  # (n - 2, 3H)
-        x = torch.tensor(ids[1:-1])
-        y = torch.tensor([draft_id.get(t, -100) for t in ids[2:]])
-        n = x.shape[0]
-        batches.append((g, x, torch.arange(n), additive_mask(torch.ones(n, n, dtype=torch.bool).tril(),
-                                                             torch.float32), y))
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    head.train()
-    for _ in range(steps):
-        loss = sum(torch.nn.functional.cross_entropy(head(g, x, p, DynamicCache(), m)[1], y, ignore_index=-100)
-                   for g, x, p, m, y in batches)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval()
-
-
-def trained_pair() -> tuple[LoadedModel, LoadedModel]:
-    """A tiny target and a head trained on its greedy text (float32, CPU)."""
-    target = LoadedModel(tiny_model("llama", 41, layers=LAYERS), byte_tokenizer(), "tiny-target", torch.float32,
-                         torch.device("cpu"))
-    texts = [greedy_text(target, p, 64) for p in PROMPTS]
-    head = train_head(target, texts)
-    return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
+from tests.tiny import (
+    HEAD_LAYERS as LAYERS,
+)
+from tests.tiny import (
+    HEAD_PROMPTS as PROMPTS,
+)
+from tests.tiny import (
+    assert_decodes_own_generate,
+    features_of,
+    greedy_text,
+    tiny_head,
+    trained_pair,
+)
 
 
 @pytest.fixture(scope="module")

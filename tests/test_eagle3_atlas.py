@@ -23,7 +23,8 @@ from talon.cli.main import main
 from talon.cost.model import synthetic_costs
 from talon.engine.engine import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
-from tests.test_eagle3 import PROMPTS, greedy_text, trained_pair
+from tests.tiny import HEAD_PROMPTS as PROMPTS
+from tests.tiny import greedy_text, trained_pair
 
 TOKENS = 40
 COSTS = synthetic_costs({1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006, 64: 0.012})

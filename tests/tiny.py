@@ -1,4 +1,5 @@
-"""Tiny random causal LMs (built from a config) and a byte-level tokenizer, for fast math tests."""
+"""Tiny random causal LMs (built from a config) and a byte-level tokenizer, for fast math tests; a
+tiny target with an EAGLE-3 head trained on its own text, in seconds (``trained_pair``)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    DynamicCache,
     LlamaConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
+from talon.core.verify import additive_mask
 from talon.models import LoadedModel
+from talon.models.eagle3 import Eagle3Head
 
 SPECIALS = ["<eos>", "<pad>"]
 
@@ -117,3 +121,63 @@ def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | 
         head.d2t.copy_(torch.tensor(tokens) - torch.arange(len(tokens)))  # target id = i + d2t[i]
     head.talon_name = f"tiny-head-{seed}"
     return head.eval()
+
+
+# ------------------------------------------------------------------ a tiny target and a trained EAGLE-3 head
+
+HEAD_LAYERS = 6  # the head reads the hidden states entering layers 2, 3 and 3
+HEAD_PROMPTS = ["abc abc abc abc abd", "def add(a, b):", "one two three, one", "xyz xyz xy"]
+DRAFT_TOKENS = 96  # the head drafts over the text's most frequent tokens: a real vocabulary map
+
+
+def greedy_text(target: LoadedModel, prompt: str, tokens: int) -> list[int]:
+    ids = target.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens)
+    return out[0].tolist()
+
+
+def features_of(target: LoadedModel, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
+    """(n, 3H): the target's hidden states entering ``layers`` at every position of ``ids``."""
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
+
+
+def train_head(target: LoadedModel, texts: list[list[int]], steps: int = 250) -> Eagle3Head:
+    """A head fitted to predict token t + 2 from (feature t, token t + 1), as EAGLE-3 trains its
+    first draft level, over the texts' ``DRAFT_TOKENS`` most frequent tokens."""
+    counts: dict[int, int] = {}
+    for ids in texts:
+        for token in ids:
+            counts[token] = counts.get(token, 0) + 1
+    vocab = sorted(sorted(counts, key=lambda t: -counts[t])[:DRAFT_TOKENS])
+    head = tiny_head(target.model, seed=5, draft_tokens=vocab)
+    draft_id = {token: i for i, token in enumerate(vocab)}
+    layers = head.cfg.layers_for(HEAD_LAYERS)
+    batches = []
+    for ids in texts:
+        g = features_of(target, ids, layers)[:-2].clone()  # (n - 2, 3H)
+        x = torch.tensor(ids[1:-1])
+        y = torch.tensor([draft_id.get(t, -100) for t in ids[2:]])
+        n = x.shape[0]
+        batches.append((g, x, torch.arange(n), additive_mask(torch.ones(n, n, dtype=torch.bool).tril(),
+                                                             torch.float32), y))
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    head.train()
+    for _ in range(steps):
+        loss = sum(torch.nn.functional.cross_entropy(head(g, x, p, DynamicCache(), m)[1], y, ignore_index=-100)
+                   for g, x, p, m, y in batches)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+def trained_pair() -> tuple[LoadedModel, LoadedModel]:
+    """A tiny target and a head trained on its greedy text (float32, CPU)."""
+    target = LoadedModel(tiny_model("llama", 41, layers=HEAD_LAYERS), byte_tokenizer(), "tiny-target", torch.float32,
+                         torch.device("cpu"))
+    texts = [greedy_text(target, p, 64) for p in HEAD_PROMPTS]
+    head = train_head(target, texts)
+    return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))

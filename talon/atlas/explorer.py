@@ -15,7 +15,7 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.replay import ReplayResult, replay
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.knobs import ATLAS_DRAFTING_KINDS, EXPLORER_KNOBS, default
+from talon.knobs import ATLAS_DRAFTING_KINDS, EXPLORER_KNOBS, HEAD_ATLAS_DRAFTING_KINDS, default, slot_kind
 from talon.run_config import ConfigError, RunConfig
 
 # the grids drawn around the knobs: the ladder values nearest to the knob's, and the knob's own
@@ -26,6 +26,8 @@ TOP_K_LADDER = tuple(range(1, 9))
 GRID_SIDE = 5  # mu x N: 5 x 5 replays
 K_GRID_SIDE = 4  # K x k: 4 x 4
 MAX_MEMO = 20_000  # replayed configurations kept per session
+# what the explorer replays: a draft model's atlas its kinds, an EAGLE-3 head's its own
+EXPLORER_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys((*ATLAS_DRAFTING_KINDS, *HEAD_ATLAS_DRAFTING_KINDS)))
 
 
 
@@ -41,10 +43,26 @@ def _from_ui(cls: type, **values: Any) -> Any:
     for knob in EXPLORER_KNOBS:
         value = knob.read(values.get(knob.name, knob.default), app=True)
         out[knob.name] = round(value, 6) if knob.kind == "float" else value  # one memo key per slider stop
-    if out["drafter"] not in ATLAS_DRAFTING_KINDS:
-        raise ConfigError(f"an atlas records the draft model and retrieval: the explorer replays the drafters "
-                          f"{', '.join(ATLAS_DRAFTING_KINDS)}, not {out['drafter']!r}")
+    if out["drafter"] not in EXPLORER_DRAFTERS:
+        raise ConfigError(f"an atlas records the draft slot's and retrieval's children: the explorer replays the "
+                          f"drafters {', '.join(EXPLORER_DRAFTERS)}, not {out['drafter']!r}")
     return cls(**out)
+
+
+def drafters_of(atlas: Atlas | None) -> tuple[str, ...]:
+    """The drafter kinds the explorer offers for ``atlas``: those its draft slot's recording
+    replays (an EAGLE-3 head's: eagle3, eagle3-hybrid, retrieval), a draft model's without one."""
+    if atlas is not None and atlas.draft_kind == "head":
+        return HEAD_ATLAS_DRAFTING_KINDS
+    return ATLAS_DRAFTING_KINDS
+
+
+def _for_atlas(self: Any, atlas: Atlas | None) -> Any:
+    """These knobs with a drafter ``atlas`` replays: the drafter where it does, else its
+    counterpart (hybrid and eagle3-hybrid, model and eagle3), else retrieval."""
+    kinds = drafters_of(atlas)
+    head = atlas is not None and atlas.draft_kind == "head"
+    return dataclasses.replace(self, drafter=slot_kind(head, kinds, self.drafter))
 
 
 def _from_controls(cls: type, controls: Any, min_match: int = default("retrieval.min_match")) -> Any:
@@ -75,7 +93,7 @@ Knobs = dataclasses.make_dataclass(
     "Knobs", [(k.name, Any, k.default) for k in EXPLORER_KNOBS], frozen=True,
     namespace={"__doc__": "One greedy configuration the explorer replays, named as the knob table names it.",
                "from_ui": classmethod(_from_ui), "from_controls": classmethod(_from_controls), "values": _values,
-               "config": _config, "controls": _controls})
+               "config": _config, "controls": _controls, "for_atlas": _for_atlas})
 
 
 def around(ladder: Sequence[Any], value: Any, count: int) -> list[Any]:
@@ -154,6 +172,7 @@ def unique_rows(rows: Sequence[SweepRow]) -> list[SweepRow]:
 def explore(session: AtlasSession, knobs: Knobs) -> Exploration:
     """Replay the knobs (with its steps) and the grids around them; ConfigError for bad knobs."""
     assert session.atlas is not None
+    knobs = knobs.for_atlas(session.atlas)
     result = replay(session.atlas, knobs.config(session.atlas))
     session.result = result
     current = session.score(knobs, result)

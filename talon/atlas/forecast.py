@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import replay
+from talon.atlas.replay import replay, replayable_kinds
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
@@ -30,6 +30,7 @@ from talon.atlas.serving_sweep import (
     sweep_serving,
     why_best,
 )
+from talon.knobs import slot_kind
 from talon.run_config import ConfigError, RunConfig
 
 DEFINITIONS = (
@@ -53,6 +54,7 @@ class Forecast:
     exported: list[tuple[str, ServingRow | None, str]] = field(default_factory=list)  # (engine, row, note)
     best: dict[str, str] = field(default_factory=dict)  # engine -> one line on its best settings
     note: str = ""
+    talon_as: str = ""  # the drafter Talon's row replays where the controls' is the other slot's counterpart
 
     def markdown(self) -> str:
         if self.note:
@@ -61,7 +63,8 @@ class Forecast:
                  "| | acceptance, in that engine's own definition | predicted tok/s |", "| --- | ---: | ---: |"]
         if self.talon_mat is not None:
             rate = f"{self.talon_rate:.2f}" if self.talon_rate else ""
-            lines.append(f"| Talon, the current controls | MAT {self.talon_mat:.2f} | {rate} |")
+            mapped = f" (as {self.talon_as}, what the atlas's draft slot drafts)" if self.talon_as else ""
+            lines.append(f"| Talon, the current controls{mapped} | MAT {self.talon_mat:.2f} | {rate} |")
         for engine, row, note in self.exported:
             if row is None:
                 lines.append(f"| {engine} | {note} | |")
@@ -101,8 +104,10 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         return Forecast(None, note="Record or upload this prompt's draft atlas in the **Threshold explorer** to see "
                                    "what each serving engine would accept on it, and its best settings.")
     talon_mat = talon_rate = None
+    kinds = replayable_kinds(atlas)  # the controls' drafter on this atlas's draft slot (a head's counterpart)
+    mine_cfg = cfg.replace(drafter=slot_kind(atlas.draft_kind == "head", kinds, cfg.drafter))
     try:
-        mine = replay(atlas, cfg.replace(max_new_tokens=len(atlas.output)))
+        mine = replay(atlas, mine_cfg.replace(max_new_tokens=len(atlas.output)))
         talon_mat = mine.mat
         talon_rate = len(mine.summary.token_ids) / mine.predicted_s if mine.predicted_s > 0 else None
     except ConfigError:
@@ -122,4 +127,5 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
     for engine in ("vllm", "sglang"):
         rows = sweep_serving([atlas], serving_policies(engine, DEFAULT_GRIDS[engine], atlas.draft_kind))
         best[engine] = why_best(rows, best_serving_row(rows))
-    return Forecast(talon_mat, talon_rate, exported, best)
+    return Forecast(talon_mat, talon_rate, exported, best,
+                    talon_as=mine_cfg.drafter if mine_cfg.drafter != cfg.drafter else "")

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from talon.cost.plan import LOOKAHEAD, MATCH_EDGES, Q_EDGES, CalibratedAcceptance, Planner
-from talon.graphs.static import CAPTURE_LOCK, Bucket, HostScalarGuard, bucket_for
+from talon.graphs.rehearse import HostScalarGuard
+from talon.graphs.static import CAPTURE_LOCK, Bucket, bucket_for
 from talon.run_config import TreeConfig
 from talon.tree import SOURCES, STOP_CODES, STOPS, DraftTree, Gate
 

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
@@ -54,19 +53,6 @@ from talon.settings import proven_default
 BUILT: Counter[str] = Counter()
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process (runs may share a device)
 
-
-class HostScalarGuard(TorchDispatchMode):
-    """Fails a rehearsed capture (on the CPU) where a Python value becomes a tensor: on CUDA,
-    ``buf[index] = 3`` makes a host scalar that the write then copies to the device, and a copy from
-    pageable host memory is refused while a graph is captured (as is ``torch.tensor(...)``). Write
-    scalars with ``fill_`` / ``index_fill_`` instead."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if func is torch.ops.aten.lift_fresh.default:
-            raise RuntimeError("a captured update makes a tensor of a host value (an item assignment of a "
-                               "Python number, or torch.tensor): on CUDA that is a copy from the host, "
-                               "refused during capture; use fill_ / index_fill_")
-        return func(*args, **(kwargs or {}))
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, GRAPH_BUCKET)  # the largest: a tree's root and MAX_BUDGET nodes
 
 

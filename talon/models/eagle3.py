@@ -3,7 +3,7 @@
 A head (EAGLE-3, arXiv 2503.01840; the drafter TALON's paper builds its trees on) reads the
 target's hidden states entering three of its layers (``aux_layers``: 2, N//2 and N-3 by default,
 HF ``output_hidden_states`` indices), concatenated low to high: the *features*. Checkpoints write
-those layers two ways (``feature_layers``): speculators and vLLM as the index itself (the input of
+those layers two ways (``read_feature_layers``): speculators and vLLM as the index itself (the input of
 layer i), SpecForge in ``eagle_config`` as "the output of layer i" (its default ``[1, N//2-1, N-4]``),
 which SGLang reads as index i + 1. The feature at
 position t pairs with token t+1, at position id t::
@@ -56,7 +56,7 @@ class HeadConfig:
     rope_theta: float
     rope_scaling: dict | None
     aux_layers: tuple[int, ...] | None  # HF hidden-state indices; None: 2, N//2, N-3 of the target
-    aux_rule: str  # how the checkpoint's ids were read (``feature_layers``)
+    aux_rule: str  # how the checkpoint's ids were read (``read_feature_layers``)
     norm_before_residual: bool
     layout: str  # "eagle" or "speculators"
 
@@ -95,7 +95,7 @@ def read_head_config(path: Path) -> HeadConfig | None:
     else:
         return None
     refuse_unsupported(path, raw, layer)
-    aux, aux_rule = feature_layers(raw)
+    aux, aux_rule = read_feature_layers(raw)
     rope = dict(layer.get("rope_parameters") or {})  # transformers 5 writes rope_theta and scaling here
     scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
                                             if rope.get("rope_type", "default") != "default" else None)
@@ -117,7 +117,7 @@ def read_head_config(path: Path) -> HeadConfig | None:
                              "num_attention_heads, intermediate_size, vocab_size)") from error
 
 
-def feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
+def read_feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
     """The target's hidden states a head reads (HF ``output_hidden_states`` indices: 0 is the
     embedding, i the output of layer i - 1), as the serving engines read the checkpoint's ids:
 

@@ -21,7 +21,7 @@ import torch
 
 from talon.engine.build import PairKey, build_engine
 from talon.engine.engine import Engine
-from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
+from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS, slot_kind
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.eagle3 import read_head_config
 from talon.models.embedded import EMBEDDED_MODELS
@@ -292,10 +292,6 @@ def initial_preset(settings: Settings) -> str:
     return offered[0]
 
 
-# a drafter kind's counterpart when the pair's draft slot holds an EAGLE-3 head instead of a draft model
-HEAD_COUNTERPART = {"hybrid": "eagle3-hybrid", "model": "eagle3"}
-
-
 def holds_head(settings: Settings, preset: ModelPreset) -> bool:
     """Does ``preset`` put an EAGLE-3 head in the draft slot (a head preset, or the server's own
     pair with TALON_DRAFT a head's directory)?"""
@@ -311,10 +307,7 @@ def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tu
     its counterpart (hybrid and eagle3-hybrid, model and eagle3), else the first."""
     head = holds_head(settings, find_preset(settings, key))
     offered = HEAD_PAIR_KINDS if head else MODEL_PAIR_KINDS
-    if current in offered:
-        return offered, current
-    swap = HEAD_COUNTERPART if head else {v: k for k, v in HEAD_COUNTERPART.items()}
-    return offered, swap.get(current, offered[0])
+    return offered, slot_kind(head, offered, current)
 
 
 def _why_not(settings: Settings, offered: list[str]) -> str:

@@ -18,7 +18,7 @@ import gradio as gr
 
 from talon import figures as F
 from talon.atlas.data import Atlas
-from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, explore
+from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, drafters_of, explore
 from talon.knobs import ATLAS_DRAFTING_KINDS, KNOB, default
 from talon.run_config import ConfigError, RetrievalConfig
 from talon.server.facade import Controls, decode, record_prompt_atlas, user_error, wait_for_pair
@@ -103,7 +103,8 @@ def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = 
                     [view.step, view.caption, view.tree, view.gates],
                     trigger_mode="always_last", api_visibility="private", **quick)
     view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
-                       outputs=[view.status, *view.score_outputs()], api_name="load_atlas", **quick)
+                       outputs=[view.status, *view.score_outputs(), view.knobs["drafter"]], api_name="load_atlas",
+                       **quick)
     view.to_best.click(make_to_best(view), inputs_kwargs=knob_inputs,
                        outputs=[*view.knobs.values(), *view.score_outputs()], api_visibility="private", **quick)
     apply_outputs = [*(components[name] for name in Knobs().controls()), components["max_new_tokens"],
@@ -199,8 +200,14 @@ class ExplorerView:
             self.state: session,
         }
 
-    def knob_updates(self, knobs: Knobs) -> dict[Any, Any]:
-        return {self.knobs[name]: value for name, value in knobs.values().items()}
+    def knob_updates(self, knobs: Knobs, atlas: Atlas | None = None) -> dict[Any, Any]:
+        """The knobs shown as ``knobs``; with an ``atlas``, the drafter offers what it replays (an
+        EAGLE-3 head's kinds, or a draft model's) and shows the knobs' kind or its counterpart."""
+        updates: dict[Any, Any] = {self.knobs[name]: value for name, value in knobs.values().items()}
+        if atlas is not None:
+            updates[self.knobs["drafter"]] = gr.update(choices=list(drafters_of(atlas)),
+                                                       value=knobs.for_atlas(atlas).drafter)
+        return updates
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +238,7 @@ def make_record(view: ExplorerView, settings: Settings) -> Callable[..., Iterato
         assert atlas is not None
         atlas_state.load(atlas, write_atlas(atlas))
         knobs = Knobs.from_ui(**{**Knobs.from_controls(values).values(), "retrieval_min_match": min_match})
-        yield {view.status: atlas_words(atlas), view.download: atlas_state.download, **view.knob_updates(knobs),
+        yield {view.status: atlas_words(atlas), view.download: atlas_state.download, **view.knob_updates(knobs, atlas),
                **view.score_updates(atlas_state, knobs, 0, "the knobs are set as on the left: move them")}
 
     return record
@@ -242,7 +249,9 @@ def make_upload(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
         """Load an atlas file (``talon-atlas/1``) and score the knobs from it, no model needed."""
         atlas = read_atlas(upload)
         atlas_state.load(atlas, None)
-        return {view.status: atlas_words(atlas), **view.score_updates(atlas_state, knobs_of(knob_values), 0)}
+        knobs = knobs_of(knob_values)
+        return {view.status: atlas_words(atlas), **view.score_updates(atlas_state, knobs, 0),
+                view.knobs["drafter"]: view.knob_updates(knobs, atlas)[view.knobs["drafter"]]}
 
     return upload_atlas
 
@@ -342,10 +351,12 @@ def atlas_words(atlas: Atlas | None) -> str:
     record = atlas.record
     took = f", recorded in {record['run_s'] + record['atlas_s']:.1f} s" if {"run_s", "atlas_s"} <= set(record) else ""
     prompt = atlas.prompt if len(atlas.prompt) <= 80 else atlas.prompt[:79] + "…"
+    slot = "the EAGLE-3 head" if atlas.draft_kind == "head" else "the draft model"
     return (f'<div class="talon-atlas-held">Atlas of “{F.esc(prompt)}”: {len(atlas.output)} tokens of the target\'s '
             f"greedy text, {len(atlas.children):,} draft nodes (up to N {atlas.spec.n_nodes}, K {atlas.spec.root_k}, "
             f"k {atlas.spec.top_k}, depth {atlas.spec.max_depth}){took}; "
-            f"{F.esc(str(atlas.models.get('target', '')))} with {F.esc(str(atlas.models.get('draft', '')))}.</div>")
+            f"{F.esc(str(atlas.models.get('target', '')))} with {slot} {F.esc(str(atlas.models.get('draft', '')))}; "
+            f"it replays {', '.join(drafters_of(atlas))}.</div>")
 
 
 def apply_words(knobs: Knobs, what: str) -> str:
