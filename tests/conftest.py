@@ -74,22 +74,44 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
 
 
 @pytest.fixture(scope="session")
-def head_atlas_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An atlas recorded with an EAGLE-3 head (``tests.tiny.trained_pair``: a tiny target and a head
-    trained on its text) on a prompt followed by the target's own greedy text, as a file."""
+def tiny_head_pair() -> tuple:
+    """``tests.tiny.trained_pair``: a tiny target and an EAGLE-3 head trained on its text."""
+    from tests.tiny import trained_pair
+
+    return trained_pair()
+
+
+def _record(target: object, draft: object, drafter: str, path: Path) -> Path:
+    """The atlas of the tiny target's first head prompt followed by its own greedy text, as a file."""
     import json
 
     from talon.atlas.record import record_atlas
     from talon.cost.model import synthetic_costs
     from talon.engine.engine import Engine
     from talon.run_config import RunConfig
-    from tests.tiny import HEAD_PROMPTS, greedy_text, trained_pair
+    from tests.tiny import HEAD_PROMPTS, greedy_text
 
-    target, head = trained_pair()
     costs = synthetic_costs({1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006, 64: 0.012})
-    engine = Engine(target, head, costs=costs)
     ids = greedy_text(target, HEAD_PROMPTS[0], 12)
-    atlas = record_atlas(engine, ids, RunConfig(drafter="eagle3-hybrid", max_new_tokens=40, chat_template=False))
-    path = tmp_path_factory.mktemp("head-atlas") / "tiny-head.atlas.json"
+    atlas = record_atlas(Engine(target, draft, costs=costs), ids,
+                         RunConfig(drafter=drafter, max_new_tokens=40, chat_template=False))
     path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def head_atlas_file(tiny_head_pair: tuple, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An atlas recorded with the tiny EAGLE-3 head in the draft slot."""
+    target, head = tiny_head_pair
+    return _record(target, head, "eagle3-hybrid", tmp_path_factory.mktemp("head-atlas") / "tiny-head.atlas.json")
+
+
+@pytest.fixture(scope="session")
+def model_atlas_file(tiny_head_pair: tuple, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same prompt's atlas recorded with a draft model in the slot: the tiny target with noise
+    on its weights (so some of its drafts are accepted, not all)."""
+    from talon.gpucheck.pairs import noisy
+
+    target, _ = tiny_head_pair
+    path = tmp_path_factory.mktemp("model-atlas") / "model.atlas.json"
+    return _record(target, noisy(target, 0.15, 3), "hybrid", path)

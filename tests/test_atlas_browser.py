@@ -92,9 +92,10 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     page.screenshot(path="/tmp/serve_forecast.png", full_page=False)
 
 
-def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file) -> None:  # noqa: F811
+def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file, model_atlas_file) -> None:  # noqa: F811
     """An atlas recorded with an EAGLE-3 head: the drafter offers the head's kinds, the heatmaps
-    and the best configuration replay the head (``eagle3-hybrid`` for the default ``hybrid``)."""
+    and the best configuration replay the head (``eagle3-hybrid`` for the default ``hybrid``);
+    in Lessons, with the same prompt's draft-model atlas uploaded, the head against the model."""
     page.get_by_role("tab", name="Threshold explorer").click()
     page.locator("#talon-atlas-upload input[type=file]").set_input_files(str(head_atlas_file))
     page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('EAGLE-3 head')")
@@ -111,3 +112,10 @@ def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file) -> No
     assert drafter.locator("input[value='eagle3-hybrid']").is_checked()  # the best replays the head
     page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
     page.screenshot(path="/tmp/atlas_head.png", full_page=True)
+
+    page.get_by_role("tab", name="Lessons").click()
+    page.locator("#talon-lesson-head-files input[type=file]").set_input_files(str(model_atlas_file))
+    page.wait_for_function("document.querySelector('#talon-lesson-head-text').textContent.includes('tokens per step')")
+    page.wait_for_selector("#talon-lesson-head .js-plotly-plot")
+    page.locator("#talon-lesson-head").scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/lesson_head.png", full_page=False)

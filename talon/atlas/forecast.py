@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import replay, replayable_kinds
+from talon.atlas.replay import for_slot, replay
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
@@ -30,7 +30,6 @@ from talon.atlas.serving_sweep import (
     sweep_serving,
     why_best,
 )
-from talon.knobs import slot_kind
 from talon.run_config import ConfigError, RunConfig
 
 DEFINITIONS = (
@@ -104,8 +103,7 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         return Forecast(None, note="Record or upload this prompt's draft atlas in the **Threshold explorer** to see "
                                    "what each serving engine would accept on it, and its best settings.")
     talon_mat = talon_rate = None
-    kinds = replayable_kinds(atlas)  # the controls' drafter on this atlas's draft slot (a head's counterpart)
-    mine_cfg = cfg.replace(drafter=slot_kind(atlas.draft_kind == "head", kinds, cfg.drafter))
+    mine_cfg = for_slot(atlas, cfg)  # the controls' drafter on this atlas's draft slot (a head's counterpart)
     try:
         mine = replay(atlas, mine_cfg.replace(max_new_tokens=len(atlas.output)))
         talon_mat = mine.mat

@@ -28,7 +28,7 @@ from talon.drafters.retrieval import RetrievalDrafter
 from talon.drafters.tree_drafter import build_drafter
 from talon.engine.prompt import StopCheck
 from talon.engine.run import Run, RunParts
-from talon.knobs import ATLAS_KINDS, HEAD_ATLAS_KINDS
+from talon.knobs import ATLAS_KINDS, HEAD_ATLAS_KINDS, slot_kind
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 from talon.tree import DraftTree
@@ -168,6 +168,15 @@ class ReplayResult:
 def replayable_kinds(atlas: Atlas) -> tuple[str, ...]:
     """The drafter kinds ``atlas`` replays: those of the model that drafted in its draft slot."""
     return HEAD_ATLAS_KINDS if atlas.draft_kind == "head" else ATLAS_KINDS
+
+
+def for_slot(atlas: Atlas, cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a drafter ``atlas`` replays: a draft model's kind becomes the EAGLE-3 head's
+    counterpart on a head's atlas (hybrid and eagle3-hybrid, model and eagle3), and back."""
+    kinds = replayable_kinds(atlas)
+    if cfg.drafter in kinds:
+        return cfg
+    return cfg.replace(drafter=slot_kind(atlas.draft_kind == "head", kinds, cfg.drafter))
 
 
 def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:

@@ -24,9 +24,11 @@ from talon.figures.text import esc
 from talon.lessons.adaptive import CONF_BINS, DEPTHS, EAGLE3_SHAPE, AdaptiveLesson
 from talon.lessons.asynchrony import AsyncBound, AsyncLesson
 from talon.lessons.exercises import Exercise
+from talon.lessons.head import DEEP, ROLES, HeadVsModel
 from talon.lessons.hybrid import COMPARED, HybridLesson, RetrievalExample, carried_shares
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
+HEAD_VS_MODEL_COLOR = "#D55E00"  # Okabe-Ito vermillion
 CARRIER_NAMES = {"model": "draft model", "retrieval": "retrieval", "both": "both", "none": "bonus token only"}
 
 
@@ -121,7 +123,7 @@ def funnel_figure(ranks: dict[int, float], depths: dict[int, float]) -> go.Figur
 
 def drafters_figure(lesson: HybridLesson) -> go.Figure:
     """Predicted tokens/s of each drafter, MAT on each bar."""
-    names = {"model": "draft model alone", "retrieval": "retrieval alone", "hybrid": "hybrid"}
+    names = {"model": f"{lesson.slot} alone", "retrieval": "retrieval alone", "hybrid": "hybrid"}
     colors = {"model": SOURCE_COLORS["model"], "retrieval": SOURCE_COLORS["retrieval"], "hybrid": SOURCE_COLORS["both"]}
     traces: list[Trace] = [
         dict(type="bar", x=[names[d] for d in COMPARED], y=[lesson.tokens_per_s[d] for d in COMPARED],
@@ -136,13 +138,13 @@ def drafters_figure(lesson: HybridLesson) -> go.Figure:
 
 def carried_text_html(lesson: HybridLesson) -> str:
     """The hybrid's text, each step's tokens coloured by the source that carried the step."""
-    spans = []
+    spans, names = [], {**CARRIER_NAMES, "model": lesson.slot}
     for i, (who, text) in enumerate(zip(lesson.carried, lesson.step_texts)):
         color = CARRIER_COLORS[who]
-        spans.append(f'<span class="lesson-step" title="step {i}: {esc(CARRIER_NAMES[who])}" '
+        spans.append(f'<span class="lesson-step" title="step {i}: {esc(names[who])}" '
                      f'style="border-bottom: 3px solid {color}; background: {color}22">{esc(text)}</span>')
     legend = " ".join(f'<span style="border-bottom: 3px solid {CARRIER_COLORS[k]}">{esc(v)}</span>'
-                      for k, v in CARRIER_NAMES.items())
+                      for k, v in names.items())
     return (f'<div class="talon-lesson-text"><div class="legend">Each step\'s tokens, underlined by the source '
             f'that carried it: {legend}</div><pre>{"".join(spans)}</pre></div>')
 
@@ -251,16 +253,17 @@ def hybrid_words(lesson: HybridLesson) -> str:
     verdict = {
         "retrieval": "here retrieval alone is fastest: the text repeats what came before, and its guesses cost "
                      "nothing.",
-        "model": "here the draft model alone is fastest: the text repeats too little for retrieval's guesses to pay "
-                 "for the grafts.",
-        "hybrid": "here the hybrid is fastest: retrieval carries the steps where the text repeats, the draft model "
+        "model": f"here the {lesson.slot} alone is fastest: the text repeats too little for retrieval's guesses to "
+                 "pay for the grafts.",
+        "hybrid": f"here the hybrid is fastest: retrieval carries the steps where the text repeats, the {lesson.slot} "
                   "the rest.",
     }.get(lesson.best, "")
-    return (f"The draft model alone accepts {lesson.mat['model']:.2f} tokens per step here, retrieval alone "
+    best = {"model": f"the {lesson.slot} alone", "retrieval": "retrieval alone"}.get(lesson.best, lesson.best)
+    return (f"The {lesson.slot} alone accepts {lesson.mat['model']:.2f} tokens per step here, retrieval alone "
             f"{lesson.mat['retrieval']:.2f}, the hybrid {lesson.mat['hybrid']:.2f}; predicted fastest: "
-            f"{lesson.best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
+            f"{best} ({lesson.tokens_per_s[lesson.best]:.2f} tok/s). Of the hybrid's tokens, "
             f"{100 * shares['retrieval']:.0f} % came on steps retrieval carried and {100 * shares['model']:.0f} % on "
-            f"steps the draft model carried: {verdict}")
+            f"steps the {lesson.slot} carried: {verdict}")
 
 
 def async_figure(lesson: AsyncLesson) -> go.Figure:
@@ -305,3 +308,40 @@ def exercises_html(tasks: Sequence[Exercise]) -> str:
     return "".join(predict_html(f"<b>{i}.</b> {esc(t.question)}",
                                 [Choice(esc(c), k == t.right) for k, c in enumerate(t.choices)], esc(t.answer))
                    for i, t in enumerate(tasks, start=1))
+
+
+def head_figure(lesson: HeadVsModel) -> go.Figure:
+    """MAT of the head and of the draft model, alone and with retrieval (predicted tokens/s on the bars)."""
+    roles = list(ROLES)
+    traces: list[Trace] = []
+    # the two slots side by side: the head in the palette's vermillion (in one run it shares the model's blue)
+    slots = (("EAGLE-3 head", HEAD_VS_MODEL_COLOR), ("draft model", SOURCE_COLORS["model"]))
+    for i, (name, color) in enumerate(slots):
+        kinds = [ROLES[r][i] for r in roles]
+        traces.append(dict(type="bar", name=name, x=roles, y=[lesson.mat[k] for k in kinds], marker=dict(color=color),
+                           text=[f"{lesson.tokens_per_s[k]:.1f} tok/s" for k in kinds], textposition="outside",
+                           hovertemplate=name + " %{x}: MAT %{y:.2f}, %{text} predicted<extra></extra>"))
+    top = max(lesson.mat.values()) or 1.0
+    layout = base_layout(f"A head against a draft model on this prompt (N = {lesson.budget}; MAT, tok/s on the bars)",
+                         300, barmode="group", yaxis=axis_style("MAT (tokens per target forward)",
+                                                                range=[0, 1.25 * top]))
+    return make_figure(traces, layout)
+
+
+def head_words(lesson: HeadVsModel) -> str:
+    """The comparison in words, every figure from the two replays."""
+    mat, deep = lesson.mat, lesson.deep_share
+    alone, grafted = lesson.ratio("alone"), lesson.ratio("with retrieval")
+    lead = ("the head keeps more" if alone > 1.02 else "the draft model keeps more" if alone < 0.98
+            else "they keep about as many")
+    head_ms, model_ms = lesson.draft_ms
+    cost = (": the head, one layer on the target's features, drafts for less" if head_ms < 0.9 * model_ms else
+            ": the head drafts for more here" if head_ms > 1.1 * model_ms else ": about equal, so tokens/s follow MAT")
+    return (f"On this prompt at N = {lesson.budget}, {lead}: the EAGLE-3 head {mat['eagle3']:.2f} tokens per step, "
+            f"the draft model {mat['model']:.2f} ({alone:.2f}x); with retrieval grafted in, {mat['eagle3-hybrid']:.2f} "
+            f"against {mat['hybrid']:.2f} ({grafted:.2f}x). "
+            f"{100 * deep['eagle3']:.0f} % of the head's steps kept {DEEP} or more drafted tokens, "
+            f"{100 * deep['model']:.0f} % of the draft model's. A draft forward of one node costs {head_ms:.1f} ms "
+            f"on the head's atlas and {model_ms:.1f} ms on the draft model's (each atlas's own cost curves){cost}. "
+            f"Predicted tokens/s: head {lesson.tokens_per_s['eagle3']:.1f}, draft model "
+            f"{lesson.tokens_per_s['model']:.1f} ({lesson.tokens} tokens of the target's text).")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, replay
+from talon.atlas.replay import ReplayResult, for_slot, replay
 from talon.run_config import RunConfig, TreeConfig
 
 EAGLE3_SHAPE = {"root_k": 10, "top_k": 10, "max_depth": 8, "budget": 59}
@@ -45,13 +45,13 @@ def static_config(atlas: Atlas, depth: int, budget: int) -> RunConfig:
     """EAGLE's static tree at ``depth`` layers with EAGLE-3's K = k = 10 (or as wide as an atlas
     recorded narrower holds), N = ``budget``."""
     k = widths(atlas)
-    return _static(depth, budget, len(atlas.output), _vocab(atlas), *k)
+    return for_slot(atlas, _static(depth, budget, len(atlas.output), _vocab(atlas), *k))
 
 
 def adaptive_config(atlas: Atlas, budget: int) -> RunConfig:
     """TALON's adaptive tree at N = ``budget``: K = 10 ungated at the root, gated layers of k."""
     root_k, top_k = widths(atlas)
-    return _adaptive(budget, len(atlas.output), _vocab(atlas), root_k, min(ADAPTIVE_K, top_k))
+    return for_slot(atlas, _adaptive(budget, len(atlas.output), _vocab(atlas), root_k, min(ADAPTIVE_K, top_k)))
 
 
 def widths(atlas: Atlas) -> tuple[int, int]:
@@ -82,7 +82,8 @@ def _vocab(atlas: Atlas) -> int:
 
 
 def _model_only(tree: TreeConfig, tokens: int, draft_vocab: int) -> RunConfig:
-    """The draft model alone, over the whole recorded text, with the draft head it was recorded with."""
+    """The draft model alone (an EAGLE-3 head's atlas: the head, ``for_slot``), over the whole
+    recorded text, with the draft vocabulary it was recorded with."""
     return RunConfig(drafter="model", tree=tree, max_new_tokens=tokens, cost_model="fixed", draft_vocab=draft_vocab)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import replay
+from talon.atlas.replay import for_slot, replay
 from talon.cost.model import CostModel
 from talon.run_config import RunConfig
 from talon.trace import StepTrace
@@ -84,8 +84,8 @@ class AsyncLesson:
 def async_lesson(atlas: Atlas, base: RunConfig | None = None) -> AsyncLesson:
     """The default configuration replayed on ``atlas`` under its own curves and under ``GPU_COSTS``
     (where the planner, which plans on the curves, may draft more)."""
-    cfg = (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
-                                        draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
+    cfg = for_slot(atlas, (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
+                                        draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab))))
     host = replay(atlas, cfg)
     gpu_atlas = Atlas(**{**atlas.__dict__, "costs": gpu_costs().to_dict()})
     gpu = replay(gpu_atlas, cfg)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, replay
+from talon.atlas.replay import ReplayResult, for_slot, replay
 from talon.drafters.suffix import SuffixIndex
 from talon.knobs import ATLAS_DRAFTING_KINDS
 from talon.run_config import RunConfig
@@ -35,6 +35,7 @@ class HybridLesson:
     step_tokens: list[list[int]] = field(default_factory=list)  # per hybrid step: the tokens it committed
     step_texts: list[str] = field(default_factory=list)  # per hybrid step: their text
     coverage: float = 1.0
+    slot: str = "draft model"  # what drafted in the draft slot: "draft model" or "EAGLE-3 head" ("model" above)
 
     @property
     def best(self) -> str:
@@ -46,20 +47,23 @@ def carrier(step: StepTrace) -> str:
     the bonus token)."""
     if len(step.accepted) < 2:
         return "none"
-    return step.sources[step.accepted[-1]]
+    source = step.sources[step.accepted[-1]]
+    return "model" if source == "head" else source  # the draft slot's, a draft model's or a head's
 
 
 def hybrid_lesson(atlas: Atlas, base: RunConfig | None = None) -> HybridLesson:
-    """Replay the three drafters on ``atlas`` (``base``: the rest of the configuration)."""
+    """Replay the three drafters on ``atlas`` (``base``: the rest of the configuration); on an
+    EAGLE-3 head's atlas "model" and "hybrid" are the head's kinds (``for_slot``)."""
     base = (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
                                          draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
-    runs: dict[str, ReplayResult] = {d: replay(atlas, base.replace(drafter=d)) for d in COMPARED}
+    runs: dict[str, ReplayResult] = {d: replay(atlas, for_slot(atlas, base.replace(drafter=d))) for d in COMPARED}
     rate = {d: r.tokens_per_s for d, r in runs.items()}
     hybrid = runs["hybrid"].steps
     texts = ["".join(atlas.text(t) for t in s.new_tokens if t not in atlas.eos) for s in hybrid]
     return HybridLesson(atlas.suite, atlas.prompt, {d: r.mat for d, r in runs.items()}, rate,
                         [carrier(s) for s in hybrid], [list(s.new_tokens) for s in hybrid], texts,
-                        min(r.coverage.share for r in runs.values()))
+                        min(r.coverage.share for r in runs.values()),
+                        "EAGLE-3 head" if atlas.draft_kind == "head" else "draft model")
 
 
 def carried_shares(lesson: HybridLesson) -> dict[str, float]:

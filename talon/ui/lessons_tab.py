@@ -18,11 +18,13 @@ from talon import figures as F
 from talon.atlas.data import Atlas
 from talon.atlas.explorer import AtlasSession
 from talon.figures.export import export_html, show_lessons
+from talon.figures.lessons import head_figure, head_words
 from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
 from talon.lessons.asynchrony import AsyncBound, bound_of
+from talon.lessons.head import head_vs_model, pairs_of
 from talon.trace import TraceFileError
-from talon.ui.files import write_lesson
+from talon.ui.files import read_atlas, write_lesson
 from talon.ui.recording import load_recording
 from talon.ui.session import Session
 from talon.ui.words import EXPLAIN
@@ -186,6 +188,13 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
     gr.Markdown("### Why async? Drafting hidden behind verification")
     async_text = gr.HTML(elem_id="talon-lesson-async")
     timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    gr.Markdown("### A head against a draft model: the drafter TALON's claims are made on")
+    with gr.Row():
+        head_files = gr.File(label="Two atlases of one prompt: one recorded with an EAGLE-3 head, one with a draft "
+                             "model (the Threshold explorer's atlas counts as one)", file_count="multiple",
+                             file_types=[".json"], height=110, elem_id="talon-lesson-head-files", scale=1)
+        head_text = gr.HTML(head_missing([]), elem_id="talon-lesson-head-text", scale=2)
+    head_plot = gr.Plot(elem_id="talon-lesson-head", show_label=False, visible=False)
     gr.Markdown("### Try it: predict, then check (each answer is a replay of this prompt)")
     tasks = gr.HTML(elem_id="talon-lesson-exercises")
     with gr.Row():
@@ -198,4 +207,34 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
     for control in (prompt, budget):
         control.change(make_show(), [prompt, budget, atlas_state, run_state], view.outputs(), api_visibility="private",
                        show_progress="hidden")
+    for event in (head_files.change, budget.change):
+        event(compare_head, [head_files, budget, atlas_state], [head_text, head_plot], api_visibility="private",
+              show_progress="hidden")
     return view
+
+
+def head_missing(atlases: list[Atlas]) -> str:
+    """What the comparison still needs, said from the atlases at hand."""
+    kinds = {a.draft_kind for a in atlases}
+    need = ("an atlas recorded with an EAGLE-3 head (a head preset, or `talon atlas record --draft HEAD_DIR`) and one "
+            "of the same prompt with a draft model")
+    if kinds == {"head", "draft"}:
+        need = "two atlases of the same prompt and target (these differ in prompt or text)"
+    elif kinds:
+        other = "a draft model" if kinds == {"head"} else "an EAGLE-3 head"
+        need = f"an atlas of the same prompt recorded with {other}"
+    return _words(f"Upload {need}: both are replayed here at the same knobs, with no model.")
+
+
+def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
+    """The head against the draft model on the first prompt with both atlases (uploads and the
+    explorer's), at the lessons' budget."""
+    atlases = [read_atlas(f) for f in (files or [])]
+    if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
+        atlases.append(atlas_state.atlas)
+    found = pairs_of(atlases)
+    if not found:
+        return head_missing(atlases), gr.update(visible=False)
+    n = int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
+    lesson = head_vs_model(*found[0], budget=n)
+    return _words(head_words(lesson)), gr.update(value=head_figure(lesson), visible=True)
