@@ -10,9 +10,12 @@
 #   4. the grouped-query fold timed on and off (two minutes at most);
 #   5. the speed probe (curves, loop timings) with what time is left.
 # The compiled step is not in it (its buckets compile for minutes): `python -m experiments.gpu_compile` times it.
-#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR]
+# With a head preset (HEAD, default llama-3.1-8b-eagle3; "" for none), after step 1 its head is trained on
+# the device on its random target's text and checked lossless on every path, its forward timed, and the
+# planted bugs of step 2 run on both pairs.
+#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR] [HEAD]
 set -u
-out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}
+out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}; head=${4-llama-3.1-8b-eagle3}
 mkdir -p "$out/costs"
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
@@ -29,9 +32,15 @@ for line in open(sys.argv[1]):
 " "$out/check.jsonl"
 
 cap() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # seconds for the next step: at most $1
+if [ -n "$head" ] && [ "$(left)" -gt 150 ]; then  # the head preset: trained here, lossless on every path, timed
+  timeout "$(cap 180)" python3 -m talon.gpucheck --pairs "$head" --checks lossless,steps,head \
+    --stream "$out/head.jsonl" --out "$out/head.json" > "$out/head.log" 2>&1
+  took "head preset $head" $?; grep -E "^\| $head" "$out/head.log"
+fi
+pairs=$pair${head:+,$head}
 for bug in mask position; do
   if [ "$(left)" -gt 120 ]; then
-    timeout "$(cap 150)" python3 -m talon.gpucheck --pairs "$pair" --checks lossless,steps \
+    timeout "$(cap 180)" python3 -m talon.gpucheck --pairs "$pairs" --checks lossless,steps \
       --plant "$bug" --out "$out/plant-$bug.json" > "$out/plant-$bug.log" 2>&1
     took "planted $bug bug (rc 0 = caught on every path)" $?; grep -E "^(PLANTED|  )" "$out/plant-$bug.log"
   fi

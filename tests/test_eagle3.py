@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from talon.core.verify import additive_mask
 from talon.drafters.eagle3 import HeadDrafter
 from talon.engine.engine import Engine, generate
+from talon.gpucheck.head import features_of
 from talon.models import LoadedModel, ModelLoadError
 from talon.models.eagle3 import Eagle3Head, load_head, read_head_config
 from talon.run_config import ConfigError, RunConfig, TreeConfig
@@ -31,7 +32,6 @@ from tests.tiny import (
 )
 from tests.tiny import (
     assert_decodes_own_generate,
-    features_of,
     greedy_text,
     tiny_head,
     trained_pair,

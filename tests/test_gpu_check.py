@@ -389,3 +389,35 @@ def test_sharpening_gives_qwen3_the_attention_scale_of_a_model_without_qk_norms(
             scales[family] = (attention.q_norm(q) if family == "qwen3" else q).std().item()
     assert scales["qwen3"] == pytest.approx(scales["llama"], rel=0.15)
     assert scales["llama"] > 1.0  # sharpened: the planted bugs then move the logits
+
+
+HEAD_PAIR = "llama-3.1-8b-eagle3"
+
+
+def test_a_head_preset_is_checked_with_a_head_trained_on_its_target(gpu_check, tmp_path: Path) -> None:
+    """The head preset at tiny shapes: a random target, a head trained on its greedy text (the
+    tests' recipe, three draft levels), lossless on the default path and every other path with
+    the head's drafts accepted at depth, and the head's forward timed."""
+    assert HEAD_PAIR not in {s.key for s in gpu_check.pair_specs(True, set())}  # a plain --tiny: draft models only
+    assert HEAD_PAIR in {s.key for s in gpu_check.pair_specs(False, set())}  # a GPU run: the heads too
+    out = tmp_path / "head.json"
+    assert gpu_check.main(["--tiny", "--pairs", HEAD_PAIR, "--checks", "lossless,steps,head", "--out", str(out)]) == 0
+    checks = json.loads(out.read_text())["pairs"][HEAD_PAIR]["checks"]
+    assert len(checks) == 3 and all(c["ok"] for c in checks)
+    lossless = checks[0]["detail"]
+    assert lossless["head_training"]["levels"] == 3 and lossless["head_training"]["loss"] < 0.1
+    heads = {k: v for k, v in lossless["mat"].items() if k.startswith("eagle3")}
+    assert len(heads) == 6 and min(heads.values()) >= 1.5, lossless["mat"]  # eagle3, eagle3-hybrid x 3 trees, sync
+    timed = next(c for c in checks if "forward timed" in c["name"])["detail"]["ms"]
+    assert set(timed) == {"1", "8", "64"} and all(v > 0 for v in timed.values())
+
+
+@pytest.mark.parametrize("bug", ["position", "mask"])
+def test_a_head_presets_check_catches_the_plants_on_every_path(gpu_check, bug: str, tmp_path: Path) -> None:
+    out = tmp_path / "plant.json"
+    assert gpu_check.main(["--tiny", "--pairs", HEAD_PAIR, "--checks", "lossless,steps", "--out", str(out),
+                           "--plant", bug]) == 0
+    planted = json.loads(out.read_text())["planted"]
+    paths = planted["paths"][HEAD_PAIR]
+    assert planted["missed"] == [] and set(paths) == {"dynamic+fold", *part("pair_checks").OTHER_PATHS["cpu"]}
+    assert all(any(c.startswith("eagle3") for c in row["caught"]) for row in paths.values()), paths

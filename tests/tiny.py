@@ -7,13 +7,13 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
-    DynamicCache,
     LlamaConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
-from talon.core.verify import additive_mask
+from talon.gpucheck.head import frequent_tokens
+from talon.gpucheck.head import train_head as trained
 from talon.models import LoadedModel
 from talon.models.eagle3 import Eagle3Head
 
@@ -103,7 +103,8 @@ def tiny_loaded(kind: str = "llama", seed: int = 0, **kw: int) -> LoadedModel:
 def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | None = None) -> torch.nn.Module:
     """A random EAGLE-3 head on ``target`` (its width, its embedding, its default feature layers),
     drafting over ``draft_tokens`` (ascending target ids; None: the whole vocabulary)."""
-    from talon.models.eagle3 import Eagle3Head, HeadConfig
+    from talon.gpucheck.head import random_head
+    from talon.models.eagle3 import HeadConfig
 
     cfg = target.config
     vocab = target.get_input_embeddings().weight.shape[0]
@@ -112,15 +113,9 @@ def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | 
                           head_dim=cfg.hidden_size // 4, intermediate=2 * cfg.hidden_size, vocab=vocab,
                           draft_vocab=len(tokens), rms_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
                           aux_layers=None, aux_rule="none written", norm_before_residual=False, layout="eagle")
-    torch.manual_seed(seed)
-    head = Eagle3Head(head_cfg, target.get_input_embeddings())
-    with torch.no_grad():
-        for name, param in head.named_parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.5 / param.shape[1] ** 0.5)
-        head.d2t.copy_(torch.tensor(tokens) - torch.arange(len(tokens)))  # target id = i + d2t[i]
+    head = random_head(head_cfg, target, tokens, seed).eval()
     head.talon_name = f"tiny-head-{seed}"
-    return head.eval()
+    return head
 
 
 # ------------------------------------------------------------------ a tiny target and a trained EAGLE-3 head
@@ -137,41 +132,13 @@ def greedy_text(target: LoadedModel, prompt: str, tokens: int) -> list[int]:
     return out[0].tolist()
 
 
-def features_of(target: LoadedModel, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
-    """(n, 3H): the target's hidden states entering ``layers`` at every position of ``ids``."""
-    with torch.inference_mode():
-        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
-
-
 def train_head(target: LoadedModel, texts: list[list[int]], steps: int = 250) -> Eagle3Head:
     """A head fitted to predict token t + 2 from (feature t, token t + 1), as EAGLE-3 trains its
-    first draft level, over the texts' ``DRAFT_TOKENS`` most frequent tokens."""
-    counts: dict[int, int] = {}
-    for ids in texts:
-        for token in ids:
-            counts[token] = counts.get(token, 0) + 1
-    vocab = sorted(sorted(counts, key=lambda t: -counts[t])[:DRAFT_TOKENS])
+    first draft level, over the texts' ``DRAFT_TOKENS`` most frequent tokens (the GPU check's
+    recipe, ``talon.gpucheck.head.train_head``)."""
+    vocab = frequent_tokens(texts, DRAFT_TOKENS, target.model.get_input_embeddings().weight.shape[0])
     head = tiny_head(target.model, seed=5, draft_tokens=vocab)
-    draft_id = {token: i for i, token in enumerate(vocab)}
-    layers = head.cfg.layers_for(HEAD_LAYERS)
-    batches = []
-    for ids in texts:
-        g = features_of(target, ids, layers)[:-2].clone()  # (n - 2, 3H)
-        x = torch.tensor(ids[1:-1])
-        y = torch.tensor([draft_id.get(t, -100) for t in ids[2:]])
-        n = x.shape[0]
-        batches.append((g, x, torch.arange(n), additive_mask(torch.ones(n, n, dtype=torch.bool).tril(),
-                                                             torch.float32), y))
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    head.train()
-    for _ in range(steps):
-        loss = sum(torch.nn.functional.cross_entropy(head(g, x, p, DynamicCache(), m)[1], y, ignore_index=-100)
-                   for g, x, p, m, y in batches)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval()
+    return trained(head, target, texts, steps=steps, seconds=float("inf"))[0]
 
 
 def trained_pair() -> tuple[LoadedModel, LoadedModel]:

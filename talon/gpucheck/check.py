@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from talon.gpucheck.check_model import PLANTS, planted
+from talon.gpucheck.head import head_forward
 from talon.gpucheck.pair_checks import (
     async_matches_sync,
     bf16_judge,
@@ -111,6 +112,7 @@ class PairCheck:
     fn: Callable[[PairRun], CheckOutcome]
     needs: tuple[Role, ...]
     peak: tuple[Role, ...] = ()
+    slots: tuple[str, ...] = ("model",)  # the pairs it runs on: a draft model's ("model"), a head's ("head")
 
 
 FP32_PAIR = (("target", F32), ("draft", F32))
@@ -119,7 +121,8 @@ BF16_PAIR = (("target", BF16), ("draft", BF16))
 # step, then the other steps, the bf16 checks, then the deep-tree ones (each is reported the moment it
 # ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
-    PairCheck("lossless", "lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR),
+    PairCheck("lossless", "lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR,
+              slots=("model", "head")),
     PairCheck("async", "async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
               FP32_PAIR + (("small-target", F32),)),
     PairCheck("memory", "memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
@@ -127,7 +130,9 @@ PAIR_CHECKS: list[PairCheck] = [
               FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
     PairCheck("steps", "the other steps (dynamic, static, graphs with the tree grown on the device; graphs are the "
               "default on CUDA): greedy equals generate()",
-              static_step_lossless, FP32_PAIR),
+              static_step_lossless, FP32_PAIR, slots=("model", "head")),
+    PairCheck("head", "the EAGLE-3 head's forward timed at the preset's width (bf16)", head_forward,
+              (("target", F32), ("draft", F32)), slots=("head",)),
     PairCheck("bf16", "bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
               peak=(("target", F32),)),
     PairCheck("seeded", "seeded sampling repeats", seeded_sampling, BF16_PAIR),
@@ -212,9 +217,11 @@ def run_pair_check(check: PairCheck, ctx: PairRun, stream: Stream | None = None)
 def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | None = None,
              checks: list[PairCheck] | None = None) -> list[Check]:
     """``checks``: the pair checks to run (every one, ``PAIR_CHECKS``, by default)."""
-    ctx = PairRun(spec, device, tiny, PairModels(spec, device))
+    ctx = PairRun(spec, device, tiny, PairModels(spec, device, 24 if tiny else 64))
+    slot = "head" if spec.head else "model"
     try:
-        return [run_pair_check(check, ctx, stream) for check in (PAIR_CHECKS if checks is None else checks)]
+        return [run_pair_check(check, ctx, stream) for check in (PAIR_CHECKS if checks is None else checks)
+                if slot in check.slots]
     finally:
         ctx.models.keep(())
 

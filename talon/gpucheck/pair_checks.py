@@ -38,7 +38,7 @@ from talon.gpucheck.pairs import (
     random_ids,
     reference,
 )
-from talon.knobs import ATLAS_DRAFTING_KINDS
+from talon.knobs import ATLAS_DRAFTING_KINDS, HEAD_ATLAS_DRAFTING_KINDS, HEAD_COUNTERPART
 from talon.models import LoadedModel, ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, estimate_pair
 from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig
@@ -50,8 +50,19 @@ from talon.settings import Settings
 
 
 def plain(mode: str = "adaptive", **tree: Any) -> TreeConfig:
-    return TreeConfig(mode=mode, budget=tree.pop("budget", 16), root_k=4, top_k=2, mu=0.1,
-                      max_depth=tree.pop("max_depth", 8), min_conf=0.0, cost_aware=False, **tree)
+    return TreeConfig(**{"mode": mode, "budget": 16, "root_k": 4, "top_k": 2, "mu": 0.1, "max_depth": 8,
+                         "min_conf": 0.0, "cost_aware": False, **tree})
+
+
+# A trained head is sure of its chain, so at plain()'s gates its trees are chains with a stray
+# sibling, where a mask that shows a node more than its ancestors changes no token; ungated and
+# wider, every accepted node follows many it must not see.
+HEAD_TREE = {"budget": 64, "root_k": 8, "top_k": 4, "mu": 0.0}
+
+
+def tree_for(ctx: PairRun, mode: str) -> TreeConfig:
+    """The lossless checks' tree in ``mode``: ``plain`` for a draft model, ``HEAD_TREE`` for a head."""
+    return plain(mode, **(HEAD_TREE if ctx.spec.head else {}))
 
 
 def greedy_cfg(drafter: str, tokens: int, **changes: Any) -> RunConfig:
@@ -68,20 +79,21 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
     prompts = check_prompts(ctx, target)
     wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items() if name != "chain"}
     failures, mats = [], {}
-    for drafter in ATLAS_DRAFTING_KINDS:
+    for drafter in HEAD_ATLAS_DRAFTING_KINDS if ctx.spec.head else ATLAS_DRAFTING_KINDS:
         which = "echo" if drafter == "retrieval" else "random"
         ids, want = prompts[which], wants[which]
         for mode in MODES:
-            for async_draft in (False, True):
-                cfg = greedy_cfg(drafter, ctx.tokens, tree=plain(mode), async_draft=async_draft)
+            for async_draft in (False,) if ctx.spec.head else (False, True):  # a head needs this step's features
+                cfg = greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode), async_draft=async_draft)
                 summary, _ = generate(engine, ids, cfg)
                 mats[f"{drafter}/{mode}/{'async' if async_draft else 'sync'}"] = round(summary.mean_accepted_tokens, 3)
                 if summary.token_ids != want:
                     failures.append(f"{drafter}/{mode}/{'async' if async_draft else 'sync'}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     low = below_floor(mats)
+    head = {"head_training": ctx.models.training} if ctx.spec.head else {}
     return not failures and not low, {"runs": len(mats), "forward": engine.path, "failures": failures, "vocab": vocab,
-                                      "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low}
+                                      "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low, **head}
 
 
 # The paths the lossless check does not run (it runs the device's default), as ``step[+chain][+fold]``
@@ -102,11 +114,12 @@ def static_step_lossless(ctx: PairRun) -> CheckOutcome:
     failures, mats = [], {}
     for step in steps:
         engine = path_engine(target, draft, step)
-        for drafter, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
-                                     ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
-                                     ("model", "adaptive", "chain")):
+        for kind, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
+                                  ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
+                                  ("model", "adaptive", "random" if ctx.spec.head else "chain")):
+            drafter = HEAD_COUNTERPART.get(kind, kind) if ctx.spec.head else kind  # a head's slot: its kinds
             want = reference(target, prompts[which], ctx.tokens)
-            summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=plain(mode)))
+            summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode)))
             mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
             if summary.token_ids != want:
                 failures.append(f"{step}/{drafter}/{mode}")

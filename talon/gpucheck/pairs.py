@@ -17,7 +17,9 @@ from transformers import PreTrainedTokenizerFast
 
 from talon.engine.engine import Engine
 from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
+from talon.gpucheck.head import frequent_tokens, head_config, random_head, train_head
 from talon.models import LoadedModel
+from talon.models.eagle3 import is_head
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
 from talon.models.rng import generator_for
 from talon.server.presets import PRESETS
@@ -26,6 +28,8 @@ MODES = ("adaptive", "static", "chain")
 TINY_FACTOR = 16
 TINY_HEAD_DIM = 64  # the tiny shapes' heads (2 of them): narrower, attention cannot tell positions apart
 TINY_VOCAB = 1024  # the tiny pairs keep the real pairs' vocabulary difference on top of this
+TINY_HEAD_LAYERS = 6  # a tiny head preset's target: its feature layers 2, 3 and 3
+HEAD_LEVELS = 3  # draft levels a check's head trains: accepted paths deep enough for a mask bug to show
 F32, BF16 = torch.float32, torch.bfloat16
 SAMPLING_SEEDS = 400  # per pair; the chi-square needs expected counts >= 5 in each bin
 CHI2_Z = 3.09  # the normal quantile of p = 0.001: a correct sampler fails one pair in a thousand
@@ -68,26 +72,35 @@ class PairSpec:
     draft: ModelShape
     gpu_gib: float | None
     family: str  # "llama" | "qwen2" | "qwen3" (ModelShape.family)
+    head: bool = False  # the draft slot holds an EAGLE-3 head (``draft``: its layer's shape, vocab its draft vocab)
 
 
 # ------------------------------------------------------------------------------------ models
 
 
 def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
-    """One spec per GPU preset of a target and a draft model whose shapes are known (a head
-    preset's checks are not written yet); ``tiny`` shrinks width, depth and the vocabulary but
-    keeps the difference between the two vocabularies."""
+    """One spec per GPU preset whose shapes are known (``only``: those keys): a target and a draft
+    model, or (a head preset) a target and an EAGLE-3 head's layer, whose head the checks train
+    (``PairModels``). ``tiny`` shrinks width, depth and the vocabulary but keeps the difference
+    between a draft model pair's two vocabularies (a head's target keeps ``TINY_HEAD_LAYERS``, so
+    its three feature layers are apart); a plain ``--tiny`` leaves the head presets out (the suite
+    names one)."""
     specs = []
     for p in PRESETS:
-        if not p.needs_cuda or p.head or (only and p.key not in only) or p.target not in KNOWN_SHAPES:
+        wanted = not (tiny and p.head) or p.key in only
+        if not p.needs_cuda or not wanted or (only and p.key not in only) or p.target not in KNOWN_SHAPES:
             continue
         target, draft = KNOWN_SHAPES[p.target], KNOWN_SHAPES[p.draft or ""]
-        if tiny:
+        if tiny and p.head:
+            target = dataclasses.replace(scaled(target, TINY_FACTOR), vocab=TINY_VOCAB, layers=TINY_HEAD_LAYERS)
+            target = dataclasses.replace(target, hidden=target.heads * TINY_HEAD_DIM)
+            draft = dataclasses.replace(scaled(draft, TINY_FACTOR), vocab=TINY_VOCAB, hidden=target.hidden)
+        elif tiny:
             extra = target.vocab - draft.vocab
             target, draft = scaled(target, TINY_FACTOR), scaled(draft, TINY_FACTOR)
             target = dataclasses.replace(target, vocab=TINY_VOCAB + extra, hidden=target.heads * TINY_HEAD_DIM)
             draft = dataclasses.replace(draft, vocab=TINY_VOCAB, hidden=draft.heads * TINY_HEAD_DIM)
-        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, target.family))
+        specs.append(PairSpec(p.key, target, draft, p.gpu_gib, target.family, p.head))
     return specs
 
 
@@ -187,8 +200,9 @@ class PairModels:
     Every model is gated when built (``check_model.conditioning``): ``gates`` keeps the verdict
     per role and dtype, and a check on a model that fails its gate is reported invalid."""
 
-    def __init__(self, spec: PairSpec, device: torch.device) -> None:
-        self.spec, self.device = spec, device
+    def __init__(self, spec: PairSpec, device: torch.device, tokens: int = 64) -> None:
+        self.spec, self.device, self.tokens = spec, device, tokens  # tokens: what the checks decode
+        self.training: dict[str, Any] = {}  # a head pair's: how its head was trained
         self.held: dict[Role, LoadedModel] = {}
         self.gates: dict[Role, Conditioning] = {}
         # the conditioned init at every shape, the tiny ones too: its planted chain gets the draft's
@@ -204,17 +218,35 @@ class PairModels:
         return self.held[(role, dtype)]
 
     def gate(self, role: str, dtype: torch.dtype) -> Conditioning:
-        """The conditioning gate of the model in ``role`` (built if need be), measured once."""
+        """The conditioning gate of the model in ``role`` (built if need be), measured once. A
+        trained head has none: its drafts' acceptance (the lossless checks' floor) is its test."""
         if (role, dtype) not in self.gates:
             lm = self.get(role, dtype)
             ids = prompt_ids(self.spec.draft.vocab, 48, 3)
-            self.gates[(role, dtype)] = conditioning(lm.model, ids, bf16=dtype == BF16)
+            self.gates[(role, dtype)] = (Conditioning(1, 0.0, None, 0.0, True, "a trained EAGLE-3 head")
+                                         if is_head(lm.model) else conditioning(lm.model, ids, bf16=dtype == BF16))
         return self.gates[(role, dtype)]
 
     def _build(self, role: str, dtype: torch.dtype) -> LoadedModel:
+        if role == "draft" and self.spec.head:
+            return self._trained_head(dtype)
         seed = {"target": 1, "draft": 2, "small-target": 4, "tied-draft": 2}[role]
         return random_model(self.shape(role), self.spec.family, seed, dtype, self.device, self.init,
                             chain_vocab=self.spec.draft.vocab, untie=role != "tied-draft")
+
+    def _trained_head(self, dtype: torch.dtype) -> LoadedModel:
+        """The head preset's head on the float32 target, trained here (``talon.gpucheck.head``) on
+        the target's greedy text of the prompts the lossless checks decode with a model drafter."""
+        target = self.get("target", F32)
+        vocab = self.spec.draft.vocab
+        texts = [ids + reference(target, ids, self.tokens) for ids in (random_ids(vocab, 48, 3),
+                                                                       prompt_ids(vocab, 48, 3))]
+        cfg = head_config(self.spec.draft, target.model, vocab)
+        rows = target.model.get_input_embeddings().weight.shape[0]
+        head = random_head(cfg, target.model, frequent_tokens(texts, cfg.draft_vocab, rows, fill=True))
+        head, self.training = train_head(head, target, texts, levels=HEAD_LEVELS)
+        return LoadedModel(head.to(dtype=dtype), target.tokenizer, f"trained-head-{self.spec.key}", dtype,
+                           self.device)
 
     def keep(self, roles: tuple[Role, ...]) -> None:
         for key in [k for k in self.held if k not in roles]:
