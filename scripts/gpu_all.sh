@@ -51,6 +51,11 @@ if [ "$(left)" -gt 90 ]; then  # Talon's step with real acceptance: the shape re
     > "$out/shape.log" 2>&1
   took "shape replay" $?; tail -n 7 "$out/shape.log"
 fi
+if [ -n "$head" ] && [ "$(left)" -gt 90 ]; then  # the head's step with its own acceptance: head atlases, replayed
+  timeout "$(cap 120)" python3 -m talon.gpucheck.shape --pair "$head" --tokens 64 --out "$out/shape-head.json" \
+    > "$out/shape-head.log" 2>&1
+  took "shape replay, $head" $?; tail -n 6 "$out/shape-head.log"
+fi
 if [ "$(left)" -gt 60 ]; then
   timeout "$(cap 120)" python3 -m experiments.gqa_fold --pair "$pair" --sizes 1,8,64,256 --out "$out/fold.json" \
     > "$out/fold.log" 2>&1

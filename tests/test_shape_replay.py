@@ -86,6 +86,24 @@ def test_the_device_script_measures_every_drafter_beside_generate_and_the_predic
     assert all(r["seconds"] > 0 for r in rows.values()) and rows["hybrid"]["predicted_s"] > 0
 
 
+def test_the_device_script_measures_a_head_preset_with_its_trained_head(tmp_path) -> None:  # noqa: ANN001
+    """A head preset: its head trained on the random target's text, atlases recorded with it, the
+    head's kinds measured on the static forward (the target's features read inside its buckets),
+    faithful to the atlases, drafts accepted."""
+    import json
+
+    from talon.gpucheck.shape import main
+
+    out = tmp_path / "shape.json"
+    assert main(["--tiny", "--pair", "llama-3.1-8b-eagle3", "--tokens", "16", "--forward", "static",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert report["faithful"] and report["clean_clock"] and report["atlases"] == 2
+    assert list(rows) == ["none", "retrieval", "eagle3", "eagle3-hybrid", "generate()"]
+    assert rows["eagle3"]["tokens"] / rows["eagle3"]["steps"] >= 1.5 and rows["eagle3"]["predicted_s"] > 0
+
+
 def test_a_run_that_builds_while_timed_fails_the_device_script(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: no warm-up, so the timed runs build the static forwards (on CUDA: capture graphs):
     counted, and the script exits 1."""

@@ -69,6 +69,15 @@ class ShapeSource:
         self.told.take_timings()
         return self.real.take_timings()
 
+    @property
+    def context(self) -> list[int]:
+        return self.real.context
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """A head's (so the drafter hands it the target's features); a draft model has none."""
+        return self.real.feature_layers  # AttributeError for a draft model: not a FeatureSource
+
     def add_features(self, features: Any) -> None:
         """The target's features for a head's next forward (what it proposes is still the atlas's)."""
         self.real.add_features(features)
@@ -84,14 +93,15 @@ class ShapeVerifier:
     def __init__(self, real: Verifier, told: TextVerifier) -> None:
         self.real, self.told = real, told
 
-    def prefill(self, ids: list[int]) -> None:
-        self.real.prefill(ids)
+    def prefill(self, ids: list[int]) -> Any:
+        features = self.real.prefill(ids)  # a head's features come from the real forwards
         self.told.prefill(ids)
+        return features
 
     def verify(self, tree: DraftTree) -> Verdict:
         forward = self.real.verify(tree)  # the target's forward and readout, timed
         text = self.told.verify(tree)
-        return Verdict(text.top1, text.acceptance, forward.topk, forward.positions)
+        return Verdict(text.top1, text.acceptance, forward.topk, forward.positions, forward.features)
 
     def commit(self, verdict: Verdict) -> None:
         self.real.commit(verdict)  # the accepted path's KV kept, the rest dropped
@@ -120,16 +130,17 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
     coverage = Coverage()
     prompt_ids = list(atlas.prompt_ids)
     costs = engine.cost_snapshot(cfg.draft_vocab) if cfg.tree.cost_aware and cfg.drafts else None
-    model = None
+    model, feature_layers = None, ()
     if cfg.uses_model:
         real = SOURCE_MAKERS[cfg.drafter](engine, cfg, len(prompt_ids))
         model = ShapeSource(real, AtlasModel(atlas, atlas.cost_model(), coverage))
+        feature_layers = getattr(real, "feature_layers", ())  # a head reads the target's features
     retrieval = RetrievalDrafter(cfg.retrieval) if cfg.uses_retrieval else None
     parts = RunParts(
         prompt_ids=prompt_ids,
         prompt_text=atlas.prompt,
         drafter=build_drafter(cfg, model, retrieval),
-        verifier=ShapeVerifier(engine.forwards.verifier(cfg, len(prompt_ids)), TextVerifier(atlas)),
+        verifier=ShapeVerifier(engine.forwards.verifier(cfg, len(prompt_ids), feature_layers), TextVerifier(atlas)),
         stop=StopCheck(None, set(atlas.eos), (), cfg.max_new_tokens),
         token_text=atlas.text,
         detokenize=atlas.detokenize,

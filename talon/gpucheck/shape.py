@@ -10,8 +10,11 @@ curves this device probed.
     python -m talon.gpucheck.shape --tiny                                     # anywhere, in seconds
 
 ``--tiny``: the tiny pair, on atlases recorded on it first (the lesson atlases' ids need a real
-vocabulary). Prints one JSON report (also to ``--out``) and a table; exits 1 if a replay left the
-atlas or decoded another text.
+vocabulary). A head preset (``--pair llama-3.1-8b-eagle3``): its head trained on the device on
+the random target's text (``talon.gpucheck.head``), atlases recorded with it on the prompts it
+learnt, ``none``, ``retrieval``, ``eagle3`` and ``eagle3-hybrid`` measured and predicted.
+Prints one JSON report (also to ``--out``) and a table; exits 1 if a replay left the atlas or
+decoded another text.
 """
 
 from __future__ import annotations
@@ -28,12 +31,25 @@ import torch
 
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
+from talon.atlas.replay import replayable_kinds
 from talon.atlas.shape import shape_replay
 from talon.engine.engine import Engine
-from talon.gpucheck.pairs import BF16, F32, pair_specs, path_engine, random_ids, random_model, reference
+from talon.gpucheck.pairs import (
+    BF16,
+    F32,
+    PairModels,
+    PairSpec,
+    pair_specs,
+    path_engine,
+    prompt_ids,
+    random_ids,
+    random_model,
+    reference,
+)
 from talon.graphs.static import BUILT
-from talon.knobs import ATLAS_KINDS
+from talon.knobs import DRAFTERS
 from talon.lessons import bundled_atlases
+from talon.models import LoadedModel
 from talon.run_config import RunConfig, TreeConfig
 
 
@@ -62,21 +78,44 @@ def timed_generate(engine: Engine, ids: list[int], n: int) -> float:
     return time.perf_counter() - start
 
 
+def head_pair(spec: PairSpec, device: torch.device, dtype: torch.dtype, tokens: int) -> tuple[Engine, list[Atlas]]:
+    """A head preset's engine and atlases: its head trained on the float32 random target's greedy
+    text (``PairModels``, as the GPU check trains it), then moved onto the same target in ``dtype``
+    (seeded alike: the same weights); the atlases recorded with the head on the prompts it was
+    trained on, so its acceptance is the trained head's own."""
+    models = PairModels(spec, device, tokens)
+    head = models.get("draft", F32).model
+    target = models.get("target", F32) if dtype == F32 else random_model(spec.target, spec.family, 1, dtype, device)
+    models.keep((("draft", F32),) if dtype != F32 else (("target", F32), ("draft", F32)))
+    head.__dict__["embed"] = target.model.get_input_embeddings()
+    head = head.to(dtype)
+    engine = Engine(target, LoadedModel(head, target.tokenizer, f"trained-head-{spec.key}", dtype, device))
+    vocab = spec.draft.vocab
+    cfg = RunConfig(drafter="eagle3-hybrid", max_new_tokens=tokens, draft_vocab=0)
+    cover = [RunConfig(drafter=kind, max_new_tokens=tokens, draft_vocab=0, cost_model="fixed",
+                       tree=TreeConfig(cost_aware=False)) for kind in ("eagle3", "eagle3-hybrid", "retrieval")]
+    return engine, [record_atlas(engine, ids, cfg, cover=cover)  # every measured kind replays exactly
+                    for ids in (random_ids(vocab, 48, 3), prompt_ids(vocab, 48, 3))]
+
+
 def measure(engine: Engine, atlases: list[Atlas], tokens: int, cost_aware: bool) -> dict[str, Any]:
     """Per drafter: tokens, measured and predicted seconds, the step's parts; whether every replay
     stayed in its atlas, grew the trees the atlas replay grows and decoded its text (``faithful``);
     what the timed runs built (``built_while_timed``: static forwards, graph captures, compiles;
     none, or the clock timed them: ``clean_clock``); and ``generate()`` over the same prompts.
     Every configuration runs once untimed first, so every bucket and pool it reaches is built."""
+    slot = sorted((k for k in replayable_kinds(atlases[0]) if k not in ("none", "retrieval")),
+                  key=lambda k: DRAFTERS[k].retrieval)  # the draft slot alone, then with retrieval
+    kinds = ("none", "retrieval", *slot)
     for atlas in atlases:  # warm: every pool, bucket capture and compile the timed runs will reach
-        for drafter in ATLAS_KINDS:
+        for drafter in kinds:
             shape_replay(engine, atlas, config(atlas, drafter, tokens, cost_aware))
         reference(engine.target, list(atlas.prompt_ids), 2)
     built = dict(BUILT)
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     faithful = True
     for atlas in atlases:
-        for drafter in reversed(ATLAS_KINDS):  # none, retrieval, model, hybrid: each adds a source
+        for drafter in kinds:  # none, retrieval, the draft slot alone, then with retrieval: each adds a source
             result = shape_replay(engine, atlas, config(atlas, drafter, tokens, cost_aware))
             s, row = result.summary, rows[drafter]
             faithful &= (result.coverage.misses == 0 and result.same_trees
@@ -128,11 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = pair_specs(args.tiny, {args.pair})[0]
     dtype = F32 if args.tiny else BF16
-    target = random_model(spec.target, spec.family, 1, dtype, device)
-    draft = random_model(spec.draft, spec.family, 2, dtype, device)
-    # auto: the device kind's proven path
-    engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)
-    atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
+    if spec.head:  # a head preset: its head trained here, atlases recorded with it
+        engine, atlases = head_pair(spec, device, dtype, args.tokens)
+        if args.forward != "auto":
+            engine = path_engine(engine.target, engine.draft, args.forward)
+    else:
+        target = random_model(spec.target, spec.family, 1, dtype, device)
+        draft = random_model(spec.draft, spec.family, 2, dtype, device)
+        # auto: the device kind's proven path
+        engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)
+        atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
     report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
               else "cpu", "dtype": str(dtype).removeprefix("torch."), "forward": engine.path, "atlases": len(atlases),
               "tokens": args.tokens, "cost_aware": args.planner,
