@@ -33,10 +33,12 @@ def head_html() -> str:
 
 def build_app(settings: Settings) -> gr.Blocks:
     """The UI with its queue: model runs share one concurrency group, and the queue holds at most
-    TALON_QUEUE_SIZE requests (``ui.queue_limits``)."""
+    TALON_QUEUE_SIZE requests (``ui.queue_limits``). ``api_open=False``: the plain HTTP route
+    (``/gradio_api/run/NAME``) runs only what needs no queue, so no API call skips the model runs'
+    queue (what runs no model answers there at once)."""
     demo = ui.build_ui(settings)
     concurrency, max_size = ui.queue_limits(settings)
-    return demo.queue(default_concurrency_limit=concurrency, max_size=max_size)
+    return demo.queue(default_concurrency_limit=concurrency, max_size=max_size, api_open=False)
 
 
 def start_models(settings: Settings) -> None:

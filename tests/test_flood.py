@@ -1,15 +1,18 @@
 """A full queue: more runs than the queue holds, kept full by a client that tops it up, while a
 new visitor opens the page in Chromium, steps through the recording, starts the walk and presses
 Stop. Gradio counts every waiting event against the queue's size, so these answer only because
-every event that runs no model skips the queue (``talon.ui.layout.outside_queue``)."""
+every event that runs no model skips the queue (``talon.ui.layout.outside_queue``); and an API
+caller is answered the same way, through the plain HTTP route of those endpoints."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from gradio_client import Client
 
@@ -122,3 +125,55 @@ def test_only_the_model_runs_wait_in_the_queue() -> None:
     assert all(fn.concurrency_id == MODEL_CONCURRENCY_ID for fn in fns if fn.queue)
     assert {"show_recording", "set_controls", "show_step", "stop", "walk_to"} <= {fn.name for fn in fns
                                                                                   if not fn.queue}
+
+
+def light_endpoints(url: str) -> set[str]:
+    """The public endpoints that run no model (out of the queue), from the server's own config."""
+    deps = httpx.get(url.rstrip("/") + "/config").json()["dependencies"]
+    return {d["api_name"] for d in deps if d.get("api_visibility") == "public" and not d["queue"]}
+
+
+def run_directly(url: str, client: Client, name: str, files: dict[str, Path], **values: object) -> list:
+    """``POST /gradio_api/run/NAME``, the documented route that skips the queue: the endpoint's
+    parameters in order (defaults unless ``values`` or ``files`` name them; files uploaded first)."""
+    base = url.rstrip("/") + "/gradio_api"
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/" + name]["parameters"]
+    data = []
+    for p in params:
+        if p["parameter_name"] in files:
+            with files[p["parameter_name"]].open("rb") as fh:
+                path = httpx.post(base + "/upload", files={"files": fh}, timeout=30).json()[0]
+            data.append({"path": path, "meta": {"_type": "gradio.FileData"}})
+        else:
+            data.append(values.get(p["parameter_name"], p["parameter_default"]))
+    answer = httpx.post(f"{base}/run/{name}", json={"data": data}, timeout=30)
+    assert answer.status_code == 200, (name, answer.status_code, answer.text[:300])
+    return answer.json()["data"]
+
+
+def test_an_api_caller_is_answered_outside_the_queue_while_runs_wait(flooded, head_atlas_file: Path,
+                                                                     tmp_path: Path) -> None:
+    """With the queue full of runs, every public endpoint that runs no model answers a plain HTTP
+    call at once and correctly (the fix: ``outside_queue``; queued, the route refuses them)."""
+    url, flood = flooded
+    assert flood.refused() > 0 and flood.full_now(), "the queue is full: runs are turned away"
+    client = Client(url, verbose=False)
+    assert light_endpoints(url) == {"replay", "load_atlas", "load_sweep", "serving_config"}
+    sweep = tmp_path / "results.json"
+    sweep.write_text(json.dumps({"results": [{"suite": "qa", "method": "talon", "mu": 0.1, "budget": 8, "mat": 2.0,
+                                              "tokens_per_second": 9.0}]}))
+    recording = Path(__file__).resolve().parents[1] / "static" / "recording.json"
+    start = time.monotonic()
+    flags = run_directly(url, client, "serving_config", {}, budget=32)
+    sglang = flags[1]["sglang_flags"]
+    assert int(sglang[sglang.index("--speculative-num-draft-tokens") + 1]) > 17, sglang  # budget 32, not 16
+    replayed = run_directly(url, client, "replay", {"trace_file": recording})
+    assert "replayed trace" in replayed[0]
+    atlas = run_directly(url, client, "load_atlas", {"upload": head_atlas_file}, drafter="hybrid")
+    assert "EAGLE-3 head" in atlas[0] and "best found" in atlas[1] and atlas[-1]["value"] == "eagle3-hybrid"
+    swept = run_directly(url, client, "load_sweep", {"results_file": sweep})
+    assert swept and "qa" in json.dumps(swept)
+    assert time.monotonic() - start < 60 and flood.full_now(), "answered while the queue stayed full"
+    # a model run cannot take the same route past the queue: it is told to join it
+    refused = httpx.post(url.rstrip("/") + "/gradio_api/run/generate", json={"data": ["hello"]}, timeout=30)
+    assert refused.status_code == 404 and "join the queue" in refused.text, refused.text[:300]

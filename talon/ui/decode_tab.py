@@ -24,7 +24,7 @@ from talon.trace import TraceFileError, parse_trace, read_json_upload
 from talon.ui.files import upload_path, write_trace
 from talon.ui.panel import ControlPanel, model_event
 from talon.ui.recording import RECORDING_NOTE, SAMPLED_NOTE, load_recording
-from talon.ui.session import Session
+from talon.ui.session import Session, sessionless
 from talon.ui.stream import stream_run
 from talon.ui.walk_panel import WalkView, full_tree_button, make_offer_full_tree, walk_panel, wire_walk
 from talon.ui.words import EXPLAIN, TEXT_LEGEND
@@ -163,8 +163,12 @@ def wire_decode(view: DecodeView, walk: WalkView, buttons: DecodeButtons, panel:
     buttons.sampled.click(make_open_sampled(view), [view.state], view.outputs(), api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")
     buttons.upload.upload(
-        make_replay(view), [buttons.upload, view.state], view.outputs(), api_name="replay", concurrency_limit=None
+        make_replay(view), [buttons.upload, view.state], view.outputs(), api_name="replay_on_page",
+        api_visibility="private", concurrency_limit=None
     ).then(**offer)
+    gr.Button(visible=False).click(sessionless(make_replay(view), Session), [buttons.upload],  # the API's
+                                   [o for o in view.outputs() if o is not view.state], api_name="replay",
+                                   concurrency_limit=None)
     wire_walk(walk, view.state)
 
 

@@ -26,6 +26,7 @@ from talon.settings import Settings
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.measure_panel import build_measure_panel
 from talon.ui.panel import ControlPanel, control, run_on_click
+from talon.ui.session import sessionless
 from talon.ui.words import EXPLAIN
 
 # ---------------------------------------------------------------------------------------------
@@ -97,14 +98,16 @@ def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = 
     rescore = make_rescore(view)
     for name, component in view.knobs.items():
         component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
-                        trigger_mode="always_last", api_name="atlas_score" if name == "mu" else None,
-                        api_visibility="public" if name == "mu" else "private", **quick)
+                        trigger_mode="always_last", api_visibility="private", **quick)  # the API: /load_atlas
     view.step.input(make_show_replayed_step(view), [view.step, view.state],
                     [view.step, view.caption, view.tree, view.gates],
                     trigger_mode="always_last", api_visibility="private", **quick)
-    view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs,
-                       outputs=[view.status, *view.score_outputs(), view.knobs["drafter"]], api_name="load_atlas",
-                       **quick)
+    upload_outputs = [view.status, *view.score_outputs(), view.knobs["drafter"]]
+    view.upload.upload(make_upload(view), inputs=[view.upload], inputs_kwargs=knob_inputs, outputs=upload_outputs,
+                       api_visibility="private", **quick)
+    gr.Button(visible=False).click(sessionless(make_upload(view), AtlasSession), inputs=[view.upload],  # the API's
+                                   inputs_kwargs=view.knobs, api_name="load_atlas", **quick,
+                                   outputs=[o for o in upload_outputs if o is not view.state])
     view.to_best.click(make_to_best(view), inputs_kwargs=knob_inputs,
                        outputs=[*view.knobs.values(), *view.score_outputs()], api_visibility="private", **quick)
     apply_outputs = [*(components[name] for name in Knobs().controls()), components["max_new_tokens"],

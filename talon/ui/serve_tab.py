@@ -48,5 +48,9 @@ def build_serve_tab(panel: ControlPanel, settings: Settings, atlas_state: gr.Sta
     flags = gr.Markdown("Press the button: the controls on the left become server flags.", elem_id="talon-serve")
     as_json = gr.JSON(label="The same, as JSON (what the /serving_config API returns)", visible=True)
     go_button.click(make_serving_config(settings), inputs_kwargs={**panel.components, "atlas_state": atlas_state},
-                    outputs=[flags, as_json, predicted], api_name="serving_config", concurrency_limit=None,
+                    outputs=[flags, as_json, predicted], api_visibility="private", concurrency_limit=None,
                     show_progress="hidden")
+    # the API's: no session state, so the plain HTTP route takes exactly the controls (talon.ui.layout)
+    gr.Button(visible=False).click(make_serving_config(settings), inputs_kwargs=panel.components,
+                                   outputs=[flags, as_json, predicted], api_name="serving_config",
+                                   concurrency_limit=None, show_progress="hidden")

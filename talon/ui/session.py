@@ -1,9 +1,12 @@
 """Per-session data, kept in ``gr.State``: the traces of a browser session's run (``Session``)
-and of its comparison (``CompareSession``), and ``stop``, which sets their Stop flags."""
+and of its comparison (``CompareSession``), ``stop``, which sets their Stop flags, and
+``sessionless``, a handler as an API endpoint with a fresh state per call."""
 
 from __future__ import annotations
 
+import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,3 +90,20 @@ def stop(session: Session, cmp: CompareSession | None = None) -> None:
     for cancel in (session.cancel, cmp.cancel if cmp else None):
         if cancel is not None:
             cancel.set()
+
+
+def sessionless(handler: Callable[..., dict[Any, Any]], fresh: Callable[[], Any]) -> Callable[..., dict[Any, Any]]:
+    """``handler`` (its page state the second argument) as an API endpoint that holds no session:
+    each call gets a fresh ``fresh()`` state, and no ``gr.State`` is among its outputs, so the
+    plain HTTP route (``POST /gradio_api/run/NAME``, which skips the queue) takes exactly the
+    endpoint's documented parameters."""
+    signature = inspect.signature(handler)
+    params = list(signature.parameters.values())
+
+    def call(first: Any, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        out = handler(first, fresh(), *args, **kwargs)
+        return {k: v for k, v in out.items() if not isinstance(k, gr.State)}
+
+    call.__signature__ = signature.replace(parameters=[params[0], *params[2:]])  # type: ignore[attr-defined]
+    call.__doc__, call.__name__ = handler.__doc__, handler.__name__
+    return call
