@@ -136,15 +136,20 @@ PROVEN: dict[tuple[str, str], Proven] = {
                             "accepted above MAT 1.5, at the 7B and 8B presets' depth); "
                             "docs/gpu_runs/2026-11-26-cpu-step.json: the static forward "
                             "measured slower on a CPU (hybrid 2.92 against 3.42 tok/s)"),
-    ("forward", "cuda"): Proven("graphs", "docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl: the draft is the "
-                             "target on CUDA graphs, deep trees accepted (MAT 12.8), the output equal to generate()"),
+    ("forward", "cuda"): Proven("graphs", "docs/runs/2026-11-28-h200-gpu-all.md: every drafter x tree x async "
+                             "lossless in float32 on CUDA graphs with drafts accepted (MAT 1.83-8.00), both planted "
+                             "bugs caught; earlier, docs/gpu_runs/2026-11-26-h100-check-graphs-rest.jsonl (the draft "
+                             "is the target, MAT 12.8)"),
     ("fold", "cpu"): Proven("on", "the CPU suite runs folded (tests/test_full_depth.py, tests/test_attention.py); "
                             "docs/gpu_runs/2026-11-27-cpu-gqa-loop.json: the loop 0.98x the time, the same tokens; "
                             "docs/gpu_runs/2026-11-27-cpu-gqa-fold.json: a static forward of 8 nodes over a "
                             "1024-entry cache 0.93x (0.71x over 4096)"),
-    ("fold", "cuda"): Proven("off", "no GPU run has run the fold yet (scripts/gpu_all.sh runs it on and off)"),
+    ("fold", "cuda"): Proven("off", "docs/runs/2026-11-28-h200-gpu-all.md: timed on an H200, logits equal, 4-12 % "
+                             "off a target tree forward; not yet run lossless in the loop on a GPU"),
     ("chain", "cpu"): Proven("off", "a CUDA-graph feature: nothing to save on a CPU"),
-    ("chain", "cuda"): Proven("off", "no GPU run has run a chained step yet (scripts/gpu_all.sh runs it)"),
+    ("chain", "cuda"): Proven("off", "docs/runs/2026-11-28-h200-gpu-all.md: its first capture failed on an H200 (a "
+                              "host scalar written into a device buffer); fixed and held by the CPU rehearsal's guard, "
+                              "not yet re-run on a GPU"),
     ("async_draft", "cpu"): Proven("off", ASYNC_OFF_WHY),
     ("async_draft", "cuda"): Proven("off", ASYNC_OFF_WHY),
     ("prepack", "cpu"): Proven("auto", "decided on the host by a timed check of one layer "

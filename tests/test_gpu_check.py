@@ -359,7 +359,7 @@ def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check,
     run = REPO / "docs" / "gpu_runs" / "2026-11-26-h100-check-graphs.jsonl"
     rest = [c.key for c in gpu_check.choose_checks("", run)]
     # "steps" passed there under its old name; it now runs the chained step too, so it runs again
-    assert rest == ["memory", "steps", "bf16", "seeded", "costs", "deep", "noise"]
+    assert rest == ["memory", "steps", "head", "bf16", "seeded", "costs", "deep", "noise"]  # head: a head preset's
     stream = tmp_path / "s.jsonl"
     stream.write_text(json.dumps({"name": named(gpu_check, "memory").name, "ok": False}) + "\n"
                       + json.dumps({"name": named(gpu_check, "bf16").name, "ok": True}) + "\n")
