@@ -190,9 +190,8 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
     timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
     gr.Markdown("### A head against a draft model: the drafter TALON's claims are made on")
     with gr.Row():
-        head_files = gr.File(label="Two atlases of one prompt: one recorded with an EAGLE-3 head, one with a draft "
-                             "model (the Threshold explorer's atlas counts as one)", file_count="multiple",
-                             file_types=[".json"], height=110, elem_id="talon-lesson-head-files", scale=1)
+        head_files = gr.File(label="Atlases of one prompt: a head's and a draft model's", file_count="multiple",
+                             file_types=[".json"], height=150, elem_id="talon-lesson-head-files", scale=1)
         head_text = gr.HTML(head_missing([]), elem_id="talon-lesson-head-text", scale=2)
     head_plot = gr.Plot(elem_id="talon-lesson-head", show_label=False, visible=False)
     gr.Markdown("### Try it: predict, then check (each answer is a replay of this prompt)")
@@ -216,14 +215,15 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
 def head_missing(atlases: list[Atlas]) -> str:
     """What the comparison still needs, said from the atlases at hand."""
     kinds = {a.draft_kind for a in atlases}
-    need = ("an atlas recorded with an EAGLE-3 head (a head preset, or `talon atlas record --draft HEAD_DIR`) and one "
-            "of the same prompt with a draft model")
+    need = ("an atlas recorded with an EAGLE-3 head (the Threshold explorer on a head preset, or talon atlas record "
+            "--draft HEAD_DIR) and one of the same prompt with a draft model")
     if kinds == {"head", "draft"}:
         need = "two atlases of the same prompt and target (these differ in prompt or text)"
     elif kinds:
         other = "a draft model" if kinds == {"head"} else "an EAGLE-3 head"
         need = f"an atlas of the same prompt recorded with {other}"
-    return _words(f"Upload {need}: both are replayed here at the same knobs, with no model.")
+    return _words(f"Upload {need} (the Threshold explorer's atlas counts as one): both are replayed here at the "
+                  "same knobs, with no model.")
 
 
 def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
