@@ -69,6 +69,10 @@ class AtlasSpec:
     retrieval: the retrieval proposal grafted first (as generous as the sweeps need: short
         matches, long continuations, many branches), whose nodes' children are recorded too.
     chunk: positions grown together (one batched draft forward per layer of the chunk).
+    chain_depth: the draft's own greedy chain from every position, this deep, on or off the text,
+        with ``chain_k`` children at each of its nodes (0: none beyond the superset). llama.cpp's
+        ``draft-simple`` stops its chain on the top token's probability over the top 10: replaying
+        ``--spec-draft-p-min`` needs ``chain_depth`` >= ``n_max`` and ``chain_k`` >= 10.
     """
 
     n_nodes: int = 64
@@ -79,14 +83,16 @@ class AtlasSpec:
     retrieval: RetrievalConfig = field(
         default_factory=lambda: RetrievalConfig(min_match=1, max_continuation=16, max_branches=4))
     chunk: int = 32
+    chain_depth: int = 0
+    chain_k: int = 10
 
     def __post_init__(self) -> None:
-        for name, value, hi in (("n_nodes", self.n_nodes, MAX_TREE_NODES), ("root_k", self.root_k, 64),
-                                ("top_k", self.top_k, 16), ("max_depth", self.max_depth, 64),
-                                ("beam", self.beam, 16),
-                                ("chunk", self.chunk, 4096)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
-                raise ConfigError(f"atlas {name} must be an integer in [1, {hi}], got {value!r}")
+        for name, value, lo, hi in (("n_nodes", self.n_nodes, 1, MAX_TREE_NODES), ("root_k", self.root_k, 1, 64),
+                                    ("top_k", self.top_k, 1, 16), ("max_depth", self.max_depth, 1, 64),
+                                    ("beam", self.beam, 1, 16), ("chunk", self.chunk, 1, 4096),
+                                    ("chain_depth", self.chain_depth, 0, 64), ("chain_k", self.chain_k, 1, 64)):
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ConfigError(f"atlas {name} must be an integer in [{lo}, {hi}], got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

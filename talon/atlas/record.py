@@ -140,6 +140,7 @@ class _Recorder:
         self.children: dict[Key, Children] = {}
         self.cache = DynamicCache(config=drafter.model.config) if drafter is not None else DynamicCache()
         self.slots: dict[Key, int] = {}  # keys fed into the cache in this chunk -> cache index
+        self.wide: set[Key] = set()  # nodes of the draft's own chains (``AtlasSpec.chain_depth``)
         self.rows = 0
         self.forwards = 0
 
@@ -149,15 +150,20 @@ class _Recorder:
         return canonical_key(self.output, p, path)
 
     def _k(self, key: Key) -> int:
+        """Children kept for ``key``: a root's K, another node's k, a chain node's ``chain_k``."""
+        if self.spec.chain_depth and (not key[1] or key in self.wide):
+            return max(self.spec.root_k, self.spec.top_k, self.spec.chain_k)
         return max(self.spec.root_k, self.spec.top_k) if not key[1] else self.spec.top_k
+
+    def _widest(self) -> int:
+        return max(self.spec.root_k, self.spec.top_k, self.spec.chain_k if self.spec.chain_depth else 0)
 
     # --- the draft model -------------------------------------------------------------------
 
     def _topk(self, hidden: torch.Tensor, keys: list[Key]) -> None:
         """Record the top children of each of ``keys`` from its last hidden state ``(T, H)``."""
         probs = torch.softmax(lm_logits(self.drafter.model, hidden, self.drafter.vocab_size), dim=-1)  # (T, V)
-        k = max(self.spec.root_k, self.spec.top_k)
-        q, tokens = probs.topk(k, dim=-1)  # (T, k)
+        q, tokens = probs.topk(self._widest(), dim=-1)  # (T, k)
         for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
             self.children[key] = list(zip(toks, qs))[: self._k(key)]
 
@@ -299,6 +305,32 @@ class _Recorder:
             retrieval.extend(self.output[p:p + 1])
         return grafts
 
+    def _chains(self, chunk: range) -> None:
+        """The draft's own greedy chain from every position of ``chunk``, ``chain_depth`` deep, with
+        ``chain_k`` children at each node: one layer of the chunk's chains per batched forward (a
+        node the superset holds with fewer children is drafted again, wider)."""
+        depth = self.spec.chain_depth
+        while depth:
+            wanted: list[Key] = []
+            for p in chunk:
+                path: tuple[int, ...] = ()
+                for _ in range(depth):
+                    key = self.canonical(p, path)
+                    kids = self.children.get(key)
+                    if kids is None or len(kids) < self._k(key) or (path and key not in self.wide):
+                        wanted.append(key)
+                        break
+                    path += (kids[0][0],)
+            wanted = list(dict.fromkeys(wanted))
+            if not wanted:
+                return
+            for key in wanted:
+                self.wide.add(key)
+                if key in self.children and len(self.children[key]) < self._k(key):
+                    del self.children[key]  # drafted again, wider: fed anew
+                    self.slots.pop(key, None)
+            self._feed(wanted)
+
     def cover(self, atlas: Atlas, configs: Sequence[RunConfig], rounds: int = 12) -> None:
         """Feed the nodes the replays of ``configs`` ask for and ``atlas`` (sharing this recorder's
         children) lacks, round after round, until none is missing (each round reaches a layer deeper)."""
@@ -328,6 +360,7 @@ class _Recorder:
                 if not wanted:
                     break
                 self._feed(wanted)
+            self._chains(chunk)
             gather_entries(self.cache, list(range(prefix)))  # drop the chunk's node entries
             self.slots = {}
             self.forget()
@@ -368,7 +401,7 @@ class _HeadRecorder(_Recorder):
         return superset
 
     def _topk(self, logits: torch.Tensor, keys: list[Key]) -> None:  # the head's forward returns logits
-        q, ids = torch.softmax(logits, dim=-1).topk(max(self.spec.root_k, self.spec.top_k), dim=-1)  # (T, k)
+        q, ids = torch.softmax(logits, dim=-1).topk(self._widest(), dim=-1)  # (T, k)
         tokens = ids + self.head.d2t[ids]  # draft id -> target id
         for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
             self.children[key] = list(zip(toks, qs))[: self._k(key)]

@@ -127,7 +127,8 @@ def predicted_seconds(run: ServingRun, costs: StepCosts, width: int = 1) -> floa
 
 def decode_seconds(run: ServingRun, costs: StepCosts, width: int = 1) -> float:
     """Every verify step of ``run`` under ``costs``: the time from the first token to the last."""
-    return sum(costs.step_seconds(step.drafted, run.draft_forwards_per_step, width) for step in run.steps)
+    return sum(costs.step_seconds(step.drafted, run.draft_forwards_per_step if step.forwards is None else step.forwards,
+                                  width) for step in run.steps)
 
 
 def fit_serving_costs(samples: list[dict[str, float]], engine: str, **about: Any) -> ServingCosts:

@@ -63,6 +63,7 @@ class ServingDraft:
     parents: list[int] = field(default_factory=list)
     missing: str = ""  # why the atlas could not answer part of it ("" = fully answered)
     near_tie: str = ""  # a decision that rested on a near-tie, in words
+    forwards: int = 0  # the draft model's decodes this step, where they vary by step (llama.cpp)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -91,7 +92,7 @@ def could_swap(a: float, b: float) -> bool:
     return abs(a - b) <= NEAR_TIE * max(abs(a), abs(b))
 
 
-def _check_int(name: str, value: int, lo: int, hi: int) -> None:
+def check_int(name: str, value: int, lo: int, hi: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
 
@@ -112,7 +113,7 @@ class VllmDraftModel:
     method: str = "draft_model"
 
     def __post_init__(self) -> None:
-        _check_int("num_speculative_tokens", self.k, 1, 64)
+        check_int("num_speculative_tokens", self.k, 1, 64)
         if self.method not in CHAIN_METHODS:
             raise ConfigError(f"a draft chain's vLLM method is one of {', '.join(CHAIN_METHODS)}, not {self.method!r}")
 
@@ -166,9 +167,9 @@ class VllmNgram:
     engine: str = "vllm"
 
     def __post_init__(self) -> None:
-        _check_int("num_speculative_tokens", self.k, 1, 64)
-        _check_int("prompt_lookup_min", self.min_n, 1, 64)
-        _check_int("prompt_lookup_max", self.max_n, self.min_n, 64)
+        check_int("num_speculative_tokens", self.k, 1, 64)
+        check_int("prompt_lookup_min", self.min_n, 1, 64)
+        check_int("prompt_lookup_max", self.max_n, self.min_n, 64)
 
     def label(self) -> str:
         return f"vLLM ngram, k={self.k}, n={self.min_n}..{self.max_n}"
@@ -239,10 +240,10 @@ class SglangStandalone:
     algorithm: str = "STANDALONE"
 
     def __post_init__(self) -> None:
-        _check_int("speculative_eagle_topk", self.topk, 1, 16)
-        _check_int("speculative_num_steps", self.num_steps, 1, 32)
+        check_int("speculative_eagle_topk", self.topk, 1, 16)
+        check_int("speculative_num_steps", self.num_steps, 1, 32)
         most = self.topk + (self.num_steps - 1) * self.topk ** 2
-        _check_int("speculative_num_draft_tokens", self.num_draft_tokens, 2, most + 1)
+        check_int("speculative_num_draft_tokens", self.num_draft_tokens, 2, most + 1)
         if self.algorithm not in TREE_ALGORITHMS:
             raise ConfigError(f"a draft tree's SGLang algorithm is one of {', '.join(TREE_ALGORITHMS)}, "
                               f"not {self.algorithm!r}")
@@ -317,6 +318,7 @@ class ServingStep:
     accepted: int
     missing: str = ""
     near_tie: str = ""
+    forwards: int | None = None  # the draft's forwards this step; None: the policy's per-step count
 
 
 @dataclass
@@ -363,7 +365,7 @@ class ServingRun:
         return self.misses == 0
 
 
-def _accept(draft: ServingDraft, output: list[int], p: int) -> tuple[int, str]:
+def accept_on_text(draft: ServingDraft, output: list[int], p: int) -> tuple[int, str]:
     """Greedy acceptance of a draft tree on the text from ``p``: the longest root path whose
     tokens follow the text. Text beyond the recording is unknown: that is a miss, not a reject."""
     depth_of: list[int] = []
@@ -394,7 +396,7 @@ def replay_serving(atlas: Atlas, policy: ServingPolicy, max_tokens: int | None =
     done = limit <= 1 or output[0] in eos
     while not done:
         draft = policy.propose(atlas, p)
-        accepted, unknown = _accept(draft, output, p)
+        accepted, unknown = accept_on_text(draft, output, p)
         steps.append(ServingStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie))
         new = output[p: p + accepted + 1]
         p += accepted + 1

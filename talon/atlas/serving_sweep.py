@@ -1,9 +1,11 @@
 """Sweeping an engine's own knobs on atlases: ``python -m talon atlas sweep ATLAS --engine vllm``.
 
 Every combination of the engine's knobs is replayed under that engine's drafting on every atlas
-(:mod:`talon.atlas.serving_replay`), and ranked by predicted tokens/s: the engine's own counters, the
-step cost of an engine cost file (``talon-engine-cost/1``, from ``scripts/serve_check.sh``) or,
-without one, the atlases' own Talon cost curves standing in (said so in the output).
+(:mod:`talon.atlas.serving_replay`; llama.cpp's in :mod:`talon.atlas.llamacpp`), and ranked by
+predicted tokens/s: the engine's own counters, the step cost of an engine cost file
+(``talon-engine-cost/1``: vLLM's from ``scripts/serve_check.sh``, llama.cpp's from its own
+``llama-bench`` through ``talon costs --llama-bench``) or, without one, the atlases' own Talon cost
+curves standing in (said so in the output).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.atlas.data import Atlas
+from talon.atlas.llamacpp import LLAMACPP_TYPES, llamacpp_policy, replay_llamacpp
 from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
@@ -26,16 +29,27 @@ from talon.atlas.serving_replay import (
 )
 from talon.run_config import ConfigError
 
-ENGINES: tuple[str, ...] = ("vllm", "sglang")
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "llamacpp")
 # Each engine's knobs (its own names) and the grid swept when the command names none.
 DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
     "vllm": {"method": ["draft_model", "ngram"], "k": [1, 2, 3, 4, 6, 8],
              "prompt_lookup_min": [2], "prompt_lookup_max": [5]},
     "sglang": {"topk": [1, 2, 4], "num_steps": [1, 2, 3, 4, 6], "num_draft_tokens": [4, 8, 16]},
+    # llama.cpp: type with its own knobs; a knob another type does not read is left at its default
+    "llamacpp": {"type": ["none", "draft-simple", "ngram-simple", "ngram-mod"], "n_max": [2, 3, 4, 8, 16],
+                 "n_min": [0], "p_min": [0.0, 0.5, 0.75, 0.9], "size_n": [12], "size_m": [48],
+                 "n_match": [24], "ngram_n_min": [48], "ngram_n_max": [64]},
+}
+# the knobs each llama.cpp type reads (the others are dropped from its row)
+LLAMACPP_KNOBS: dict[str, tuple[str, ...]] = {
+    "none": (), "draft-simple": ("n_max", "n_min", "p_min"), "draft-eagle3": ("n_max", "n_min", "p_min"),
+    "ngram-simple": ("size_n", "size_m"), "ngram-mod": ("n_match", "ngram_n_min", "ngram_n_max"),
 }
 KNOB_TYPES: dict[str, dict[str, type]] = {
     "vllm": {"method": str, "k": int, "prompt_lookup_min": int, "prompt_lookup_max": int},
     "sglang": {"topk": int, "num_steps": int, "num_draft_tokens": int},
+    "llamacpp": {"type": str, "n_max": int, "n_min": int, "p_min": float, "size_n": int, "size_m": int,
+                 "n_match": int, "ngram_n_min": int, "ngram_n_max": int},
 }
 # draft_model and eagle3 both name the chain of the atlas's draft slot: the one it was recorded with runs
 VLLM_METHODS = ("draft_model", "eagle3", "ngram")
@@ -61,6 +75,9 @@ def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]
             raise ConfigError(f"grid {key}: give at least one value")
         if key == "method" and any(v not in VLLM_METHODS for v in values):
             raise ConfigError(f"grid method: one of {', '.join(VLLM_METHODS)} (vLLM's suffix method is not replayed)")
+        if engine == "llamacpp" and key == "type" and any(v not in LLAMACPP_TYPES for v in values):
+            raise ConfigError(f"grid type: one of {', '.join(LLAMACPP_TYPES)} (llama.cpp's other types are not "
+                              "replayed)")
         grid[key] = list(dict.fromkeys(values))
     return grid
 
@@ -89,6 +106,11 @@ def serving_policies(engine: str, grid: dict[str, list[Any]],
 
 
 def _policy(engine: str, knobs: dict[str, Any], head: bool) -> tuple[dict[str, Any], ServingPolicy] | None:
+    if engine == "llamacpp":
+        kind = "draft-simple" if knobs["type"] == "draft-eagle3" else knobs["type"]
+        own = {"type": ("draft-eagle3" if head else "draft-simple") if kind == "draft-simple" else kind}
+        own.update({k: knobs[k] for k in LLAMACPP_KNOBS[kind]})
+        return own, llamacpp_policy(own, head)
     if engine == "vllm":
         if knobs["method"] in CHAIN_METHODS:
             method = "eagle3" if head else "draft_model"
@@ -145,10 +167,15 @@ class ServingRow:
         return self.tokens / self.steps if self.steps else 0.0
 
     @property
+    def num_draft_tokens(self) -> int:
+        """llama.cpp's ``draft_n`` (vLLM's ``num_draft_tokens``): every draft's length."""
+        return sum(r.num_draft_tokens for r in self.runs)
+
+    @property
     def acceptance(self) -> float:
-        """The engine's headline acceptance: vLLM's mean acceptance length or SGLang's
-        spec_accept_length."""
-        return self.mean_acceptance_length if self.engine == "vllm" else self.spec_accept_length
+        """The engine's headline acceptance: vLLM's and llama.cpp's mean acceptance length (1 +
+        accepted / drafts) or SGLang's spec_accept_length."""
+        return self.spec_accept_length if self.engine == "sglang" else self.mean_acceptance_length
 
     @property
     def tokens_per_s(self) -> float:
@@ -170,7 +197,8 @@ class ServingRow:
         return {"engine": self.engine, "knobs": self.knobs, "label": self.policy.label(),
                 "acceptance": self.acceptance, "mean_acceptance_length": self.mean_acceptance_length,
                 "spec_accept_length": self.spec_accept_length, "tokens": self.tokens, "steps": self.steps,
-                "num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted,
+                "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted,
                 "predicted_s": self.predicted_s, "tokens_per_s": self.tokens_per_s,
                 "coverage": self.coverage, "misses": self.misses, "near_ties": self.near_ties,
                 "per_atlas": [{"steps": len(r.steps), "tokens": r.output_tokens, "num_drafts": r.num_drafts,
@@ -184,10 +212,13 @@ def sweep_serving(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, A
     Talon curves). ``max_tokens`` None: every policy stops at the same point of each atlas, as far
     before its end as the deepest draft reaches, so no last step looks past the recorded text."""
     reach = max(policy.reach() for _, policy in policies) + 1
-    limits = [max_tokens if max_tokens is not None else max(len(a.output) - reach, 2) for a in atlases]
+    capped = all(policy.engine == "llamacpp" for _, policy in policies)  # its drafts stop at n_predict
+    limits = [max_tokens if max_tokens is not None else len(a.output) if capped else max(len(a.output) - reach, 2)
+              for a in atlases]
     rows = []
     for knobs, policy in policies:
-        runs = [replay_serving(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
+        runs = [replay_llamacpp(atlas, policy, limit) if policy.engine == "llamacpp"  # type: ignore[arg-type]
+                else replay_serving(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
         seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), policy.width())
                       for run, atlas in zip(runs, atlases))
         rows.append(ServingRow(knobs, policy, runs, seconds))
@@ -201,10 +232,22 @@ def best_serving_row(rows: Sequence[ServingRow]) -> ServingRow:
 
 def why_best(rows: Sequence[ServingRow], best: ServingRow) -> str:
     """One line on why the best configuration wins over its neighbours."""
-    same = [r for r in rows if r is not best and r.knobs.get("method") == best.knobs.get("method")]
+    kind = "type" if best.engine == "llamacpp" else "method"
+    same = [r for r in rows if r is not best and r.knobs.get(kind) == best.knobs.get(kind)]
     longer = [r for r in same if r.acceptance > best.acceptance]
-    metric = "mean acceptance length" if best.engine == "vllm" else "spec_accept_length"
+    metric = "spec_accept_length" if best.engine == "sglang" else "mean acceptance length"
+    plain = next((r for r in rows if r.knobs.get("type") == "none"), None)
+    if best is plain:
+        spec = max((r for r in rows if r is not best), key=lambda r: r.tokens_per_s, default=None)
+        line = f"no setting beats plain decoding on this host ({best.tokens_per_s:.2f} tok/s predicted)"
+        if spec is not None:
+            line += (f"; the best, {spec.policy.label()}, keeps {spec.acceptance:.2f} tokens a draft but its steps "
+                     f"cost more than they return ({spec.tokens_per_s:.2f} tok/s, "
+                     f"{spec.tokens_per_s / best.tokens_per_s:.2f}x)")
+        return line
     line = f"{best.policy.label()}: {metric} {best.acceptance:.2f}, {best.tokens_per_s:.2f} tok/s predicted"
+    if plain is not None:
+        line += f" ({best.tokens_per_s / plain.tokens_per_s:.2f}x plain decoding)"
     if longer:
         top = max(longer, key=lambda r: r.acceptance)
         line += (f"; {top.policy.label()} accepts more ({top.acceptance:.2f}) but its longer drafts cost more "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 
-from talon.atlas.data import Atlas, load_atlases
+from talon.atlas.data import Atlas, AtlasSpec, load_atlases
+from talon.atlas.llamacpp import LlamaCppCosts, parse_llamacpp_costs
 from talon.atlas.record import record_atlas
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
 from talon.atlas.serving_sweep import (
@@ -47,6 +49,9 @@ def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
     r.add_argument("--start", type=int, default=0, help="with --suites: skip this many prompts of each suite")
     r.add_argument("--out", type=Path, required=True,
                    help="the atlas file (one prompt), or a folder for one file per prompt (--suites)")
+    r.add_argument("--chain-depth", type=int, default=0,
+                   help="also record the draft's own greedy chain this deep from every position, with its top 10 "
+                   "children at each node: what llama.cpp's --spec-draft-p-min needs (depth >= its n_max)")
     add_model_args(r, settings)
     add_run_args(r)
     s = verbs.add_parser("sweep", help="replay a grid of configurations on atlases, no model needed")
@@ -58,11 +63,13 @@ def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
     s.add_argument("--costs", type=Path, default=None,
                    help="a talon-cost/1 file (e.g. from ~/.cache/talon/costs) that replaces every atlas's cost "
                    "model: predict time and plan as on that host, from atlases recorded on this one; with "
-                   "--engine also a talon-engine-cost/1 file (scripts/serve_check.sh writes vLLM's)")
+                   "--engine also a talon-engine-cost/1 file (scripts/serve_check.sh writes vLLM's; "
+                   "talon costs --llama-bench writes llama.cpp's)")
     s.add_argument("--engine", choices=ENGINES, default=None,
                    help="sweep a serving engine's own knobs instead of Talon's, replaying that engine's drafting "
                    "(vllm: method, k, prompt_lookup_min, prompt_lookup_max; sglang: topk, num_steps, "
-                   "num_draft_tokens), ranked by predicted tokens/s")
+                   "num_draft_tokens; llamacpp: type, n_max, n_min, p_min, size_n, size_m, n_match, ngram_n_min, "
+                   "ngram_n_max), ranked by predicted tokens/s")
     add_run_args(s)
 
 
@@ -82,9 +89,10 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
         else:
             text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
             prompts = [("atlas", text, "")]
+        spec = dataclasses.replace(AtlasSpec(), chain_depth=args.chain_depth)
         engine = build_engine(pair_from_args(args, settings))
         for name, text, suite in prompts:
-            atlas = record_atlas(engine, text, cfg, suite=suite,
+            atlas = record_atlas(engine, text, cfg, spec, suite=suite,
                                  progress=lambda f, what: logger.info("%3.0f%% %s", 100 * f, what))
             path = args.out / f"{name}.json" if args.suites else args.out
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +113,8 @@ def sweep_command(args: argparse.Namespace) -> int:
         serving_costs = None
         if isinstance(costs, dict) and costs.get("format") == ENGINE_COST_FORMAT and args.engine:
             try:
-                serving_costs = parse_serving_costs(costs)
+                serving_costs = (parse_llamacpp_costs(costs) if costs.get("engine") == "llamacpp"
+                                 else parse_serving_costs(costs))
             except ValueError as error:
                 raise TraceFileError(f"{args.costs}: {error}") from None
         elif costs is not None:
@@ -140,7 +149,8 @@ def sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs: ServingCosts | None) -> int:
+def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas],
+                          costs: ServingCosts | LlamaCppCosts | None) -> int:
     """``--engine``: the engine's knobs, replayed as that engine drafts, ranked by predicted tok/s."""
     try:
         kinds = {atlas.draft_kind for atlas in atlases}
@@ -173,14 +183,17 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas], costs:
 def serving_table(rows: list[ServingRow]) -> str:
     """The engine's knobs, its own acceptance metric, coverage and predicted speed."""
     keys = list(dict.fromkeys(k for r in rows for k in r.knobs))
-    metric = "mean acceptance length" if rows and rows[0].engine == "vllm" else "spec_accept_length"
-    head = keys + [metric, "drafts", "accepted", "tok/s (pred.)", "coverage", "near-ties"]
+    engine = rows[0].engine if rows else "vllm"
+    metric = "spec_accept_length" if engine == "sglang" else "mean acceptance length"
+    llama = engine == "llamacpp"
+    head = keys + [metric, "drafts"] + (["draft_n"] if llama else []) + [
+        "accepted", "tok/s (pred.)", "coverage", "near-ties"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         cover = "exact" if r.misses == 0 else f"{100 * r.coverage:.1f} %"
         lines.append(" | ".join([str(r.knobs.get(k, "–")) for k in keys] + [
-            f"{r.acceptance:.3f}", str(r.num_drafts), str(r.num_accepted), f"{r.tokens_per_s:.2f}", cover,
-            str(r.near_ties)]))
+            f"{r.acceptance:.3f}", str(r.num_drafts)] + ([str(r.num_draft_tokens)] if llama else []) + [
+            str(r.num_accepted), f"{r.tokens_per_s:.2f}", cover, str(r.near_ties)]))
     return "\n".join(lines)
 
 

@@ -1,12 +1,15 @@
-"""``python -m talon costs --show | --probe | --clear``: the cached cost curves."""
+"""``python -m talon costs --show | --probe | --clear``: the cached cost curves;
+``--llama-bench``: llama.cpp's own batch costs, from its ``llama-bench``, as an engine cost file."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
+from talon.atlas.llamacpp import costs_from_llama_bench
 from talon.cli.args import add_knob, add_model_args, pair_from_args
 from talon.cost.cache import MAX_AGE_DAYS, cache_path
 from talon.cost.model import CostModel
@@ -14,6 +17,7 @@ from talon.engine.build import build_engine
 from talon.knobs import KNOB
 from talon.models import ModelLoadError
 from talon.settings import Settings
+from talon.trace import TraceFileError, read_json_upload
 
 logger = logging.getLogger("talon")
 
@@ -29,11 +33,19 @@ def add_costs_parser(c: argparse.ArgumentParser, settings: Settings) -> None:
                       help="measure the curves of the given pair now, on the forward the server runs (TALON_FORWARD, "
                       "TALON_CHAIN, TALON_FOLD), and cache them")
     what.add_argument("--clear", action="store_true", help="remove every cached cost model")
+    what.add_argument("--llama-bench", type=Path, metavar="TARGET.json",
+                      help="read `llama-bench -o json` of the target (pp1..ppN and a tg row) into llama.cpp's "
+                      "talon-engine-cost/1 file for `atlas sweep --engine llamacpp --costs`")
+    c.add_argument("--llama-bench-draft", type=Path, metavar="DRAFT.json",
+                   help="with --llama-bench: the draft model's llama-bench run (draft-simple's costs)")
+    c.add_argument("--out", type=Path, help="with --llama-bench: where to write the cost file (default: stdout)")
     add_model_args(c, settings)
     add_knob(c, KNOB["draft_vocab"])
 
 
 def costs_command(args: argparse.Namespace, settings: Settings) -> int:
+    if args.llama_bench is not None:
+        return llama_bench_command(args)
     folder = settings.cost_cache_dir
     if args.clear:
         removed = [p for p in sorted(folder.glob("*.json")) if p.is_file()]
@@ -78,3 +90,27 @@ def describe_costs(costs: CostModel, name: str) -> str:
 
 def millis(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms"
+
+
+def llama_bench_command(args: argparse.Namespace) -> int:
+    """``--llama-bench``: llama.cpp's batch costs from its own bench, with their provenance."""
+    try:
+        target = read_json_upload(args.llama_bench)
+        draft = read_json_upload(args.llama_bench_draft) if args.llama_bench_draft is not None else None
+        for name, rows in (("--llama-bench", target), ("--llama-bench-draft", draft)):
+            if rows is not None and (not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows)):
+                raise ValueError(f"{name}: not the output of `llama-bench -o json` (a list of rows)")
+        costs = costs_from_llama_bench(target, draft)
+    except (ValueError, OSError, TraceFileError) as err:
+        logger.error("%s", err)
+        return 2
+    text = json.dumps(costs.to_dict(), indent=1)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text + "\n", encoding="utf-8")
+        print(f"{args.out}: {costs.label}; {costs.source}")
+    print(f"  target batch 1/2/4/16: {'/'.join(millis(costs.target_s(n)) for n in (1, 2, 4, 16))}"
+          + (f"; draft 1/16: {millis(costs.draft_s(1))}/{millis(costs.draft_s(16))}" if costs.draft_batch_s else ""),
+          file=sys.stderr if args.out is None else sys.stdout)
+    return 0

@@ -182,3 +182,40 @@ def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:
         if not is_converted(out_dir, source_key):
             convert_gguf(gguf_path, out_dir, source_key)
     return out_dir
+
+
+def write_float32_gguf(source: Path, out: Path) -> Path:
+    """Write ``source`` again as a GGUF file whose every tensor is float32: the same dequantized
+    weights Talon's float32 checkpoint holds (transformers dequantizes with the same ``gguf``
+    functions), under the same metadata, so another engine can run exactly Talon's weights.
+    Written to a temporary sibling, then renamed; an existing ``out`` is kept."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, dequantize
+
+    if out.exists():
+        return out
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    writer = GGUFWriter(tmp, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        if name == "general.file_type":
+            writer.add_file_type(LlamaFileType.ALL_F32)
+            continue
+        vtype = field.types[0]
+        writer.add_key_value(name, field.contents(), vtype,
+                             sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), np.float32))
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        tmp.rename(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    logger.info("Wrote %s (float32) from %s", out.name, source.name)
+    return out

