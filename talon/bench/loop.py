@@ -15,6 +15,7 @@ from tqdm import tqdm
 from talon.atlas.record import record_atlas
 from talon.bench.env import BenchEnv
 from talon.bench.judge import OutputCheck, TieJudge, default_tie_tol, first_divergence
+from talon.bench.llamacpp import llamacpp_runners
 from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
@@ -40,7 +41,8 @@ def run_bench(
     builds it as every front end does), check losslessness, aggregate; write the report to
     ``out`` when given. Never raises for a mismatch: see ``BenchReport.fatal``."""
     target, draft = engine.target, engine.draft
-    runners = build_runners(engine, cfg)
+    runners: list[Runner] = [*build_runners(engine, cfg), *llamacpp_runners(
+        cfg.methods, engine.target.name, engine.draft.name if engine.draft is not None else None)]
     if "hf-assisted" in cfg.methods and importlib.util.find_spec("sklearn") is None:
         logger.warning("scikit-learn is not installed: hf-assisted keeps a fixed confidence threshold "
                        "(weaker than transformers' adaptive default); pip install scikit-learn")

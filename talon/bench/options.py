@@ -11,8 +11,9 @@ from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 BENCH_FORMAT = "talon-bench/1"
 METHODS: tuple[str, ...] = ("ar", "hf-greedy", "hf-assisted", "hf-pld", "chain", "static", "adaptive", "hybrid",
-                            "layerskip",
-                              "talon")
+                            "layerskip", "talon", "llamacpp", "llamacpp-spec")
+# run by default: llama.cpp's methods need its side environment (scripts/llamacpp_build.sh)
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in METHODS if not m.startswith("llamacpp"))
 SWEEP_METHODS: tuple[str, ...] = ("talon", "hybrid", "adaptive")
 DRAFT_MODEL_METHODS: tuple[str, ...] = ("hf-assisted", "chain", "static", "adaptive", "hybrid", "talon")
 ALL_SUITES_ROW = "all"
@@ -30,7 +31,7 @@ ASSISTANT_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-RunnerKind = Literal["talon", "hf"]
+RunnerKind = Literal["talon", "hf", "llamacpp"]
 
 
 class BenchError(ValueError):
@@ -86,7 +87,7 @@ class BenchConfig:
     repeated runs are independent of each other and of the host's load.
     """
 
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     max_new_tokens: int = default("max_new_tokens")
     hf_assistant_tokens: tuple[str, ...] = ("4", "8", "default")
     pld_tokens: int = 10

@@ -276,6 +276,8 @@ def build_runners(engine: Engine, cfg: BenchConfig) -> list[Runner]:
         raise ConfigError(f"{', '.join(needy)} need(s) a draft model: pass --draft, or leave them out")
     runners: list[Runner] = []
     for method in cfg.run_methods:
+        if method.startswith("llamacpp"):
+            continue  # another process: talon.bench.llamacpp
         if method in ("hf-greedy", "hf-assisted", "hf-pld"):
             runners += hf_runners(method, engine, cfg)
         else:
