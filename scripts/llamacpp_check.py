@@ -112,16 +112,21 @@ def write_prompts(a: argparse.Namespace) -> int:
 
 def record(a: argparse.Namespace) -> int:
     """A float32 atlas of every request on Talon's own engine (the embedded pair), with the draft's
-    chain ``--chain-depth`` deep and 10 wide at every position, so p_min replays."""
+    chain ``--chain-depth`` deep and 10 wide at every position, so p_min replays. The draft's weights
+    are float32 and its logits cover the whole vocabulary, as llama.cpp's."""
     from talon.atlas.data import AtlasSpec
     from talon.atlas.record import record_atlas
     from talon.engine.build import PairKey, build_engine
-    from talon.run_config import RunConfig
+    from talon.run_config import RetrievalConfig, RunConfig
     from talon.settings import Settings
 
-    engine = build_engine(PairKey.from_settings(Settings.from_env(), dtype="float32", device="cpu"))
-    cfg = RunConfig().with_knobs({"max_new_tokens": a.n_predict, "chat_template": False})
-    spec = dataclasses.replace(AtlasSpec(), chain_depth=a.chain_depth)
+    # the draft as llama.cpp runs it: float32 weights (not the CPU's int8 default), the whole vocabulary
+    engine = build_engine(PairKey.from_settings(Settings.from_env(), dtype="float32", device="cpu",
+                                                draft_quant="none", target_weights="dense", prepack=False))
+    cfg = RunConfig().with_knobs({"max_new_tokens": a.n_predict, "chat_template": False, "draft_vocab": 0})
+    # only the draft's own chains: llama.cpp drafts nothing else (a lean superset records in minutes)
+    spec = AtlasSpec(n_nodes=1, root_k=1, top_k=1, max_depth=1, beam=1, chain_depth=a.chain_depth,
+                     retrieval=RetrievalConfig(min_match=1, max_continuation=1, max_branches=1))
     a.atlases.mkdir(parents=True, exist_ok=True)
     for r in json.loads((a.out / "prompts.json").read_text()):
         atlas = record_atlas(engine, r["ids"], cfg, spec, suite=r["suite"])
@@ -197,9 +202,12 @@ def measure(a: argparse.Namespace) -> int:
 def compare(a: argparse.Namespace) -> int:
     atlases = {x.suite: x for x in load_atlases([a.atlases])}
     rows = [json.loads(line) for line in (a.out / f"responses-{a.gguf}.jsonl").read_text().splitlines() if line]
-    bench = {role: json.loads((a.out / f"bench-{a.gguf}-{role}.json").read_text()) for role in ("target", "draft")}
-    costs = costs_from_llama_bench(bench["target"], bench["draft"], hardware=cpu_model(), dtype=a.gguf)
-    costs = dataclasses.replace(costs, step_s=server_step_s(rows, costs))
+    files = {role: a.out / f"bench-{a.gguf}-{role}.json" for role in ("target", "draft")}
+    costs = None  # without llama-bench's rows: the counters only
+    if all(f.exists() for f in files.values()):
+        bench = {role: json.loads(f.read_text()) for role, f in files.items()}
+        costs = costs_from_llama_bench(bench["target"], bench["draft"], hardware=cpu_model(), dtype=a.gguf)
+        costs = dataclasses.replace(costs, step_s=server_step_s(rows, costs))
     report = compare_rows(atlases, rows, costs)
     (a.out / f"compare-{a.gguf}.json").write_text(json.dumps(report, indent=1))
     (a.out / f"compare-{a.gguf}.md").write_text(markdown(report, a.gguf))
@@ -223,7 +231,7 @@ def parted_at(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCosts) -> dict[str, Any]:
+def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCosts | None) -> dict[str, Any]:
     """Per request and per setting: predicted against measured (see the module docstring)."""
     requests, settings = [], {}
     for row in rows:
@@ -236,7 +244,7 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
             "measured_tps": t.get("predicted_per_second"), "measured_draft_n": t.get("draft_n") or 0,
             "measured_accepted": t.get("draft_n_accepted") or 0}
         run = replay_llamacpp(atlas, llamacpp_policy(row["knobs"] or {"type": "none"}), row["n_predict"])
-        decode = decode_seconds(run, costs)
+        decode = decode_seconds(run, costs) if costs is not None else 0.0
         entry.update(predicted_draft_n=run.num_draft_tokens, predicted_accepted=run.num_accepted_tokens,
                      exact=run.exact, near_ties=len(run.near_ties), first_near_tie=(run.near_ties or [""])[0],
                      missing=next((s.missing for s in run.steps if s.missing), ""))
@@ -258,7 +266,9 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
     for s in settings.values():
         s["measured_tps"] = s["tokens"] / s["measured_s"] if s["measured_s"] else 0.0
         s["predicted_tps"] = s["tokens"] / s["predicted_s"] if s["predicted_s"] else 0.0
-        s["error"] = s["predicted_tps"] / s["measured_tps"] - 1 if s["measured_tps"] else None
+        s["error"] = s["predicted_tps"] / s["measured_tps"] - 1 if s["measured_tps"] and costs is not None else None
+    if costs is None:
+        return {"requests": requests, "settings": list(settings.values()), "costs": None, "step_s": None}
     order = list(settings)
     measured_rank = sorted(order, key=lambda k: -settings[k]["measured_tps"])
     predicted_rank = sorted(order, key=lambda k: -settings[k]["predicted_tps"])
@@ -271,29 +281,36 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
 
 
 def markdown(report: dict[str, Any], gguf: str) -> str:
+    timed = report["costs"] is not None
     lines = [f"### {gguf}: per setting", "",
              "| setting | requests | text = atlas | counters equal (on equal text) | measured tok/s | "
              "predicted tok/s | error |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s in report["settings"]:
-        err = "" if s["error"] is None else f"{s['error']:+.1%}"
+        err = "" if s.get("error") is None else f"{s['error']:+.1%}"
+        predicted = f"{s['predicted_tps']:.2f}" if timed else "–"
         lines.append(f"| {s['setting']} | {s['requests']} | {s['text_equal']} | {s['counters_equal']} "
                      f"({s['counters_equal_on_equal_text']}/{s['text_equal']}) | {s['measured_tps']:.2f} | "
-                     f"{s['predicted_tps']:.2f} | {err} |")
-    lines += ["", f"Predicted from llama-bench's batch costs plus {report['step_s'] * 1e3:.1f} ms a step of the "
-              "server's own, fitted on the plain requests alone.",
-              f"Ranked by measured tok/s: {', '.join(report['measured_rank'])}.",
-              f"Ranked by predicted tok/s: {', '.join(report['predicted_rank'])}.",
-              f"Best predicted {report['best_predicted']}, best measured {report['best_measured']} "
-              f"(the predicted best measures {report['best_gap']:.1%} below the measured best).", "",
-              f"### {gguf}: per request", "",
+                     f"{predicted} | {err} |")
+    lines.append("")
+    if not timed:
+        lines.append("No llama-bench rows for this run: counters only.")
+    else:
+        lines += [f"Predicted from llama-bench's batch costs plus {report['step_s'] * 1e3:.1f} ms a step of the "
+                  "server's own, fitted on the plain requests alone.",
+                  f"Ranked by measured tok/s: {', '.join(report['measured_rank'])}.",
+                  f"Ranked by predicted tok/s: {', '.join(report['predicted_rank'])}.",
+                  f"Best predicted {report['best_predicted']}, best measured {report['best_measured']} "
+                  f"(the predicted best measures {report['best_gap']:.1%} below the measured best)."]
+    lines += ["", f"### {gguf}: per request", "",
               "| setting | suite | tokens | texts part at | draft_n measured / predicted | "
               "accepted measured / predicted | near-ties | tok/s measured / predicted |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in report["requests"]:
         part = "—" if r["parted_at"] is None else str(r["parted_at"])
+        tps = f"{r['measured_tps']:.2f} / {r['predicted_tps']:.2f}" if timed else f"{r['measured_tps']:.2f} / –"
         lines.append(f"| {r['setting']} | {r['suite']} | {r['tokens']} | {part} | {r['measured_draft_n']} / "
                      f"{r['predicted_draft_n']} | {r['measured_accepted']} / {r['predicted_accepted']} | "
-                     f"{r['near_ties']} | {r['measured_tps']:.2f} / {r['predicted_tps']:.2f} |")
+                     f"{r['near_ties']} | {tps} |")
     return "\n".join(lines) + "\n"
 
 

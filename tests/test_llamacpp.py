@@ -111,10 +111,18 @@ def test_eagle3_checks_n_min_before_the_room_cuts_its_draft() -> None:
     assert eagle.drafted == 4  # drafted 6, past n_min, then cut to the room
 
 
-def test_eos_ends_the_request_and_accepted_tokens_past_it_still_count() -> None:
+def test_a_drafted_eos_is_accepted_only_as_the_draft_s_last_token() -> None:
     output = [10, 11, EOS, 13, 14, 15]
     run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=4), 6)
-    assert run.steps[0].accepted == 4 and run.output_tokens == 3
+    assert run.steps[0].accepted == 1 and run.output_tokens == 3  # 11 accepted; the EOS is the step's own
+    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=2), 6)
+    assert run.steps[0].accepted == 2 and run.output_tokens == 3  # the draft's last token: accepted
+
+
+def test_without_n_predict_the_room_is_not_the_recording_s_end() -> None:
+    output = list(range(10, 20))
+    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=3))
+    assert [s.p for s in run.steps] == [1, 5, 9] and run.steps[-1].missing  # drafts past the text: a miss, not a guess
 
 
 # ------------------------------------------------------------------------------- n-grams

