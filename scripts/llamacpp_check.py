@@ -33,12 +33,8 @@ from typing import Any
 
 from scripts.llamacpp_peer import post, wait_ready
 from talon.atlas.data import Atlas, load_atlases
-from talon.atlas.llamacpp import (
-    LlamaCppCosts,
-    costs_from_llama_bench,
-    llamacpp_policy,
-    replay_llamacpp,
-)
+from talon.atlas.llamacpp import llamacpp_policy, replay_llamacpp
+from talon.atlas.llamacpp_costs import LlamaCppCosts, costs_from_llama_bench
 from talon.atlas.serving_costs import decode_seconds
 from talon.models import cpu_model
 
@@ -255,7 +251,8 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
         requests.append(entry)
         s = settings.setdefault(row["setting"], {"setting": row["setting"], "requests": 0, "text_equal": 0,
                                                  "counters_equal_on_equal_text": 0, "counters_equal": 0,
-                                                 "tokens": 0, "measured_s": 0.0, "predicted_s": 0.0})
+                                                 "tokens": 0, "measured_s": 0.0, "predicted_s": 0.0,
+                                                 "equal_tokens": 0, "equal_measured_s": 0.0, "equal_predicted_s": 0.0})
         s["requests"] += 1
         s["text_equal"] += part is None
         s["counters_equal"] += entry["counters_equal"]
@@ -263,10 +260,16 @@ def compare_rows(atlases: dict[str, Atlas], rows: list[dict], costs: LlamaCppCos
         s["tokens"] += n
         s["measured_s"] += t.get("predicted_ms", 0.0) / 1e3
         s["predicted_s"] += decode
+        if part is None:  # the atlas holds this request's text: its acceptance is the replay's
+            s["equal_tokens"] += n
+            s["equal_measured_s"] += t.get("predicted_ms", 0.0) / 1e3
+            s["equal_predicted_s"] += decode
     for s in settings.values():
         s["measured_tps"] = s["tokens"] / s["measured_s"] if s["measured_s"] else 0.0
         s["predicted_tps"] = s["tokens"] / s["predicted_s"] if s["predicted_s"] else 0.0
         s["error"] = s["predicted_tps"] / s["measured_tps"] - 1 if s["measured_tps"] and costs is not None else None
+        s["equal_error"] = (s["equal_measured_s"] / s["equal_predicted_s"] - 1
+                            if s["equal_predicted_s"] and costs is not None else None)
     if costs is None:
         return {"requests": requests, "settings": list(settings.values()), "costs": None, "step_s": None}
     order = list(settings)
@@ -284,13 +287,15 @@ def markdown(report: dict[str, Any], gguf: str) -> str:
     timed = report["costs"] is not None
     lines = [f"### {gguf}: per setting", "",
              "| setting | requests | text = atlas | counters equal (on equal text) | measured tok/s | "
-             "predicted tok/s | error |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "predicted tok/s | error | error on equal text |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s in report["settings"]:
         err = "" if s.get("error") is None else f"{s['error']:+.1%}"
+        equal = "" if s.get("equal_error") is None else f"{s['equal_error']:+.1%}"
         predicted = f"{s['predicted_tps']:.2f}" if timed else "–"
         lines.append(f"| {s['setting']} | {s['requests']} | {s['text_equal']} | {s['counters_equal']} "
                      f"({s['counters_equal_on_equal_text']}/{s['text_equal']}) | {s['measured_tps']:.2f} | "
-                     f"{predicted} | {err} |")
+                     f"{predicted} | {err} | {equal} |")
     lines.append("")
     if not timed:
         lines.append("No llama-bench rows for this run: counters only.")

@@ -1,4 +1,4 @@
-"""docs/gpu.md's predicted GPU table (the README quotes its hybrid row) is a prediction from the
+"""docs/gpu.md's predicted GPU table is a prediction from the
 committed curves (``data/gpu_costs``) replayed on the bundled lesson atlases: each figure must be
 what ``python -m talon atlas sweep`` predicts from them today, so a changed curve, planner or atlas
 cannot leave the table stale."""

@@ -16,20 +16,16 @@ import pytest
 from talon.atlas import llamacpp
 from talon.atlas.data import Atlas, load_atlases
 from talon.atlas.llamacpp import (
-    LlamaCppCosts,
     LlamaCppDraft,
-    LlamaCppNgramMod,
-    LlamaCppNgramSimple,
     LlamaCppPlain,
-    NgramMod,
-    costs_from_llama_bench,
     llamacpp_policy,
-    ngram_simple_draft,
-    parse_llamacpp_costs,
     replay_llamacpp,
     top_k_confidence,
 )
+from talon.atlas.llamacpp_costs import LlamaCppCosts, costs_from_llama_bench, parse_llamacpp_costs
+from talon.atlas.llamacpp_ngram import LlamaCppNgramMod, LlamaCppNgramSimple, NgramMod, ngram_simple_draft
 from talon.atlas.serving_costs import decode_seconds
+from talon.atlas.serving_replay import ServingDraft
 from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, sweep_serving
 from talon.run_config import ConfigError
 
@@ -169,7 +165,7 @@ def test_ngram_mod_empties_its_table_after_five_poor_drafts() -> None:
     assert policy._mod is not None and policy._mod.used > 0
     for _ in range(5):
         policy._last_len = 4
-        policy.accepted(llamacpp.ServingDraft(), 0)
+        policy.accepted(ServingDraft(), 0)
     assert policy._mod.used == 0
 
 
@@ -212,6 +208,8 @@ def test_the_sweep_ranks_llama_cpp_settings_against_plain_decoding() -> None:
         rows = sweep_serving([atlas], policies, costs)
         best = max(rows, key=lambda r: r.tokens_per_s)
         assert (best.knobs["type"] == "none") == plain_wins
+    only_drafts = serving_policies("llamacpp", parse_serving_grid("llamacpp", ["type=draft-simple", "n_max=4"]))
+    assert only_drafts[0][1].label() == "llama.cpp plain decoding"  # the baseline is always swept
     with pytest.raises(ConfigError, match="grid type"):
         parse_serving_grid("llamacpp", ["type=draft-mtp"])
     assert llamacpp_policy({"type": "draft-simple", "n_max": 4}, head=True).type == "draft-eagle3"
@@ -324,7 +322,7 @@ def test_serve_it_gives_llama_server_flags_for_the_controls() -> None:
     assert flags["--spec-type"] == "draft-simple"
     assert flags["--spec-draft-n-max"] == str(tree_shape(cfg.tree).chain_len)
     assert "llama.cpp" in out.markdown() and out.llamacpp_command.startswith("llama-server -m ~/.cache/talon/gguf/")
-    assert any("hybrid graft" in gap for gap in out.not_carried)
+    assert any(gap.startswith("llama.cpp: the hybrid graft") for gap in out.not_carried)
     retrieval = serving_config(RunConfig(drafter="retrieval"), EMBEDDED_TARGET, EMBEDDED_DRAFT).llamacpp_flags
     assert retrieval[2:4] == ["--spec-type", "ngram-simple"] and "-md" not in retrieval
     head = serving_config(RunConfig(drafter="eagle3"), "meta-llama/Llama-3.1-8B-Instruct",

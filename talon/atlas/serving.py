@@ -57,10 +57,6 @@ VLLM_KEYS: tuple[str, ...] = (
     "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
     "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "use_heterogeneous_vocab",
 )
-LLAMACPP_FLAGS: tuple[str, ...] = (
-    "-m", "-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
-    "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
-)
 ARCTIC_INFERENCE = "arctic-inference==0.1.1"  # what vLLM 0.33.0's suffix decoding asks for
 
 # How Talon's serving_metrics map onto what the engines report (vllm/v1/metrics, SGLang's logs).
@@ -366,12 +362,10 @@ def gguf_file(spec: str) -> tuple[str, list[str]]:
 def _llamacpp_half(cfg: RunConfig, target: str, draft: str | None) -> tuple[list[str], list[str], list[str]]:
     """llama-server's flags for ``cfg`` (model files first), with notes and what does not carry."""
     model, notes = gguf_file(target)
-    flags = ["-m", model]
-    gaps: list[str] = []
+    flags, gaps = ["-m", model], []
     if cfg.drafter == "none" or cfg.kind.model == "target":
-        notes.append("llama.cpp: plain decoding" + ("" if cfg.drafter == "none" else
-                                                     " (layer-skip self-speculation has no llama.cpp type)"))
-        return flags, notes, gaps
+        return flags, [*notes, "llama.cpp: plain decoding" + ("" if cfg.drafter == "none" else
+                                                                " (layer skip has no llama.cpp type)")], gaps
     if cfg.drafter == "retrieval":
         r = cfg.retrieval
         flags += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(r.min_match),
@@ -383,19 +377,18 @@ def _llamacpp_half(cfg: RunConfig, target: str, draft: str | None) -> tuple[list
     shape = tree_shape(cfg.tree)
     if draft is not None:
         file, draft_notes = gguf_file(draft)
-        flags += ["-md", file]
-        notes += draft_notes
+        flags, notes = [*flags, "-md", file], [*notes, *draft_notes]
     head = cfg.needs_head
     flags += ["--spec-type", "draft-eagle3" if head else "draft-simple", "--spec-draft-n-max", str(shape.chain_len),
               "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     notes.append(f"{'EAGLE-3 head -> llama.cpp draft-eagle3' if head else 'draft model -> llama.cpp draft-simple'}: "
                  f"one greedy chain of --spec-draft-n-max {shape.chain_len} = the longest path of Talon's tree")
-    gaps.append("the tree and its gate: llama.cpp drafts one chain; its own stop is --spec-draft-p-min (the top "
-                "token's probability over the top 10): sweep it with `talon atlas sweep --engine llamacpp` on "
-                "atlases recorded with --chain-depth")
+    gaps.append("llama.cpp: the tree and its gate (it drafts one chain; its own stop is --spec-draft-p-min, the top "
+                "token's probability over the top 10: sweep it with `talon atlas sweep --engine llamacpp` on "
+                "atlases recorded with --chain-depth)")
     if cfg.uses_retrieval:
-        gaps.append("the hybrid graft: llama.cpp tries n-gram types before a draft model when both are given "
-                    "(--spec-type ngram-simple,draft-simple), one or the other per step, never one tree")
+        gaps.append("llama.cpp: the hybrid graft (it tries n-gram types before a draft model when both are given, "
+                    "--spec-type ngram-simple,draft-simple: one or the other per step, never one tree)")
     return flags, notes, gaps
 
 

@@ -87,7 +87,8 @@ def serving_policies(engine: str, grid: dict[str, list[Any]],
     """Every valid combination of the grid as a policy, each with its knobs. Combinations the
     engine itself would rewrite are rewritten as it does (SGLang: topk 1 forces num_draft_tokens =
     num_steps + 1; a draft-token count above the tree's candidates is capped); ones it would
-    refuse (prompt_lookup_min above max) are left out; duplicates once. ``draft_kind``: what the
+    refuse (prompt_lookup_min above max) are left out; duplicates once; llama.cpp's plain decoding
+    always comes first, as the baseline. ``draft_kind``: what the
     atlases' draft slot held ("draft" or "head", ``Atlas.draft_kind``), so which of vLLM's
     ``draft_model`` / ``eagle3`` and SGLang's ``STANDALONE`` / ``EAGLE3`` drafts."""
     out: dict[str, tuple[dict[str, Any], ServingPolicy]] = {}
@@ -100,6 +101,10 @@ def serving_policies(engine: str, grid: dict[str, list[Any]],
             continue
         if found is not None:
             out.setdefault(found[1].label(), found)
+    if engine == "llamacpp" and out:  # plain decoding is always the baseline a setting has to beat
+        plain = _policy(engine, {**{k: v[0] for k, v in grid.items()}, "type": "none"}, False)
+        if plain is not None:
+            out = {plain[1].label(): plain, **out}
     if not out:
         raise ConfigError(f"no valid {engine} configuration in the grid")
     return list(out.values())

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from talon.atlas.data import Atlas, AtlasSpec, load_atlases
-from talon.atlas.llamacpp import LlamaCppCosts, parse_llamacpp_costs
+from talon.atlas.llamacpp_costs import LlamaCppCosts, parse_llamacpp_costs
 from talon.atlas.record import record_atlas
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
 from talon.atlas.serving_sweep import (

@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from talon.atlas.llamacpp import costs_from_llama_bench
+from talon.atlas.llamacpp_costs import costs_from_llama_bench
 from talon.cli.args import add_knob, add_model_args, pair_from_args
 from talon.cost.cache import MAX_AGE_DAYS, cache_path
 from talon.cost.model import CostModel
