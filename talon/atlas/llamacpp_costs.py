@@ -50,7 +50,8 @@ class LlamaCppCosts:
     @property
     def label(self) -> str:
         where = f" on {self.hardware}" if self.hardware else ""
-        return f"llama.cpp {self.version} batch costs from llama-bench{where} ({self.dtype or 'dtype ?'})"
+        version = f" {self.version}" if self.version else ""
+        return f"llama.cpp{version} batch costs from llama-bench{where} ({self.dtype or 'dtype ?'})"
 
     def target_s(self, n: int) -> float:
         return _interpolate(self.target_batch_s, n)
