@@ -64,8 +64,10 @@ class DraftTree:
 
     def add(self, parent: int, token: int, q_draft: float, source: str) -> int:
         """Append a child of ``parent``; returns the new node id."""
-        assert 0 <= parent < len(self.tokens), "parent must precede its child"
-        assert source in SOURCES
+        if not 0 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} must be a node of the tree (0 to {len(self.tokens) - 1})")
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.q_draft.append(float(q_draft))

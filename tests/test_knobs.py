@@ -14,7 +14,7 @@ import pytest
 from talon.atlas.explorer import Knobs
 from talon.atlas.sweep import GRID
 from talon.cli.args import add_run_args, config_from_args
-from talon.knobs import KNOB, KNOBS, ConfigError, markdown_table
+from talon.knobs import APP_KNOBS, KNOB, KNOBS, ConfigError, markdown_table
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.server.request import Controls
 
@@ -118,3 +118,15 @@ def test_a_second_declaration_is_caught(tmp_path: Path) -> None:
                                             "talon/server/request.py: Extra.budget = 16",
                                             "talon/server/request.py: checks mu"}
     assert KNOB["mu"].option == "--mu"
+
+
+def test_the_controls_record_holds_every_app_knob_under_its_app_name_and_default() -> None:
+    import dataclasses
+
+    from talon.server.request import Controls
+
+    fields = dataclasses.fields(Controls)
+    knobs = [f for f in fields if f.name not in ("preset", "draft_quant", "target_weights")]
+    assert [f.name for f in knobs] == [k.app for k in APP_KNOBS]
+    assert [f.default for f in knobs] == [k.default for k in APP_KNOBS]
+    assert fields[0].name == "preset" and [f.name for f in fields[-2:]] == ["draft_quant", "target_weights"]

@@ -1,5 +1,6 @@
 """DraftTree: masks, positions and paths derived from parent pointers."""
 
+import pytest
 import torch
 
 from talon.core.verify import tree_mask, tree_positions
@@ -49,13 +50,13 @@ def test_path_conf_is_product_of_q():
     assert t.child_with_token(1, 14) == 4 and t.child_with_token(1, 99) is None
 
 
-def test_parent_must_precede_child():
+def test_parent_must_precede_child_and_the_source_be_known():
     t = DraftTree.with_root(1)
-    try:
+    with pytest.raises(ValueError, match="parent 3 must be a node"):
         t.add(3, 5, 0.5, "model")
-    except AssertionError:
-        return
-    raise AssertionError("adding a child of a missing node must fail")
+    with pytest.raises(ValueError, match="source must be one of"):
+        t.add(0, 5, 0.5, "oracle")
+    assert len(t.tokens) == 1  # nothing was added
 
 
 def test_one_shape_helper_serves_tree_trace_and_figures():

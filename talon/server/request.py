@@ -18,7 +18,7 @@ import gradio as gr
 from talon import figures as F
 from talon.engine.prompt import PromptError
 from talon.engine.run import Run
-from talon.knobs import APP_KNOBS, values_of
+from talon.knobs import APP_KNOBS, KNOB, values_of
 from talon.models import ModelLoadError, zerogpu
 from talon.models.quant import resolve_target_weights
 from talon.run_config import ConfigError, RunConfig
@@ -27,37 +27,53 @@ from talon.server.pair import find_preset, held_key, out_of_memory_as_error, pai
 from talon.server.presets import DEFAULT_PRESET, ModelPreset
 from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS, Settings
 
-
-def _from_config(cls: type, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Any:
-    """The controls that reproduce a run from its summary's ``config`` (a RunConfig as a dict: a
-    trace's ``summary.config``); what it does not name keeps its default."""
-    values = values_of(config)
-    return cls(preset=preset, **{k.app: values[k.name] for k in APP_KNOBS})
+Number = int | float  # a slider sends a float for an integer knob (talon.knobs.Knob.read)
 
 
-def _to_config(self: Any, max_new_tokens_limit: int) -> RunConfig:
-    """The validated RunConfig; raises ConfigError with a message a user can act on."""
-    if self.draft_quant not in DRAFT_QUANTS:
-        raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
-    if self.target_weights == "int8":
-        raise ConfigError(INT8_REFUSED)
-    if self.target_weights not in TARGET_WEIGHTS:
-        raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
-    values = {k.name: getattr(self, k.app) for k in APP_KNOBS}
-    return RunConfig().with_knobs(values, app=True, caps={"max_new_tokens": max_new_tokens_limit})
+@dataclass(frozen=True)
+class Controls:
+    """The values of the run controls, as the API and the UI send them: the model pair, then every
+    knob the app offers under its public name (``talon.knobs``: ``Knob.app``, its default there;
+    ``tests/test_knobs.py`` holds these fields equal to the app's knobs), then the weights. All have
+    defaults, so an API call may pass the prompt alone."""
 
+    preset: str = DEFAULT_PRESET
+    drafter: str = KNOB["drafter"].default
+    tree_mode: str = KNOB["tree"].default
+    budget: Number = KNOB["budget"].default
+    root_k: Number = KNOB["root_k"].default
+    top_k: Number = KNOB["top_k"].default
+    mu: Number = KNOB["mu"].default
+    max_depth: Number = KNOB["max_depth"].default
+    min_conf: Number = KNOB["min_conf"].default
+    cost_aware: bool = KNOB["cost_aware"].default
+    retrieval_threshold: Number = KNOB["graft_threshold"].default
+    skip_layers: Number = KNOB["skip_layers"].default
+    temperature: Number = KNOB["temperature"].default
+    top_p: Number = KNOB["top_p"].default
+    seed: Number = KNOB["seed"].default
+    max_new_tokens: Number = KNOB["max_new_tokens"].default
+    async_draft: bool = KNOB["async_draft"].default
+    draft_quant: str = "auto"  # auto: the server's (TALON_DRAFT_QUANT)
+    target_weights: str = "auto"  # auto: the server's (TALON_TARGET_WEIGHTS)
 
-# The run controls as the API and the UI send them: the model pair and weights, then every knob
-# the app offers under its public name (talon.knobs: ``Knob.app``). All have defaults, so an API
-# call may pass the prompt alone.
-Controls = dataclasses.make_dataclass(
-    "Controls",
-    [("preset", str, DEFAULT_PRESET), *((k.app, Any, k.default) for k in APP_KNOBS),
-     ("draft_quant", str, "auto"), ("target_weights", str, "auto")],  # auto: the server's (TALON_*)
-    frozen=True,
-    namespace={"__doc__": "The values of the run controls, as the API and the UI send them.",
-               "from_config": classmethod(_from_config), "to_config": _to_config},
-)
+    @classmethod
+    def from_config(cls, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Controls:
+        """The controls that reproduce a run from its summary's ``config`` (a RunConfig as a dict: a
+        trace's ``summary.config``); what it does not name keeps its default."""
+        values = values_of(config)
+        return cls(preset=preset, **{k.app: values[k.name] for k in APP_KNOBS})
+
+    def to_config(self, max_new_tokens_limit: int) -> RunConfig:
+        """The validated RunConfig; raises ConfigError with a message a user can act on."""
+        if self.draft_quant not in DRAFT_QUANTS:
+            raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
+        if self.target_weights == "int8":
+            raise ConfigError(INT8_REFUSED)
+        if self.target_weights not in TARGET_WEIGHTS:
+            raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
+        values = {k.name: getattr(self, k.app) for k in APP_KNOBS}
+        return RunConfig().with_knobs(values, app=True, caps={"max_new_tokens": max_new_tokens_limit})
 
 
 def check_prompt(prompt: Any, settings: Settings) -> str:
