@@ -355,3 +355,19 @@ def test_the_bench_refuses_llama_cpp_without_its_side_environment(tmp_path: Path
         llamacpp_runners(("ar", "llamacpp"), "t", "d")
     assert llamacpp_runners(("ar", "talon"), "t", "d") == []
     assert "llamacpp" not in DEFAULT_METHODS and BenchConfig(methods=("ar", "llamacpp-spec")).methods
+
+
+def test_the_sweep_holds_p_min_at_zero_on_atlases_without_chains(tmp_path: Path) -> None:
+    path = tmp_path / "plain.atlas.json"
+    path.write_text(json.dumps(chain_atlas(list(range(10, 50)), {}).to_dict()))
+    costs = ["--costs", str(FIXTURE.parent / "serving_costs" / "llamacpp-11434-cpu-amd-epyc-q4km.json")]
+    run = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(path), "--engine", "llamacpp",
+                          "--grid", "type=draft-simple", "--grid", "n_max=4", "--json", *costs],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert {r["knobs"].get("p_min") for r in rows} == {None, 0.0} and "p_min held at 0" in run.stderr
+    asked = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(path), "--engine", "llamacpp",
+                            "--grid", "type=draft-simple", "--grid", "n_max=4", "--grid", "p_min=0.5", "--json",
+                            *costs], capture_output=True, text=True)
+    assert any(r["knobs"].get("p_min") == 0.5 for r in json.loads(asked.stdout)["rows"])  # asked: replayed

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from talon.atlas.data import Atlas, AtlasSpec, load_atlases
+from talon.atlas.llamacpp import DRAFT_TOP_K
 from talon.atlas.llamacpp_costs import LlamaCppCosts, parse_llamacpp_costs
 from talon.atlas.record import record_atlas
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
@@ -157,7 +158,13 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas],
         if len(kinds) > 1:
             raise ConfigError("these atlases were recorded with a draft model and with an EAGLE-3 head: sweep each "
                               "kind on its own (an engine drafts with one of them)")
-        policies = serving_policies(args.engine, parse_serving_grid(args.engine, args.grid), kinds.pop())
+        grid = parse_serving_grid(args.engine, args.grid)
+        chained = all(a.spec.chain_depth >= max(grid.get("n_max", [0])) and a.spec.chain_k >= DRAFT_TOP_K
+                      for a in atlases)
+        if args.engine == "llamacpp" and not chained and not any(g.startswith("p_min") for g in args.grid):
+            grid["p_min"] = [0.0]  # the default grid's p_min needs the draft's chains (--chain-depth)
+            logger.info("p_min held at 0: these atlases hold no draft chains deep enough (record with --chain-depth)")
+        policies = serving_policies(args.engine, grid, kinds.pop())
     except ConfigError as err:
         logger.error("%s", err)
         return 2
