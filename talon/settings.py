@@ -118,6 +118,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "1 to start on ZeroGPU with a Python or torch version ZeroGPU does not list (a warning, "
         "not a refusal; for trying a new stack).",
     ),
+    "TALON_LLAMACPP_BIN": (
+        "",
+        "Folder holding llama.cpp's llama-server for the benchmark's llamacpp methods (empty: "
+        "TALON_CACHE/llamacpp/11434.0.0/build/bin, where scripts/llamacpp_build.sh builds it).",
+    ),
 }
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ class Settings:
     preset_switch: str = "auto"
     zerogpu_max_s: int = 120
     zerogpu_unsupported_ok: bool = False
+    llamacpp_bin: str = ""  # "" = cache_dir / "llamacpp/11434.0.0/build/bin"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -248,6 +254,12 @@ class Settings:
         if self.preset_switch == "visitors" and self.queue_concurrency > 1:
             raise ConfigError("TALON_PRESET_SWITCH=visitors needs TALON_QUEUE_CONCURRENCY=1: a switch then waits "
                               "for the running work, never unloading a pair under another visitor's run")
+
+    @property
+    def llamacpp_bin_dir(self) -> Path:
+        """Where llama-server is looked for (``TALON_LLAMACPP_BIN``, else scripts/llamacpp_build.sh's folder)."""
+        return Path(self.llamacpp_bin).expanduser() if self.llamacpp_bin else (
+            self.cache_dir / "llamacpp" / "11434.0.0" / "build" / "bin")
 
     @property
     def cost_cache_dir(self) -> Path:
@@ -289,6 +301,7 @@ class Settings:
             zerogpu_unsupported_ok=_parse_bool(
                 "TALON_ZEROGPU_UNSUPPORTED_OK", _get(env, "TALON_ZEROGPU_UNSUPPORTED_OK")
             ),
+            llamacpp_bin=_get(env, "TALON_LLAMACPP_BIN"),
         )
 
 

@@ -2,7 +2,7 @@
 ``llamacpp-spec`` (its speculative setting, by default the best one the committed llama.cpp run
 measured on this pair), on the embedded pair's own GGUF files, the same prompt ids as every other
 method, greedy. Each runner starts its server once (the side environment that
-``scripts/llamacpp_build.sh`` builds: ``TALON_LLAMACPP_BIN`` or its cache folder) and stops it at
+``scripts/llamacpp_build.sh`` builds: ``Settings.llamacpp_bin_dir``) and stops it at
 exit; without it the methods are refused with the command that builds it.
 
 Its wall time per request is Talon's ``seconds`` (prefill and decoding); its forwards are
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import socket
 import subprocess
 import time
@@ -25,6 +24,7 @@ from typing import Any
 from talon.atlas.llamacpp import llamacpp_policy
 from talon.bench.runners import MethodSpec, Outcome
 from talon.run_config import ConfigError
+from talon.settings import Settings
 
 LLAMACPP_METHODS: tuple[str, ...] = ("llamacpp", "llamacpp-spec")
 BUILD_COMMAND = "bash scripts/llamacpp_build.sh"
@@ -34,10 +34,7 @@ BEST_SETTING: dict[str, Any] = {"type": "ngram-mod", "n_match": 24, "ngram_n_min
 
 def server_binary() -> Path:
     """llama-server from the side environment, or a ConfigError saying how to build it."""
-    folder = os.environ.get("TALON_LLAMACPP_BIN") or str(
-        Path(os.environ.get("TALON_CACHE_DIR", Path.home() / ".cache" / "talon")) / "llamacpp" / "11434.0.0"
-        / "build" / "bin")
-    binary = Path(folder).expanduser() / "llama-server"
+    binary = Settings.from_env().llamacpp_bin_dir / "llama-server"
     if not binary.is_file():
         raise ConfigError(f"llamacpp methods need llama-server ({binary} is missing): build it with {BUILD_COMMAND}, "
                           "or set TALON_LLAMACPP_BIN to a folder that holds it")
