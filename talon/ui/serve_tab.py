@@ -1,4 +1,4 @@
-"""The Serve tab: the current controls as the nearest SGLang launch flags and vLLM
+"""The Serve tab: the current controls as the nearest SGLang launch flags, llama-server flags and vLLM
 ``--speculative-config``, with what does not carry over (``talon.atlas.serving``), and what the engines
 would accept with them on the current prompt's atlas, beside Talon's own, with each engine's best
 settings there (``talon.atlas.forecast``). Also the ``/serving_config`` API endpoint, which takes

@@ -68,10 +68,11 @@ _EXPLAIN: dict[str, str] = {
         "few Spec-Bench prompts recorded on the embedded pair: pick a prompt and a budget."
     ),
     "serve": (
-        "**Run it in a server.** The controls on the left as the nearest SGLang launch flags and "
-        "vLLM `--speculative-config`, checked against the serving engines' source at the versions named. "
+        "**Run it in a server.** The controls on the left as the nearest SGLang launch flags, "
+        "vLLM `--speculative-config` and `llama-server` flags, checked against the engines' source at the "
+        "versions named. "
         "What has no equivalent there (the adaptive gate, the hybrid graft of retrieval into the "
-        "model's tree, async pre-drafting, cost-aware planning) is listed plainly. Both serving engines "
+        "model's tree, async pre-drafting, cost-aware planning) is listed plainly. vLLM and SGLang "
         "report acceptance as *mean acceptance length* and *per-position acceptance rate*: Talon's "
         "traces and benchmark results carry the same numbers (`serving_metrics`). With a draft atlas "
         "of the prompt (Threshold explorer), the tab also replays each serving engine's *own* drafting "
