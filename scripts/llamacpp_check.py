@@ -26,16 +26,15 @@ import gzip
 import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.llamacpp_peer import post, wait_ready
 from talon.atlas.data import Atlas, load_atlases
 from talon.atlas.llamacpp import llamacpp_policy, replay_llamacpp
 from talon.atlas.llamacpp_costs import LlamaCppCosts, costs_from_llama_bench
 from talon.atlas.serving_costs import decode_seconds
+from talon.bench.llamacpp import complete, wait_ready
 from talon.models import cpu_model
 
 # name -> llama.cpp knobs (talon.atlas.llamacpp.llamacpp_policy); "plain" runs no speculation
@@ -60,14 +59,6 @@ def server_command(server: str, target: Path, draft: Path, port: int, threads: i
     if policy.uses_draft_model:
         cmd += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
     return cmd + policy.flags()
-
-
-def complete(port: int, ids: list[int], tokens: int) -> tuple[dict, float]:
-    body = {"prompt": ids, "n_predict": tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-            "return_tokens": True, "stream": False}
-    start = time.perf_counter()
-    out = post(port, "/completion", body)
-    return out, time.perf_counter() - start
 
 
 class Server:

@@ -17,12 +17,11 @@ import argparse
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from talon.bench.llamacpp import complete, wait_ready
 from talon.engine.prompt import encode_prompt
 from talon.models import cpu_model
 from talon.models.convert import resolve_cache_dir
@@ -40,36 +39,6 @@ CONFIGS: dict[str, list[str]] = {
     "ngram-simple": ["--spec-type", "ngram-simple"],
     "ngram-map-k": ["--spec-type", "ngram-map-k"],
 }
-
-
-def post(port: int, path: str, body: dict, timeout: float = 600) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.load(resp)
-
-
-def wait_ready(port: int, server: subprocess.Popen, seconds: float = 300) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if server.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("llama-server did not become ready")
-
-
-def complete(port: int, ids: list[int], tokens: int) -> tuple[dict, float]:
-    body = {"prompt": ids, "n_predict": tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-            "return_tokens": True, "stream": False}
-    start = time.perf_counter()
-    out = post(port, "/completion", body)
-    return out, time.perf_counter() - start
 
 
 def main() -> int:

