@@ -1,4 +1,4 @@
-"""The static step on the CPU: is it, or ``torch.compile`` (inductor) over it, faster than the
+"""The static forward on the CPU: is it, or ``torch.compile`` (inductor) over it, faster than the
 dynamic cache the CPU runs by default? On the embedded pair, with nothing else on the cores.
 
     python -m experiments.cpu_step --out docs/cpu_step.json            # forwards, then the loop

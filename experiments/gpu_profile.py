@@ -2,7 +2,7 @@
 function (cProfile) over one run, and the readout's parts timed alone.
 
     python -m experiments.gpu_profile --out-dir OUT            # on a CUDA device, the 7B preset's shapes
-    python -m experiments.gpu_profile --out-dir OUT --tiny     # anywhere: tiny shapes, the static step
+    python -m experiments.gpu_profile --out-dir OUT --tiny     # anywhere: tiny shapes, the static forward
 
 On graphs a draft forward is a bucket's replay plus what the host does around it: the buffers'
 fill, the readout (softmax, top-k, the copy back), the tree's bookkeeping. The replay's GPU time

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    cuda = torch.cuda.is_available()  # elsewhere: the tiny shapes on the eager static step (a smoke test)
+    cuda = torch.cuda.is_available()  # elsewhere: the tiny shapes on the eager static forward (a smoke test)
     device = torch.device("cuda" if cuda else "cpu")
     spec = pair_specs(not cuda, {args.pair})[0]
     target = random_model(spec.target, spec.family, 1, F32, device, chain_vocab=spec.draft.vocab)

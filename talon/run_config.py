@@ -76,7 +76,7 @@ class TreeConfig:
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval drafter knobs.
+    """Retriever knobs.
 
     min_match: shortest suffix match (tokens) that yields a proposal at all.
     max_continuation: longest continuation drafted from one match.

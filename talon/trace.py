@@ -116,7 +116,7 @@ class RunModels:
     draft: str
     dtype: str
     device: str
-    forward: str = ""  # Engine.path: how the forwards ran
+    forward_path: str = ""  # Engine.forward_path: how the forwards ran
 
 
 @dataclass
@@ -132,7 +132,7 @@ class RunSummary:
     draft: str = ""
     dtype: str = ""
     device: str = ""
-    forward: str = ""  # how the forwards ran (talon.engine.engine.Engine.path: dynamic+fold, graphs, ...)
+    forward_path: str = ""  # how the forwards ran (talon.engine.engine.Engine.forward_path: dynamic+fold, graphs, ...)
     config: dict[str, Any] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     mean_tree_depth: float = 0.0
@@ -384,8 +384,9 @@ def parse_step(data: Any, index: int) -> StepTrace:
 def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
     """A RunSummary from the file's summary when it is well formed, else rebuilt from the steps."""
     fields = {f.name: f for f in dataclasses.fields(RunSummary)}
-    if isinstance(data, dict) and "step" in data and "forward" not in data:  # a file from before the rename
-        data = {**data, "forward": data["step"]}
+    if isinstance(data, dict) and "forward_path" not in data:  # a file from before the renames: forward, earlier step
+        old = data.get("forward", data.get("step"))
+        data = {**data, "forward_path": old} if isinstance(old, str) else data
     known = {k: v for k, v in data.items() if k in fields} if isinstance(data, dict) else {}
     agg = summarize_steps(steps)
     tokens = [t for st in steps for t in st.new_tokens]

@@ -139,7 +139,7 @@ def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
     for fold, implementation, path in ((None, NAME, "dynamic+fold"), (False, "sdpa", "dynamic")):
         engine = Engine(target, draft, fold=fold)
         assert {lm.model.config._attn_implementation for lm in (target, draft)} == {implementation}
-        assert engine.path == path
+        assert engine.forward_path == path
         assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].forward == path
 
 

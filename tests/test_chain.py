@@ -18,8 +18,8 @@ import talon.graphs.chain
 from talon.core.builder import build_tree, path_confidence
 from talon.cost.model import synthetic_costs
 from talon.cost.plan import CalibratedAcceptance, Planner
-from talon.drafters.model import ModelDrafter
-from talon.drafters.static_draft import StaticModelDrafter
+from talon.drafters.model import ModelSource
+from talon.drafters.static_draft import StaticModelSource
 from talon.graphs.chain import ChainShape, ChainState, StepTables
 from talon.graphs.pool import StaticPool
 from talon.graphs.static import BUCKETS, Bucket, bucket_for
@@ -40,7 +40,7 @@ def model():  # noqa: ANN201
 def grafted(model, context: list[int], rng: random.Random) -> DraftTree:  # noqa: ANN001
     """A retrieval graft the draft model will partly propose too (so some of its proposals
     merge, ``both``): the model's own best root child and its best child, and a stray token."""
-    peek = ModelDrafter(model)
+    peek = ModelSource(model)
     peek.reset(context)
     tree = DraftTree.with_root(context[-1])
     (first, q1), (second, _) = peek.expand(tree, [0], 2)[0]
@@ -60,7 +60,7 @@ def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool,
     drafter, to look at after)."""
     width = bucket_for(cfg.budget)
     pool = StaticPool(model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
-    drafter = StaticModelDrafter(model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
+    drafter = StaticModelSource(model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
     drafter.reset(PROMPT)
     if drafters is not None:
         drafters.append(drafter)
@@ -146,7 +146,7 @@ def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(mode
     rehearsed = drafting(model, cfg, True, calibrated, costs, steps=6, rehearse=True)
     assert all(same(a, b) for (a, _), (b, _) in zip(host, rehearsed))
     width = bucket_for(cfg.budget)
-    drafter = StaticModelDrafter(model, StaticPool(model, drafts=True, buckets=(width, 257)), tokens=400, chain=True,
+    drafter = StaticModelSource(model, StaticPool(model, drafts=True, buckets=(width, 257)), tokens=400, chain=True,
                                  rehearse=True)
     drafter.reset(PROMPT)
     addresses = None

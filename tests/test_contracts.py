@@ -11,8 +11,8 @@ from talon.atlas.replay import AtlasModel, TextVerifier
 from talon.core.contracts import Drafter, DraftSource, Verifier
 from talon.core.verify import TargetVerifier
 from talon.cost.model import synthetic_costs
-from talon.drafters import ModelDrafter, TreeDrafter, build_drafter
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters import ModelSource, TreeDrafter, build_drafter
+from talon.drafters.retrieval import Retriever
 from talon.engine.prompt import StopCheck, eos_ids
 from talon.engine.run import Run, RunParts
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
@@ -49,10 +49,10 @@ def test_the_contracts_name_what_the_loop_and_the_replay_use() -> None:
     tiny = tiny_loaded("llama", 1)
     recorded = AtlasModel.__new__(AtlasModel)  # the replay's source, without an atlas: its ledger only
     recorded.context, recorded.fed, recorded.timings = [], 0, []
-    for source in (SameToken(1), ModelDrafter(tiny.model), recorded):
+    for source in (SameToken(1), ModelSource(tiny.model), recorded):
         assert isinstance(source, DraftSource), type(source).__name__
     cfg = RunConfig()
-    assert isinstance(build_drafter(cfg, ModelDrafter(tiny.model), RetrievalDrafter(cfg.retrieval)), Drafter)
+    assert isinstance(build_drafter(cfg, ModelSource(tiny.model), Retriever(cfg.retrieval)), Drafter)
     assert issubclass(TargetVerifier, Verifier) and issubclass(TextVerifier, Verifier)
     assert not isinstance(object(), DraftSource) and not issubclass(TreeDrafter, Verifier)
 
@@ -71,7 +71,7 @@ def test_a_toy_drafter_through_the_public_contract_is_lossless(drafter: str, tre
                     tree=TreeConfig(mode=tree, budget=8, cost_aware=False))
     parts = RunParts(
         prompt_ids=prompt, prompt_text="abc abc abc abc",
-        drafter=build_drafter(cfg, toy, RetrievalDrafter(cfg.retrieval)),
+        drafter=build_drafter(cfg, toy, Retriever(cfg.retrieval)),
         verifier=TargetVerifier(target.model, SamplingConfig()),
         stop=StopCheck(target.tokenizer, eos_ids(target), (), cfg.max_new_tokens),
         token_text=lambda t: target.tokenizer.decode([t]),
@@ -92,7 +92,7 @@ def tiny_parts(cfg: RunConfig, **extra) -> RunParts:
     prompt = target.tokenizer("abc abc abc abc")["input_ids"]
     return RunParts(
         prompt_ids=prompt, prompt_text="abc abc abc abc",
-        drafter=build_drafter(cfg, ModelDrafter(draft.model), RetrievalDrafter(cfg.retrieval)),
+        drafter=build_drafter(cfg, ModelSource(draft.model), Retriever(cfg.retrieval)),
         verifier=TargetVerifier(target.model, SamplingConfig()),
         stop=StopCheck(target.tokenizer, eos_ids(target), (), cfg.max_new_tokens),
         token_text=lambda t: target.tokenizer.decode([t]), detokenize=lambda t: target.tokenizer.decode(t),

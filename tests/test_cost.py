@@ -27,7 +27,7 @@ from talon.cost.plan import (
     drafting_without_catch_up,
 )
 from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.retrieval import Retriever
 from talon.drafters.tree_drafter import SHORT_MATCH, TreeDrafter
 from talon.engine.engine import Engine, generate
 from talon.models import cpu_model
@@ -341,9 +341,9 @@ INTEL_F32 = {1: 0.518, 4: 0.954, 8: 1.386, 16: 1.566, 32: 1.942}  # target forwa
 
 
 def skipped_steps_send_the_full_proposal(steps, prompt_ids: list[int], cfg: RunConfig) -> int:
-    """Replay the context through an independent retrieval drafter: on every step the draft model
+    """Replay the context through an independent retriever: on every step the draft model
     skipped, the verified tree is exactly its proposal at the full budget. Returns those steps."""
-    shadow = RetrievalDrafter(cfg.retrieval)
+    shadow = Retriever(cfg.retrieval)
     shadow.reset(prompt_ids)
     skipped = 0
     for step in steps:
@@ -360,7 +360,7 @@ def skipped_steps_send_the_full_proposal(steps, prompt_ids: list[int], cfg: RunC
 def test_a_retrieval_first_step_verifies_the_full_budget_proposal(pair) -> None:
     """When the draft model does not run, retrieval sends what it proposes at the full budget
     (not its share of a shared tree): every such tree is exactly the proposal an independent
-    retrieval drafter makes over the same context, and a long chain fills the budget. Both ways
+    retriever makes over the same context, and a long chain fills the budget. Both ways
     the model sits out: not engaged (its drafting too dear), and engaged but skipped for a step
     because retrieval alone is expected to do better (retrieval first)."""
     target, draft = pair
@@ -385,7 +385,7 @@ def test_a_retrieval_first_step_verifies_the_full_budget_proposal(pair) -> None:
 def test_the_share_of_a_shared_tree_is_the_head_of_the_full_proposal() -> None:
     """One proposal per step serves both: the share grafted under the model's tree is what a
     proposal capped at that share would have been."""
-    drafter = RetrievalDrafter(RetrievalConfig(max_continuation=6, max_branches=3))
+    drafter = Retriever(RetrievalConfig(max_continuation=6, max_branches=3))
     drafter.reset([1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3, 4, 8, 1, 2, 3])
     full = drafter.propose(16)
     assert len(full) > 6
@@ -402,7 +402,7 @@ def failing_guesses(verify: dict[int, float], steps: int, seed: int = 0) -> list
     rng = random.Random(seed)
     letters = [10, 11, 12, 13]
     cfg = TreeConfig()
-    drafter = TreeDrafter(cfg, None, RetrievalDrafter(RetrievalConfig()), RetrievalConfig())
+    drafter = TreeDrafter(cfg, None, Retriever(RetrievalConfig()), RetrievalConfig())
     context = [rng.choice(letters) for _ in range(300)]
     drafter.reset(context)
     planner = Planner(synthetic_costs(verify), cfg, steps, predicted=True, acceptance=drafter.acceptance)

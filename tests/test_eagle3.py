@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from transformers import DynamicCache
 
 from talon.core.verify import additive_mask
-from talon.drafters.eagle3 import HeadDrafter
+from talon.drafters.eagle3 import HeadSource
 from talon.engine.engine import Engine, generate
 from talon.gpucheck.head import features_of
 from talon.models import LoadedModel, ModelLoadError
@@ -61,7 +61,7 @@ def test_the_head_on_the_static_forward_decodes_the_same(pair: tuple[LoadedModel
                     tree=TreeConfig(mode=tree, budget=12, cost_aware=False))
     summary, _ = generate(engine, ids, cfg)
     assert summary.token_ids == greedy_text(target, PROMPTS[0], 48)[-32:]
-    assert summary.mean_accepted_tokens >= 1.5 and summary.forward == "static+fold"
+    assert summary.mean_accepted_tokens >= 1.5 and summary.forward_path == "static+fold"
 
 
 def handed_features(target: LoadedModel, head: LoadedModel,
@@ -75,7 +75,7 @@ def handed_features(target: LoadedModel, head: LoadedModel,
     run = engine.run(greedy_text(target, PROMPTS[0], 16), cfg)
     steps = list(run)
     assert sum(s.accept_len for s in steps) > 0, "the steps must accept drafts: several features a step"
-    source = run.drafter.model
+    source = run.drafter.source
     committed = run.prompt_ids + run.generated
     return torch.stack(source.features), features_of(target, committed[:-1], source.feature_layers)
 
@@ -93,15 +93,15 @@ def test_the_head_is_handed_the_targets_features_at_their_own_positions(pair: tu
 def test_features_one_position_late_are_caught(pair: tuple[LoadedModel, LoadedModel],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: every feature handed over one position late (feature t - 1 beside token t + 1)."""
-    handed = HeadDrafter.add_features
+    handed = HeadSource.add_features
     late: dict[int, torch.Tensor] = {}
 
-    def one_late(self: HeadDrafter, features: torch.Tensor) -> None:
+    def one_late(self: HeadSource, features: torch.Tensor) -> None:
         previous = late.get(id(self), torch.zeros_like(features[:1]))
         late[id(self)] = features[-1:]
         handed(self, torch.cat([previous, features[:-1]]))
 
-    monkeypatch.setattr(HeadDrafter, "add_features", one_late)
+    monkeypatch.setattr(HeadSource, "add_features", one_late)
     got, want = handed_features(*pair)
     assert got.shape == want.shape and not torch.allclose(got, want, atol=1e-4)
 

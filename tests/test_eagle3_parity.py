@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from talon.core.kv import gather_entries
 from talon.core.verify import additive_mask
-from talon.drafters.eagle3 import HeadDrafter
+from talon.drafters.eagle3 import HeadSource
 from talon.drafters.model import path_key
 from talon.models.eagle3 import Eagle3Head, load_head
 from talon.tree import DraftTree
@@ -111,7 +111,7 @@ def topk(logits: list[float], d2t: torch.Tensor) -> tuple[list[int], torch.Tenso
     return (ids + d2t[ids]).tolist(), q
 
 
-def drafted_steps(head: Eagle3Head, ref: dict, drafter: HeadDrafter, accepts: tuple[int, ...] = (2, 3, 0)) -> float:
+def drafted_steps(head: Eagle3Head, ref: dict, drafter: HeadSource, accepts: tuple[int, ...] = (2, 3, 0)) -> float:
     """Talon's drafter over ``len(accepts) + 1`` steps, each a branching tree four levels deep: the
     root's children, then the reference's chain (tokens m + 1, m + 2, m + 3) with a sibling branch
     fed beside it in every layer, which the chain must not see. After each step the chain's first
@@ -148,7 +148,7 @@ def drafted_steps(head: Eagle3Head, ref: dict, drafter: HeadDrafter, accepts: tu
 def test_the_drafters_trees_are_the_references_over_four_steps(reference: dict, layout: str,
                                                                tmp_path: Path) -> None:
     head = loaded(reference, layout, tmp_path)
-    drafter = HeadDrafter(head, head.cfg.layers_for(TARGET_LAYERS))
+    drafter = HeadSource(head, head.cfg.layers_for(TARGET_LAYERS))
     with torch.inference_mode():
         assert drafted_steps(head, reference, drafter) < TOL
 
@@ -157,7 +157,7 @@ def test_a_commit_that_keeps_the_draft_time_states_is_caught(reference: dict, tm
     """Planted: the accepted nodes' cache entries kept as committed pairs (their inputs were the
     head's own outputs, not the target's features), so nothing is fed again."""
 
-    class Planted(HeadDrafter):
+    class Planted(HeadSource):
         def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
             keep = list(range(self.fed)) + [self.slots[path_key(tree, n)] for n in accepted]
             gather_entries(self.cache, keep)

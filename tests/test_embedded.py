@@ -71,7 +71,7 @@ def engine(embedded_pair) -> Engine:
         ("sum", "hybrid", "adaptive", True),
         # float32 on a CPU: a 2-token block costs twice one token, so the cost-aware planner may
         # rightly decline to speculate (then every step verifies the root alone); these cases
-        # test the tree modes and the retrieval drafter, so they always draft
+        # test the tree modes and the retriever, so they always draft
         ("mt_bench", "model", "static", False),
         ("humaneval", "model", "chain", False),
         ("sum", "retrieval", "adaptive", False),

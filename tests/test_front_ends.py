@@ -46,7 +46,7 @@ def test_generate_runs_the_configured_forward_and_says_so(pair_dirs: tuple[Path,
     out = run_cli(["generate", "--prompt", "abc abc", "--target", str(target), "--draft", str(draft), "--device",
                    "cpu", "--dtype", "float32", "--max-new-tokens", "6", "--no-chat-template", "--json"], capsys)
     summary = json.loads(out)
-    assert summary["forward"] == path and len(summary["token_ids"]) == 6
+    assert summary["forward_path"] == path and len(summary["token_ids"]) == 6
     assert summary["config"]["async_draft"] is False  # the knob table's one default, on every device
 
 

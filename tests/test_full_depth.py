@@ -69,7 +69,7 @@ class Pair:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def pair(request: pytest.FixtureRequest) -> Pair:
-    """Two prompts: random ids (the model drafter's trees accepted at depth) and one ending on a
+    """Two prompts: random ids (the model source's trees accepted at depth) and one ending on a
     walk of the chain it walked before (retrieval's trees accepted at depth)."""
     target_shape, draft_shape, family = preset_shapes(request.param)
     target, draft = loaded(target_shape, family, 1), loaded(draft_shape, family, 2)
@@ -108,12 +108,12 @@ def test_every_drafter_and_tree_mode_equals_generate_at_full_depth(pair: Pair) -
             mats[(prompt, drafter, mode, async_draft)] = summary.mean_accepted_tokens
             if summary.token_ids != want:
                 wrong.append((prompt, drafter, mode, async_draft))
-    static = Engine(pair.engine.target, pair.engine.draft, forward="static")  # the static step (talon/graphs/static.py)
+    static = Engine(pair.engine.target, pair.engine.draft, forward="static")  # talon/graphs/static.py
     for prompt, drafter, mode in (("random", "hybrid", "adaptive"), ("random", "model", "static"),
                                   ("chain", "retrieval", "chain")):
         ids, want = pair.prompts[prompt]
         if generate(static, ids, config(drafter, mode))[0].token_ids != want:
-            wrong.append((prompt, drafter, mode, "static step"))
+            wrong.append((prompt, drafter, mode, "static forward"))
     assert not wrong, f"{pair.key}: differs from generate() for {wrong}"
     # the check has teeth only where drafts are accepted at depth: every configuration the draft
     # model drafts in must be (retrieval's, on the chain prompt, are on Qwen's shapes only, and

@@ -111,14 +111,14 @@ def test_drafts_never_accepted_fail_the_lossless_check_on_its_floor(gpu_check,
     is still the target's, but the configurations the draft model drafts in (alone, and hybrid on
     a prompt where retrieval finds nothing) fall below the floor, and the check fails on it,
     naming them."""
-    from talon.drafters.model import ModelDrafter
+    from talon.drafters.model import ModelSource
 
-    real = ModelDrafter.expand
+    real = ModelSource.expand
 
     def off_by_one(self, tree, nodes, k):  # noqa: ANN001, ANN202
         return [[(token + 1, q) for token, q in kids] for kids in real(self, tree, nodes, k)]
 
-    monkeypatch.setattr(ModelDrafter, "expand", off_by_one)
+    monkeypatch.setattr(ModelSource, "expand", off_by_one)
     only_checks(gpu_check, monkeypatch, named(gpu_check, "lossless"))
     report = gpu_check.run_checks(tiny=True, only={"qwen2.5-7b"}, with_app=False)
     detail = report["pairs"]["qwen2.5-7b"]["checks"][0]["detail"]

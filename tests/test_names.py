@@ -74,7 +74,74 @@ RETIRED = {
     r"\bEngine(Policy|Run|Row|Costs|Draft|Step|Kind)\b": "Serving* (a serving engine's), RunnerKind",
     r"\bdrafters\.SOURCES\b|from talon\.drafters import SOURCES\b":
         "talon.drafters.SOURCE_MAKERS (tree.SOURCES: node origins)",
+    r"\b(Model|Head|StaticModel|Retrieval)Drafter\b": "ModelSource, HeadSource, StaticModelSource, Retriever "
+                                                     "(a source is a drafter's half, not a drafter)",
+    r"\bmodel_drafter\b": "model_source",
+    r"\b[Ss]tatic steps?\b": "static forward (a step is one iteration of the loop)",
 }
+
+# Names a field, parameter or attribute may no longer carry: (class or "*", name) -> what replaced it.
+RETIRED_MEMBERS = {
+    ("TreeDrafter", "model"): "TreeDrafter.source (a draft source)",
+    ("TreeDrafter", "retrieval"): "TreeDrafter.retriever",
+    ("PreDraft", "drafter"): "PreDraft.source (it holds a fork of the source)",
+    ("Engine", "path"): "Engine.forward_path",
+    ("RunModels", "forward"): "RunModels.forward_path",
+    ("RunSummary", "forward"): "RunSummary.forward_path",
+}
+# (name, annotation pattern) a field or parameter may not pair: the name says one thing, the type another
+RETIRED_ANNOTATED = {
+    (r"drafter|model", r"\b\w*Source\b"): "a draft source is named source",
+    (r"source", r"PreTrainedModel|Module|LoadedModel"): "a model is not a source",
+    (r"engine", r"^(str|Serving|Literal\[.*)$"): "a serving engine's name is serving (an engine is Talon's Engine)",
+}
+
+
+def _annotated(tree: ast.AST) -> list[tuple[str, str, str, int]]:
+    """(class or "*", name, annotation text, line) of every annotated parameter and field, and the
+    attributes a method sets on ``self`` (annotation "")."""
+    found: list[tuple[str, str, str, int]] = []
+
+    def visit(node: ast.AST, owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, child.name)
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                    note = ast.unparse(arg.annotation) if arg.annotation else ""
+                    found.append(("*", arg.arg, note, arg.lineno))
+                if owner != "*":
+                    found.append((owner, child.name, "", child.lineno))
+                    for sub in ast.walk(child):
+                        targets = sub.targets if isinstance(sub, ast.Assign) else (
+                            [sub.target] if isinstance(sub, ast.AnnAssign) else [])
+                        for t in targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                found.append((owner, t.attr, "", sub.lineno))
+                visit(child, "*")
+                continue
+            if isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name):
+                found.append((owner, child.target.id, ast.unparse(child.annotation), child.lineno))
+            visit(child, owner)
+
+    visit(tree, "*")
+    return found
+
+
+def retired_members(root: Path = REPO) -> set[str]:
+    """Retired field, parameter and attribute names in ``talon/`` (RETIRED_MEMBERS, RETIRED_ANNOTATED)."""
+    found = set()
+    for path in sorted((root / "talon").rglob("*.py")):
+        where = path.relative_to(root)
+        for owner, name, note, line in _annotated(ast.parse(path.read_text(encoding="utf-8"))):
+            if (owner, name) in RETIRED_MEMBERS:
+                found.add(f"{where}:{line}: {owner}.{name}")
+            for (names, types), _why in RETIRED_ANNOTATED.items():
+                if note and re.fullmatch(names, name) and re.search(types, note):
+                    found.add(f"{where}:{line}: {name}: {note}")
+    return found
 
 
 def retired_uses(root: Path = REPO) -> set[str]:
@@ -94,6 +161,23 @@ def test_retired_words_stay_retired() -> None:
     assert retired_uses() == set()
 
 
+def test_retired_fields_and_parameters_stay_retired() -> None:
+    assert retired_members() == set()
+
+
+def test_a_retired_field_or_parameter_is_caught(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "talon" / "drafters" / "rogue.py").write_text(
+        "from talon.core.contracts import DraftSource\n\n\n"
+        "class TreeDrafter:\n"
+        "    def __init__(self, drafter: DraftSource, engine: str) -> None:\n"
+        "        self.model = drafter\n")
+    assert retired_members(tmp_path) == {
+        "talon/drafters/rogue.py:5: drafter: DraftSource", "talon/drafters/rogue.py:5: engine: str",
+        "talon/drafters/rogue.py:6: TreeDrafter.model",
+    }
+
+
 def test_a_retired_word_is_caught(tmp_path: Path) -> None:
     for folder in ("talon", "tests", "scripts", "experiments", "docs"):
         shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "runs"))
@@ -110,6 +194,7 @@ def test_the_design_doc_says_the_vocabulary_first() -> None:
     assert words < text.index("## The map, on one page")
     table = text[words:text.index("## The map, on one page")]
     for word in ("step", "forward", "engine", "serving engine", "drafter", "drafter kind", "draft source",
+                 "retriever", "forward path",
                  "node source", "KV cut"):
         assert f"| {word} |" in table, word
 

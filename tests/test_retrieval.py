@@ -1,4 +1,4 @@
-"""Retrieval drafter: suffix-automaton matching, continuation tries, corpus datastore.
+"""Retriever: suffix-automaton matching, continuation tries, corpus datastore.
 
 Invariants: the match is the longest suffix that also ends at an earlier position (checked
 against brute force); the incremental index equals one rebuilt from scratch; every drafted path
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from talon.drafters import (
     CorpusIndex,
-    RetrievalDrafter,
     RetrievalProposal,
+    Retriever,
     SuffixIndex,
     build_trie,
 )
@@ -34,8 +34,8 @@ def enc(text: str) -> list[int]:
     return [VOCAB[w] for w in text.split()]
 
 
-def drafter_on(text: str, **knobs: object) -> RetrievalDrafter:
-    drafter = RetrievalDrafter(RetrievalConfig(**knobs))
+def drafter_on(text: str, **knobs: object) -> Retriever:
+    drafter = Retriever(RetrievalConfig(**knobs))
     drafter.reset(enc(text))
     return drafter
 
@@ -82,7 +82,7 @@ def check_shape(prop: RetrievalProposal, cfg: RetrievalConfig, max_nodes: int) -
     assert all(0.0 < q <= 1.0 for q in prop.q)
 
 
-def check_q_against_occurrences(drafter: RetrievalDrafter, prop: RetrievalProposal) -> None:
+def check_q_against_occurrences(drafter: Retriever, prop: RetrievalProposal) -> None:
     """q(node) = #occurrences continuing with the node's path / #continuing past its parent."""
     stream = drafter.context.tokens
     depth = drafter.cfg.max_continuation
@@ -199,13 +199,13 @@ def check_against_rebuilt_and_brute(
 ) -> None:
     """Feed ``stream`` in chunks; after each chunk compare with a rebuilt index and brute force."""
     chunks = _chunks(stream, sizes)
-    incremental = RetrievalDrafter(cfg)
+    incremental = Retriever(cfg)
     incremental.reset(chunks[0])
     seen = list(chunks[0])
     for chunk in [[], *chunks[1:]]:
         incremental.extend(chunk)
         seen += chunk
-        rebuilt = RetrievalDrafter(cfg)
+        rebuilt = Retriever(cfg)
         rebuilt.reset(seen)
         prop = incremental.propose(max_nodes)
         assert prop == rebuilt.propose(max_nodes)
@@ -346,7 +346,7 @@ def _jsonl(tmp_path: Path) -> str:
 def test_corpus_from_jsonl_prefers_longer_match(tmp_path: Path) -> None:
     corpus = CorpusIndex.from_file(_jsonl(tmp_path), enc)
     assert corpus.num_documents == 4 and corpus.num_tokens == 9 + 3 + 5 + 5
-    drafter = RetrievalDrafter(RetrievalConfig(max_continuation=8), corpus)
+    drafter = Retriever(RetrievalConfig(max_continuation=8), corpus)
     drafter.reset(enc("i saw the quick brown fox"))
     prop = drafter.propose(16)
     assert prop.source == "corpus" and prop.match_len == 4
@@ -354,7 +354,7 @@ def test_corpus_from_jsonl_prefers_longer_match(tmp_path: Path) -> None:
 
 
 def test_corpus_continuation_stops_at_document_end(tmp_path: Path) -> None:
-    drafter = RetrievalDrafter(RetrievalConfig(), CorpusIndex.from_file(_jsonl(tmp_path), enc))
+    drafter = Retriever(RetrievalConfig(), CorpusIndex.from_file(_jsonl(tmp_path), enc))
     drafter.reset(enc("q c d"))
     prop = drafter.propose(16)
     assert prop.source == "corpus" and prop.tokens == enc("e")
@@ -363,7 +363,7 @@ def test_corpus_continuation_stops_at_document_end(tmp_path: Path) -> None:
 
 
 def test_context_wins_ties_and_longer_matches(tmp_path: Path) -> None:
-    drafter = RetrievalDrafter(RetrievalConfig(), CorpusIndex.from_file(_jsonl(tmp_path), enc))
+    drafter = Retriever(RetrievalConfig(), CorpusIndex.from_file(_jsonl(tmp_path), enc))
     drafter.reset(enc("a b q r a b"))  # context "a b" -> q; corpus "a b" -> c: tie
     prop = drafter.propose(16)
     assert prop.source == "context" and prop.match_len == 2 and prop.tokens[0] == VOCAB["q"]
@@ -376,7 +376,7 @@ def test_corpus_from_plain_text(tmp_path: Path) -> None:
     path = _write(tmp_path, "corpus.txt", "the quick brown fox\njumps over\n\n  \n\nthe lazy dog\n")
     corpus = CorpusIndex.from_file(path, enc)
     assert corpus.num_documents == 2
-    drafter = RetrievalDrafter(RetrievalConfig(), corpus)
+    drafter = Retriever(RetrievalConfig(), corpus)
     drafter.reset(enc("i saw the quick"))
     assert drafter.propose(16).tokens == enc("brown fox jumps over")
 

@@ -68,7 +68,7 @@ def test_acceptance_rule_preserves_distribution_and_a_naive_rule_does_not() -> N
     # warped on both steps; unwarped with the target drafting for itself (the unwarped rule on the
     # draft model is the acceptance rule's own test above: one acceptance path serves every drafter)
     [(SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic", "model"),
-     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static", "model"),  # the static step samples alike
+     (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "static", "model"),  # the static forward too
      (SamplingConfig(temperature=1.0, seed=0), "dynamic", "layerskip"),  # the target drafts for itself
      (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0), "dynamic", "eagle3")],  # a head on its features
 )

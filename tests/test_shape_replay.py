@@ -155,7 +155,7 @@ def test_the_shape_source_answers_only_a_draft_sources_calls(atlas: Atlas) -> No
     from talon.atlas.shape import ShapeSource
 
     run, _ = shape_run(other_pair("dynamic"), atlas, RunConfig(drafter="model", max_new_tokens=8, draft_vocab=0))
-    source = run.drafter.model
+    source = run.drafter.source
     assert isinstance(source, ShapeSource)
     for name in ("fork", "chained_tree", "chains"):
         with pytest.raises(AttributeError):

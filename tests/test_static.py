@@ -179,11 +179,11 @@ def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN00
     model.to("cpu")
 
 
-# ------------------------------------------------------------------ the draft model on the static step
+# ------------------------------------------------------------------ the draft model on the static forward
 
 
 def drafting(drafter) -> list:  # noqa: ANN001
-    """Two steps of a model drafter, the second from an async fork's adopted subtree, then a
+    """Two steps of a model source, the second from an async fork's adopted subtree, then a
     third after a plain commit: every layer's children (token, q)."""
     seen = []
 
@@ -234,21 +234,21 @@ def same_children(a: list, b: list) -> bool:
 
 
 def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(model) -> None:  # noqa: ANN001
-    from talon.drafters.model import ModelDrafter
-    from talon.drafters.static_draft import StaticModelDrafter
+    from talon.drafters.model import ModelSource
+    from talon.drafters.static_draft import StaticModelSource
     from talon.graphs.pool import StaticPool
 
     pool = StaticPool(model, drafts=True)
-    want = drafting(ModelDrafter(model))
-    got = drafting(StaticModelDrafter(model, pool, tokens=64))
+    want = drafting(ModelSource(model))
+    got = drafting(StaticModelSource(model, pool, tokens=64))
     assert len(want) == 8 and same_children(want, got)
     assert len(pool.free) == pool.made == 2, "the drafter and its fork gave their forwards back"
 
 
 @pytest.mark.parametrize("bug", ["keep one slot off", "ancestor unseen"])
 def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
-    from talon.drafters.model import ModelDrafter
-    from talon.drafters.static_draft import StaticModelDrafter
+    from talon.drafters.model import ModelSource
+    from talon.drafters.static_draft import StaticModelSource
     from talon.graphs.pool import StaticPool
 
     if bug == "keep one slot off":
@@ -264,12 +264,12 @@ def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.Monk
             return real_fill(self, ids, positions, visible, length, base)
 
         monkeypatch.setattr(StaticForward, "fill", unseen)
-    want = drafting(ModelDrafter(model))
-    got = drafting(StaticModelDrafter(model, StaticPool(model, drafts=True), tokens=64))
+    want = drafting(ModelSource(model))
+    got = drafting(StaticModelSource(model, StaticPool(model, drafts=True), tokens=64))
     assert not same_children(want, got)
 
 
-# ------------------------------------------------------------------ the static step in the loop
+# ------------------------------------------------------------------ the static forward in the loop
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +304,7 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
     drafts = engine.static_pools["draft"]
     assert len(drafts.free) == drafts.made, "every draft forward (async forks too) was given back"
     assert drafter in ("none", "retrieval") or drafts.made >= 1 + (drafter in ("model", "hybrid")), \
-        "the draft model ran on the static step, and async forks took a second forward"
+        "the draft model ran on the static forward, and async forks took a second forward"
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -67,11 +67,11 @@ class Forecast:
             rate = f"{self.talon_rate:.2f}" if self.talon_rate else ""
             mapped = f" (as {self.talon_as}, what the atlas's draft slot drafts)" if self.talon_as else ""
             lines.append(f"| Talon, the current controls{mapped} | MAT {self.talon_mat:.2f} | {rate} |")
-        for engine, row, note in self.exported:
+        for serving, row, note in self.exported:
             if row is None:
-                lines.append(f"| {engine} | {note} | |")
+                lines.append(f"| {serving} | {note} | |")
                 continue
-            metric = "spec_accept_length" if row.engine == "sglang" else "mean acceptance length"
+            metric = "spec_accept_length" if row.serving == "sglang" else "mean acceptance length"
             cover = "" if row.misses == 0 else f" ({100 * row.coverage:.0f} % of steps inside the atlas)"
             lines.append(f"| {row.policy.label()} (exported) | {metric} {row.acceptance:.2f}{cover} | "
                          f"{row.tokens_per_s:.2f} |")
@@ -138,16 +138,16 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
         lookup = prompt_lookup_config(cfg)
         policies.insert(0, ("vLLM ngram", VllmNgram(lookup["num_speculative_tokens"], lookup["prompt_lookup_min"],
                                                     lookup["prompt_lookup_max"]), ""))
-    for engine, policy, note in policies:
+    for serving, policy, note in policies:
         if policy is None:
-            exported.append((engine, None, note))
+            exported.append((serving, None, note))
             continue
-        exported.append((engine, sweep_serving([atlas], [({}, policy)])[0], ""))
+        exported.append((serving, sweep_serving([atlas], [({}, policy)])[0], ""))
     best = {}
-    for engine in ("vllm", "sglang", "llamacpp"):
-        grid = llamacpp_grid(atlas) if engine == "llamacpp" else DEFAULT_GRIDS[engine]
-        rows = sweep_serving([atlas], serving_policies(engine, grid, atlas.draft_kind))
-        best[engine] = why_best(rows, best_serving_row(rows))
+    for serving in ("vllm", "sglang", "llamacpp"):
+        grid = llamacpp_grid(atlas) if serving == "llamacpp" else DEFAULT_GRIDS[serving]
+        rows = sweep_serving([atlas], serving_policies(serving, grid, atlas.draft_kind))
+        best[serving] = why_best(rows, best_serving_row(rows))
     if len(llamacpp_grid(atlas)["p_min"]) == 1:
         best["llamacpp"] += "; p_min not swept: record the atlas with --chain-depth 16 to replay it"
     return Forecast(talon_mat, talon_rate, exported, best,

@@ -47,6 +47,7 @@ from talon.atlas.data import Atlas
 from talon.atlas.llamacpp_ngram import LlamaCppNgramMod, LlamaCppNgramSimple, LlamaCppPolicyBase
 from talon.atlas.serving_replay import (
     NEAR_TIE,
+    Serving,
     ServingDraft,
     ServingRun,
     ServingStep,
@@ -72,7 +73,7 @@ class LlamaCppDraft(LlamaCppPolicyBase):
     n_min: int = 0
     p_min: float = 0.0
     type: LlamaCppType = "draft-simple"
-    engine: str = "llamacpp"
+    serving: Serving = "llamacpp"
 
     def __post_init__(self) -> None:
         check_int("n_max", self.n_max, 1, 64)
@@ -156,7 +157,7 @@ class LlamaCppPlain(LlamaCppPolicyBase):
     every setting against)."""
 
     type: str = "none"
-    engine: str = "llamacpp"
+    serving: Serving = "llamacpp"
 
     def label(self) -> str:
         return "llama.cpp plain decoding"

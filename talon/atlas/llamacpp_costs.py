@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT
+from talon.atlas.serving_replay import Serving
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class LlamaCppCosts:
     target_prefill_token_s: float = 0.0
     draft_prefill_token_s: float = 0.0
     step_s: float = 0.0  # the server's own work per step (sampling, bookkeeping), if fitted
-    engine: str = "llamacpp"
+    serving: Serving = "llamacpp"
     version: str = ""
     hardware: str = ""
     dtype: str = ""
@@ -75,7 +76,7 @@ class LlamaCppCosts:
         data = dataclasses.asdict(self)
         for name in ("target_batch_s", "draft_batch_s"):
             data[name] = {str(n): s for n, s in sorted(getattr(self, name).items())}
-        return {"format": ENGINE_COST_FORMAT, **data}
+        return {"format": ENGINE_COST_FORMAT, "engine": data.pop("serving"), **data}  # the file's name for it
 
 
 def _seconds(value: Any) -> bool:
@@ -102,7 +103,7 @@ def parse_llamacpp_costs(data: Any) -> LlamaCppCosts:
     if not isinstance(data, dict) or data.get("format") != ENGINE_COST_FORMAT or data.get("engine") != "llamacpp":
         raise ValueError(f'not a llama.cpp cost file: expected "format": "{ENGINE_COST_FORMAT}", '
                          '"engine": "llamacpp"')
-    known = {f.name for f in dataclasses.fields(LlamaCppCosts)}
+    known = {f.name for f in dataclasses.fields(LlamaCppCosts)} - {"serving"}
     given = {k: v for k, v in data.items() if k in known}
     for name in ("target_batch_s", "draft_batch_s"):
         curve = given.get(name, {})

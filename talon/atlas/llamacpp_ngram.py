@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from talon.atlas.data import Atlas
-from talon.atlas.serving_replay import ServingDraft, check_int
+from talon.atlas.serving_replay import Serving, ServingDraft, check_int
 
 MOD_SLOTS = 4 * 1024 * 1024  # ngram-mod's table
 MOD_MULTIPLIER = 6364136223846793005
@@ -47,7 +47,7 @@ class LlamaCppNgramSimple(LlamaCppPolicyBase):
     size_n: int = 12
     size_m: int = 48
     type: str = "ngram-simple"
-    engine: str = "llamacpp"
+    serving: Serving = "llamacpp"
 
     def __post_init__(self) -> None:
         check_int("size_n", self.size_n, 1, 1024)
@@ -127,7 +127,7 @@ class LlamaCppNgramMod(LlamaCppPolicyBase):
     n_min: int = 48
     n_max: int = 64
     type: str = "ngram-mod"
-    engine: str = "llamacpp"
+    serving: Serving = "llamacpp"
     _mod: NgramMod | None = field(default=None, repr=False, compare=False)
     _i_last: int = field(default=0, repr=False, compare=False)
     _last_len: int = field(default=0, repr=False, compare=False)

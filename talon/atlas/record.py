@@ -32,8 +32,8 @@ from talon.atlas.replay import replay
 from talon.core.contracts import Children
 from talon.core.kv import gather_entries
 from talon.core.verify import additive_mask, forward_features, forward_hidden, lm_logits
-from talon.drafters.model import ModelDrafter
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.model import ModelSource
+from talon.drafters.retrieval import Retriever
 from talon.engine.engine import Engine, generate
 from talon.engine.prompt import eos_ids
 from talon.models.eagle3 import Eagle3Head, is_head
@@ -91,7 +91,7 @@ def record_atlas(
         recorder: _Recorder = _HeadRecorder(engine, prompt_ids, output, spec)
     else:
         target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
-        recorder = _Recorder(ModelDrafter(engine.draft.model, cfg.draft_vocab, target_vocab), prompt_ids, output, spec)
+        recorder = _Recorder(ModelSource(engine.draft.model, cfg.draft_vocab, target_vocab), prompt_ids, output, spec)
     recorder.record(lambda f, what: report(0.25 + 0.75 * f, what))
     if cover:
         recorder.cover(Atlas(prompt_ids=prompt_ids, output=output, children=recorder.children, spec=spec,
@@ -131,14 +131,14 @@ def record_atlas(
 class _Recorder:
     """Grows every position's superset and asks the draft model for missing children."""
 
-    def __init__(self, drafter: ModelDrafter | None, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
-        self.drafter = drafter
+    def __init__(self, source: ModelSource | None, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
+        self.source = source
         self.prompt_ids, self.output, self.spec = prompt_ids, output, spec
         self.seq = prompt_ids + output  # (S,) the committed context of every position is a prefix
         self.prefix = len(self.seq)  # the cache entries of the committed text, kept between chunks
         self.root_index = len(prompt_ids) - 1  # seq index of the root at p = 0
         self.children: dict[Key, Children] = {}
-        self.cache = DynamicCache(config=drafter.model.config) if drafter is not None else DynamicCache()
+        self.cache = DynamicCache(config=source.model.config) if source is not None else DynamicCache()
         self.slots: dict[Key, int] = {}  # keys fed into the cache in this chunk -> cache index
         self.wide: set[Key] = set()  # nodes of the draft's own chains (``AtlasSpec.chain_depth``)
         self.rows = 0
@@ -162,7 +162,7 @@ class _Recorder:
 
     def _topk(self, hidden: torch.Tensor, keys: list[Key]) -> None:
         """Record the top children of each of ``keys`` from its last hidden state ``(T, H)``."""
-        probs = torch.softmax(lm_logits(self.drafter.model, hidden, self.drafter.vocab_size), dim=-1)  # (T, V)
+        probs = torch.softmax(lm_logits(self.source.model, hidden, self.source.vocab_size), dim=-1)  # (T, V)
         q, tokens = probs.topk(self._widest(), dim=-1)  # (T, k)
         for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
             self.children[key] = list(zip(toks, qs))[: self._k(key)]
@@ -170,8 +170,8 @@ class _Recorder:
     @torch.inference_mode()
     def _prefill(self) -> None:
         """One causal forward over prompt + output: the children of every greedy-text node."""
-        ids = self.drafter.embeddable_ids(self.seq)
-        hidden = forward_hidden(self.drafter.model, self.cache, ids, torch.arange(len(ids)), None)  # (S, H)
+        ids = self.source.embeddable_ids(self.seq)
+        hidden = forward_hidden(self.source.model, self.cache, ids, torch.arange(len(ids)), None)  # (S, H)
         self.forwards += 1
         first = self.root_index
         for start in range(first, len(self.seq), 256):
@@ -215,10 +215,10 @@ class _Recorder:
             visible[row, old + row] = True
             self.slots[(p, path)] = old + row
             positions.append(root + len(path))
-        ids = self.drafter.embeddable_ids([path[-1] for _, path in batch])
+        ids = self.source.embeddable_ids([path[-1] for _, path in batch])
         self.forwards += 1
         self.rows += len(batch)
-        return forward_hidden(self.drafter.model, self.cache, ids, torch.tensor(positions), visible)
+        return forward_hidden(self.source.model, self.cache, ids, torch.tensor(positions), visible)
 
     def forget(self) -> None:
         """The chunk's node entries were dropped: forget what they held (a head's outputs)."""
@@ -291,7 +291,7 @@ class _Recorder:
 
     def _grafts(self) -> list[list[tuple[tuple[int, ...], float]]]:
         """The generous retrieval graft at every position: (path, path confidence) per node."""
-        retrieval = RetrievalDrafter(self.spec.retrieval)
+        retrieval = Retriever(self.spec.retrieval)
         retrieval.reset(self.prompt_ids)
         grafts = []
         for p in range(len(self.output)):

@@ -2,7 +2,7 @@
 atlas and verification by matching the target's greedy text. No model is loaded.
 
 * :class:`AtlasModel` is a ``DraftSource`` (``talon.core.contracts``), standing in for
-  :class:`~talon.drafters.model.ModelDrafter` inside the real
+  :class:`~talon.drafters.model.ModelSource` inside the real
   :class:`~talon.drafters.tree_drafter.TreeDrafter`: the same ``reset`` / ``expand`` / ``commit``
   bookkeeping (which tokens a forward feeds, when the prompt prefill is paid), children read from
   the atlas. A request the atlas cannot answer (deeper, wider, beyond its superset) is counted,
@@ -10,7 +10,7 @@ atlas and verification by matching the target's greedy text. No model is loaded.
 * :class:`TextVerifier`, a ``Verifier``: the target's argmax after a node is the next token of the greedy text
   wherever the node's path follows the text (unknown, -1, elsewhere), which is all greedy
   acceptance needs: the accepted path is the longest that follows the text, plus the bonus.
-* The real retrieval drafter reads the known text; cost-aware planning runs on the atlas's
+* The real retriever reads the known text; cost-aware planning runs on the atlas's
   fixed cost model, and every step's times are that model's predictions.
 """
 
@@ -24,7 +24,7 @@ from talon.core.accept import accept_greedy
 from talon.core.contracts import Verdict
 from talon.cost.model import CostModel
 from talon.drafters.model import DraftLedger
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.retrieval import Retriever
 from talon.drafters.tree_drafter import build_drafter
 from talon.engine.prompt import StopCheck
 from talon.engine.run import Run, RunParts
@@ -50,7 +50,7 @@ class Coverage:
 
 class AtlasModel(DraftLedger):
     """The draft model's part of the hybrid drafter, read from an atlas (the same bookkeeping as
-    ``ModelDrafter``: committed context, what the next root forward must feed, per-forward widths)."""
+    ``ModelSource``: committed context, what the next root forward must feed, per-forward widths)."""
 
     def __init__(self, atlas: Atlas, costs: CostModel, coverage: Coverage) -> None:
         self.atlas = atlas
@@ -59,7 +59,7 @@ class AtlasModel(DraftLedger):
         self.prompt_len = len(atlas.prompt_ids)
         self.context: list[int] = []
         self.fed = 0
-        self.slots: set[tuple[int, ...]] = set()  # paths expanded this step (ModelDrafter's cache slots)
+        self.slots: set[tuple[int, ...]] = set()  # paths expanded this step (ModelSource's cache slots)
         self.timings: list[tuple[int, float]] = []
 
     def reset(self, prompt_ids: list[int], prefill: bool = True) -> None:
@@ -202,7 +202,7 @@ def replay_run(atlas: Atlas, cfg: RunConfig, cancel: threading.Event | None = No
     cfg = cfg.replace(async_draft=False, cost_model="fixed")
     costs = atlas.cost_model()
     coverage = Coverage()
-    drafter = build_drafter(cfg, AtlasModel(atlas, costs, coverage), RetrievalDrafter(cfg.retrieval))
+    drafter = build_drafter(cfg, AtlasModel(atlas, costs, coverage), Retriever(cfg.retrieval))
     limit = min(cfg.max_new_tokens, len(atlas.output))
     models = atlas.models
     parts = RunParts(

@@ -320,7 +320,7 @@ def _hybrid_half(cfg: RunConfig, draft: str, head: bool = False) -> _Half:
 
 
 def _draft_half(cfg: RunConfig, draft: str | None) -> _Half:
-    """The mapping for the drafter kind; a model drafter without a model is refused as Talon does."""
+    """The mapping for the drafter kind; a model source without a model is refused as Talon does."""
     if cfg.drafter == "none":
         return _Half([], {}, ["drafter none: plain autoregressive decoding, no speculation flags"])
     if cfg.drafter == "retrieval":

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from talon.atlas.serving_replay import ServingRun
+from talon.atlas.serving_replay import Serving, ServingRun
 from talon.cost.model import CostModel
 
 ENGINE_COST_FORMAT = "talon-engine-cost/1"
@@ -45,7 +45,7 @@ class ServingCosts:
     """A serving engine's step cost on one host (see the module docstring); ``samples`` keep the
     measurements it was fitted on."""
 
-    engine: str
+    serving: Serving
     step_s: float
     verify_token_s: float = 0.0
     draft_forward_s: float = 0.0
@@ -68,7 +68,7 @@ class ServingCosts:
     @property
     def label(self) -> str:
         where = f" on {self.hardware}" if self.hardware else ""
-        return f"{self.engine} {self.version} step costs measured{where} ({self.dtype or 'dtype ?'})"
+        return f"{self.serving} {self.version} step costs measured{where} ({self.dtype or 'dtype ?'})"
 
     def step_seconds(self, drafted: int, draft_forwards: int, width: int = 1) -> float:
         return self.step_s + self.verify_token_s * (drafted + 1) + self.draft_forward_s * draft_forwards
@@ -78,7 +78,9 @@ class ServingCosts:
         return per_token * prompt_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": ENGINE_COST_FORMAT, **dataclasses.asdict(self)}
+        """The ``talon-engine-cost/1`` object; the file names the serving engine ``engine``."""
+        data = dataclasses.asdict(self)
+        return {"format": ENGINE_COST_FORMAT, "engine": data.pop("serving"), **data}
 
 
 def parse_serving_costs(data: Any) -> ServingCosts:
@@ -86,8 +88,8 @@ def parse_serving_costs(data: Any) -> ServingCosts:
     if not isinstance(data, dict) or data.get("format") != ENGINE_COST_FORMAT:
         raise ValueError(f'not an engine cost file: expected "format": "{ENGINE_COST_FORMAT}"')
     known = {f.name for f in dataclasses.fields(ServingCosts)}
-    given = {k: v for k, v in data.items() if k in known}
-    if given.get("engine") not in ("vllm", "sglang"):
+    given = {k: v for k, v in {**data, "serving": data.get("engine")}.items() if k in known}
+    if given["serving"] not in ("vllm", "sglang"):
         raise ValueError("'engine' must be vllm or sglang")
     for name in ("version", "hardware", "dtype", "measured_at"):
         if not isinstance(given.get(name, ""), str):
@@ -131,7 +133,7 @@ def decode_seconds(run: ServingRun, costs: StepCosts, width: int = 1) -> float:
                                   width) for step in run.steps)
 
 
-def fit_serving_costs(samples: list[dict[str, float]], engine: str, **about: Any) -> ServingCosts:
+def fit_serving_costs(samples: list[dict[str, float]], serving: Serving, **about: Any) -> ServingCosts:
     """Fit :class:`ServingCosts` to per-request measurements. Each sample: ``steps``,
     ``verified_tokens`` (sum of drafted + 1 over its steps), ``draft_forwards``, ``decode_s`` (the
     engine's first-to-last token time), ``prompt_tokens``, ``prefill_s`` and ``draft_model`` (0/1).
@@ -149,7 +151,7 @@ def fit_serving_costs(samples: list[dict[str, float]], engine: str, **about: Any
         with_draft = sum(s["prefill_s"] for s in drafted) / sum(s["prompt_tokens"] for s in drafted)
     if not plain:
         prefill, with_draft = with_draft, with_draft
-    return ServingCosts(engine, *(float(c) for c in coef), prefill_token_s=prefill,
+    return ServingCosts(serving, *(float(c) for c in coef), prefill_token_s=prefill,
                        draft_prefill_token_s=max(with_draft - prefill, 0.0), samples=list(samples), **about)
 
 

@@ -40,12 +40,15 @@ a near-tie (another engine's float rounding could take the other branch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
 from talon.atlas.data import Atlas
 from talon.run_config import ConfigError
+
+Serving = Literal["vllm", "sglang", "llamacpp"]  # the serving engines whose drafting Talon replays
+SERVINGS: tuple[Serving, ...] = get_args(Serving)
 
 # vLLM's methods and SGLang's algorithms that draft from the atlas's draft slot: a draft model, an EAGLE-3 head
 CHAIN_METHODS: tuple[str, ...] = ("draft_model", "eagle3")
@@ -70,7 +73,7 @@ class ServingDraft:
 
 
 class ServingPolicy(Protocol):
-    engine: str  # "vllm" | "sglang"
+    serving: Serving
 
     def propose(self, atlas: Atlas, p: int) -> ServingDraft:
         """The draft after ``p`` generated tokens are committed."""
@@ -109,7 +112,7 @@ class VllmDraftModel:
     on the same base proposer), replayed from an atlas recorded with the head."""
 
     k: int
-    engine: str = "vllm"
+    serving: Serving = "vllm"
     method: str = "draft_model"
 
     def __post_init__(self) -> None:
@@ -164,7 +167,7 @@ class VllmNgram:
     k: int
     min_n: int
     max_n: int
-    engine: str = "vllm"
+    serving: Serving = "vllm"
 
     def __post_init__(self) -> None:
         check_int("num_speculative_tokens", self.k, 1, 64)
@@ -236,7 +239,7 @@ class SglangStandalone:
     topk: int
     num_steps: int
     num_draft_tokens: int
-    engine: str = "sglang"
+    serving: Serving = "sglang"
     algorithm: str = "STANDALONE"
 
     def __post_init__(self) -> None:
@@ -326,7 +329,7 @@ class ServingRun:
     """One request replayed under an engine's drafting, with that engine's counters."""
 
     policy: str
-    engine: str
+    serving: Serving
     steps: list[ServingStep]
     output_tokens: int  # what the engine returns (cut at max_tokens or after EOS)
     prompt_tokens: int
@@ -402,5 +405,5 @@ def replay_serving(atlas: Atlas, policy: ServingPolicy, max_tokens: int | None =
         p += accepted + 1
         done = p >= limit or any(t in eos for t in new)
     cut = next((i + 1 for i, t in enumerate(output[:p]) if t in eos), p)
-    return ServingRun(policy.label(), policy.engine, steps, min(cut, limit), len(atlas.prompt_ids),
+    return ServingRun(policy.label(), policy.serving, steps, min(cut, limit), len(atlas.prompt_ids),
                      policy.draft_forwards())

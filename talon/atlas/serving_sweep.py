@@ -20,6 +20,8 @@ from talon.atlas.llamacpp import LLAMACPP_TYPES, llamacpp_policy, replay_llamacp
 from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
+    SERVINGS,
+    Serving,
     ServingPolicy,
     ServingRun,
     SglangStandalone,
@@ -29,7 +31,7 @@ from talon.atlas.serving_replay import (
 )
 from talon.run_config import ConfigError
 
-ENGINES: tuple[str, ...] = ("vllm", "sglang", "llamacpp")
+ENGINES: tuple[Serving, ...] = SERVINGS  # the atlas sweep's --engine choices
 # Each engine's knobs (its own names) and the grid swept when the command names none.
 DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
     "vllm": {"method": ["draft_model", "ngram"], "k": [1, 2, 3, 4, 6, 8],
@@ -55,17 +57,17 @@ KNOB_TYPES: dict[str, dict[str, type]] = {
 VLLM_METHODS = ("draft_model", "eagle3", "ngram")
 
 
-def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]]:
+def parse_serving_grid(serving: Serving, items: Sequence[str]) -> dict[str, list[Any]]:
     """``KEY=V1,V2`` items over the engine's default grid (ConfigError names a bad item)."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    grid = {k: list(v) for k, v in DEFAULT_GRIDS[engine].items()}
-    types = KNOB_TYPES[engine]
+    if serving not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {serving!r}")
+    grid = {k: list(v) for k, v in DEFAULT_GRIDS[serving].items()}
+    types = KNOB_TYPES[serving]
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in types:
-            raise ConfigError(f"grid item {item!r}: with --engine {engine} write KEY=V1,V2, "
+            raise ConfigError(f"grid item {item!r}: with --engine {serving} write KEY=V1,V2, "
                               f"KEY one of {', '.join(types)}")
         try:
             values = [types[key](v.strip()) for v in text.split(",") if v.strip()]
@@ -75,14 +77,14 @@ def parse_serving_grid(engine: str, items: Sequence[str]) -> dict[str, list[Any]
             raise ConfigError(f"grid {key}: give at least one value")
         if key == "method" and any(v not in VLLM_METHODS for v in values):
             raise ConfigError(f"grid method: one of {', '.join(VLLM_METHODS)} (vLLM's suffix method is not replayed)")
-        if engine == "llamacpp" and key == "type" and any(v not in LLAMACPP_TYPES for v in values):
+        if serving == "llamacpp" and key == "type" and any(v not in LLAMACPP_TYPES for v in values):
             raise ConfigError(f"grid type: one of {', '.join(LLAMACPP_TYPES)} (llama.cpp's other types are not "
                               "replayed)")
         grid[key] = list(dict.fromkeys(values))
     return grid
 
 
-def serving_policies(engine: str, grid: dict[str, list[Any]],
+def serving_policies(serving: Serving, grid: dict[str, list[Any]],
                      draft_kind: str = "draft") -> list[tuple[dict[str, Any], ServingPolicy]]:
     """Every valid combination of the grid as a policy, each with its knobs. Combinations the
     engine itself would rewrite are rewritten as it does (SGLang: topk 1 forces num_draft_tokens =
@@ -96,27 +98,27 @@ def serving_policies(engine: str, grid: dict[str, list[Any]],
     for combo in itertools.product(*(grid[k] for k in keys)):
         knobs = dict(zip(keys, combo))
         try:
-            found = _policy(engine, knobs, draft_kind == "head")
+            found = _policy(serving, knobs, draft_kind == "head")
         except ConfigError:
             continue
         if found is not None:
             out.setdefault(found[1].label(), found)
-    if engine == "llamacpp" and out:  # plain decoding is always the baseline a setting has to beat
-        plain = _policy(engine, {**{k: v[0] for k, v in grid.items()}, "type": "none"}, False)
+    if serving == "llamacpp" and out:  # plain decoding is always the baseline a setting has to beat
+        plain = _policy(serving, {**{k: v[0] for k, v in grid.items()}, "type": "none"}, False)
         if plain is not None:
             out = {plain[1].label(): plain, **out}
     if not out:
-        raise ConfigError(f"no valid {engine} configuration in the grid")
+        raise ConfigError(f"no valid {serving} configuration in the grid")
     return list(out.values())
 
 
-def _policy(engine: str, knobs: dict[str, Any], head: bool) -> tuple[dict[str, Any], ServingPolicy] | None:
-    if engine == "llamacpp":
+def _policy(serving: Serving, knobs: dict[str, Any], head: bool) -> tuple[dict[str, Any], ServingPolicy] | None:
+    if serving == "llamacpp":
         kind = "draft-simple" if knobs["type"] == "draft-eagle3" else knobs["type"]
         own = {"type": ("draft-eagle3" if head else "draft-simple") if kind == "draft-simple" else kind}
         own.update({k: knobs[k] for k in LLAMACPP_KNOBS[kind]})
         return own, llamacpp_policy(own, head)
-    if engine == "vllm":
+    if serving == "vllm":
         if knobs["method"] in CHAIN_METHODS:
             method = "eagle3" if head else "draft_model"
             return {"method": method, "k": knobs["k"]}, VllmDraftModel(knobs["k"], method=method)
@@ -142,8 +144,8 @@ class ServingRow:
     predicted_s: float
 
     @property
-    def engine(self) -> str:
-        return self.policy.engine
+    def serving(self) -> str:
+        return self.policy.serving
 
     @property
     def tokens(self) -> int:
@@ -180,7 +182,7 @@ class ServingRow:
     def acceptance(self) -> float:
         """The engine's headline acceptance: vLLM's and llama.cpp's mean acceptance length (1 +
         accepted / drafts) or SGLang's spec_accept_length."""
-        return self.spec_accept_length if self.engine == "sglang" else self.mean_acceptance_length
+        return self.spec_accept_length if self.serving == "sglang" else self.mean_acceptance_length
 
     @property
     def tokens_per_s(self) -> float:
@@ -199,7 +201,7 @@ class ServingRow:
         return sum(len(r.near_ties) for r in self.runs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "knobs": self.knobs, "label": self.policy.label(),
+        return {"engine": self.serving, "knobs": self.knobs, "label": self.policy.label(),
                 "acceptance": self.acceptance, "mean_acceptance_length": self.mean_acceptance_length,
                 "spec_accept_length": self.spec_accept_length, "tokens": self.tokens, "steps": self.steps,
                 "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
@@ -217,12 +219,12 @@ def sweep_serving(atlases: Sequence[Atlas], policies: Sequence[tuple[dict[str, A
     Talon curves). ``max_tokens`` None: every policy stops at the same point of each atlas, as far
     before its end as the deepest draft reaches, so no last step looks past the recorded text."""
     reach = max(policy.reach() for _, policy in policies) + 1
-    capped = all(policy.engine == "llamacpp" for _, policy in policies)  # its drafts stop at n_predict
+    capped = all(policy.serving == "llamacpp" for _, policy in policies)  # its drafts stop at n_predict
     limits = [max_tokens if max_tokens is not None else len(a.output) if capped else max(len(a.output) - reach, 2)
               for a in atlases]
     rows = []
     for knobs, policy in policies:
-        runs = [replay_llamacpp(atlas, policy, limit) if policy.engine == "llamacpp"  # type: ignore[arg-type]
+        runs = [replay_llamacpp(atlas, policy, limit) if policy.serving == "llamacpp"  # type: ignore[arg-type]
                 else replay_serving(atlas, policy, limit) for atlas, limit in zip(atlases, limits)]
         seconds = sum(predicted_seconds(run, costs or TalonCurves(atlas.cost_model()), policy.width())
                       for run, atlas in zip(runs, atlases))
@@ -237,10 +239,10 @@ def best_serving_row(rows: Sequence[ServingRow]) -> ServingRow:
 
 def why_best(rows: Sequence[ServingRow], best: ServingRow) -> str:
     """One line on why the best configuration wins over its neighbours."""
-    kind = "type" if best.engine == "llamacpp" else "method"
+    kind = "type" if best.serving == "llamacpp" else "method"
     same = [r for r in rows if r is not best and r.knobs.get(kind) == best.knobs.get(kind)]
     longer = [r for r in same if r.acceptance > best.acceptance]
-    metric = "spec_accept_length" if best.engine == "sglang" else "mean acceptance length"
+    metric = "spec_accept_length" if best.serving == "sglang" else "mean acceptance length"
     plain = next((r for r in rows if r.knobs.get("type") == "none"), None)
     if best is plain:
         spec = max((r for r in rows if r is not best), key=lambda r: r.tokens_per_s, default=None)

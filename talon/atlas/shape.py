@@ -23,7 +23,7 @@ from talon.atlas.data import Atlas
 from talon.atlas.replay import AtlasModel, Coverage, TextVerifier, check_replayable, replay
 from talon.core.contracts import DraftSource, Verdict, Verifier
 from talon.drafters import SOURCE_MAKERS
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.retrieval import Retriever
 from talon.drafters.tree_drafter import build_drafter
 from talon.engine.engine import Engine
 from talon.engine.prompt import StopCheck
@@ -135,7 +135,7 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
         real = SOURCE_MAKERS[cfg.drafter](engine, cfg, len(prompt_ids))
         model = ShapeSource(real, AtlasModel(atlas, atlas.cost_model(), coverage))
         feature_layers = getattr(real, "feature_layers", ())  # a head reads the target's features
-    retrieval = RetrievalDrafter(cfg.retrieval) if cfg.uses_retrieval else None
+    retrieval = Retriever(cfg.retrieval) if cfg.uses_retrieval else None
     parts = RunParts(
         prompt_ids=prompt_ids,
         prompt_text=atlas.prompt,
@@ -146,7 +146,7 @@ def shape_run(engine: Engine, atlas: Atlas, cfg: RunConfig) -> tuple[Run, Covera
         detokenize=atlas.detokenize,
         models=RunModels(target=engine.target.name, draft=engine.draft.name if engine.draft else "none",
                          dtype=str(engine.target.dtype).removeprefix("torch."), device=str(engine.target.device),
-                         forward=engine.path),
+                         forward_path=engine.forward_path),
         costs=costs.copy() if costs is not None else None,
     )
     return Run(cfg, parts, engine=engine), coverage

@@ -36,7 +36,7 @@ class BenchEnv:
     peer_features: dict[str, Any] = field(default_factory=dict)
     draft_quant: str = "none"  # int8: the draft's decoder Linear layers run in int8 (all draft users)
     target_weights: str = "dense"  # int8-weights / int4-weights(-q4k): a packed target (every method's)
-    forward: str = ""  # how Talon's forwards ran (talon.engine.engine.Engine.path: dynamic+fold, graphs, ...)
+    forward: str = ""  # how Talon's forwards ran (talon.engine.engine.Engine.forward_path: dynamic+fold, graphs, ...)
 
     @staticmethod
     def capture(target: LoadedModel, draft: LoadedModel | None, command: str, forward: str = "") -> BenchEnv:

@@ -64,7 +64,7 @@ def run_bench(
         record_atlases(engine, prompts, cfg, out / "atlases", progress)
     rows = aggregate(samples, checks, runners, verify_curve(engine, runners))
     costs = {f"draft_vocab={v}": c.to_dict() for v, c in engine.cost_snapshots().items()}
-    env = BenchEnv.capture(target, draft, command, engine.path)
+    env = BenchEnv.capture(target, draft, command, engine.forward_path)
     report = BenchReport(env, cfg, rows, checks, samples, costs, judge.precision)
     if out is not None:
         write_report(report, out)

@@ -31,7 +31,7 @@ class PeerRowsError(ValueError):
 class PeerCell:
     """One configuration of one peer over one suite (or all)."""
 
-    engine: str
+    serving: str  # the peer engine, as its rows name it ("llamacpp")
     config: str
     suite: str
     prompts: int
@@ -75,15 +75,15 @@ def read_peer_rows(path: str | Path) -> list[dict[str, Any]]:
 def peer_cells(rows: Sequence[dict[str, Any]]) -> list[PeerCell]:
     """Cells per (engine, configuration) and suite, suites in row order, then over all suites."""
     cells = []
-    for engine, config in dict.fromkeys((r["engine"], r["config"]) for r in rows):
-        mine = [r for r in rows if r["engine"] == engine and r["config"] == config]
+    for serving, config in dict.fromkeys((r["engine"], r["config"]) for r in rows):
+        mine = [r for r in rows if r["engine"] == serving and r["config"] == config]
         for suite in [*dict.fromkeys(r["suite"] for r in mine), ALL_SUITES_ROW]:
             chosen = [r for r in mine if suite == ALL_SUITES_ROW or r["suite"] == suite]
             drafted = [r.get("draft_n") for r in chosen]
             has_drafts = all(isinstance(d, int) for d in drafted) and any(drafted)
             compared = [r for r in chosen if r.get("equal_to_plain") is not None]
             cells.append(PeerCell(
-                engine, config, suite, len(chosen), sum(r["new_tokens"] for r in chosen),
+                serving, config, suite, len(chosen), sum(r["new_tokens"] for r in chosen),
                 sum(r["seconds"] for r in chosen),
                 sum(drafted) if has_drafts else None,
                 sum(r.get("draft_n_accepted") or 0 for r in chosen) if has_drafts else None,
@@ -98,7 +98,7 @@ def peer_section(rows: Sequence[dict[str, Any]], talon: dict[str, Any]) -> str:
     ``talon`` (a results.json dict) stands against the best of them."""
     cells = peer_cells(rows)
     suites = list(dict.fromkeys(c.suite for c in cells))
-    by_key = {(c.engine, c.config, c.suite): c for c in cells}
+    by_key = {(c.serving, c.config, c.suite): c for c in cells}
     host = rows[0].get("host", {})
     peer_prompts = {(r["suite"], r["index"]) for r in rows}
     ours = {(s["suite"], s["prompt_index"]) for s in talon.get("samples", [])}
@@ -114,15 +114,15 @@ def peer_section(rows: Sequence[dict[str, Any]], talon: dict[str, Any]) -> str:
         "tokens = own plain |",
         "| --- | " + " | ".join("---:" for _ in suites) + " | ---: | ---: | ---: |",
     ]
-    for engine, config in dict.fromkeys((c.engine, c.config) for c in cells):
-        total = by_key[(engine, config, ALL_SUITES_ROW)]
-        plain = by_key.get((engine, PLAIN, ALL_SUITES_ROW))
+    for serving, config in dict.fromkeys((c.serving, c.config) for c in cells):
+        total = by_key[(serving, config, ALL_SUITES_ROW)]
+        plain = by_key.get((serving, PLAIN, ALL_SUITES_ROW))
         vs_plain = f"{total.tokens_per_second / plain.tokens_per_second:.2f}x" if plain else "–"
         accept = "–" if total.acceptance is None else f"{100 * total.acceptance:.0f}% of {total.drafted}"
         equal = f"{total.equal_to_plain}/{total.compared}" if config != PLAIN else "–"
-        per_suite = [f"{by_key[(engine, config, s)].tokens_per_second:.1f}" if (engine, config, s) in by_key
+        per_suite = [f"{by_key[(serving, config, s)].tokens_per_second:.1f}" if (serving, config, s) in by_key
                      else "–" for s in suites]
-        lines.append(f"| {engine} · {config} | " + " | ".join(per_suite) + f" | {vs_plain} | {accept} | {equal} |")
+        lines.append(f"| {serving} · {config} | " + " | ".join(per_suite) + f" | {vs_plain} | {accept} | {equal} |")
     lines.append("")
     lines.append(standing(cells, talon))
     return "\n".join(lines) + "\n"
@@ -137,7 +137,7 @@ def standing(cells: Sequence[PeerCell], talon: dict[str, Any]) -> str:
     if not overall or ar is None:
         return ""
     best_peer = max(overall, key=lambda c: c.tokens_per_second)
-    peer_plain = next((c for c in overall if c.engine == best_peer.engine and c.config == PLAIN), None)
+    peer_plain = next((c for c in overall if c.serving == best_peer.serving and c.config == PLAIN), None)
     best_talon = max((r for r in results if r["method"].startswith("talon")), key=lambda r: r["tokens_per_second"],
                      default=None)
     if best_talon is None or peer_plain is None:

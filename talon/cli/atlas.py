@@ -168,8 +168,8 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas],
     except ConfigError as err:
         logger.error("%s", err)
         return 2
-    if costs is not None and costs.engine != args.engine:
-        logger.error("%s holds %s's step costs, not %s's", args.costs, costs.engine, args.engine)
+    if costs is not None and costs.serving != args.engine:
+        logger.error("%s holds %s's step costs, not %s's", args.costs, costs.serving, args.engine)
         return 2
     start = time.perf_counter()
     rows = sweep_serving(atlases, policies, costs)
@@ -190,9 +190,9 @@ def serving_sweep_command(args: argparse.Namespace, atlases: list[Atlas],
 def serving_table(rows: list[ServingRow]) -> str:
     """The engine's knobs, its own acceptance metric, coverage and predicted speed."""
     keys = list(dict.fromkeys(k for r in rows for k in r.knobs))
-    engine = rows[0].engine if rows else "vllm"
-    metric = "spec_accept_length" if engine == "sglang" else "mean acceptance length"
-    llama = engine == "llamacpp"
+    serving = rows[0].serving if rows else "vllm"
+    metric = "spec_accept_length" if serving == "sglang" else "mean acceptance length"
+    llama = serving == "llamacpp"
     head = keys + [metric, "drafts"] + (["draft_n"] if llama else []) + [
         "accepted", "tok/s (pred.)", "coverage", "near-ties"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]

@@ -76,6 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         logger.info(
             "%d tokens, %d steps, MAT %.2f, %.2f tokens/s, %.1f s (%s, %s, step %s)",
             len(summary.token_ids), summary.steps, summary.mean_accepted_tokens,
-            summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.forward,
+            summary.tokens_per_second, summary.seconds, summary.device, summary.dtype, summary.forward_path,
         )
     return 0

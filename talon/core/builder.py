@@ -1,7 +1,7 @@
 """Tree builders: TALON's adaptive, confidence-gated tree and the static and chain baselines.
 
 All three grow a ``DraftTree`` through one ``Expand`` callback: given frontier node ids, it
-returns the drafter's top-k children of each, as (token, q) pairs. The model drafter answers
+returns the drafter's top-k children of each, as (token, q) pairs. The model source answers
 each call with one batched forward, so a tree costs one draft forward per layer. The tree may
 arrive with nodes already grafted (retrieval); a proposed child that already exists is marked
 ``both`` and costs no budget.

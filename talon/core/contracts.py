@@ -2,7 +2,7 @@
 
 * ``Drafter`` proposes a step's tree (``draft`` -> ``Draft``) and learns from the verdict
   (``commit``). ``talon.drafters.tree_drafter.TreeDrafter`` is the one implementation; its
-  model half is any ``DraftSource`` (``ModelDrafter`` runs a real model,
+  model half is any ``DraftSource`` (``ModelSource`` runs a real model,
   ``talon.atlas.replay.AtlasModel`` answers from a recording). A ``PreDrafter`` can also draft
   the next tree while the target verifies; it needs a ``ForkableSource``.
 * ``Verifier`` scores a tree in one target forward (``verify`` -> ``Verdict``) and keeps the
@@ -58,7 +58,7 @@ class PreDraft:
 
     Its root is the last assumed token; its root's children are the bonus tokens it bets on."""
 
-    drafter: ForkableSource
+    source: ForkableSource
     assumed: list[int]
     tree: DraftTree | None = None
     busy: tuple[float, float] = (0.0, 0.0)
@@ -68,8 +68,8 @@ class AcceptanceModel(Protocol):
     """P(node accepted | its parent accepted), per node of a tree. Invariant: ``node_probs`` is 1
     at the root and never grows along a path (a product of conditionals, each at most 1)."""
 
-    def p_cond(self, source: str, q: float, match_len: int, depth: int = 1) -> float:
-        """P(a node accepted | its parent accepted); ``source``: ``talon.tree.SOURCES``."""
+    def p_cond(self, node_source: str, q: float, match_len: int, depth: int = 1) -> float:
+        """P(a node accepted | its parent accepted); ``node_source``: ``talon.tree.SOURCES``."""
 
     def node_probs(self, tree: DraftTree, match_len: int) -> list[float]:
         """(T,) P(node accepted); the root is 1."""
@@ -161,7 +161,7 @@ class FeatureSource(DraftSource, Protocol):
 @runtime_checkable
 class ChainingSource(DraftSource, Protocol):
     """A source that grows a whole adaptive tree itself, on its device (``talon.graphs.chain``):
-    ``StaticModelDrafter`` with ``chain``. The tree drafter asks ``chains`` each step."""
+    ``StaticModelSource`` with ``chain``. The tree drafter asks ``chains`` each step."""
 
     def chains(self, cfg: TreeConfig) -> bool: ...
 
@@ -171,13 +171,13 @@ class ChainingSource(DraftSource, Protocol):
 
 class SourceModels(Protocol):
     """What a drafter kind's source maker (``talon.drafters.SOURCE_MAKERS``) gets from the engine:
-    the loaded pair, and a model drafter over any model on the engine's forward (dynamic,
+    the loaded pair, and a model source over any model on the engine's forward (dynamic,
     static or CUDA graphs, with its pools)."""
 
     target: LoadedModel
     draft: LoadedModel | None
 
-    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ForkableSource: ...
+    def model_source(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ForkableSource: ...
 
 
 @runtime_checkable

@@ -142,19 +142,19 @@ class CalibratedAcceptance:
     continues: Beta = field(default_factory=lambda: Beta.prior(0.6))
     observed: int = 0
 
-    def _bin(self, source: str, q: float, match_len: int, depth: int = 1) -> tuple[Calibration, int]:
+    def _bin(self, node_source: str, q: float, match_len: int, depth: int = 1) -> tuple[Calibration, int]:
         """A retrieval node at ``depth`` is binned by the match it continues once its parent is
         accepted: ``match_len + depth - 1`` tokens (each accepted ancestor lengthens the suffix
         that matched), so a long copied passage earns trust as it goes."""
-        if source == "retrieval":
+        if node_source == "retrieval":
             return self.retrieval, bisect.bisect_right(MATCH_EDGES, match_len + depth - 1)
-        return (self.both if source == "both" else self.model), bisect.bisect_right(Q_EDGES, q)
+        return (self.both if node_source == "both" else self.model), bisect.bisect_right(Q_EDGES, q)
 
-    def p_cond(self, source: str, q: float, match_len: int, depth: int = 1) -> float:
+    def p_cond(self, node_source: str, q: float, match_len: int, depth: int = 1) -> float:
         """P(a node accepted | its parent accepted); ``depth``: the node's depth in its tree."""
-        calibration, i = self._bin(source, q, match_len, depth)
+        calibration, i = self._bin(node_source, q, match_len, depth)
         rate = calibration.rate(i)
-        return min(rate * q, 1.0) if source == "retrieval" else rate
+        return min(rate * q, 1.0) if node_source == "retrieval" else rate
 
     def node_probs(self, tree: DraftTree, match_len: int) -> list[float]:
         """(T,) P(node accepted); the root is 1. Never grows along a path."""

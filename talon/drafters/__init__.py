@@ -1,13 +1,13 @@
 """The drafters: who proposes the tokens of a draft tree (their contracts: ``talon.core.contracts``).
 
-* ``model``: :class:`ModelDrafter`, a small causal LM expanding a frontier per forward;
+* ``model``: :class:`ModelSource`, a small causal LM expanding a frontier per forward;
 * ``suffix``: :class:`SuffixIndex`, an online suffix automaton over token ids;
 * ``trie``: :func:`build_trie`, continuations of a match as a frequency trie (``RetrievalProposal``);
 * ``corpus``: :class:`CorpusIndex`, a static datastore from a jsonl or text file;
-* ``retrieval``: :class:`RetrievalDrafter`, context and corpus matches as proposals;
+* ``retrieval``: :class:`Retriever`, context and corpus matches as proposals;
 * ``tree_drafter``: :class:`TreeDrafter`, every drafter kind's drafter: retrieval grafts first, the
   model's gated tree fills the rest; :func:`build_drafter` makes a run's;
-* ``eagle3``: :class:`HeadDrafter`, an EAGLE-3 head on the target's own features;
+* ``eagle3``: :class:`HeadSource`, an EAGLE-3 head on the target's own features;
 * ``SOURCE_MAKERS``: for every drafter kind a model drafts (``talon.knobs.DRAFTERS``), the function
   that makes a run's draft source.
 """
@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from talon.core.contracts import DraftSource
 from talon.drafters.corpus import CorpusIndex
-from talon.drafters.eagle3 import HeadDrafter, head_source
+from talon.drafters.eagle3 import HeadSource, head_source
 from talon.drafters.layer_skip import layer_skip_source
-from talon.drafters.model import ModelDrafter, draft_model_source
-from talon.drafters.retrieval import RetrievalDrafter
+from talon.drafters.model import ModelSource, draft_model_source
+from talon.drafters.retrieval import Retriever
 from talon.drafters.suffix import SuffixIndex, SuffixMatch
 from talon.drafters.tree_drafter import TreeDrafter, build_drafter
 from talon.drafters.trie import RetrievalProposal, build_trie
@@ -35,6 +35,6 @@ SOURCE_MAKERS: dict[str, Callable[..., DraftSource]] = {
 }
 
 __all__ = [
-    "CorpusIndex", "HeadDrafter", "ModelDrafter", "RetrievalDrafter", "RetrievalProposal", "SOURCE_MAKERS",
+    "CorpusIndex", "HeadSource", "ModelSource", "Retriever", "RetrievalProposal", "SOURCE_MAKERS",
     "SuffixIndex", "SuffixMatch", "TreeDrafter", "build_drafter", "build_trie",
 ]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from talon.run_config import RunConfig
 
 
-class HeadDrafter(DraftLedger):
+class HeadSource(DraftLedger):
     """An EAGLE-3 head as a draft source (``FeatureSource``): its own KV cache over committed
     (feature, next token) pairs, then one entry per tree node it expands.
 
@@ -121,13 +121,13 @@ class HeadDrafter(DraftLedger):
         self.context.extend(new_tokens)
 
 
-def head_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> HeadDrafter:
+def head_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> HeadSource:
     """The ``eagle3`` kinds' draft source: the pair's draft slot holds an EAGLE-3 head."""
     head = models.draft.model if models.draft is not None else None
     if not is_head(head):
         raise ConfigError(f"drafter {cfg.drafter!r} needs an EAGLE-3 head as the draft (--draft DIR, a head's "
                           "checkpoint); use --drafter hybrid or model with a draft model")
-    return HeadDrafter(head, head.cfg.layers_for(int(models.target.model.config.num_hidden_layers)))
+    return HeadSource(head, head.cfg.layers_for(int(models.target.model.config.num_hidden_layers)))
 
 
 def head_timer(head: Eagle3Head, prefix: int, vocab: int, max_size: int) -> Callable[[int], float]:

@@ -6,7 +6,7 @@ target) more than on a CPU, where a small draft model is cheaper still.
 
 ``layer_skip_view`` builds a model that shares every weight with the target and runs only the
 kept layers (each kept layer's attention renumbered, so that it has a cache layer of its own);
-``layer_skip_source`` gives a run a ``ModelDrafter`` over it, on the engine's forward. The view is
+``layer_skip_source`` gives a run a ``ModelSource`` over it, on the engine's forward. The view is
 built once per target and share, and kept while the target lives.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 from transformers import PreTrainedModel
 
-from talon.drafters.model import ModelDrafter
+from talon.drafters.model import ModelSource
 from talon.run_config import ConfigError
 
 if TYPE_CHECKING:
@@ -90,6 +90,6 @@ def view_of(model: PreTrainedModel, share: float) -> PreTrainedModel:
     return views[skip]
 
 
-def layer_skip_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
-    """The ``layerskip`` kind's draft source: a model drafter over the target's view."""
-    return models.model_drafter(view_of(models.target.model, cfg.skip_layers), cfg, prompt_len)
+def layer_skip_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> ModelSource:
+    """The ``layerskip`` kind's draft source: a model source over the target's view."""
+    return models.model_source(view_of(models.target.model, cfg.skip_layers), cfg, prompt_len)

@@ -1,4 +1,4 @@
-"""The model drafter: a small causal LM that expands a whole tree frontier per forward.
+"""The model source: a small causal LM that expands a whole tree frontier per forward.
 
 It owns its KV cache. The cache holds the committed context the draft model has seen, then,
 during a step, one entry per tree node it has expanded (a node is fed when it is expanded, so
@@ -35,7 +35,7 @@ def path_key(tree: DraftTree, node: int) -> PathKey:
 
 
 class DraftLedger:
-    """What a model drafter has seen: the committed context (root last), how much of it is in
+    """What a model source has seen: the committed context (root last), how much of it is in
     its cache (``fed``), and its forwards' (tokens fed, seconds) since last taken. Shared by the
     real drafter and the atlas's stand-in, so both report the same forwards to the planner."""
 
@@ -64,14 +64,14 @@ class DraftLedger:
         return taken
 
 
-def draft_model_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
+def draft_model_source(models: SourceModels, cfg: RunConfig, prompt_len: int) -> ModelSource:
     """The ``hybrid`` and ``model`` kinds' draft source: the pair's draft model."""
     if models.draft is None:
         raise ConfigError(f"drafter {cfg.drafter!r} needs a draft model; load one or use --drafter retrieval")
-    return models.model_drafter(models.draft.model, cfg, prompt_len)
+    return models.model_source(models.draft.model, cfg, prompt_len)
 
 
-class ModelDrafter(DraftLedger):
+class ModelSource(DraftLedger):
     def __init__(self, model: PreTrainedModel, vocab_size: int = 0, target_vocab: int = 0) -> None:
         """``vocab_size``: draft logits over the first V ids (0 = all); ``target_vocab``: rows of
         the target's embedding, when the pair's sizes differ (Qwen2.5-7B has 152,064 rows,
@@ -180,7 +180,7 @@ class ModelDrafter(DraftLedger):
     def close(self) -> None:
         """Give back what the run held (nothing here: the cache goes with the drafter)."""
 
-    def fork(self) -> "ModelDrafter":
+    def fork(self) -> "ModelSource":
         """An independent drafter in the same state (own cache copy): the async pre-drafter."""
         twin = copy.copy(self)
         twin.context, twin.slots, twin.timings = list(self.context), dict(self.slots), []

@@ -1,4 +1,4 @@
-"""Retrieval drafter: continuations of the longest matching suffix, as a small frequency trie.
+"""Retriever: continuations of the longest matching suffix, as a small frequency trie.
 
 The context (prompt + generated tokens) lives in a :class:`SuffixIndex`, an online suffix
 automaton over token ids (SAM-Decoding's datastore). After every appended token the automaton
@@ -9,7 +9,7 @@ the continuation frequency, ``q(child) = count(child) / count(parent continuing)
 
 An optional static :class:`CorpusIndex` (a suffix automaton over a jsonl/text datastore, built
 once) is matched against the context with the classic streaming matcher, also O(1) amortised
-per context token. :meth:`RetrievalDrafter.propose` drafts from whichever source has the longer
+per context token. :meth:`Retriever.propose` drafts from whichever source has the longer
 match (ties: the context wins).
 
 Complexity, n = context length, K = ``max_occurrences``, D = ``cfg.max_continuation``:
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- drafter
 
 
-class RetrievalDrafter:
+class Retriever:
     """Drafts continuations of the longest matching suffix of the context (or the corpus).
 
     The engine calls ``reset(prompt_ids)`` once per generation, ``propose(max_nodes)`` each step

@@ -1,5 +1,5 @@
-"""The model drafter on a static-shape forward (``talon/graphs/static.py``): the same children as
-``ModelDrafter``, from a preallocated slot cache at bucketed sizes, so that on a GPU each draft
+"""The model source on a static-shape forward (``talon/graphs/static.py``): the same children as
+``ModelSource``, from a preallocated slot cache at bucketed sizes, so that on a GPU each draft
 layer is one graph replay.
 
 The slot cache holds the committed context in slots ``0 .. fed - 1``; during a step each layer's
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from talon.drafters.model import ModelDrafter, path_key
+from talon.drafters.model import ModelSource, path_key
 from talon.graphs.chain import ChainShape, ChainState, StepTables, tree_of
 from talon.graphs.pool import StaticPool
 from talon.graphs.static import Bucket, StaticForward, bucket_for
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from talon.run_config import TreeConfig
 
 
-class StaticModelDrafter(ModelDrafter):
+class StaticModelSource(ModelSource):
     def __init__(self, model: PreTrainedModel, pool: StaticPool, tokens: int, vocab_size: int = 0,
                  target_vocab: int = 0, fork_pool: StaticPool | None = None, capture_all: bool = False,
                  chain: bool = False, ahead: bool | None = None, rehearse: bool = False) -> None:
@@ -47,7 +47,7 @@ class StaticModelDrafter(ModelDrafter):
         does not wait; on the CPU every layer is read, so no forward is wasted); ``rehearse``: run
         each chained update's capture warm-ups and restores without a GPU (tests)."""
         if not pool.drafts or (fork_pool is not None and not fork_pool.drafts):
-            raise ValueError("a static model drafter needs drafting pools (StaticPool(..., drafts=True))")
+            raise ValueError("a static model source needs drafting pools (StaticPool(..., drafts=True))")
         super().__init__(model, vocab_size, target_vocab)
         self.pool, self.tokens, self.capture_all = pool, tokens, capture_all
         self.fork_pool = fork_pool or pool
@@ -166,7 +166,7 @@ class StaticModelDrafter(ModelDrafter):
         super().commit(tree, accepted, new_tokens)
         self.used = self.fed
 
-    def fork(self) -> "StaticModelDrafter":
+    def fork(self) -> "StaticModelSource":
         twin = copy.copy(self)
         twin.context, twin.slots, twin.timings = list(self.context), dict(self.slots), []
         twin.pool = self.fork_pool  # where its forward goes back, and its own forks come from

@@ -36,7 +36,7 @@ from talon.core.contracts import (
     PreDraft,
 )
 from talon.cost.plan import CalibratedAcceptance
-from talon.drafters.retrieval import RetrievalDrafter, RetrievalProposal
+from talon.drafters.retrieval import RetrievalProposal, Retriever
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
 
@@ -72,14 +72,14 @@ class TreeDrafter:
     def __init__(
         self,
         tree_cfg: TreeConfig,
-        model: DraftSource | None,
-        retrieval: RetrievalDrafter | None,
+        source: DraftSource | None,
+        retriever: Retriever | None,
         retrieval_cfg: RetrievalConfig,
     ) -> None:
         """One drafter per run: its acceptance model learns over the run's steps."""
         self.tree_cfg = tree_cfg
-        self.model = model
-        self.retrieval = retrieval
+        self.source = source
+        self.retriever = retriever
         self.retrieval_cfg = retrieval_cfg
         self.stats = SourceStats()
         self.acceptance = CalibratedAcceptance()
@@ -89,12 +89,12 @@ class TreeDrafter:
         """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed;
         ``features``: the target's at the prompt's positions (for a ``FeatureSource``)."""
         self.stats = SourceStats()
-        if self.model is not None:
-            self.model.reset(prompt_ids, prefill=not lazy_model)
-            if isinstance(self.model, FeatureSource) and features is not None:
-                self.model.add_features(features)
-        if self.retrieval is not None:
-            self.retrieval.reset(prompt_ids)
+        if self.source is not None:
+            self.source.reset(prompt_ids, prefill=not lazy_model)
+            if isinstance(self.source, FeatureSource) and features is not None:
+                self.source.add_features(features)
+        if self.retriever is not None:
+            self.retriever.reset(prompt_ids)
 
     def draft(self, root_token: int, planner: DraftPlanner | None = None) -> Draft:
         """Retrieval graft first; then, unless the planner says retrieval alone does better per
@@ -105,22 +105,22 @@ class TreeDrafter:
         shared = self._graft(DraftTree.with_root(root_token), self._shared_head(proposal))  # with the model
         alone = self._graft(DraftTree.with_root(root_token), proposal)  # without: retrieval at full strength
         skipped = ""
-        if self.model is not None and planner is not None:
-            skipped = planner.model_decision(shared, match_len, self.model.pending, self.model.engaged, alone)
-        if self.model is not None and not skipped:
-            if isinstance(self.model, ChainingSource) and self.model.chains(self.tree_cfg):
+        if self.source is not None and planner is not None:
+            skipped = planner.model_decision(shared, match_len, self.source.pending, self.source.engaged, alone)
+        if self.source is not None and not skipped:
+            if isinstance(self.source, ChainingSource) and self.source.chains(self.tree_cfg):
                 calibrated = self.tree_cfg.admission != "confidence"
-                tree = self.model.chained_tree(shared, self.tree_cfg, match_len, self.acceptance, calibrated, planner)
+                tree = self.source.chained_tree(shared, self.tree_cfg, match_len, self.acceptance, calibrated, planner)
             else:
                 scores = self.scores(match_len)
                 tree = build_tree(shared, self._expand_for(planner), self.tree_cfg, budget, planner, match_len, scores)
         else:
             tree = alone
-            tree.stop = "skipped" if skipped else ("retrieval" if self.retrieval is not None else "none")
+            tree.stop = "skipped" if skipped else ("retrieval" if self.retriever is not None else "none")
         trimmed = 0
         if planner is not None and tree.num_draft:
             tree, trimmed = planner.trim(tree, match_len)
-        forwards = self.model.take_timings() if self.model is not None else []
+        forwards = self.source.take_timings() if self.source is not None else []
         return Draft(tree=tree, match_len=match_len, model_skipped=skipped, trimmed=trimmed, forwards=forwards)
 
     def scores(self, match_len: int) -> Scores:
@@ -132,27 +132,27 @@ class TreeDrafter:
     def _propose(self, budget: int, short: bool) -> RetrievalProposal:
         """Retrieval's proposal at the full budget (empty without retrieval); ``short``: from a
         one-token match up (under a planner), else from ``min_match``."""
-        if self.retrieval is None:
+        if self.retriever is None:
             return RetrievalProposal()
-        return self.retrieval.propose(budget, SHORT_MATCH if short else None)
+        return self.retriever.propose(budget, SHORT_MATCH if short else None)
 
     def _shared_head(self, proposal: RetrievalProposal) -> RetrievalProposal:
         """What retrieval grafts when the draft model runs too: nothing below ``graft_threshold``,
         else its share of the budget, the head of the proposal."""
-        if self.model is None or proposal.match_len < self.retrieval_cfg.graft_threshold:
+        if self.source is None or proposal.match_len < self.retrieval_cfg.graft_threshold:
             return proposal.head(0)
         return proposal.head(max(1, round(self.tree_cfg.budget * self.stats.retrieval_share())))
 
     def _expand_for(self, planner: DraftPlanner | None) -> Expand:
         """The model's ``expand``, reporting each forward to the planner's clock."""
-        model = self.model
-        assert model is not None
+        source = self.source
+        assert source is not None
         if planner is None:
-            return model.expand
+            return source.expand
 
         def expand(tree: DraftTree, nodes: list[int], k: int) -> list[list[tuple[int, float]]]:
-            children = model.expand(tree, nodes, k)
-            planner.forward_done(model.last_width)
+            children = source.expand(tree, nodes, k)
+            planner.forward_done(source.last_width)
             return children
 
         return expand
@@ -175,31 +175,31 @@ class TreeDrafter:
     # --- asynchronous pre-drafting -------------------------------------------------------
 
     def begin_predraft(self, tree: DraftTree) -> PreDraft | None:
-        """Fork the model drafter as if the most confident path of ``tree`` were accepted.
+        """Fork the model source as if the most confident path of ``tree`` were accepted.
         Cheap (a cache copy); call before ``commit``. ``PreDraft.tree`` is grown by ``grow``."""
-        if not isinstance(self.model, ForkableSource) or not self.model.engaged:
+        if not isinstance(self.source, ForkableSource) or not self.source.engaged:
             return None  # only a source that forks pre-drafts; others draft synchronously
         path = tree.path(tree.best_leaf())
         assumed = [tree.tokens[n] for n in path[1:]]
-        fork = self.model.fork()
+        fork = self.source.fork()
         self.forks.append(fork)
         fork.commit(tree, path, assumed)
-        return PreDraft(drafter=fork, assumed=assumed)
+        return PreDraft(source=fork, assumed=assumed)
 
     def grow(self, pre: PreDraft, clock: float) -> PreDraft:
         """Draft the next tree from the end of the assumed path (run on the drafter thread)."""
         start = time.perf_counter()
         cfg = self.tree_cfg
-        root = DraftTree.with_root(pre.drafter.context[-1])
-        device = pre.drafter.model.device
+        root = DraftTree.with_root(pre.source.context[-1])
+        device = pre.source.model.device
         if device.type == "cuda":  # its own stream, so drafting overlaps the target's kernels
             stream = torch.cuda.Stream(device=device)
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
-                pre.tree = build_tree(root, pre.drafter.expand, cfg, cfg.budget + cfg.root_k)
+                pre.tree = build_tree(root, pre.source.expand, cfg, cfg.budget + cfg.root_k)
             stream.synchronize()
         else:
-            pre.tree = build_tree(root, pre.drafter.expand, cfg, cfg.budget + cfg.root_k)
+            pre.tree = build_tree(root, pre.source.expand, cfg, cfg.budget + cfg.root_k)
         pre.busy = (start - clock, time.perf_counter() - clock)
         return pre
 
@@ -209,19 +209,19 @@ class TreeDrafter:
         node = None
         if pre.tree is not None and new_tokens[:-1] == pre.assumed:
             node = pre.tree.child_with_token(0, new_tokens[-1])
-        self._drop(pre.drafter)
+        self._drop(pre.source)
         if node is None or not pre.tree.children(node):
-            pre.drafter.close()
+            pre.source.close()
             return None
-        pre.drafter.adopt_subtree(pre.tree, node, pre.tree.descendants(node))
-        assert self.model is not None
-        self.model.close()
-        self.model = pre.drafter
+        pre.source.adopt_subtree(pre.tree, node, pre.tree.descendants(node))
+        assert self.source is not None
+        self.source.close()
+        self.source = pre.source
         proposal = self._propose(self.tree_cfg.budget, short=False)
         tree = self._graft(pre.tree.subtree(node), self._shared_head(proposal))
         scores = self.scores(proposal.match_len)
         return Draft(tree=keep_best(tree, self.tree_cfg.budget, scores), match_len=proposal.match_len,
-                     forwards=pre.drafter.take_timings())
+                     forwards=pre.source.take_timings())
 
     def _drop(self, fork: ForkableSource) -> None:
         self.forks = [f for f in self.forks if f is not fork]
@@ -232,8 +232,8 @@ class TreeDrafter:
         for fork in self.forks:
             fork.close()
         self.forks = []
-        if self.model is not None and hasattr(self.model, "close"):
-            self.model.close()
+        if self.source is not None and hasattr(self.source, "close"):
+            self.source.close()
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
                features: Any = None) -> None:
@@ -242,17 +242,17 @@ class TreeDrafter:
         (T, F) features of every node; a ``FeatureSource`` gets the accepted path's (root first)."""
         self.stats.record(tree, accepted)
         self.acceptance.observe(tree, accepted, match_len)
-        if self.model is not None:
-            self.model.commit(tree, accepted, new_tokens)
-            if isinstance(self.model, FeatureSource) and features is not None:
+        if self.source is not None:
+            self.source.commit(tree, accepted, new_tokens)
+            if isinstance(self.source, FeatureSource) and features is not None:
                 index = torch.tensor(accepted[:len(new_tokens)], device=features.device)
-                self.model.add_features(features.index_select(0, index))  # the root's, then each accepted node's
-        if self.retrieval is not None:
-            self.retrieval.extend(new_tokens)
+                self.source.add_features(features.index_select(0, index))  # the root's, then each accepted node's
+        if self.retriever is not None:
+            self.retriever.extend(new_tokens)
 
 
-def build_drafter(cfg: RunConfig, model: DraftSource | None, retrieval: RetrievalDrafter | None) -> TreeDrafter:
+def build_drafter(cfg: RunConfig, source: DraftSource | None, retriever: Retriever | None) -> TreeDrafter:
     """The run's drafter: of the sources given, those ``cfg.drafter`` names. The engine's real
     models and the atlas's replay both come through here."""
-    return TreeDrafter(cfg.tree, model if cfg.uses_model else None,
-                         retrieval if cfg.uses_retrieval else None, cfg.retrieval)
+    return TreeDrafter(cfg.tree, source if cfg.uses_model else None,
+                       retriever if cfg.uses_retrieval else None, cfg.retrieval)

@@ -65,5 +65,5 @@ def build_engine(key: PairKey, precompile: bool = True) -> Engine:
                     chain=key.chain, fold=key.fold)
     if key.forward == "compiled" and precompile:  # (resolve_forward refused it off CUDA)
         logger.info("compiled the draft model's steps in %.0f s", engine.forwards.precompile())
-    logger.info("engine: %s on %s, forward %s", key.describe(), engine.target.device, engine.path)
+    logger.info("engine: %s on %s, forward %s", key.describe(), engine.target.device, engine.forward_path)
     return engine

@@ -18,8 +18,8 @@ from talon.core.verify import head_rows
 from talon.cost.cache import load_or_probe, retire_if_contradicted
 from talon.cost.model import CostModel
 from talon.drafters import SOURCE_MAKERS
-from talon.drafters.model import ModelDrafter
-from talon.drafters.retrieval import CorpusIndex, RetrievalDrafter
+from talon.drafters.model import ModelSource
+from talon.drafters.retrieval import CorpusIndex, Retriever
 from talon.drafters.tree_drafter import TreeDrafter, build_drafter
 from talon.engine.forwards import Forwards
 from talon.engine.prompt import PromptError, StopCheck, encode_prompt, eos_ids
@@ -73,27 +73,27 @@ class Engine:
         self._source_snapshots: dict[tuple[int, int], CostModel] = {}  # (draft_vocab, id(source)) -> curves
 
     @property
-    def path(self) -> str:
+    def forward_path(self) -> str:
         """How this engine's forwards run, as a run's summary and the cost cache name it: the
         forward, then ``+chain`` and ``+fold`` where on (``dynamic+fold``, ``graphs``)."""
         return self.forward + ("+chain" if self.forwards.chain else "") + ("+fold" if self.fold else "")
 
     @property
     def static_pools(self) -> dict[str, StaticPool]:
-        """The static step's pools of forwards by role (none on the dynamic forward)."""
+        """The static forward's pools of forwards by role (none on the dynamic forward)."""
         return self.forwards.roles(self.draft.model if self.draft is not None else None)
 
-    def cost_snapshot(self, draft_vocab: int = 0, source: PreTrainedModel | None = None,
+    def cost_snapshot(self, draft_vocab: int = 0, drafting: PreTrainedModel | None = None,
                       refresh: bool = False) -> CostModel:
         """The pair's cost model as read once (the probe, or the cache): what every run starts
         from. A run plans on its own copy and never changes this one; ``adopt_costs`` does,
-        between runs, when the caller says so. ``source``: the model that drafts, where it is
+        between runs, when the caller says so. ``drafting``: the model that drafts, where it is
         not the pair's draft model (a view of the target): its curves are its own. ``refresh``:
         probe again on this engine's forward, whatever is cached (``talon costs --probe``)."""
-        pair = source is None or (self.draft is not None and source is self.draft.model)
-        model = (self.draft.model if self.draft is not None else None) if pair else source
+        pair = drafting is None or (self.draft is not None and drafting is self.draft.model)
+        model = (self.draft.model if self.draft is not None else None) if pair else drafting
         store: dict = self._snapshots if pair else self._source_snapshots
-        key = draft_vocab if pair else (draft_vocab, id(source))
+        key = draft_vocab if pair else (draft_vocab, id(drafting))
         with self._cost_lock:
             if key not in store or refresh:
                 if self._given_costs is not None:
@@ -101,9 +101,9 @@ class Engine:
                 else:
                     name = self.draft.name if self.draft is not None else "none"
                     if not pair:
-                        name = f"{self.target.name}|{getattr(source, 'talon_name', 'source')}"
+                        name = f"{self.target.name}|{getattr(drafting, 'talon_name', 'source')}"
                     store[key] = load_or_probe(self.target.model, model, (self.target.name, name), self.cost_cache,
-                                               draft_vocab, refresh, forward=self.path,
+                                               draft_vocab, refresh, forward=self.forward_path,
                                                timers=self.forwards.timers(model))
             return store[key]
 
@@ -130,17 +130,17 @@ class Engine:
                 )
             return self._corpora[path]
 
-    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
-        """A model drafter over ``model`` on this engine's forward (``SourceModels``)."""
-        return self.forwards.model_drafter(model, cfg, prompt_len)
+    def model_source(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelSource:
+        """A model source over ``model`` on this engine's forward (``SourceModels``)."""
+        return self.forwards.model_source(model, cfg, prompt_len)
 
     def make_drafter(self, cfg: RunConfig, prompt_len: int = 0) -> TreeDrafter:
         """The run's drafter: its kind's draft source (``talon.knobs``), retrieval, and
         ``build_drafter`` over them (after ``prepare``, which refuses a kind it cannot serve)."""
-        model = SOURCE_MAKERS[cfg.drafter](self, cfg, prompt_len) if cfg.uses_model else None
+        source = SOURCE_MAKERS[cfg.drafter](self, cfg, prompt_len) if cfg.uses_model else None
         corpus = self.corpus(cfg.retrieval.corpus) if cfg.uses_retrieval and cfg.retrieval.corpus else None
-        retrieval = RetrievalDrafter(cfg.retrieval, corpus) if cfg.uses_retrieval else None
-        return build_drafter(cfg, model, retrieval)
+        retriever = Retriever(cfg.retrieval, corpus) if cfg.uses_retrieval else None
+        return build_drafter(cfg, source, retriever)
 
     def token_text(self, token: int) -> str:
         with self._text_lock:
@@ -185,7 +185,7 @@ class Engine:
         drafter = self.make_drafter(cfg, len(prompt_ids))
         costs = None
         if cfg.tree.cost_aware and cfg.drafts:
-            costs = self.cost_snapshot(cfg.draft_vocab, getattr(drafter.model, "model", None)).copy()
+            costs = self.cost_snapshot(cfg.draft_vocab, getattr(drafter.source, "model", None)).copy()
         parts = RunParts(
             prompt_ids=prompt_ids,
             prompt_text=prompt if isinstance(prompt, str) else tok.decode(prompt),
@@ -199,7 +199,7 @@ class Engine:
                 draft=self.draft.name if self.draft is not None else "none",
                 dtype=str(self.target.dtype).removeprefix("torch."),
                 device=str(self.target.device),
-                forward=self.path,
+                forward_path=self.forward_path,
             ),
             costs=costs,
         )
@@ -209,7 +209,7 @@ class Engine:
 def feature_layers(drafter: TreeDrafter) -> tuple[int, ...]:
     """The target layers whose entering hidden states the run's draft source reads (an EAGLE-3
     head's), so the verifier returns them; () for every other source."""
-    return drafter.model.feature_layers if isinstance(drafter.model, FeatureSource) else ()
+    return drafter.source.feature_layers if isinstance(drafter.source, FeatureSource) else ()
 
 
 def generate(engine: Engine, prompt: str | list[int], cfg: RunConfig) -> tuple[RunSummary, list[StepTrace]]:

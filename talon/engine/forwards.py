@@ -3,7 +3,7 @@
 per model that verifies or drafts: the target's, the draft model's, the async forks' (eager
 under graphs: no graph is captured or replayed on the drafter thread, docs/gpu.md), and any
 other drafting model's (a view of the target, ``talon.drafters.layer_skip``), made at its first
-run. ``Engine`` asks it for a run's verifier and model drafters."""
+run. ``Engine`` asks it for a run's verifier and model sources."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from transformers import PreTrainedModel
 
 from talon.core.verify import TargetVerifier
 from talon.drafters.eagle3 import head_timer
-from talon.drafters.model import ModelDrafter
-from talon.drafters.static_draft import StaticModelDrafter
+from talon.drafters.model import ModelSource
+from talon.drafters.static_draft import StaticModelSource
 from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
 from talon.models import LoadedModel
@@ -25,7 +25,7 @@ from talon.run_config import ConfigError, RunConfig
 class Forwards:
     def __init__(self, forward: str, target: LoadedModel, draft: LoadedModel | None, chain: bool = False) -> None:
         """``forward``: as asked (``auto`` resolves to graphs on one CUDA device, dynamic elsewhere).
-        ``chain``: model drafters grow TALON's adaptive trees on the device (``talon.graphs.chain``);
+        ``chain``: model sources grow TALON's adaptive trees on the device (``talon.graphs.chain``);
         a static forward only."""
         split = spans_devices(target.model) or (draft is not None and spans_devices(draft.model))
         self.forward = resolve_forward(forward, target.device, split)
@@ -94,14 +94,14 @@ class Forwards:
         return StaticVerifier(self.target.model, cfg.sampling, self._target, tokens, capture_all=cfg.async_draft,
                               features=bool(feature_layers))
 
-    def model_drafter(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelDrafter:
-        """A model drafter over ``model`` on this forward."""
+    def model_source(self, model: PreTrainedModel, cfg: RunConfig, prompt_len: int) -> ModelSource:
+        """A model source over ``model`` on this forward."""
         target_vocab = self.target.model.get_input_embeddings().weight.shape[0]
         if self._target is None:
-            return ModelDrafter(model, cfg.draft_vocab, target_vocab)
+            return ModelSource(model, cfg.draft_vocab, target_vocab)
         pool, fork = self.pools_of(model)
         tokens = prompt_len + cfg.max_new_tokens + cfg.tree.budget + cfg.tree.root_k + 1
         if self.chain:  # its layers of a bucket holding the budget, up to max_depth of them
             tokens += cfg.tree.max_depth * max(cfg.tree.budget, 1) * 2
-        return StaticModelDrafter(model, pool, tokens, cfg.draft_vocab, target_vocab, fork_pool=fork,
+        return StaticModelSource(model, pool, tokens, cfg.draft_vocab, target_vocab, fork_pool=fork,
                                   capture_all=cfg.async_draft, chain=self.chain)

@@ -266,7 +266,7 @@ class Run:
             draft=models.draft,
             dtype=models.dtype,
             device=models.device,
-            forward=models.forward,
+            forward_path=models.forward_path,
             config=self.cfg.to_dict(),
             stop_reason=reason,
             cost_model=self._cost_record(),

@@ -92,8 +92,8 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     low = below_floor(mats)
     head = {"head_training": ctx.models.training} if ctx.spec.head else {}
-    return not failures and not low, {"runs": len(mats), "forward": engine.path, "failures": failures, "vocab": vocab,
-                                      "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low, **head}
+    return not failures and not low, {"runs": len(mats), "forward": engine.forward_path, "failures": failures,
+                                      "vocab": vocab, "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low, **head}
 
 
 # The paths the lossless check does not run (it runs the device's default), as ``step[+chain][+fold]``
@@ -164,7 +164,7 @@ def chi_square(counts: Counter, expected_p: torch.Tensor, n: int) -> tuple[float
 
 
 def sampling_distribution(ctx: PairRun) -> CheckOutcome:
-    """Sampled decoding with the model drafter (the target drafts for itself, so its drafts are
+    """Sampled decoding with the model source (the target drafts for itself, so its drafts are
     the likely tokens and acceptance, not only the residual draw, is exercised): the first
     token over ``SAMPLING_SEEDS`` seeds against the target's own softmax."""
     target = ctx.models.get("target", F32)
@@ -363,7 +363,7 @@ def guard_verdicts(settings: Settings, preset: ModelPreset) -> CheckOutcome:
 def pair_bytes(engine: Engine, run: Any) -> int:
     """Weights (and buffers) of both models plus both KV caches as the run left them."""
     tensors = [t for lm in (engine.target, engine.draft) for t in (*lm.model.parameters(), *lm.model.buffers())]
-    caches = [run.verifier.cache] + ([run.drafter.model.cache] if run.drafter.model is not None else [])
+    caches = [run.verifier.cache] + ([run.drafter.source.cache] if run.drafter.source is not None else [])
     tensors += [t for c in caches for layer in c.layers for t in (layer.keys, layer.values) if t is not None]
     return sum(t.numel() * t.element_size() for t in tensors)
 

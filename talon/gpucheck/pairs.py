@@ -236,7 +236,7 @@ class PairModels:
 
     def _trained_head(self, dtype: torch.dtype) -> LoadedModel:
         """The head preset's head on the float32 target, trained here (``talon.gpucheck.head``) on
-        the target's greedy text of the prompts the lossless checks decode with a model drafter."""
+        the target's greedy text of the prompts the lossless checks decode with a model source."""
         target = self.get("target", F32)
         vocab = self.spec.draft.vocab
         texts = [ids + reference(target, ids, self.tokens) for ids in (random_ids(vocab, 48, 3),

@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(target, draft) if args.forward == "auto" else path_engine(target, draft, args.forward)
         atlases = atlases_for(engine, args.tiny, args.limit, args.tokens)
     report = {"pair": spec.key, "tiny": args.tiny, "device": torch.cuda.get_device_name() if device.type == "cuda"
-              else "cpu", "dtype": str(dtype).removeprefix("torch."), "forward": engine.path, "atlases": len(atlases),
-              "tokens": args.tokens, "cost_aware": args.planner,
+              else "cpu", "dtype": str(dtype).removeprefix("torch."), "forward": engine.forward_path,
+              "atlases": len(atlases), "tokens": args.tokens, "cost_aware": args.planner,
               **measure(engine, atlases, args.tokens, args.planner == "on")}
     text = json.dumps(report, indent=1)
     if args.out:

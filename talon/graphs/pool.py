@@ -1,4 +1,4 @@
-"""The static step's forwards kept between runs, and what the loop and the cost probe run on
+"""The static forward's forwards kept between runs, and what the loop and the cost probe run on
 them: ``StaticPool`` (one model's forwards, reused by later runs), ``StaticVerifier`` (the
 target's verdicts on a static forward) and ``StaticTimer`` (the cost probe's timer)."""
 

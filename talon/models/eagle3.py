@@ -15,7 +15,7 @@ position t pairs with token t+1, at position id t::
     logits = lm_head(norm(out))                (the draft vocabulary; target id = i + d2t[i])
 
 A tree node at depth d >= 1 feeds its parent's ``out`` with its own token at position t + d
-(``talon.drafters.eagle3.HeadDrafter`` drafts with it).
+(``talon.drafters.eagle3.HeadSource`` drafts with it).
 
 Two checkpoint layouts load (``load_head``): EAGLE / SpecForge (``midlayer.*``, a flat Llama
 config with ``draft_vocab_size``) and ``speculators`` (``layers.0.*``, ``transformer_layer_config``).
