@@ -19,19 +19,22 @@ import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
+from typing import Any, Literal, get_args
 
 # The drafter kinds, registered here and nowhere else. A kind says which model drafts (``model``) and
 # whether retrieval from the text so far drafts too (``retrieval``); where a model drafts, the function
 # that makes its DraftSource is ``talon.drafters.SOURCE_MAKERS[name]``. ``talon.drafters.tree_drafter.build_drafter``
 # combines the source and retrieval under the budget and gates; how to add one: docs/design.md, "Add a drafter".
+DrafterName = Literal["hybrid", "model", "retrieval", "layerskip", "eagle3", "eagle3-hybrid", "none"]
+# which model drafts: "draft" (the pair's draft model), "head" (an EAGLE-3 head in the pair's draft slot, on the
+# target's features), "target" (the target itself); None: no model
+DraftingModel = Literal["draft", "head", "target"]
+
+
 @dataclass(frozen=True)
 class DrafterKind:
-    name: str
-    # which model drafts: "draft" (the pair's draft model), "head" (an EAGLE-3 head in the pair's draft slot,
-    # on the target's features), "target" (the target itself), "" (none)
-    model: str
+    name: DrafterName
+    model: DraftingModel | None
     retrieval: bool  # retrieval from the text so far drafts too
     summary: str  # one line: --help, docs/cli.md, the app
     # an atlas (which records the draft slot's and retrieval's children) replays it: an atlas recorded with
@@ -42,25 +45,27 @@ class DrafterKind:
 DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("hybrid", "draft", True, "the draft model's gated tree with retrieval grafted in (Talon)"),
     DrafterKind("model", "draft", False, "the draft model alone"),
-    DrafterKind("retrieval", "", True, "retrieval from the text so far alone (a suffix automaton; no model)"),
+    DrafterKind("retrieval", None, True, "retrieval from the text so far alone (a suffix automaton; no model)"),
     DrafterKind("layerskip", "target", False,
                 "self-speculative: the target itself with some of its layers skipped drafts (no second model)",
                 atlas=False),
     DrafterKind("eagle3", "head", False, "an EAGLE-3 head (--draft DIR): one decoder layer on the target's own "
                 "features"),
     DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in"),
-    DrafterKind("none", "", False, "nobody: the autoregressive baseline (one token a step)"),
+    DrafterKind("none", None, False, "nobody: the autoregressive baseline (one token a step)"),
 )}
-DRAFTER_KINDS: tuple[str, ...] = tuple(DRAFTERS)
+DRAFTER_KINDS: tuple[DrafterName, ...] = get_args(DrafterName)
+if tuple(DRAFTERS) != DRAFTER_KINDS:
+    raise ValueError(f"the drafter kinds' rows {tuple(DRAFTERS)} must follow DrafterName {DRAFTER_KINDS}")
 # the kinds that draft
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
 HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
 # the kinds an atlas recorded with a draft model replays, and those one recorded with an EAGLE-3 head replays
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model != "head")
-HEAD_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("head", ""))
+HEAD_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("head", None))
 # the kinds the app offers with a draft model in the pair's draft slot, and with an EAGLE-3 head there
 MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
-HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", ""))
+HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", None))
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 # the same for an atlas recorded with an EAGLE-3 head: eagle3, eagle3-hybrid and retrieval
@@ -84,11 +89,20 @@ class ConfigError(ValueError):
     """A knob is out of range; the message names the knob, the value and the allowed range."""
 
 
-TREE_MODES: tuple[str, ...] = ("adaptive", "static", "chain")
-ADMISSIONS: tuple[str, ...] = ("calibrated", "confidence")
-COST_MODES: tuple[str, ...] = ("fixed", "learn")
+TreeMode = Literal["adaptive", "static", "chain"]
+Admission = Literal["calibrated", "confidence"]
+CostMode = Literal["fixed", "learn"]
 # how an engine's forwards run (a server setting, TALON_FORWARD, not a run knob): talon.graphs.static.resolve_forward
-FORWARDS: tuple[str, ...] = ("auto", "dynamic", "static", "graphs", "compiled")
+Forward = Literal["auto", "dynamic", "static", "graphs", "compiled"]
+TREE_MODES: tuple[TreeMode, ...] = get_args(TreeMode)
+ADMISSIONS: tuple[Admission, ...] = get_args(Admission)
+COST_MODES: tuple[CostMode, ...] = get_args(CostMode)
+FORWARDS: tuple[Forward, ...] = get_args(Forward)
+# a knob's type: int | float | bool | choice | texts (a tuple of strings) | path (a file, or None)
+KnobKind = Literal["int", "float", "bool", "choice", "texts", "path"]
+# how the command line sets it: value | on_off | negate (--flag sets False) | pair (--flag / --no-flag; unset: the
+# front end decides) | append
+KnobCli = Literal["value", "on_off", "negate", "pair", "append"]
 ON_OFF: tuple[str, ...] = ("on", "off")
 MAX_BUDGET = 256  # draft nodes one verification may hold
 BAR = "\\|"  # a | inside a markdown table
@@ -99,7 +113,7 @@ WORDS = {"on": True, "true": True, "off": False, "false": False}
 class Knob:
     name: str  # the one name: the flag (dashes), the grid key, the variant key, the explorer's
     path: str  # where it lives in a RunConfig: "tree.budget", "drafter"
-    kind: str  # int | float | bool | choice | texts (a tuple of strings) | path (a file, or None)
+    kind: KnobKind
     default: Any
     help: str  # the flag's help and docs/cli.md's meaning
     lo: float | None = None  # the range of an int or float, both ends included
@@ -107,8 +121,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     said: str = ""  # what error messages call it (default: name)
     flag: str = ""  # the command line's flag (default: --name, dashes)
-    # value | on_off | negate (--flag sets False) | pair (--flag / --no-flag; unset: the front end decides) | append
-    cli: str = "value"
+    cli: KnobCli = "value"
     metavar: str = ""
     app: str = ""  # the app's control and /generate parameter ("": not in the app)
     app_choices: tuple[str, ...] = ()  # where the app offers fewer choices

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from talon.knobs import (
     ADMISSIONS,
@@ -22,8 +22,12 @@ from talon.knobs import (
     DRAFTING_KINDS,
     MAX_BUDGET,
     TREE_MODES,
+    Admission,
     ConfigError,
+    CostMode,
     DrafterKind,
+    DrafterName,
+    TreeMode,
     check_record,
     default,
     nested,
@@ -32,9 +36,6 @@ from talon.knobs import (
 
 __all__ = ["ADMISSIONS", "COST_MODES", "DRAFTER_KINDS", "DRAFTING_KINDS", "MAX_BUDGET", "TREE_MODES", "ConfigError",
            "RetrievalConfig", "RunConfig", "SamplingConfig", "TreeConfig"]
-
-TreeMode = Literal["adaptive", "static", "chain"]
-Admission = Literal["calibrated", "confidence"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class RunConfig:
     run's own step timings (the app's default). Sampled runs always plan fixed.
     """
 
-    drafter: str = default("drafter")  # a name in talon.knobs.DRAFTERS
+    drafter: DrafterName = default("drafter")
     tree: TreeConfig = field(default_factory=TreeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -131,7 +132,7 @@ class RunConfig:
     chat_template: bool = default("chat_template")
     async_draft: bool = default("async_draft")
     draft_vocab: int = default("draft_vocab")
-    cost_model: str = default("cost_model")
+    cost_model: CostMode = default("cost_model")
     skip_layers: float = default("skip_layers")
 
     def __post_init__(self) -> None:

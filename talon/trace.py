@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from talon.tree import TRACE_SOURCES, layer_width
 
@@ -26,70 +26,96 @@ MAX_TRACE_STEPS = 100_000
 MAX_TREE_NODES = 4096
 
 
-@dataclass(frozen=True)
-class StepTiming:
-    """One step's times, in seconds: measured by the clock in a run, predicted by the cost model
-    in a replay. The busy spans are (start, end) since the run started, for the timeline."""
-
-    draft_s: float
-    verify_s: float
-    other_s: float
-    drafter_busy: list[tuple[float, float]]
-    verifier_busy: list[tuple[float, float]]
-    predicted_verify_s: float | None = None  # the cost model's verify time for this tree (planned runs)
+BonusKind = Literal["bonus", "resampled"]
+# why a run stopped: its token limit, an EOS token, a stop string, or the user
+StopReason = Literal["max_new_tokens", "eos", "stop_string", "cancelled"]
 
 
-@dataclass
-class StepTrace:
-    step: int
-    # --- the draft tree, one entry per node (node 0 = root) ---
+# A step's record comes in four parts, each a dataclass of its own fields; StepTrace is all four
+# (``StepTrace.from_parts``), flat, so its JSON is the same as before the parts had names.
+
+
+@dataclass(kw_only=True)
+class TreeRecord:
+    """The step's draft tree, one entry per node (node 0 = root), and why it stopped growing."""
+
     tokens: list[int]
     texts: list[str]
     parents: list[int]
     depths: list[int]
     q_draft: list[float]
     path_conf: list[float]
-    sources: list[str]  # "root" | "model" | "head" (an EAGLE-3 head's) | "retrieval" | "both"
+    sources: list[str]  # "root" | "model" | "head" (an EAGLE-3 head's) | "retrieval" | "both": TRACE_SOURCES
     gate_layer_max: list[float | None]
     gate_threshold: list[float | None]
     gate_passed: list[bool | None]  # None: the gate never looked at this node
+    tree_stop: str = ""  # why the tree stopped growing: a talon.tree.TreeStop ("" in older traces)
+
+
+@dataclass(kw_only=True)
+class VerdictRecord:
+    """What the target said of the tree and what the step committed."""
+
     target_top1: list[int]  # target's argmax after each node
-    # --- acceptance ---
     accepted: list[int]  # accepted node ids, root first
     bonus_token: int
     bonus_text: str
-    new_tokens: list[int]  # tokens committed this step (accepted drafts + bonus)
+    new_tokens: list[int]  # tokens committed this step (accepted drafts + bonus), cut at a stop
     # Sampling only: per tried node, the target probability and the acceptance probability.
     p_target: list[float | None] = field(default_factory=list)
     p_accept: list[float | None] = field(default_factory=list)
-    # --- time (seconds; a StepTiming's fields) ---
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    # --- async overlap: (start, end) seconds since the run started ---
-    drafter_busy: list[tuple[float, float]] = field(default_factory=list)
-    verifier_busy: list[tuple[float, float]] = field(default_factory=list)
-    predraft_reused: bool | None = None
-    # --- retrieval ---
-    match_len: int = 0
-    # --- cost-aware planning (talon.cost.plan) ---
-    tree_stop: str = ""  # why the tree stopped growing: see talon.tree.STOPS
-    model_skipped: str = ""  # why the draft model did not run this step ("" = it ran / absent)
-    trimmed: int = 0  # nodes cut by the goodput trim
-    draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
-    p_accept_est: list[float] = field(default_factory=list)  # the acceptance model's P(node accepted), per node
-    predicted_verify_s: float | None = None  # the cost model's verify time for this tree
-    # --- the node inspector ---
-    # The target's top 5 after each node (its sampling distribution under sampling, else the
-    # softmax of its logits), and each node's position id (prefix length + depth: siblings share it)
+    # The node inspector: the target's top 5 after each node (its sampling distribution under
+    # sampling, else the softmax of its logits), and each node's position id (prefix length +
+    # depth: siblings share it)
     target_topk_ids: list[list[int]] = field(default_factory=list)
     target_topk_probs: list[list[float]] = field(default_factory=list)
     target_topk_texts: list[list[str]] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     # "bonus": the last token was drawn after a path that ran to a leaf; "resampled": it replaces
     # a rejected draft child (under sampling drawn from the residual, whose top 5 is recorded)
-    bonus_kind: str = "bonus"
+    bonus_kind: BonusKind = "bonus"
     residual_topk: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class StepTiming:
+    """One step's times, in seconds: measured by the clock in a run, predicted by the cost model
+    in a replay. The busy spans are (start, end) since the run started, for the timeline."""
+
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    drafter_busy: list[tuple[float, float]] = field(default_factory=list)
+    verifier_busy: list[tuple[float, float]] = field(default_factory=list)
+    predicted_verify_s: float | None = None  # the cost model's verify time for this tree (planned runs)
+
+
+@dataclass(kw_only=True)
+class PlanRecord:
+    """How the step's draft was made: retrieval's match, the planner's decisions, the pre-draft."""
+
+    match_len: int = 0  # retrieval's match length
+    model_skipped: str = ""  # why the draft model did not run this step ("" = it ran / absent)
+    trimmed: int = 0  # nodes cut by the goodput trim
+    draft_forwards: int = 0  # draft-model forwards this step (catch-up included)
+    p_accept_est: list[float] = field(default_factory=list)  # the acceptance model's P(node accepted), per node
+    predraft_reused: bool | None = None  # None: nothing was pre-drafted; False: the pre-draft's bet missed
+
+
+@dataclass(kw_only=True)
+class StepTrace(PlanRecord, StepTiming, VerdictRecord, TreeRecord):
+    """One step of a run: its number and its four parts' fields, flat."""
+
+    step: int
+
+    @staticmethod
+    def from_parts(step: int, tree: TreeRecord, verdict: VerdictRecord, timing: StepTiming,
+                   plan: PlanRecord) -> StepTrace:
+        return StepTrace(step=step, **vars(tree), **vars(verdict), **vars(timing), **vars(plan))
+
+    @property
+    def timing(self) -> StepTiming:
+        return StepTiming(**{f.name: getattr(self, f.name) for f in dataclasses.fields(StepTiming)})
 
     @property
     def accept_len(self) -> int:
@@ -100,7 +126,7 @@ class StepTrace:
         return dataclasses.asdict(self)
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "StepTrace":
+    def from_dict(data: dict[str, Any]) -> StepTrace:
         known = {f.name for f in dataclasses.fields(StepTrace)}
         clean = {k: v for k, v in data.items() if k in known}
         for key in ("drafter_busy", "verifier_busy", "residual_topk"):
@@ -140,7 +166,7 @@ class RunSummary:
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
-    stop_reason: str = ""
+    stop_reason: StopReason | Literal[""] = ""
     draft_forwards: int = 0
     model_skips: int = 0  # steps on which the draft model did not run
     tree_stops: dict[str, int] = field(default_factory=dict)  # why trees stopped, counted
@@ -292,7 +318,7 @@ _SCALAR_FIELDS: dict[str, Callable[[Any], bool]] = {
     "trimmed": _is_int,
     "draft_forwards": _is_int,
     "predicted_verify_s": lambda v: v is None or is_number(v),
-    "bonus_kind": lambda v: v in ("bonus", "resampled"),
+    "bonus_kind": lambda v: v in get_args(BonusKind),
 }
 _LIST_FIELDS: dict[str, Callable[[Any], bool]] = {
     "accepted": _is_int,

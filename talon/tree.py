@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-SOURCES: tuple[str, ...] = ("root", "model", "retrieval", "both")
+NodeSource = Literal["root", "model", "retrieval", "both"]
+SOURCES: tuple[NodeSource, ...] = get_args(NodeSource)
 # a step's node sources as its trace records them: "model" is "head" where an EAGLE-3 head drafted
-TRACE_SOURCES: tuple[str, ...] = (*SOURCES, "head")
+TraceSource = Literal[NodeSource, "head"]
+TRACE_SOURCES: tuple[TraceSource, ...] = (*SOURCES, "head")
 
 
 # Why a tree stopped growing (DraftTree.stop): the budget is full and no frontier node can place a
@@ -26,7 +29,8 @@ TRACE_SOURCES: tuple[str, ...] = (*SOURCES, "head")
 # next layer would not pay for itself (cost-aware); the drafter proposed nothing new; the draft
 # model did not run this step (retrieval first, or not worth its prefill); a retrieval-only
 # drafter's trie as proposed; no drafter at all (autoregressive).
-STOPS: tuple[str, ...] = ("budget", "depth", "min_conf", "cost", "empty", "skipped", "retrieval", "none")
+TreeStop = Literal["budget", "depth", "min_conf", "cost", "empty", "skipped", "retrieval", "none"]
+STOPS: tuple[TreeStop, ...] = get_args(TreeStop)
 # the same stops as the codes a tree grown on the device keeps (``talon.graphs.chain``; 0: still growing)
 STOP_CODES: dict[str, int] = {name: code for code, name in enumerate(STOPS, start=1)}
 
@@ -45,10 +49,10 @@ class DraftTree:
     parents: list[int] = field(default_factory=lambda: [-1])
     q_draft: list[float] = field(default_factory=lambda: [1.0])
     path_conf: list[float] = field(default_factory=lambda: [1.0])
-    sources: list[str] = field(default_factory=lambda: ["root"])
+    sources: list[NodeSource] = field(default_factory=lambda: ["root"])
     gates: list[Gate | None] = field(default_factory=lambda: [None])
     depths: list[int] = field(default_factory=lambda: [0])
-    stop: str = ""  # why the builder stopped growing it (one of ``STOPS``)
+    stop: TreeStop | Literal[""] = ""  # why the builder stopped growing it ("": still growing)
 
     @staticmethod
     def with_root(root_token: int) -> "DraftTree":
@@ -62,17 +66,17 @@ class DraftTree:
         """Draft nodes, root excluded: what the budget counts."""
         return len(self.tokens) - 1
 
-    def add(self, parent: int, token: int, q_draft: float, source: str) -> int:
+    def add(self, parent: int, token: int, q_draft: float, node_source: NodeSource) -> int:
         """Append a child of ``parent``; returns the new node id."""
         if not 0 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} must be a node of the tree (0 to {len(self.tokens) - 1})")
-        if source not in SOURCES:
-            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        if node_source not in SOURCES:
+            raise ValueError(f"node_source must be one of {SOURCES}, got {node_source!r}")
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.q_draft.append(float(q_draft))
         self.path_conf.append(self.path_conf[parent] * float(q_draft))
-        self.sources.append(source)
+        self.sources.append(node_source)
         self.gates.append(None)
         self.depths.append(self.depths[parent] + 1)
         return len(self.tokens) - 1

@@ -95,6 +95,27 @@ def test_new_fields_round_trip_and_are_validated(engine: Engine) -> None:
         parse_trace(bad)
 
 
+# talon-trace/1's step keys: StepTrace is built from its parts, and its JSON stays what it was
+TRACE_STEP_KEYS = {
+    "step", "tokens", "texts", "parents", "depths", "q_draft", "path_conf", "sources", "gate_layer_max",
+    "gate_threshold", "gate_passed", "target_top1", "accepted", "bonus_token", "bonus_text", "new_tokens", "p_target",
+    "p_accept", "draft_s", "verify_s", "other_s", "drafter_busy", "verifier_busy", "predraft_reused", "match_len",
+    "tree_stop", "model_skipped", "trimmed", "draft_forwards", "p_accept_est", "predicted_verify_s",
+    "target_topk_ids", "target_topk_probs", "target_topk_texts", "positions", "bonus_kind", "residual_topk",
+}
+
+
+def test_a_step_is_its_parts_and_its_json_is_unchanged(engine: Engine) -> None:
+    summary, steps = generate(engine, PROMPT, RunConfig(max_new_tokens=6))
+    assert set(steps[0].to_dict()) == TRACE_STEP_KEYS
+    assert steps[0].timing.verify_s == steps[0].verify_s > 0
+    older = {**summary.to_dict(), "forward": "static+fold"}  # a summary written before forward_path
+    del older["forward_path"]
+    data = json.loads(json.dumps({"format": "talon-trace/1", "summary": older, "steps": [s.to_dict() for s in steps]}))
+    read, _ = parse_trace(data)
+    assert read.forward_path == "static+fold" and summary.stop_reason == "max_new_tokens"
+
+
 def test_mask_rows_carry_node_token_and_position() -> None:
     st = inspected(make_step())
     fig = F.mask_figure(st)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from talon.models.rng import categorical, check_device, uniform
+from talon.trace import BonusKind
 from talon.tree import DraftTree
 
 TOPK = 5  # the target's alternatives recorded per node
@@ -21,11 +22,11 @@ class Acceptance:
     # "bonus": the path ran to a leaf and the last token is a free draw from the target;
     # "resampled": a draft child of the last accepted node was rejected and the token replaces it
     # (under sampling drawn from the residual, under greedy the target's argmax)
-    bonus_kind: str = "bonus"
+    bonus_kind: BonusKind = "bonus"
     residual: list[tuple[int, float]] = field(default_factory=list)  # sampling: top of the residual
 
 
-def bonus_kind(tree: DraftTree, last: int) -> str:
+def bonus_kind(tree: DraftTree, last: int) -> BonusKind:
     """Was the step's last token drawn after a full path ("bonus") or after a rejection?"""
     return "resampled" if tree.children(last) else "bonus"
 

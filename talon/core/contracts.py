@@ -1,12 +1,16 @@
-"""The step loop's contracts, in the order ``Run._step`` reads them: draft, verify, accept, commit.
+"""The step loop's contracts, in the order ``Run._step`` reads them: draft, verify, commit.
+
+Acceptance is the verifier's: ``Verifier.verify`` scores the tree and accepts a path in the same
+call (``Verdict.acceptance``: greedy or the sampled rule of ``talon.core.accept``); the loop only
+cuts that path at a stop (``StopCheck``) before both sides commit it.
 
 * ``Drafter`` proposes a step's tree (``draft`` -> ``Draft``) and learns from the verdict
   (``commit``). ``talon.drafters.tree_drafter.TreeDrafter`` is the one implementation; its
   model half is any ``DraftSource`` (``ModelSource`` runs a real model,
   ``talon.atlas.replay.AtlasModel`` answers from a recording). A ``PreDrafter`` can also draft
   the next tree while the target verifies; it needs a ``ForkableSource``.
-* ``Verifier`` scores a tree in one target forward (``verify`` -> ``Verdict``) and keeps the
-  accepted path's KV (``commit``). ``talon.core.verify.TargetVerifier`` runs the target,
+* ``Verifier`` scores a tree in one target forward and accepts a path (``verify`` -> ``Verdict``),
+  and keeps the accepted path's KV (``commit``). ``talon.core.verify.TargetVerifier`` runs the target,
   ``talon.graphs.pool.StaticVerifier`` its static-shape forward, ``talon.atlas.replay.TextVerifier``
   matches a recorded greedy text.
 * ``AcceptanceModel``: P(node accepted | parent accepted), what the builder ranks nodes by and the
@@ -24,11 +28,12 @@ Nothing here runs a model: these are the shapes the loop's parts agree on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from talon.tree import DraftTree
 
 if TYPE_CHECKING:  # the contracts import no torch: the planner and its cost model are plain Python
+    from torch import Tensor, nn
     from transformers import Cache, PreTrainedModel
 
     from talon.core.accept import Acceptance
@@ -135,7 +140,7 @@ class ForkableSource(DraftSource, Protocol):
     """A draft source that forks: an independent copy in the same state drafts ahead, and is
     adopted in place of the original when its bet held."""
 
-    model: Any  # the module that drafts (its device picks the stream)
+    model: nn.Module  # the module that drafts (its device picks the stream)
 
     def fork(self) -> ForkableSource: ...
 
@@ -153,7 +158,7 @@ class FeatureSource(DraftSource, Protocol):
 
     feature_layers: tuple[int, ...]
 
-    def add_features(self, features: Any) -> None:
+    def add_features(self, features: Tensor) -> None:
         """(n, F): the target's features at the next n committed positions, in order (the prompt's
         but its root's after the prefill; the root's and the accepted nodes' after a step)."""
 
@@ -186,13 +191,13 @@ class Drafter(Protocol):
 
     acceptance: AcceptanceModel  # the run's calibrated acceptance (the planner and traces read it)
 
-    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: Any = None) -> None:
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: Tensor | None = None) -> None:
         """Start a request; ``features``: the prefill's (``Verifier.prefill``), for a ``FeatureSource``."""
 
     def draft(self, root: int, planner: DraftPlanner | None = None) -> Draft: ...
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
-               features: Any = None) -> None:
+               features: Tensor | None = None) -> None:
         """Learn from the verdict; ``features``: ``Verdict.features`` (None unless a source reads them)."""
 
     def close(self) -> None: ...
@@ -224,7 +229,7 @@ class Verdict:
     acceptance: Acceptance  # the accepted path (node ids, root first), the bonus token, p_target
     topk: tuple[list[list[int]], list[list[float]]]  # (T, 5) ids and probabilities
     positions: list[int]  # (T,) position ids; positions[0] is the root's, the committed length
-    features: Any = None  # (T, F) tensor: the target's features at every node, where a FeatureSource reads them
+    features: Tensor | None = None  # (T, F): the target's features at every node, where a FeatureSource reads them
 
 
 @runtime_checkable
@@ -232,7 +237,7 @@ class Verifier(Protocol):
     """What ``Run._step`` calls to score a tree. Its cache holds every committed token but the
     root; ``verify`` adds the tree's entries, ``commit`` cuts them to the accepted path (``KVCut``)."""
 
-    def prefill(self, ids: list[int]) -> Any:
+    def prefill(self, ids: list[int]) -> Tensor | None:
         """Fill the cache with every prompt token but the root; returns the target's features at
         those positions where it reads them (``feature_layers``), else None."""
 

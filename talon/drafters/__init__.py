@@ -23,10 +23,10 @@ from talon.drafters.retrieval import Retriever
 from talon.drafters.suffix import SuffixIndex, SuffixMatch
 from talon.drafters.tree_drafter import TreeDrafter, build_drafter
 from talon.drafters.trie import RetrievalProposal, build_trie
-from talon.knobs import DRAFTERS
+from talon.knobs import DRAFTERS, DraftingModel
 
 # which model drafts (the knob table's ``DrafterKind.model``) -> the maker of its draft source
-BY_DRAFTING_MODEL: dict[str, Callable[..., DraftSource]] = {
+BY_DRAFTING_MODEL: dict[DraftingModel, Callable[..., DraftSource]] = {
     "draft": draft_model_source, "head": head_source, "target": layer_skip_source,
 }
 # (SourceModels, RunConfig, prompt_len) -> DraftSource, by drafter kind: every kind the table says a model drafts

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -85,7 +84,7 @@ class TreeDrafter:
         self.acceptance = CalibratedAcceptance()
         self.forks: list[ForkableSource] = []  # pre-drafters not yet adopted or dropped (close gives them back)
 
-    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: Any = None) -> None:
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: torch.Tensor | None = None) -> None:
         """Start a request; ``lazy_model`` leaves the draft model's prefill until it is needed;
         ``features``: the target's at the prompt's positions (for a ``FeatureSource``)."""
         self.stats = SourceStats()
@@ -236,7 +235,7 @@ class TreeDrafter:
             self.source.close()
 
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
-               features: Any = None) -> None:
+               features: torch.Tensor | None = None) -> None:
         """Learn from the verdict (per-source rates, the acceptance model), then advance the
         draft model and the retrieval index by the committed tokens. ``features``: the verdict's
         (T, F) features of every node; a ``FeatureSource`` gets the accepted path's (root first)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from talon.models import LoadedModel
+from talon.trace import StopReason
 
 
 class PromptError(ValueError):
@@ -56,8 +57,8 @@ class StopCheck:
     stop_strings: tuple[str, ...]
     max_new_tokens: int
 
-    def cut(self, generated: list[int], new_tokens: list[int]) -> tuple[list[int], str]:
-        """The prefix of ``new_tokens`` to keep and why generation stops ("" = it goes on)."""
+    def cut(self, generated: list[int], new_tokens: list[int]) -> tuple[list[int], StopReason | None]:
+        """The prefix of ``new_tokens`` to keep and why generation stops (None: it goes on)."""
         window = max((len(s) for s in self.stop_strings), default=0) + 8
         for i, token in enumerate(new_tokens):
             kept = new_tokens[: i + 1]
@@ -69,4 +70,4 @@ class StopCheck:
                 tail = self.tokenizer.decode((generated + kept)[-window:])
                 if any(s in tail for s in self.stop_strings):
                     return kept, "stop_string"
-        return new_tokens, ""
+        return new_tokens, None

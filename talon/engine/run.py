@@ -1,4 +1,4 @@
-"""The step loop: draft -> verify -> accept -> commit -> record, one ``StepTrace`` per step.
+"""The step loop: draft -> verify (the verifier accepts) -> commit -> record, one ``StepTrace`` per step.
 
 One loop serves every mode: the autoregressive baseline is the same loop with a drafter that
 returns the bare root. The target's cache holds every committed token but the last (the root),
@@ -14,15 +14,52 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from talon.core.contracts import Draft, Drafter, PreDraft, PreDrafter, Verdict, Verifier
 from talon.cost.model import CostModel
 from talon.cost.plan import Planner, drafting_without_catch_up
 from talon.engine.prompt import StopCheck
 from talon.run_config import RunConfig
-from talon.trace import RunModels, RunSummary, StepTiming, StepTrace, summarize_steps
+from talon.trace import (
+    PlanRecord,
+    RunModels,
+    RunSummary,
+    StepTiming,
+    StepTrace,
+    StopReason,
+    TreeRecord,
+    VerdictRecord,
+    summarize_steps,
+)
 from talon.tree import DraftTree
+
+
+class CostKeeper(Protocol):
+    """What made a run and keeps the pair's cost snapshots (``Engine``): its owner hands it what a
+    learn-mode run refined."""
+
+    def adopt_costs(self, costs: CostModel, draft_vocab: int = 0) -> None: ...
+
+    def cost_snapshots(self) -> dict[int, CostModel]: ...
+
+
+@dataclass(frozen=True)
+class NextDraft:
+    """This step's tree, and whether it was drafted ahead, during the last verification."""
+
+    draft: Draft
+    reused: bool | None = None  # None: nothing was drafted ahead; True: adopted; False: its bet missed
+    ahead_busy: tuple[tuple[float, float], ...] = ()  # the drafter thread's span drafting ahead
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step hands the loop: its record, why the run stops there, the next tree in flight."""
+
+    trace: StepTrace
+    stop: StopReason | None  # None: the run goes on
+    ahead: Future[PreDraft] | None  # the next tree, drafted on the drafter thread meanwhile
 
 
 @dataclass
@@ -46,7 +83,7 @@ class Run:
     """Iterate to get StepTraces as they happen; ``summary`` is set when the iteration ends."""
 
     def __init__(self, cfg: RunConfig, parts: RunParts, cancel: threading.Event | None = None,
-                 engine: Any = None) -> None:
+                 engine: CostKeeper | None = None) -> None:
         """``engine``: the ``Engine`` that made the run, where one did (its owner adopts what a
         learn-mode run refined: ``Engine.adopt_costs``)."""
         self.engine = engine
@@ -68,7 +105,7 @@ class Run:
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
-        self.model_source = "head" if cfg.kind.model == "head" else "model"  # what the trace calls model nodes
+        self.model_node_source = "head" if cfg.kind.model == "head" else "model"  # what the trace calls model nodes
 
     @property
     def fixed_costs(self) -> bool:
@@ -87,13 +124,14 @@ class Run:
             self.drafter.reset(ids, features=features)
         predrafts = self.cfg.async_draft and isinstance(self.drafter, PreDrafter)  # once, not per step
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talon-drafter") if predrafts else None
-        root, reason, ahead = ids[-1], "", None
+        root, stop, ahead = ids[-1], None, None
         try:
-            while not reason and not self.cancel.is_set():
-                step, reason, ahead = self._step(root, t0, pool, ahead)
-                self.steps.append(step)
-                root = step.new_tokens[-1]
-                yield step
+            while stop is None and not self.cancel.is_set():
+                result = self._step(root, t0, pool, ahead)
+                stop, ahead = result.stop, result.ahead
+                self.steps.append(result.trace)
+                root = result.trace.new_tokens[-1]
+                yield result.trace
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -102,17 +140,17 @@ class Run:
         seconds = time.perf_counter() - t0
         if self.parts.predicted_times is not None:
             seconds = sum(s.draft_s + s.verify_s + s.other_s for s in self.steps)
-        self.summary = self._summarize(seconds, reason or "cancelled")
+        self.summary = self._summarize(seconds, stop or "cancelled")
 
-    def _next_draft(self, root: int, ahead: Future | None) -> tuple[Draft, bool | None, list]:
+    def _next_draft(self, root: int, ahead: Future[PreDraft] | None) -> NextDraft:
         """This step's tree: the pre-draft when it bet right, else a fresh draft."""
         if ahead is None:
-            return self._fresh_draft(root), None, []
-        pre: PreDraft = ahead.result()  # re-raises a drafter-thread error here
+            return NextDraft(self._fresh_draft(root))
+        pre = ahead.result()  # re-raises a drafter-thread error here
         draft = self.drafter.adopt(pre, self.steps[-1].new_tokens)
         if draft is None:
-            return self._fresh_draft(root), False, [pre.busy]
-        return draft, True, [pre.busy]
+            return NextDraft(self._fresh_draft(root), reused=False, ahead_busy=(pre.busy,))
+        return NextDraft(draft, reused=True, ahead_busy=(pre.busy,))
 
     def _fresh_draft(self, root: int) -> Draft:
         if self.planner is None:
@@ -121,43 +159,46 @@ class Run:
         return self.drafter.draft(root, self.planner)
 
     def _step(
-        self, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future | None
-    ) -> tuple[StepTrace, str, Future | None]:
-        """One step: draft a tree, verify it in one target forward, accept a path, commit it,
-        record it. Returns the step, why the run stops ("" = it goes on) and the next pre-draft."""
+        self, root: int, t0: float, pool: ThreadPoolExecutor | None, ahead: Future[PreDraft] | None
+    ) -> StepResult:
+        """One step: draft a tree, verify it in one target forward (the verifier accepts a path:
+        ``talon.core.contracts``), cut it at a stop, commit it, record it."""
         t_start = time.perf_counter()
-        draft, reused, pre_busy = self._next_draft(root, ahead)  # draft (or adopt the pre-draft)
+        next_draft = self._next_draft(root, ahead)  # draft (or adopt the pre-draft)
+        draft = next_draft.draft
         tree = draft.tree
         t_draft = time.perf_counter()
         ahead = self._predraft(pool, tree, t0)  # the next tree, drafted while the target verifies this one
         t_verify_start = time.perf_counter()
-        verdict = self.verifier.verify(tree)  # verify: every node in one target forward
+        verdict = self.verifier.verify(tree)  # verify: every node in one target forward, a path accepted
         t_verify = time.perf_counter()
-        acc = verdict.acceptance  # accept: the path the verdict accepted, its bonus token, cut at a stop
-        new_tokens, reason = self.stop.cut(
+        acc = verdict.acceptance
+        new_tokens, stop = self.stop.cut(  # the accepted path and its bonus token, cut at a stop
             self.generated, [tree.tokens[n] for n in acc.accepted[1:]] + [acc.bonus_token]
         )
         p_accept_est = self._estimates(draft)  # what the drafter predicted, before it learns
         self.verifier.commit(verdict)  # commit: the verifier keeps the path's KV (the KV cut) ...
         self.drafter.commit(tree, acc.accepted, new_tokens, draft.match_len, verdict.features)  # ... the drafter learns
         self.generated.extend(new_tokens)
-        record = self._record(draft, verdict, new_tokens)  # record: one StepTrace
-        timing = self._timing(draft, t0, pre_busy, (t_start, t_draft, t_verify_start, t_verify))
-        step = StepTrace(**record, **dataclasses.asdict(timing), p_accept_est=p_accept_est,
-                         predraft_reused=reused, draft_forwards=len(draft.forwards))
+        timing = self._timing(draft, t0, next_draft.ahead_busy, (t_start, t_draft, t_verify_start, t_verify))
+        plan = PlanRecord(match_len=draft.match_len, model_skipped=draft.model_skipped, trimmed=draft.trimmed,
+                          draft_forwards=len(draft.forwards), p_accept_est=p_accept_est,
+                          predraft_reused=next_draft.reused)
+        step = StepTrace.from_parts(len(self.steps), self._tree_record(tree), self._verdict_record(verdict, new_tokens),
+                                    timing, plan)  # record: one StepTrace
         if self.planner is not None:
             self._learn(draft, step)
-        if reason and ahead is not None:
+        if stop is not None and ahead is not None:
             ahead.cancel()
-        return step, reason, ahead
+        return StepResult(step, stop, ahead)
 
-    def _predraft(self, pool: ThreadPoolExecutor | None, tree: DraftTree, t0: float) -> Future | None:
+    def _predraft(self, pool: ThreadPoolExecutor | None, tree: DraftTree, t0: float) -> Future[PreDraft] | None:
         """Start drafting the next tree on the drafter thread (a ``PreDrafter`` with async drafting)."""
         if pool is None or (pre := self.drafter.begin_predraft(tree)) is None:  # see __iter__
             return None
         return pool.submit(self.drafter.grow, pre, t0)
 
-    def _timing(self, draft: Draft, t0: float, pre_busy: list,
+    def _timing(self, draft: Draft, t0: float, ahead_busy: tuple[tuple[float, float], ...],
                 clock: tuple[float, float, float, float]) -> StepTiming:
         """The step's split (draft, verify, other) and each lane's busy spans, from ``clock``
         (start, drafted, verify start, verified); a replay's from its cost model."""
@@ -168,7 +209,7 @@ class Run:
             other_s = (time.perf_counter() - t_verify) + (t_verify_start - t_draft)
             timing = StepTiming(
                 draft_s=t_draft - t_start, verify_s=t_verify - t_verify_start, other_s=other_s,
-                drafter_busy=[*pre_busy, (t_start - t0, t_draft - t0)],
+                drafter_busy=[*ahead_busy, (t_start - t0, t_draft - t0)],
                 verifier_busy=[(t_verify_start - t0, t_verify - t0)],
             )
         if self.planner is not None:
@@ -208,30 +249,33 @@ class Run:
             model_ran=bool(forwards), model_draft_s=model_s, step_s=step_s,
         )
 
-    def _record(self, draft: Draft, verdict: Verdict, new_tokens: list[int]) -> dict[str, Any]:
-        """The step's tree, verdict and acceptance as StepTrace fields (the timing comes apart)."""
-        tree = draft.tree
+    def _tree_record(self, tree: DraftTree) -> TreeRecord:
         text = self.parts.token_text
-        acc, top1, positions = verdict.acceptance, verdict.top1, verdict.positions
-        topk_ids, topk_probs = verdict.topk
         gates = tree.gates
-        return dict(
-            step=len(self.steps),
+        return TreeRecord(
             tokens=list(tree.tokens),
             texts=[text(t) for t in tree.tokens],
             parents=list(tree.parents),
             depths=list(tree.depths),
             q_draft=list(tree.q_draft),
             path_conf=list(tree.path_conf),
-            sources=[self.model_source if s == "model" else s for s in tree.sources],
+            sources=[self.model_node_source if s == "model" else s for s in tree.sources],
             gate_layer_max=[g.layer_max if g else None for g in gates],
             gate_threshold=[g.threshold if g else None for g in gates],
             gate_passed=[g.passed if g else None for g in gates],
-            target_top1=top1,
+            tree_stop=tree.stop,
+        )
+
+    def _verdict_record(self, verdict: Verdict, new_tokens: list[int]) -> VerdictRecord:
+        text = self.parts.token_text
+        acc = verdict.acceptance
+        topk_ids, topk_probs = verdict.topk
+        return VerdictRecord(
+            target_top1=verdict.top1,
             target_topk_ids=topk_ids,
             target_topk_probs=topk_probs,
             target_topk_texts=[[text(t) for t in row] for row in topk_ids],
-            positions=positions,
+            positions=verdict.positions,
             accepted=acc.accepted,
             bonus_token=acc.bonus_token,
             bonus_text=text(acc.bonus_token),
@@ -240,10 +284,6 @@ class Run:
             new_tokens=new_tokens,
             p_target=acc.p_target,
             p_accept=acc.p_accept,
-            match_len=draft.match_len,
-            tree_stop=tree.stop,
-            model_skipped=draft.model_skipped,
-            trimmed=draft.trimmed,
         )
 
     def _estimates(self, draft: Draft) -> list[float]:
@@ -252,7 +292,7 @@ class Run:
             return []
         return self.drafter.acceptance.node_probs(draft.tree, draft.match_len)
 
-    def _summarize(self, seconds: float, reason: str) -> RunSummary:
+    def _summarize(self, seconds: float, reason: StopReason) -> RunSummary:
         models = self.parts.models
         agg = summarize_steps(self.steps)
         return RunSummary(
