@@ -6,7 +6,7 @@ dynamic cache the CPU runs by default? On the embedded pair, with nothing else o
 
 Measures (best of ``--reps``, after a warm-up):
 * one draft forward of 1 and 4 tokens and one target verification of 1, 16 and 64 tokens after a
-  256-token prefix: the dynamic cache (``talon.core.verify.forward_hidden`` and the head), the eager
+  256-token prefix: the dynamic cache (``talon.core.forward.forward_hidden`` and the head), the eager
   static forward (``talon.graphs.static.StaticForward``), and the static forward compiled by inductor
   (draft only: compile time reported);
 * the loop (``none`` and ``hybrid``) on Spec-Bench prompts, one of each of the first suites,
@@ -27,11 +27,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from talon.core.verify import forward_hidden, lm_logits
+from talon.core.forward import forward_hidden
 from talon.engine.engine import Engine, generate
 from talon.graphs.static import StaticForward
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
 from talon.models.device import hardware_name
+from talon.models.head import lm_logits
 from talon.run_config import RunConfig
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 

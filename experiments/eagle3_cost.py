@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
+from talon.core.forward import forward_hidden
 from talon.core.kv import gather_entries
-from talon.core.verify import forward_hidden, lm_logits
 from talon.cost.probe import hardware_name
 from talon.drafters.eagle3 import head_timer
 from talon.models.eagle3 import Eagle3Head, HeadConfig
+from talon.models.head import lm_logits
 
 PREFIX = 256
 DRAFT_VOCAB = 32_768  # the draft_vocab knob's default: a draft model's logits over its first 32k ids

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from scripts.report import emit
-from talon.core.verify import forward_hidden, lm_logits
+from talon.core.forward import forward_hidden
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, cpu_model, load_pair
+from talon.models.head import lm_logits
 from talon.models.prepack import CHECK_ROWS, time_layer
 
 PREFIX = 256

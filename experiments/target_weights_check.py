@@ -20,11 +20,11 @@ import sys
 
 import torch
 
-from talon.core.verify import head_rows
 from talon.engine.engine import Engine, generate
 from talon.engine.prompt import encode_prompt
 from talon.models import LoadedModel, cpu_model, load_pair
 from talon.models.embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.models.head import head_rows
 from talon.models.loading import shipped_blocks
 from talon.models.quant import quantize_target
 from talon.run_config import RunConfig

@@ -13,7 +13,7 @@ import transformers.integrations.sdpa_attention as hf_sdpa
 from transformers import DynamicCache
 
 import talon.models.attention
-from talon.core.verify import forward_hidden
+from talon.core.forward import forward_hidden
 from talon.graphs.static import StaticForward
 from talon.models.attention import NAME, folded_sdpa, resolve_fold, set_fold
 from tests.tiny import tiny_model

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache
 
-from talon.core.verify import additive_mask
+from talon.core.forward import additive_mask
 from talon.drafters.eagle3 import HeadSource
 from talon.engine.engine import Engine, generate
 from talon.gpucheck.head import features_of

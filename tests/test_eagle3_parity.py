@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
+from talon.core.forward import additive_mask
 from talon.core.kv import gather_entries
-from talon.core.verify import additive_mask
 from talon.drafters.eagle3 import HeadSource
 from talon.drafters.model import path_key
 from talon.models.eagle3 import Eagle3Head, load_head

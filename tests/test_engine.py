@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from talon.core.forward import forward_hidden, tree_mask, tree_positions
 from talon.core.kv import keep_dynamic
-from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
+from talon.core.verify import verify_tree
 from talon.cost.model import synthetic_costs
 from talon.drafters.tree_drafter import Draft
 from talon.engine.engine import Engine, generate

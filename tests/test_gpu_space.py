@@ -23,9 +23,10 @@ import talon.server.device as ui_call
 import talon.server.pair as ui_models
 from talon.core.accept import accept_sampling
 from talon.core.kv import gather_entries
-from talon.core.verify import TargetVerifier, lm_logits
+from talon.core.verify import TargetVerifier
 from talon.engine.engine import Engine
 from talon.models import ModelLoadError, gpu_health, loading, zerogpu
+from talon.models.head import lm_logits
 from talon.models.rng import DeviceMismatch, generator_for
 from talon.run_config import SamplingConfig
 from talon.server import facade

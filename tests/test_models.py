@@ -398,8 +398,8 @@ def test_the_int8_draft_head_is_the_float_head_quantized() -> None:
     """An int8 draft also gets an int8 LM head, one per draft vocabulary size, built once: its
     probabilities stay within int8 rounding of the float head's and never touch the tied
     embedding it was copied from."""
-    from talon.core.verify import lm_logits
     from talon.models import quantize_draft
+    from talon.models.head import lm_logits
     from tests.tiny import tiny_loaded
 
     lm = tiny_loaded("qwen2", seed=3)

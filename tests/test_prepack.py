@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import talon.models.prepack
-from talon.core.verify import head_rows, lm_logits
 from talon.cost.probe import cost_key
 from talon.models import load_pair
+from talon.models.head import head_rows, lm_logits
 from talon.models.prepack import (
     PREPACKED,
     PrepackedLinear,

@@ -10,8 +10,9 @@ import torch
 from transformers import DynamicCache
 
 import talon.graphs.static
+from talon.core.forward import forward_hidden, tree_mask, tree_positions
 from talon.core.kv import keep_dynamic
-from talon.core.verify import forward_hidden, tree_mask, tree_positions, verify_tree
+from talon.core.verify import verify_tree
 from talon.graphs.static import StaticForward, bucket_for
 from talon.models.attention import set_fold
 from talon.tree import DraftTree

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from talon.core.verify import tree_mask, tree_positions
+from talon.core.forward import tree_mask, tree_positions
 from talon.tree import DraftTree, ancestor_rows, layer_width
 
 

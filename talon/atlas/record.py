@@ -30,13 +30,14 @@ from transformers import DynamicCache
 from talon.atlas.data import Atlas, AtlasSpec, Key, canonical_key
 from talon.atlas.replay import replay
 from talon.core.contracts import Children
+from talon.core.forward import additive_mask, forward_features, forward_hidden
 from talon.core.kv import gather_entries
-from talon.core.verify import additive_mask, forward_features, forward_hidden, lm_logits
 from talon.drafters.model import ModelSource
 from talon.drafters.retrieval import Retriever
 from talon.engine.engine import Engine, generate
 from talon.engine.prompt import eos_ids
 from talon.models.eagle3 import Eagle3Head, is_head
+from talon.models.head import lm_logits
 from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
 
@@ -291,18 +292,17 @@ class _Recorder:
 
     def _grafts(self) -> list[list[tuple[tuple[int, ...], float]]]:
         """The generous retrieval graft at every position: (path, path confidence) per node."""
-        retrieval = Retriever(self.spec.retrieval)
-        retrieval.reset(self.prompt_ids)
-        grafts = []
+        retriever, grafts = Retriever(self.spec.retrieval), []
+        retriever.reset(self.prompt_ids)
         for p in range(len(self.output)):
-            proposal = retrieval.propose(self.spec.n_nodes)
+            proposal = retriever.propose(self.spec.n_nodes)
             confs: list[float] = []
             nodes = []
             for i, (parent, q) in enumerate(zip(proposal.parents, proposal.q)):
                 confs.append((1.0 if parent < 0 else confs[parent]) * q)
                 nodes.append((tuple(proposal.path(i)), confs[-1]))
             grafts.append(nodes)
-            retrieval.extend(self.output[p:p + 1])
+            retriever.extend(self.output[p:p + 1])
         return grafts
 
     def _chains(self, chunk: range) -> None:

@@ -20,9 +20,9 @@ from talon.bench.options import BenchConfig
 from talon.bench.report import write_report
 from talon.bench.results import BenchReport, Sample, aggregate
 from talon.bench.runners import Runner, build_runners
-from talon.core.verify import head_rows
 from talon.engine.engine import Engine
 from talon.engine.prompt import encode_prompt, eos_ids
+from talon.models.head import head_rows
 from talon.run_config import RunConfig
 from talon.specbench import Prompt
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from talon.core.verify import forward_hidden, lm_logits
+from talon.core.forward import forward_hidden
 from talon.cost.curve import CURVE_SIZES, Curve
 from talon.cost.model import PROBED, CostModel, Provenance
 from talon.models.device import hardware_name
+from talon.models.head import lm_logits
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
+from talon.core.forward import additive_mask
 from talon.core.kv import gather_entries
-from talon.core.verify import additive_mask
 from talon.drafters.model import DraftLedger, PathKey, path_key
 from talon.models.eagle3 import Eagle3Head, is_head
 from talon.run_config import ConfigError

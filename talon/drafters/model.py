@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from talon.core.forward import forward_hidden
 from talon.core.kv import clone_cache, gather_entries, keep_dynamic
-from talon.core.verify import forward_hidden, lm_logits
+from talon.models.head import lm_logits
 from talon.models.quant import int8_head
 from talon.run_config import ConfigError
 from talon.tree import DraftTree

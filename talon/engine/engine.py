@@ -14,7 +14,6 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from talon.core.contracts import FeatureSource
-from talon.core.verify import head_rows
 from talon.cost.cache import load_or_probe, retire_if_contradicted
 from talon.cost.model import CostModel
 from talon.drafters import SOURCE_MAKERS
@@ -29,6 +28,7 @@ from talon.knobs import HEAD_KINDS
 from talon.models import LoadedModel
 from talon.models.attention import resolve_fold, set_fold
 from talon.models.eagle3 import is_head
+from talon.models.head import head_rows
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from talon.core.verify import additive_mask
+from talon.core.forward import additive_mask
 from talon.drafters.eagle3 import head_timer
 from talon.models import LoadedModel
 from talon.models.eagle3 import Eagle3Head, HeadConfig

@@ -12,8 +12,10 @@ import torch
 from transformers import PreTrainedModel
 
 from talon.core.contracts import Verdict
-from talon.core.verify import TargetVerifier, head_device, tree_mask, tree_positions
+from talon.core.forward import tree_mask, tree_positions
+from talon.core.verify import TargetVerifier
 from talon.graphs.static import BUCKETS, StaticForward
+from talon.models.head import head_device
 from talon.models.memory import SLOT_QUANTUM
 from talon.models.rng import generator_for
 from talon.run_config import SamplingConfig

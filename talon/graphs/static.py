@@ -41,9 +41,9 @@ from transformers import Cache, PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
 from talon.core.kv import keep_slots
-from talon.core.verify import lm_logits
 from talon.knobs import FORWARDS, KNOB
 from talon.models.attention import fold_kwargs
+from talon.models.head import lm_logits
 from talon.models.memory import GRAPH_BUCKET
 from talon.run_config import ConfigError
 from talon.settings import proven_default

@@ -17,7 +17,7 @@ It is registered as the attention implementation ``talon_sdpa``: a call without 
 (``set_fold``) computes exactly what it did wherever the flag is not passed. The forwards that
 pass it (``fold_kwargs``, for a model switched to it) are the ones with a custom mask: the
 static forward's steps and, on the dynamic cache, a tree's verification and a draft layer
-(``talon.core.verify.forward_hidden``).
+(``talon.core.forward.forward_hidden``).
 
 Whether an engine folds is its ``fold`` setting (``TALON_FOLD``): ``resolve_fold`` gives the
 default a device kind has been proven on (``talon.settings.PROVEN``).
