@@ -24,8 +24,9 @@ from talon.core.forward import forward_hidden
 from talon.core.kv import gather_entries
 from talon.cost.probe import hardware_name
 from talon.drafters.eagle3 import head_timer
-from talon.models.eagle3 import Eagle3Head, HeadConfig
+from talon.models.eagle3 import Eagle3Head
 from talon.models.head import lm_logits
+from talon.models.head_config import HeadConfig
 
 PREFIX = 256
 DRAFT_VOCAB = 32_768  # the draft_vocab knob's default: a draft model's logits over its first 32k ids

@@ -17,6 +17,7 @@ from talon.run_config import ConfigError
 
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
 EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
+NO_DRAFT = ("none", "")  # what a draft-model setting or field says for "no draft model"
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DRAFT_QUANTS: tuple[str, ...] = ("auto", "none", "int8")

@@ -21,8 +21,9 @@ from talon.engine.engine import Engine
 from talon.engine.prompt import PromptError
 from talon.gpucheck.launch import serve_app
 from talon.run_config import ConfigError, RunConfig
+from talon.server.controls import Controls, user_error
 from talon.server.examples import BUILTIN_EXAMPLES, load_examples
-from talon.server.request import Controls, check_prompt, user_error
+from talon.server.request import check_prompt
 from talon.settings import Settings
 from talon.trace import (
     RunSummary,

@@ -26,11 +26,11 @@ from talon.atlas.explorer import (
     mu_budget_grid,
     root_top_grid,
 )
-from talon.atlas.replay import replay
+from talon.atlas.replaying import replay
 from talon.atlas.sweep import best_row, pareto
 from talon.figures.atlas import knob_text
+from talon.server.controls import Controls
 from talon.server.examples import load_examples
-from talon.server.request import Controls
 from talon.settings import Settings
 from talon.ui.explorer_tab import (
     ExplorerView,

@@ -22,7 +22,8 @@ from talon.drafters.eagle3 import HeadSource
 from talon.engine.engine import Engine, generate
 from talon.gpucheck.head import features_of
 from talon.models import LoadedModel, ModelLoadError
-from talon.models.eagle3 import Eagle3Head, load_head, read_head_config
+from talon.models.eagle3 import Eagle3Head, load_head
+from talon.models.head_config import read_head_config
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.tiny import (
     HEAD_LAYERS as LAYERS,
@@ -254,7 +255,7 @@ def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(pair: tuple
     """The Models menu's pair decides the drafter radio: a draft model's kinds, or a head's (a head
     preset, or the server's TALON_DRAFT a head's directory), hybrid turning into eagle3-hybrid."""
     from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS
-    from talon.server.pair import drafter_choices, holds_head
+    from talon.server.offer import drafter_choices, holds_head
     from talon.server.presets import PRESETS
     from talon.settings import Settings
 

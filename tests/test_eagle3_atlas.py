@@ -16,7 +16,9 @@ import pytest
 
 from talon.atlas.data import Atlas, canonical_key, parse_atlas
 from talon.atlas.record import _HeadRecorder, _Recorder, record_atlas
-from talon.atlas.replay import check_replayable, compare_runs, replay
+from talon.atlas.replay import compare_runs
+from talon.atlas.replaying import replay
+from talon.atlas.result import check_replayable
 from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, replay_serving
 from talon.atlas.serving_sweep import DEFAULT_GRIDS, serving_policies
 from talon.cli.main import main

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 from talon.models import ModelLoadError
-from talon.models.eagle3 import Eagle3Head, read_head_config
+from talon.models.eagle3 import Eagle3Head
+from talon.models.head_config import read_head_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "eagle3_configs"
 LLAMA_LAYER = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,

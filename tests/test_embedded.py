@@ -129,7 +129,8 @@ def test_atlas_replays_equal_real_runs(engine: Engine, tmp_path: Path) -> None:
     is a named near-tie of the draft's q. The cost-aware row plans on the engine's snapshot,
     which the atlas stores."""
     from talon.atlas.data import parse_atlas
-    from talon.atlas.replay import compare_runs, replay
+    from talon.atlas.replay import compare_runs
+    from talon.atlas.replaying import replay
 
     prompt = first_prompt("humaneval")
     out = tmp_path / "atlas.json"

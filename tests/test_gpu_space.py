@@ -29,7 +29,7 @@ from talon.models import ModelLoadError, gpu_health, loading, zerogpu
 from talon.models.head import lm_logits
 from talon.models.rng import DeviceMismatch, generator_for
 from talon.run_config import SamplingConfig
-from talon.server import facade
+from talon.server import facade, offer
 from talon.server.pair import Held, PairKey, PairSlot
 from talon.settings import Settings
 from talon.tree import DraftTree
@@ -214,16 +214,16 @@ def test_out_of_memory_while_loading_is_a_load_error_and_the_default_pair_comes_
 def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend's own wiring: GPU presets, the guard's estimate at this server's limits."""
     gpu = FakeGPU({"Qwen/Qwen2.5-7B-Instruct": 17 * GIB, "Qwen/Qwen2.5-Coder-7B-Instruct": 17 * GIB})
-    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
+    monkeypatch.setattr(offer, "cuda_available", lambda: True)
     monkeypatch.setattr(ui_models, "SLOT", PairSlot(gpu.build, gpu.release, lambda device: gpu.free(device)))
     settings = Settings(device="cuda", preset_switch="visitors")
-    ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
-    ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-coder-7b"))
+    ui_models.load_engine(settings, offer.find_preset(settings, "qwen2.5-7b"))
+    ui_models.load_engine(settings, offer.find_preset(settings, "qwen2.5-coder-7b"))
     assert gpu.events == ["load Qwen/Qwen2.5-7B-Instruct", "release", "load Qwen/Qwen2.5-Coder-7B-Instruct"]
     monkeypatch.setattr(gpu, "free", lambda device: 10 * GIB)  # someone else holds the card
     with pytest.raises(ModelLoadError, match=r"needs about 18\.\d GiB.*CUDA-graph buffers.*10\.0 GiB free"
                                              r".*back on Qwen/Qwen2.5-Coder-7B"):
-        ui_models.load_engine(settings, ui_models.find_preset(settings, "qwen2.5-7b"))
+        ui_models.load_engine(settings, offer.find_preset(settings, "qwen2.5-7b"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_load_engine_switches_presets_through_the_slot(monkeypatch: pytest.Monke
 def test_an_unusable_gpu_is_a_banner_and_a_log_line(monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(gpu_health, "nvidia_visible", lambda: False)
-    assert gpu_health.unusable_gpu() is None and ui_models.server_notices() == []
+    assert gpu_health.unusable_gpu() is None and ui_models.device_notices() == []
     monkeypatch.setattr(gpu_health, "nvidia_visible", lambda: True)
     monkeypatch.setattr(gpu_health, "driver_version", lambda: "535.104.05")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -396,9 +396,9 @@ def test_zerogpu_starts_without_asking_the_device_anything(monkeypatch: pytest.M
 
     monkeypatch.setattr(ui_models, "SLOT", Recording(None, None, None))
     monkeypatch.setattr(zerogpu, "active", lambda: True)
-    ui_models.warm_up(Settings())
+    ui_models.load_startup_pair(Settings())
     monkeypatch.setattr(zerogpu, "active", lambda: False)
-    ui_models.warm_up(Settings())
+    ui_models.load_startup_pair(Settings())
     assert guards[0] is None and callable(guards[1])
 
 
@@ -406,7 +406,7 @@ def test_zerogpu_every_user_action_is_one_gpu_call_and_nothing_touches_the_devic
     zero_gpu: tuple[ZeroGPUHarness, Settings], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import talon.ui.measure_panel as measure_panel
-    from talon.server.request import Controls
+    from talon.server.controls import Controls
     from talon.ui.compare_tab import make_compare
     from talon.ui.decode_tab import decode_panel
 

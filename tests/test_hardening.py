@@ -32,13 +32,15 @@ import talon.core.verify
 import talon.models.zerogpu
 import talon.server.device as ui_call
 import talon.server.pair as ui_models
-import talon.server.pair as ui_pair
 from talon.gpucheck.launch import REPO
+from talon.server import offer
+from talon.server.controls import Controls
 from talon.server.device import GPU_BASE_S, GPU_MAX_S, decode_on_device, gpu_seconds, on_gpu
 from talon.server.facade import decode
-from talon.server.pair import Held, find_preset, initial_preset, load_engine, presets, warm_up
+from talon.server.offer import find_preset, initial_preset, presets
+from talon.server.pair import Held, load_engine, load_startup_pair
 from talon.server.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, preload_repos
-from talon.server.request import Controls, Job, plan_run
+from talon.server.request import Job, plan_run
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
 from talon.ui.decode_tab import DecodeView, make_generate
@@ -383,7 +385,7 @@ def test_out_of_memory_is_a_clear_error_and_the_next_run_works(
 
     emptied: list[bool] = []
     monkeypatch.setattr(talon.core.verify, "verify_tree", exhausted)
-    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
+    monkeypatch.setattr(offer, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     generate = make_generate(view, Settings(presets="all", preset="default"))  # a GPU server holding the default pair
     session = Session()
@@ -469,11 +471,11 @@ def test_what_decode_on_device_takes_and_yields_pickles(view: DecodeView) -> Non
 def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ui_models, "cuda_available", lambda: False)
+    monkeypatch.setattr(offer, "cuda_available", lambda: False)
     assert [p.key for p in presets(Settings())] == [DEFAULT_PRESET]
     assert initial_preset(Settings()) == DEFAULT_PRESET
 
-    monkeypatch.setattr(ui_models, "cuda_available", lambda: True)
+    monkeypatch.setattr(offer, "cuda_available", lambda: True)
     gpu = [p for p in presets(Settings(presets="all")) if p.needs_cuda]
     assert {"qwen2.5-7b", "llama-3.1-8b"} <= {p.key for p in gpu}
     assert all(p.dtype == "bfloat16" and p.target and p.draft for p in gpu)
@@ -481,13 +483,13 @@ def test_gpu_presets_are_offered_with_cuda_in_bf16_and_the_startup_pair_loads(
     assert initial_preset(Settings()) == STARTUP_GPU_PRESET
     assert initial_preset(Settings(target="/my/model")) == DEFAULT_PRESET
 
-    loads: list[ui_pair.PairKey] = []
-    def fake_engine(key: ui_pair.PairKey) -> SimpleNamespace:
+    loads: list[ui_models.PairKey] = []
+    def fake_engine(key: ui_models.PairKey) -> SimpleNamespace:
         loads.append(key)
         return SimpleNamespace(target=None, draft=None)
 
-    monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(fake_engine, lambda: None, lambda device: None))
-    warm_up(Settings())
+    monkeypatch.setattr(ui_models, "SLOT", ui_models.PairSlot(fake_engine, lambda: None, lambda device: None))
+    load_startup_pair(Settings())
     load_engine(Settings(dtype="float16"), find_preset(Settings(), STARTUP_GPU_PRESET))
     switching = Settings(presets="all", preset_switch="visitors")  # where a visitor may pick the default pair
     load_engine(switching, find_preset(switching, DEFAULT_PRESET))
@@ -518,7 +520,7 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(talon.engine.build, "load_pair", fake_load_pair)
     monkeypatch.setattr(talon.engine.build, "Engine", lambda target, draft, **kwargs: SimpleNamespace(
         target=SimpleNamespace(device="cpu"), draft=None, path="dynamic"))
-    monkeypatch.setattr(ui_models, "SLOT", ui_pair.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
+    monkeypatch.setattr(ui_models, "SLOT", ui_models.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
         load_engine(Settings.from_env(env), PRESETS[0])
     assert seen == [False, True]
@@ -529,7 +531,7 @@ def test_the_models_menu_names_the_default_pair_by_its_models() -> None:
     "Default pair (TALON_TARGET + TALON_DRAFT)", was also cut off in the narrow column)."""
     import dataclasses
 
-    from talon.server.pair import preset_label
+    from talon.server.offer import preset_label
     from talon.server.presets import PRESETS
     from talon.settings import Settings
 

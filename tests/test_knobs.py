@@ -16,7 +16,7 @@ from talon.atlas.sweep import GRID
 from talon.cli.args import add_run_args, config_from_args
 from talon.knobs import APP_KNOBS, KNOB, KNOBS, ConfigError, markdown_table
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
-from talon.server.request import Controls
+from talon.server.controls import Controls
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = {"": RunConfig, "tree": TreeConfig, "retrieval": RetrievalConfig, "sampling": SamplingConfig}
@@ -123,7 +123,7 @@ def test_a_second_declaration_is_caught(tmp_path: Path) -> None:
 def test_the_controls_record_holds_every_app_knob_under_its_app_name_and_default() -> None:
     import dataclasses
 
-    from talon.server.request import Controls
+    from talon.server.controls import Controls
 
     fields = dataclasses.fields(Controls)
     knobs = [f for f in fields if f.name not in ("preset", "draft_quant", "target_weights")]

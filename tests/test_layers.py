@@ -4,8 +4,11 @@ the document and this test cannot drift apart). Deferred imports inside function
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,3 +270,31 @@ def test_a_view_past_the_facade_and_a_path_edit_are_caught(tmp_path: Path) -> No
     with (tmp_path / "scripts" / "report.py").open("a", encoding="utf-8") as fh:
         fh.write("\n\nimport sys\nsys.path.insert(0, '.')\n")
     assert path_edits(tmp_path) == {"scripts/report.py"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Importing the views loads no torch: what runs a model is imported by the call that runs it
+# ---------------------------------------------------------------------------------------------
+
+NO_TORCH = ("import sys, talon.ui\n"
+            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            "print('torch loaded' if loaded else 'no torch')\n")
+
+
+def ui_import_loads_torch(root: Path = REPO) -> bool:
+    """Does ``import talon.ui``, in a fresh interpreter over ``root``, put torch in sys.modules?"""
+    out = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip() == "torch loaded"
+
+
+def test_importing_the_ui_loads_no_torch() -> None:
+    assert not ui_import_loads_torch()
+
+
+def test_a_view_that_loads_torch_is_caught(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "talon" / "lessons" / "hybrid.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\nfrom talon.drafters.model import ModelSource  # a lesson that drafts for real\n")
+    assert ui_import_loads_torch(tmp_path)

@@ -12,8 +12,9 @@ import talon.server.pair as pairs
 from talon.models.memory import GIB
 from talon.run_config import ConfigError
 from talon.server import offer
+from talon.server.controls import Controls
 from talon.server.pair import PairSlot
-from talon.server.request import Controls, plan_run
+from talon.server.request import plan_run
 from talon.settings import Settings
 from tests.test_gpu_space import FakeGPU
 
@@ -23,7 +24,7 @@ def gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """A CUDA machine with a card of ``size(gib)`` GiB (24 unless set), its slot a FakeGPU's."""
     card = FakeGPU({"Qwen/Qwen2.5-7B-Instruct": 17 * GIB, "Qwen/Qwen2.5-Coder-7B-Instruct": 17 * GIB})
     total = {"gib": 24}
-    monkeypatch.setattr(pairs, "cuda_available", lambda: True)
+    monkeypatch.setattr(offer, "cuda_available", lambda: True)
     monkeypatch.setattr(offer, "gpu_total_bytes", lambda settings: total["gib"] * GIB)
     monkeypatch.setattr(pairs, "SLOT", PairSlot(card.build, card.release, card.free))
     card.size = lambda gib: total.update(gib=gib)
@@ -32,35 +33,35 @@ def gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 
 def test_a_24_gb_gpu_is_not_offered_the_14b_pair_and_says_why(gpu) -> None:
     settings = Settings(device="cuda", presets="all", preset_switch="visitors")
-    offered = [p.key for p in pairs.presets(settings)]
+    offered = [p.key for p in offer.presets(settings)]
     assert "qwen2.5-7b" in offered and "qwen3-8b" in offered and "qwen2.5-14b" not in offered
-    refused = dict((p.key, why) for p, why in pairs.unoffered(settings))
+    refused = dict((p.key, why) for p, why in offer.unoffered(settings))
     assert set(refused) == {"qwen2.5-14b"}
     assert "needs about" in refused["qwen2.5-14b"] and "this GPU has 24 GiB" in refused["qwen2.5-14b"]
     with pytest.raises(ConfigError, match=r"cannot run on this server: needs about \d+ GiB"):
-        pairs.find_preset(settings, "qwen2.5-14b")
+        offer.find_preset(settings, "qwen2.5-14b")
     gpu.size(80)
-    assert "qwen2.5-14b" in [p.key for p in pairs.presets(settings)] and pairs.unoffered(settings) == []
+    assert "qwen2.5-14b" in [p.key for p in offer.presets(settings)] and offer.unoffered(settings) == []
 
 
 def test_a_gpu_space_offers_what_it_preloads_unless_the_owner_lists_more(gpu) -> None:
     settings = Settings(device="cuda", preset_switch="visitors")
-    assert [p.key for p in pairs.presets(settings)] == ["qwen2.5-7b", "qwen2.5-coder-7b"]
-    assert all(p.preload for p in pairs.presets(settings))
+    assert [p.key for p in offer.presets(settings)] == ["qwen2.5-7b", "qwen2.5-coder-7b"]
+    assert all(p.preload for p in offer.presets(settings))
     listed = Settings(device="cuda", presets="qwen2.5-7b, qwen3-8b", preset_switch="visitors")
-    assert [p.key for p in pairs.presets(listed)] == ["qwen2.5-7b", "qwen3-8b"]
+    assert [p.key for p in offer.presets(listed)] == ["qwen2.5-7b", "qwen3-8b"]
     with pytest.raises(ConfigError, match="TALON_PRESETS names no preset"):
-        pairs.presets(Settings(device="cuda", presets="qwen-9000"))
+        offer.presets(Settings(device="cuda", presets="qwen-9000"))
     # the owner's own pair (TALON_TARGET) joins the offer, and is the pair held from start
     own = Settings(device="cuda", target="/models/mine", draft="none")
-    assert pairs.initial_preset(own) == "default" and "default" in [p.key for p in pairs.presets(own)]
+    assert offer.initial_preset(own) == "default" and "default" in [p.key for p in offer.presets(own)]
 
 
 def test_with_the_owner_switching_a_visitors_other_preset_is_refused_and_nothing_is_evicted(gpu) -> None:
     settings = Settings(device="cuda")  # auto: the owner picks the pair on a GPU
-    assert pairs.switch_policy(settings) == "owner"
-    assert [p.key for p in pairs.visitor_presets(settings)] == ["qwen2.5-7b"]
-    pairs.load_engine(settings, pairs.find_preset(settings, "qwen2.5-7b"))
+    assert offer.switch_policy(settings) == "owner"
+    assert [p.key for p in offer.visitor_presets(settings)] == ["qwen2.5-7b"]
+    pairs.load_engine(settings, offer.find_preset(settings, "qwen2.5-7b"))
     held = pairs.SLOT.held
     with pytest.raises(gr.Error, match="its owner picks it"):
         plan_run(settings, "hello", Controls(preset="qwen2.5-coder-7b"))
@@ -69,14 +70,14 @@ def test_with_the_owner_switching_a_visitors_other_preset_is_refused_and_nothing
     assert preset.key == "qwen2.5-7b"
     # the owner's variable picks the pair; one the GPU cannot hold is refused at start, with the reason
     coder = Settings(device="cuda", preset="qwen2.5-coder-7b")
-    assert [p.key for p in pairs.visitor_presets(coder)] == ["qwen2.5-coder-7b"]
+    assert [p.key for p in offer.visitor_presets(coder)] == ["qwen2.5-coder-7b"]
     with pytest.raises(ConfigError, match="cannot be held here: needs about"):
-        pairs.initial_preset(Settings(device="cuda", preset="qwen2.5-14b", presets="all"))
+        offer.initial_preset(Settings(device="cuda", preset="qwen2.5-14b", presets="all"))
 
 
 def test_visitors_may_switch_only_where_runs_take_turns(gpu) -> None:
     settings = Settings(device="cuda", preset_switch="visitors")
-    assert pairs.find_preset(settings, "qwen2.5-coder-7b").key == "qwen2.5-coder-7b"
+    assert offer.find_preset(settings, "qwen2.5-coder-7b").key == "qwen2.5-coder-7b"
     with pytest.raises(ConfigError, match="needs TALON_QUEUE_CONCURRENCY=1"):
         Settings(device="cuda", preset_switch="visitors", queue_concurrency=2)
     with pytest.raises(ConfigError, match="TALON_PRESET_SWITCH must be one of"):
@@ -86,8 +87,8 @@ def test_visitors_may_switch_only_where_runs_take_turns(gpu) -> None:
 def test_the_default_pair_is_not_offered_where_its_parts_are_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(offer.importlib.util, "find_spec", lambda name: None)
     settings = Settings()
-    assert pairs.presets(settings) == []
-    (preset, why), = pairs.unoffered(settings)
+    assert offer.presets(settings) == []
+    (preset, why), = offer.unoffered(settings)
     assert preset.key == "default" and "requirements-embedded.txt" in why
 
 
@@ -100,7 +101,7 @@ def test_a_run_waits_for_the_loading_pair_with_words_and_stop_ends_the_wait(monk
     slot = PairSlot(lambda key: gate.wait(30) and "engine", lambda: None, lambda device: None)
     monkeypatch.setattr(pairs, "SLOT", slot)
     settings = Settings()
-    loader = threading.Thread(target=pairs.warm_up, args=(settings,))
+    loader = threading.Thread(target=pairs.load_startup_pair, args=(settings,))
     loader.start()
     try:
         for _ in range(1000):  # the warm-up thread starts the load
@@ -108,10 +109,10 @@ def test_a_run_waits_for_the_loading_pair_with_words_and_stop_ends_the_wait(monk
                 break
             gate.wait(0.01)
         assert slot.loading is not None, "the slot says what it loads"
-        assert pairs.pair_status().startswith("Loading the models: qwen2.5-coder-1.5b-instruct + "
+        assert pairs.held_status().startswith("Loading the models: qwen2.5-coder-1.5b-instruct + "
                                               "qwen2.5-coder-0.5b-instruct (1.6 GB of GGUF weights)")
         cancel = threading.Event()
-        notes = device.wait_for_pair(settings, "default", cancel)
+        notes = device.pair_wait(settings, "default", cancel)
         first = next(notes)
         assert "loading the models: qwen2.5-coder-1.5b-instruct" in first and "Stop ends the wait" in first
         cancel.set()
@@ -120,18 +121,18 @@ def test_a_run_waits_for_the_loading_pair_with_words_and_stop_ends_the_wait(monk
     finally:
         gate.set()
         loader.join()
-    assert pairs.pair_status().startswith("Models ready: qwen2.5-coder-1.5b-instruct")
-    assert list(device.wait_for_pair(settings, "default", threading.Event())) == []  # held: no wait
+    assert pairs.held_status().startswith("Models ready: qwen2.5-coder-1.5b-instruct")
+    assert list(device.pair_wait(settings, "default", threading.Event())) == []  # held: no wait
     with pytest.raises(ConfigError):
-        list(device.wait_for_pair(settings, "qwen2.5-14b", threading.Event()))  # refused before any wait
+        list(device.pair_wait(settings, "qwen2.5-14b", threading.Event()))  # refused before any wait
 
 
 def test_a_visitors_switch_is_announced_to_every_page(gpu) -> None:
     settings = Settings(device="cuda", preset_switch="visitors")
-    pairs.load_engine(settings, pairs.find_preset(settings, "qwen2.5-7b"))
-    assert "switched" not in pairs.pair_status()
-    pairs.load_engine(settings, pairs.find_preset(settings, "qwen2.5-coder-7b"))
-    status = pairs.pair_status()
+    pairs.load_engine(settings, offer.find_preset(settings, "qwen2.5-7b"))
+    assert "switched" not in pairs.held_status()
+    pairs.load_engine(settings, offer.find_preset(settings, "qwen2.5-coder-7b"))
+    status = pairs.held_status()
     assert status.startswith("Models ready: Qwen2.5-Coder-7B-Instruct")
     assert "switched from Qwen2.5-7B-Instruct" in status
 
@@ -142,9 +143,9 @@ def test_every_preset_a_gpu_space_offers_by_default_is_preloaded(gpu) -> None:
     from tests.test_space import front_matter
 
     preload = set(front_matter()["preload_from_hub"])
-    offered = pairs.presets(Settings(device="cuda"))
+    offered = offer.presets(Settings(device="cuda"))
     assert offered and {repo for p in offered for repo in p.repos} <= preload
-    held = pairs.find_preset(Settings(device="cuda"), pairs.initial_preset(Settings(device="cuda")))
+    held = offer.find_preset(Settings(device="cuda"), offer.initial_preset(Settings(device="cuda")))
     assert set(held.repos) <= preload
 
 
@@ -161,6 +162,6 @@ def test_a_preset_the_server_cannot_hold_stops_the_app_at_start_with_the_reason(
     assert "TALON_PRESET 'qwen2.5-14b' cannot be held here: it needs a CUDA GPU" in done.stderr
     assert "Traceback" not in done.stderr
     with pytest.raises(ConfigError, match="there is no such preset"):
-        pairs.initial_preset(Settings(preset="qwen-9000"))
+        offer.initial_preset(Settings(preset="qwen-9000"))
     with pytest.raises(ConfigError, match="TALON_PRESETS offers only"):  # on the faked GPU
-        pairs.initial_preset(Settings(device="cuda", preset="qwen3-8b"))
+        offer.initial_preset(Settings(device="cuda", preset="qwen3-8b"))

@@ -13,7 +13,7 @@ from talon import figures as F
 from talon.engine.engine import Engine, generate
 from talon.figures.opening import opening_criterion, opening_step, step_lessons
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
-from talon.server.request import Controls
+from talon.server.controls import Controls
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace, dump_trace
 from talon.ui.recording import load_recording, recording_controls

@@ -104,7 +104,7 @@ def tiny_head(target: torch.nn.Module, seed: int = 0, draft_tokens: list[int] | 
     """A random EAGLE-3 head on ``target`` (its width, its embedding, its default feature layers),
     drafting over ``draft_tokens`` (ascending target ids; None: the whole vocabulary)."""
     from talon.gpucheck.head import random_head
-    from talon.models.eagle3 import HeadConfig
+    from talon.models.head_config import HeadConfig
 
     cfg = target.config
     vocab = target.get_input_embeddings().weight.shape[0]

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import ReplayResult
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
 from talon.knobs import ATLAS_DRAFTING_KINDS, EXPLORER_KNOBS, HEAD_ATLAS_DRAFTING_KINDS, default, slot_kind
 from talon.run_config import ConfigError, RunConfig

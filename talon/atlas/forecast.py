@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
 from talon.atlas.llamacpp import DRAFT_TOP_K, llamacpp_policy
-from talon.atlas.replay import for_slot, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import for_slot
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import AtlasModel, Coverage, TextVerifier, check_replayable, replay
+from talon.atlas.replay import AtlasModel, TextVerifier
+from talon.atlas.replaying import replay
+from talon.atlas.result import Coverage, check_replayable
 from talon.core.contracts import DraftSource, Verdict, Verifier
 from talon.drafters import SOURCE_MAKERS
 from talon.drafters.retrieval import Retriever

@@ -8,33 +8,40 @@
 * ``tree_drafter``: :class:`TreeDrafter`, every drafter kind's drafter: retrieval grafts first, the
   model's gated tree fills the rest; :func:`build_drafter` makes a run's;
 * ``eagle3``: :class:`HeadSource`, an EAGLE-3 head on the target's own features;
-* ``SOURCE_MAKERS``: for every drafter kind a model drafts (``talon.knobs.DRAFTERS``), the function
-  that makes a run's draft source.
+* ``sources``: ``SOURCE_MAKERS``, for every drafter kind a model drafts (``talon.knobs.DRAFTERS``),
+  the function that makes a run's draft source.
+
+The names below are re-exported, imported on first use: the retrieval modules (``suffix``,
+``trie``, ``corpus``, ``retrieval``) import no torch, and a view that reads a suffix index stays
+free of the model drafters' torch.
 """
 
-from collections.abc import Callable
+from __future__ import annotations
 
-from talon.core.contracts import DraftSource
-from talon.drafters.corpus import CorpusIndex
-from talon.drafters.eagle3 import HeadSource, head_source
-from talon.drafters.layer_skip import layer_skip_source
-from talon.drafters.model import ModelSource, draft_model_source
-from talon.drafters.retrieval import Retriever
-from talon.drafters.suffix import SuffixIndex, SuffixMatch
-from talon.drafters.tree_drafter import TreeDrafter, build_drafter
-from talon.drafters.trie import RetrievalProposal, build_trie
-from talon.knobs import DRAFTERS, DraftingModel
+import importlib
+from typing import Any
 
-# which model drafts (the knob table's ``DrafterKind.model``) -> the maker of its draft source
-BY_DRAFTING_MODEL: dict[DraftingModel, Callable[..., DraftSource]] = {
-    "draft": draft_model_source, "head": head_source, "target": layer_skip_source,
-}
-# (SourceModels, RunConfig, prompt_len) -> DraftSource, by drafter kind: every kind the table says a model drafts
-SOURCE_MAKERS: dict[str, Callable[..., DraftSource]] = {
-    name: BY_DRAFTING_MODEL[kind.model] for name, kind in DRAFTERS.items() if kind.model
+_EXPORTS = {
+    "CorpusIndex": "talon.drafters.corpus",
+    "HeadSource": "talon.drafters.eagle3",
+    "ModelSource": "talon.drafters.model",
+    "Retriever": "talon.drafters.retrieval",
+    "RetrievalProposal": "talon.drafters.trie",
+    "SOURCE_MAKERS": "talon.drafters.sources",
+    "SuffixIndex": "talon.drafters.suffix",
+    "SuffixMatch": "talon.drafters.suffix",
+    "TreeDrafter": "talon.drafters.tree_drafter",
+    "build_drafter": "talon.drafters.tree_drafter",
+    "build_trie": "talon.drafters.trie",
 }
 
-__all__ = [
-    "CorpusIndex", "HeadSource", "ModelSource", "Retriever", "RetrievalProposal", "SOURCE_MAKERS",
-    "SuffixIndex", "SuffixMatch", "TreeDrafter", "build_drafter", "build_trie",
-]
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_EXPORTS)

@@ -24,7 +24,7 @@ from talon.figures.common import (
 from talon.figures.text import esc
 
 if TYPE_CHECKING:
-    from talon.atlas.replay import ReplayResult
+    from talon.atlas.result import ReplayResult
     from talon.atlas.sweep import SweepRow
 
 ATLAS_METRICS: dict[str, tuple[str, str]] = {  # SweepRow attribute -> (title, colour-bar label)

@@ -19,7 +19,8 @@ from transformers import DynamicCache
 from talon.core.forward import additive_mask
 from talon.drafters.eagle3 import head_timer
 from talon.models import LoadedModel
-from talon.models.eagle3 import Eagle3Head, HeadConfig
+from talon.models.eagle3 import Eagle3Head
+from talon.models.head_config import HeadConfig
 from talon.models.memory import ModelShape
 
 TRAIN_S = 30.0  # the most a head trains on a device

@@ -31,7 +31,7 @@ import torch
 
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
-from talon.atlas.replay import replayable_kinds
+from talon.atlas.result import replayable_kinds
 from talon.atlas.shape import shape_replay
 from talon.engine.engine import Engine
 from talon.gpucheck.pairs import (

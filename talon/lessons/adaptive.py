@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, for_slot, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import ReplayResult, for_slot
 from talon.run_config import RunConfig, TreeConfig
 
 EAGLE3_SHAPE = {"root_k": 10, "top_k": 10, "max_depth": 8, "budget": 59}

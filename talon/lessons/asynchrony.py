@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import for_slot, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import for_slot
 from talon.cost.model import CostModel
 from talon.run_config import RunConfig
 from talon.trace import StepTrace

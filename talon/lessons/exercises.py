@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import ReplayResult
 from talon.lessons.adaptive import AdaptiveLesson, adaptive_config
 from talon.lessons.hybrid import HybridLesson
 

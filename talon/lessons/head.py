@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import ReplayResult
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 # the draft slot's kinds, alone and with retrieval: (head's, draft model's)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import ReplayResult, for_slot, replay
+from talon.atlas.replaying import replay
+from talon.atlas.result import ReplayResult, for_slot
 from talon.drafters.suffix import SuffixIndex
 from talon.knobs import ATLAS_DRAFTING_KINDS
 from talon.run_config import RunConfig

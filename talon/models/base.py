@@ -4,9 +4,11 @@ that says what to do) and ``LoadedModel`` (a model and its tokenizer, ready for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # the error imports no torch: the views' presets and memory checks raise it
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class ModelLoadError(RuntimeError):

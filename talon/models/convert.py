@@ -7,19 +7,17 @@ A user's ``.gguf`` file is cached by path, size and mtime.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import transformers
-from filelock import FileLock, Timeout
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -30,24 +28,9 @@ from transformers import (
 )
 
 from talon.models.base import ModelLoadError
-from talon.settings import Settings
+from talon.models.cache import MARKER_FILE, conversion_lock, is_converted
 
 logger = logging.getLogger(__name__)
-
-MARKER_FILE = "talon-converted.json"
-
-
-def read_marker(out_dir: Path) -> dict | None:
-    try:
-        return json.loads((out_dir / MARKER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def is_converted(out_dir: Path, source_sha256: str) -> bool:
-    marker = read_marker(out_dir)
-    return marker is not None and marker.get("source_sha256") == source_sha256
-
 
 def _generation_config(
     tokenizer: PreTrainedTokenizerBase, extra_eos_tokens: Sequence[str]
@@ -147,26 +130,6 @@ def convert_gguf(
     _save_atomically(model, tokenizer, out_dir, marker)
     logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
     return out_dir
-
-
-@contextlib.contextmanager
-def conversion_lock(lock_path: Path) -> Iterator[None]:
-    """Hold a file lock so that only one process converts a given model at a time."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_path))
-    try:
-        lock.acquire(timeout=1)
-    except Timeout:
-        logger.info("Another process is converting this model (lock %s); waiting for it", lock_path)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir is not None else Settings.from_env().cache_dir
 
 
 def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:

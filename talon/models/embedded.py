@@ -19,13 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.models.base import ModelLoadError
-from talon.models.convert import (
-    conversion_lock,
-    convert_gguf,
-    is_converted,
-    read_marker,
-    resolve_cache_dir,
-)
+from talon.models.cache import conversion_lock, is_converted, read_marker, resolve_cache_dir
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
 logger = logging.getLogger(__name__)
@@ -208,6 +202,8 @@ def prepare_embedded(
             parts = embedded_parts(embedded) if parts is None else parts
             assemble_gguf(parts, gguf_path, embedded.size, embedded.sha256)
             logger.info("Joined and verified %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+            from talon.models.convert import convert_gguf  # torch and transformers: only to convert
+
             convert_gguf(gguf_path, out_dir, embedded.sha256, embedded.extra_eos_tokens)
         finally:
             gguf_path.unlink(missing_ok=True)  # the checkpoint is all later loads need

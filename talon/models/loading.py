@@ -30,19 +30,19 @@ from talon.models import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
 from talon.models.convert import prepare_gguf_file, resolve_cache_dir
 from talon.models.device import resolve_device, resolve_dtype
-from talon.models.eagle3 import fetch_head, load_head, read_head_config
+from talon.models.eagle3 import fetch_head, load_head
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf
 from talon.models.gguf_blocks import Q4KSource
+from talon.models.head_config import read_head_config
 from talon.models.prepack import prepack as prepack_linears
 from talon.models.prepack import should_prepack
 from talon.models.quant import quantize_draft, quantize_target, resolve_draft_quant, resolve_target_weights
 from talon.models.tokenizer_check import check_tokenizers_match
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, hub_endpoint, hub_offline
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, NO_DRAFT, hub_endpoint, hub_offline
 
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
-NO_DRAFT = ("none", "")
 _HINT = (
     f"Pass a local checkpoint directory or a .gguf file instead, or use the embedded offline pair "
     f"(target {EMBEDDED_TARGET!r}, draft {EMBEDDED_DRAFT!r})."

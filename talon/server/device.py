@@ -26,9 +26,11 @@ from talon.engine.build import PairKey
 from talon.models import zerogpu
 from talon.run_config import RunConfig
 from talon.server import pair as pairs
+from talon.server.controls import RunRequest, user_error
+from talon.server.offer import find_preset
 from talon.server.pair import held_key, out_of_memory_as_error, pair_key
 from talon.server.presets import ModelPreset
-from talon.server.request import Controls, Job, open_run, user_error, validate
+from talon.server.request import Job, open_run, validate
 from talon.settings import Settings
 from talon.trace import RunSummary, StepTrace
 
@@ -164,7 +166,7 @@ class DeviceAction:
     one ``decode_on_device`` call. ``runs[i]`` iterates run i's StepTraces (in order: run i+1
     starts where run i ends); ``runs[i].summary`` is set when it ends."""
 
-    def __init__(self, settings: Settings, requests: list[tuple[str, Controls, dict[str, Any]]],
+    def __init__(self, settings: Settings, requests: list[RunRequest],
                  cancel: threading.Event) -> None:
         self.jobs = validate(settings, requests)  # validated once, the ids handed on
         check_reservation(settings, self.jobs, gpu_seconds(settings, self.jobs))
@@ -223,7 +225,7 @@ class DeviceAction:
             CANCELS.drop(cancel_id)
 
 
-def wait_for_pair(settings: Settings, preset_key: str, cancel: threading.Event) -> Iterator[str]:
+def pair_wait(settings: Settings, preset_key: str, cancel: threading.Event) -> Iterator[str]:
     """Before a run validates (which needs its pair): while that pair is loading (the start-up
     load, or another visitor's switch) or not yet held, a status line every half second, ending
     when it is held or Stop is pressed. The load runs in a thread, so Stop ends the wait (the
@@ -231,7 +233,7 @@ def wait_for_pair(settings: Settings, preset_key: str, cancel: threading.Event) 
     a failed load is reported by the run's own load. On ZeroGPU the GPU call loads: nothing here."""
     if zerogpu.active():
         return
-    preset = pairs.find_preset(settings, preset_key)
+    preset = find_preset(settings, preset_key)
     key = pair_key(settings, preset)
     loader = None
     if pairs.SLOT.loading is None and held_key() != key:
@@ -250,11 +252,6 @@ def _load_quietly(settings: Settings, preset: ModelPreset) -> None:
         pairs.load_engine(settings, preset)
     except Exception as error:  # noqa: BLE001 - the run's own load reports it to the user
         logger.warning("loading %s for a waiting run failed: %s", preset.key, error)
-
-
-def start_status(action: DeviceAction) -> str:
-    """The status line while an action starts: on ZeroGPU it first waits for a GPU slot."""
-    return zerogpu.waiting_note(action.gpu_seconds) if zerogpu.active() else "running…"
 
 
 class ActionRun:

@@ -10,19 +10,23 @@
 * **Who switches.** ``TALON_PRESET_SWITCH=owner`` (the default on a GPU): visitors run the held
   pair, which ``TALON_PRESET`` picks, and a request for another is refused with the reason, so no
   visitor evicts another's pair. ``visitors``: a visitor's pick loads for everyone, after the
-  running work (the model runs share one queue slot)."""
+  running work (the model runs share one queue slot).
+
+This is the preset policy, apart from the pair held (``talon.server.pair``, the slot). It imports
+no torch until a function asks the device, so the views that list presets stay torch-free."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
-import torch
-
+from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS, slot_kind
 from talon.models import zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
+from talon.models.head_config import read_head_config
 from talon.models.memory import DTYPE_BYTES, GIB, KNOWN_SHAPES, MemoryEstimate, estimate_pair
 from talon.run_config import MAX_BUDGET, ConfigError
-from talon.server.presets import DEFAULT_PRESET, PRESETS, ModelPreset
+from talon.server.presets import DEFAULT_PRESET, PRESETS, ModelPreset, available_presets, startup_preset
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 
 
@@ -46,8 +50,10 @@ def preset_need_bytes(settings: Settings, preset: ModelPreset, dtype: str) -> in
 def gpu_total_bytes(settings: Settings) -> int | None:
     """The memory of the GPU the pairs load on (all visible GPUs for ``auto``/``cuda``, where the
     target spreads over them); None on a CPU and on ZeroGPU (no device may be asked at start)."""
-    if zerogpu.active() or settings.device.startswith("cpu") or not torch.cuda.is_available():
+    if zerogpu.active() or settings.device.startswith("cpu") or not cuda_available():
         return None
+    import torch  # (see cuda_available)
+
     name = settings.device.strip().lower()
     indices = [int(name.split(":")[1])] if ":" in name else range(torch.cuda.device_count())
     return sum(torch.cuda.get_device_properties(i).total_memory for i in indices)
@@ -91,3 +97,122 @@ def who_switches(settings: Settings, gpu: bool) -> str:
     if settings.preset_switch != "auto":
         return settings.preset_switch
     return "owner" if gpu else "visitors"
+
+
+def cuda_available() -> bool:
+    import torch  # asked of the device when a preset list is made, not when the views import this
+
+    return torch.cuda.is_available()
+
+
+def _device_presets(settings: Settings) -> list[ModelPreset]:
+    """The presets this device kind runs: the GPU pairs only with CUDA and TALON_DEVICE not cpu."""
+    return available_presets(cuda_available() and not settings.device.startswith("cpu"))
+
+
+def _refusals(settings: Settings) -> dict[str, str]:
+    """Preset key -> why this server cannot run it (``talon.server.offer.refusal``)."""
+    kinds = _device_presets(settings)
+    total = gpu_total_bytes(settings) if any(p.needs_cuda for p in kinds) else None
+    return {p.key: why for p in kinds if (why := refusal(settings, p, total)) is not None}
+
+
+def presets(settings: Settings) -> list[ModelPreset]:
+    """The presets this server offers: those its device holds, among the ones TALON_PRESETS names."""
+    refused = _refusals(settings)
+    return chosen(settings, [p for p in _device_presets(settings) if p.key not in refused])
+
+
+def unoffered(settings: Settings) -> list[tuple[ModelPreset, str]]:
+    """The presets TALON_PRESETS would offer that this server cannot run, with the reason."""
+    refused = _refusals(settings)
+    return [(p, refused[p.key]) for p in chosen(settings, _device_presets(settings)) if p.key in refused]
+
+
+def visitor_presets(settings: Settings) -> list[ModelPreset]:
+    """What a visitor may pick: every offered preset, or, where the owner picks the pair
+    (TALON_PRESET_SWITCH=owner), the held one alone."""
+    offered = presets(settings)
+    if switch_policy(settings) == "owner":
+        return [p for p in offered if p.key == initial_preset(settings)]
+    return offered
+
+
+def switch_policy(settings: Settings) -> str:
+    return who_switches(settings, any(p.needs_cuda for p in _device_presets(settings)))
+
+
+def model_short_name(name: str) -> str:
+    """A model's name as a menu shows it: the last part of a Hub id, path or ``embedded:`` name."""
+    tail = name.rstrip("/").replace("\\", "/").split("/")[-1].split(":")[-1]
+    return tail.removesuffix(".gguf")
+
+
+def preset_label(preset: ModelPreset, settings: Settings) -> str:
+    """The Models menu's entry: the default pair named by its models (the built-in pair, or the
+    server's TALON_TARGET / TALON_DRAFT), the GPU presets by their own labels."""
+    if preset.target is not None or preset.needs_cuda:
+        return preset.label
+    if (settings.target, settings.draft) == (EMBEDDED_TARGET, EMBEDDED_DRAFT):
+        return "Qwen2.5-Coder 1.5B + 0.5B"  # the narrow column shows about 27 characters
+    draft = model_short_name(settings.draft) if settings.draft else "no draft model"
+    return f"Server pair: {model_short_name(settings.target)} + {draft}"
+
+
+def initial_preset(settings: Settings) -> str:
+    """The preset selected (and loaded) at start: TALON_PRESET, else
+    ``talon.server.presets.startup_preset`` where offered, else the first offered."""
+    offered = [p.key for p in presets(settings)]
+    if settings.preset:
+        if settings.preset not in offered:
+            raise ConfigError(f"TALON_PRESET {settings.preset!r} cannot be held here: {_why_not(settings, offered)}")
+        return settings.preset
+    gpu = any(p.needs_cuda for p in _device_presets(settings))
+    start = startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
+    if start in offered or not offered:
+        return start
+    return offered[0]
+
+
+def holds_head(settings: Settings, preset: ModelPreset) -> bool:
+    """Does ``preset`` put an EAGLE-3 head in the draft slot (a head preset, or the server's own
+    pair with TALON_DRAFT a head's directory)?"""
+    if preset.head:
+        return True
+    draft = Path(settings.draft).expanduser() if preset.target is None and settings.draft else None
+    return draft is not None and draft.is_dir() and read_head_config(draft) is not None
+
+
+def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tuple[str, ...], str]:
+    """The drafter kinds the app offers for preset ``key`` (a head's kinds where the draft slot
+    holds one, a draft model's elsewhere), and the choice to show: ``current`` where offered, else
+    its counterpart (hybrid and eagle3-hybrid, model and eagle3), else the first."""
+    head = holds_head(settings, find_preset(settings, key))
+    offered = HEAD_PAIR_KINDS if head else MODEL_PAIR_KINDS
+    return offered, slot_kind(head, offered, current)
+
+
+def _why_not(settings: Settings, offered: list[str]) -> str:
+    """Why TALON_PRESET is not among the ``offered`` preset keys."""
+    key = settings.preset
+    if key not in {p.key for p in PRESETS}:
+        return f"there is no such preset; the presets: {[p.key for p in PRESETS]}"
+    if key not in {p.key for p in _device_presets(settings)}:
+        return "it needs a CUDA GPU, and this server runs on a CPU"
+    return _refusals(settings).get(key, f"TALON_PRESETS offers only {offered}")
+
+
+def find_preset(settings: Settings, key: str) -> ModelPreset:
+    """The preset ``key`` names, if a visitor may run it here; else a ConfigError that says why."""
+    offered = visitor_presets(settings)
+    for preset in offered:
+        if preset.key == key:
+            return preset
+    why = _refusals(settings).get(key)
+    if why is not None:
+        raise ConfigError(f"the model preset {key!r} cannot run on this server: {why}")
+    if key in {p.key for p in presets(settings)}:  # offered, but the owner picks the pair
+        held = offered[0].label if offered else "none"
+        raise ConfigError(f"this Space runs one model pair, {held}: its owner picks it (TALON_PRESET), and visitors "
+                          f"do not switch it (TALON_PRESET_SWITCH=owner), so no visitor unloads another's pair")
+    raise ConfigError(f"model preset must be one of {[p.key for p in offered]} on this server, got {key!r}")

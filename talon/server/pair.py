@@ -1,7 +1,8 @@
-"""The model pair this server holds, and the presets it offers: which pair a preset loads
-(``pair_key``), the memory guard (``check_preset_memory``), the one pair held (``SLOT``, a
-``PairSlot``: release before load, fall back on failure), the start-up load
-(``warm_up``), and out-of-memory turned into an error a user can act on, with the memory freed."""
+"""The model pair this server holds (the slot): which pair a preset loads (``pair_key``), the
+memory guard (``check_preset_memory``), the one pair held (``SLOT``, a ``PairSlot``: release
+before load, fall back on failure), the start-up load (``load_startup_pair``), and out-of-memory turned
+into an error a user can act on, with the memory freed. Which presets a server offers and who
+switches the pair: ``talon.server.offer``, the preset policy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -21,15 +21,13 @@ import torch
 
 from talon.engine.build import PairKey, build_engine
 from talon.engine.engine import Engine
-from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS, slot_kind
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
-from talon.models.eagle3 import read_head_config
 from talon.models.embedded import EMBEDDED_MODELS
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits
 from talon.run_config import ConfigError, RunConfig
-from talon.server import offer
-from talon.server.presets import PRESETS, ModelPreset, available_presets, startup_preset
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
+from talon.server.offer import cuda_available, find_preset, initial_preset, model_short_name, preset_estimate
+from talon.server.presets import ModelPreset
+from talon.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +142,7 @@ def pair_key(settings: Settings, preset: ModelPreset) -> PairKey:
 def check_preset_memory(settings: Settings, preset: ModelPreset, dtype: str, available: int) -> None:
     """Refuse, before loading, a GPU preset whose pair would not fit in ``available`` bytes at
     this server's largest settings (``talon.server.offer.preset_estimate``)."""
-    estimate = offer.preset_estimate(settings, preset, dtype)
+    estimate = preset_estimate(settings, preset, dtype)
     if estimate is not None:  # None: not a pair whose shape is known without a download
         check_fits(estimate, available, preset.label, preset.gpu_gib)
 
@@ -182,7 +180,7 @@ def pair_words(key: PairKey) -> str:
     return names
 
 
-def pair_status() -> str:
+def held_status() -> str:
     """What every page's status line says about the models: loading (which, how large), held,
     or none; and the last switch of the held pair."""
     if (loading := SLOT.loading) is not None:
@@ -194,7 +192,7 @@ def pair_status() -> str:
     return f"{now} {SLOT.switched}." if SLOT.switched else now
 
 
-def server_notices() -> list[str]:
+def device_notices() -> list[str]:
     """What every visitor should know about this server before a run (plain sentences): a GPU
     that is present but unusable, and ZeroGPU's shared slots."""
     notices = []
@@ -208,7 +206,7 @@ def server_notices() -> list[str]:
     return notices
 
 
-def warm_up(settings: Settings) -> None:
+def load_startup_pair(settings: Settings) -> None:
     """Load the start-up pair now: from a background thread at start, or on ZeroGPU on the main
     thread before launch (ZeroGPU records the weights moved to cuda there). Errors are logged
     here and shown to the user on their first run."""
@@ -217,123 +215,6 @@ def warm_up(settings: Settings) -> None:
     except (ModelLoadError, ConfigError, OSError, torch.cuda.OutOfMemoryError) as error:
         logger.error("could not pre-load the models: %s", error)
         release_memory()
-
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def _device_presets(settings: Settings) -> list[ModelPreset]:
-    """The presets this device kind runs: the GPU pairs only with CUDA and TALON_DEVICE not cpu."""
-    return available_presets(cuda_available() and not settings.device.startswith("cpu"))
-
-
-def _refusals(settings: Settings) -> dict[str, str]:
-    """Preset key -> why this server cannot run it (``talon.server.offer.refusal``)."""
-    kinds = _device_presets(settings)
-    total = offer.gpu_total_bytes(settings) if any(p.needs_cuda for p in kinds) else None
-    return {p.key: why for p in kinds if (why := offer.refusal(settings, p, total)) is not None}
-
-
-def presets(settings: Settings) -> list[ModelPreset]:
-    """The presets this server offers: those its device holds, among the ones TALON_PRESETS names."""
-    refused = _refusals(settings)
-    return offer.chosen(settings, [p for p in _device_presets(settings) if p.key not in refused])
-
-
-def unoffered(settings: Settings) -> list[tuple[ModelPreset, str]]:
-    """The presets TALON_PRESETS would offer that this server cannot run, with the reason."""
-    refused = _refusals(settings)
-    return [(p, refused[p.key]) for p in offer.chosen(settings, _device_presets(settings)) if p.key in refused]
-
-
-def visitor_presets(settings: Settings) -> list[ModelPreset]:
-    """What a visitor may pick: every offered preset, or, where the owner picks the pair
-    (TALON_PRESET_SWITCH=owner), the held one alone."""
-    offered = presets(settings)
-    if switch_policy(settings) == "owner":
-        return [p for p in offered if p.key == initial_preset(settings)]
-    return offered
-
-
-def switch_policy(settings: Settings) -> str:
-    return offer.who_switches(settings, any(p.needs_cuda for p in _device_presets(settings)))
-
-
-def model_short_name(name: str) -> str:
-    """A model's name as a menu shows it: the last part of a Hub id, path or ``embedded:`` name."""
-    tail = name.rstrip("/").replace("\\", "/").split("/")[-1].split(":")[-1]
-    return tail.removesuffix(".gguf")
-
-
-def preset_label(preset: ModelPreset, settings: Settings) -> str:
-    """The Models menu's entry: the default pair named by its models (the built-in pair, or the
-    server's TALON_TARGET / TALON_DRAFT), the GPU presets by their own labels."""
-    if preset.target is not None or preset.needs_cuda:
-        return preset.label
-    if (settings.target, settings.draft) == (EMBEDDED_TARGET, EMBEDDED_DRAFT):
-        return "Qwen2.5-Coder 1.5B + 0.5B"  # the narrow column shows about 27 characters
-    draft = model_short_name(settings.draft) if settings.draft else "no draft model"
-    return f"Server pair: {model_short_name(settings.target)} + {draft}"
-
-
-def initial_preset(settings: Settings) -> str:
-    """The preset selected (and loaded) at start: TALON_PRESET, else
-    ``talon.server.presets.startup_preset`` where offered, else the first offered."""
-    offered = [p.key for p in presets(settings)]
-    if settings.preset:
-        if settings.preset not in offered:
-            raise ConfigError(f"TALON_PRESET {settings.preset!r} cannot be held here: {_why_not(settings, offered)}")
-        return settings.preset
-    gpu = any(p.needs_cuda for p in _device_presets(settings))
-    start = startup_preset(gpu, (settings.target, settings.draft) != (EMBEDDED_TARGET, EMBEDDED_DRAFT))
-    if start in offered or not offered:
-        return start
-    return offered[0]
-
-
-def holds_head(settings: Settings, preset: ModelPreset) -> bool:
-    """Does ``preset`` put an EAGLE-3 head in the draft slot (a head preset, or the server's own
-    pair with TALON_DRAFT a head's directory)?"""
-    if preset.head:
-        return True
-    draft = Path(settings.draft).expanduser() if preset.target is None and settings.draft else None
-    return draft is not None and draft.is_dir() and read_head_config(draft) is not None
-
-
-def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tuple[str, ...], str]:
-    """The drafter kinds the app offers for preset ``key`` (a head's kinds where the draft slot
-    holds one, a draft model's elsewhere), and the choice to show: ``current`` where offered, else
-    its counterpart (hybrid and eagle3-hybrid, model and eagle3), else the first."""
-    head = holds_head(settings, find_preset(settings, key))
-    offered = HEAD_PAIR_KINDS if head else MODEL_PAIR_KINDS
-    return offered, slot_kind(head, offered, current)
-
-
-def _why_not(settings: Settings, offered: list[str]) -> str:
-    """Why TALON_PRESET is not among the ``offered`` preset keys."""
-    key = settings.preset
-    if key not in {p.key for p in PRESETS}:
-        return f"there is no such preset; the presets: {[p.key for p in PRESETS]}"
-    if key not in {p.key for p in _device_presets(settings)}:
-        return "it needs a CUDA GPU, and this server runs on a CPU"
-    return _refusals(settings).get(key, f"TALON_PRESETS offers only {offered}")
-
-
-def find_preset(settings: Settings, key: str) -> ModelPreset:
-    """The preset ``key`` names, if a visitor may run it here; else a ConfigError that says why."""
-    offered = visitor_presets(settings)
-    for preset in offered:
-        if preset.key == key:
-            return preset
-    why = _refusals(settings).get(key)
-    if why is not None:
-        raise ConfigError(f"the model preset {key!r} cannot run on this server: {why}")
-    if key in {p.key for p in presets(settings)}:  # offered, but the owner picks the pair
-        held = offered[0].label if offered else "none"
-        raise ConfigError(f"this Space runs one model pair, {held}: its owner picks it (TALON_PRESET), and visitors "
-                          f"do not switch it (TALON_PRESET_SWITCH=owner), so no visitor unloads another's pair")
-    raise ConfigError(f"model preset must be one of {[p.key for p in offered]} on this server, got {key!r}")
 
 
 def server_device(settings: Settings) -> torch.device:

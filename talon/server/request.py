@@ -8,72 +8,23 @@ user can fix becomes a gr.Error whose message is escaped (``user_error``: Gradio
 from __future__ import annotations
 
 import dataclasses
-import html
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from talon import figures as F
 from talon.engine.prompt import PromptError
 from talon.engine.run import Run
-from talon.knobs import APP_KNOBS, KNOB, values_of
 from talon.models import ModelLoadError, zerogpu
 from talon.models.quant import resolve_target_weights
 from talon.run_config import ConfigError, RunConfig
 from talon.server import pair as pairs
-from talon.server.pair import find_preset, held_key, out_of_memory_as_error, pair_key, server_device
-from talon.server.presets import DEFAULT_PRESET, ModelPreset
-from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS, Settings
-
-Number = int | float  # a slider sends a float for an integer knob (talon.knobs.Knob.read)
-
-
-@dataclass(frozen=True)
-class Controls:
-    """The values of the run controls, as the API and the UI send them: the model pair, then every
-    knob the app offers under its public name (``talon.knobs``: ``Knob.app``, its default there;
-    ``tests/test_knobs.py`` holds these fields equal to the app's knobs), then the weights. All have
-    defaults, so an API call may pass the prompt alone."""
-
-    preset: str = DEFAULT_PRESET
-    drafter: str = KNOB["drafter"].default
-    tree_mode: str = KNOB["tree"].default
-    budget: Number = KNOB["budget"].default
-    root_k: Number = KNOB["root_k"].default
-    top_k: Number = KNOB["top_k"].default
-    mu: Number = KNOB["mu"].default
-    max_depth: Number = KNOB["max_depth"].default
-    min_conf: Number = KNOB["min_conf"].default
-    cost_aware: bool = KNOB["cost_aware"].default
-    retrieval_threshold: Number = KNOB["graft_threshold"].default
-    skip_layers: Number = KNOB["skip_layers"].default
-    temperature: Number = KNOB["temperature"].default
-    top_p: Number = KNOB["top_p"].default
-    seed: Number = KNOB["seed"].default
-    max_new_tokens: Number = KNOB["max_new_tokens"].default
-    async_draft: bool = KNOB["async_draft"].default
-    draft_quant: str = "auto"  # auto: the server's (TALON_DRAFT_QUANT)
-    target_weights: str = "auto"  # auto: the server's (TALON_TARGET_WEIGHTS)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], preset: str = DEFAULT_PRESET) -> Controls:
-        """The controls that reproduce a run from its summary's ``config`` (a RunConfig as a dict: a
-        trace's ``summary.config``); what it does not name keeps its default."""
-        values = values_of(config)
-        return cls(preset=preset, **{k.app: values[k.name] for k in APP_KNOBS})
-
-    def to_config(self, max_new_tokens_limit: int) -> RunConfig:
-        """The validated RunConfig; raises ConfigError with a message a user can act on."""
-        if self.draft_quant not in DRAFT_QUANTS:
-            raise ConfigError(f"draft weights must be one of {DRAFT_QUANTS}, got {self.draft_quant!r}")
-        if self.target_weights == "int8":
-            raise ConfigError(INT8_REFUSED)
-        if self.target_weights not in TARGET_WEIGHTS:
-            raise ConfigError(f"target weights must be one of {TARGET_WEIGHTS}, got {self.target_weights!r}")
-        values = {k.name: getattr(self, k.app) for k in APP_KNOBS}
-        return RunConfig().with_knobs(values, app=True, caps={"max_new_tokens": max_new_tokens_limit})
+from talon.server.controls import Controls, RunRequest, user_error
+from talon.server.offer import find_preset
+from talon.server.pair import held_key, out_of_memory_as_error, pair_key, server_device
+from talon.server.presets import ModelPreset
+from talon.settings import Settings
 
 
 def check_prompt(prompt: Any, settings: Settings) -> str:
@@ -84,11 +35,6 @@ def check_prompt(prompt: Any, settings: Settings) -> str:
     if len(prompt) > max_chars:
         raise PromptError(f"the prompt has {len(prompt)} characters; this server accepts at most {max_chars}")
     return prompt
-
-
-def user_error(message: str) -> gr.Error:
-    """A gr.Error whose message may quote user input: Gradio renders error messages as HTML."""
-    return gr.Error(html.escape(F.clean_text(message), quote=False))
 
 
 @dataclass(frozen=True)
@@ -161,11 +107,12 @@ def check_job(settings: Settings, job: Job) -> Job:
     return dataclasses.replace(job, prompt_ids=tuple(ids))
 
 
-def validate(settings: Settings, requests: list[tuple[str, Controls, dict[str, Any]]]) -> list[Job]:
+def validate(settings: Settings, requests: list[RunRequest]) -> list[Job]:
     """A user action's runs, validated before any of them starts: first every check that needs no
     model (``plan_run``), then every one that does (``check_job``), each run's prompt ids handed on."""
     jobs = []
-    for prompt, controls, overrides in requests:
+    for request in requests:
+        prompt, controls, overrides = request.prompt, request.controls, request.overrides
         preset, cfg = plan_run(settings, prompt, controls, **overrides)
         jobs.append(Job(preset, prompt, cfg))
     return [check_job(settings, job) for job in jobs]

@@ -13,7 +13,7 @@ import gradio as gr
 
 from talon import figures as F
 from talon.run_config import TREE_MODES, RunConfig
-from talon.server.facade import Controls, decode_all, drafter_choices, initial_preset
+from talon.server.facade import Controls, RunRequest, decode_all, drafter_choices, initial_preset
 from talon.settings import Settings
 from talon.ui.panel import ControlPanel, follow_preset, run_on_click
 from talon.ui.session import CompareSession
@@ -86,7 +86,7 @@ def make_compare(view: CompareView, settings: Settings) -> Callable[..., Iterato
         a = Controls(**controls)
         b = dataclasses.replace(a, tree_mode=tree_mode_b, drafter=drafter_b, mu=mu_b)
         cancel = threading.Event()
-        runs = decode_all(settings, [(prompt, c, {}) for c in (a, b)], cancel).runs  # one device call
+        runs = decode_all(settings, [RunRequest(prompt, c) for c in (a, b)], cancel).runs  # one device call
         cmp.runs, cmp.summaries, cmp.cancel = [], [], cancel
         for index, steps, finished in run_variants(runs):
             label, run = "AB"[index], runs[index]

@@ -18,7 +18,7 @@ import gradio as gr
 from talon import figures as F
 from talon.figures.opening import RECORDING, SAMPLED_RECORDING, opening_step
 from talon.run_config import ConfigError
-from talon.server.facade import Controls, decode_all, start_status, user_error, wait_for_pair
+from talon.server.facade import Controls, RunRequest, decode_all, start_status, user_error, wait_for_pair
 from talon.settings import Settings
 from talon.trace import TraceFileError, parse_trace, read_json_upload
 from talon.ui.files import upload_path, write_trace
@@ -311,7 +311,7 @@ def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterato
             yield {view.caption: '<div class="talon-caption">Stopped while the models loaded: nothing ran. They '
                                  "go on loading for the next run.</div>"}
             return
-        requests = [(prompt, values, {})] + ([(prompt, values, AUTOREGRESSIVE)] if compare_ar else [])
+        requests = [RunRequest(prompt, values)] + ([RunRequest(prompt, values, AUTOREGRESSIVE)] if compare_ar else [])
         action = decode_all(settings, requests, cancel)
         session.begin(bool(step_through), cancel)
         yield session.unsent(view.live_updates(session, start_status(action)))

@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
-from talon.server.facade import Controls, decode_all, user_error
+from talon.server.facade import Controls, RunRequest, decode_all, user_error
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.files import upload_path
@@ -110,7 +110,7 @@ def make_measure(view: MeasureView, settings: Settings) -> Callable[..., Iterato
         rows: list[F.MeasuredCell] = []
         cancel = threading.Event()
         cells = [(mu, budget) for mu in mu_values for budget in budget_values]
-        requests = [(prompt, dataclasses.replace(base, mu=mu, budget=n), {}) for mu, n in cells]
+        requests = [RunRequest(prompt, dataclasses.replace(base, mu=mu, budget=n)) for mu, n in cells]
         runs = decode_all(settings, requests, cancel).runs  # every cell in one device call
         for index, _, finished in run_variants(runs):
             if not finished:

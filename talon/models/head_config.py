@@ -1,0 +1,159 @@
+"""An EAGLE-3 head's shape, read from its ``config.json`` and its tensor names alone: which target
+layers it reads (``read_feature_layers``, as each serving engine reads the ids), and the options
+Talon refuses before any weight loads. No torch at import: the app's preset policy asks whether a
+directory holds a head (``talon.server.policy.holds_head``). The head itself: ``talon.models.eagle3``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from talon.models.base import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """An EAGLE-3 head's shape, as its ``config.json`` gives it (``read_head_config``)."""
+
+    hidden: int  # h: the head's width
+    target_hidden: int  # H: the target's width (features are 3H wide)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int  # the target's vocabulary (embedding rows)
+    draft_vocab: int
+    rms_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    aux_layers: tuple[int, ...] | None  # HF hidden-state indices; None: 2, N//2, N-3 of the target
+    aux_rule: str  # how the checkpoint's ids were read (``read_feature_layers``)
+    norm_before_residual: bool
+    layout: str  # "eagle" or "speculators"
+
+    def llama(self) -> LlamaConfig:
+        """The Llama config transformers' attention, MLP and RoPE modules are built from."""
+        from transformers import LlamaConfig  # (building the head, not reading its shape)
+
+        rope: dict = {"rope_type": "default"}
+        if self.rope_scaling:  # a legacy config's {"type": ...} is transformers' {"rope_type": ...}
+            rope = {k: v for k, v in self.rope_scaling.items() if k != "type"}
+            rope.setdefault("rope_type", self.rope_scaling.get("type", "default"))
+        rope["rope_theta"] = self.rope_theta
+        cfg = LlamaConfig(hidden_size=self.hidden, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                          head_dim=self.head_dim, intermediate_size=self.intermediate, rms_norm_eps=self.rms_eps,
+                          num_hidden_layers=1, vocab_size=self.vocab, hidden_act="silu", rope_parameters=rope,
+                          attention_bias=False, mlp_bias=False, attn_implementation="sdpa")
+        return cfg
+
+    def layers_for(self, target_layers: int) -> tuple[int, ...]:
+        """The target's hidden states the head reads (HF ``output_hidden_states`` indices)."""
+        if self.aux_layers is not None:
+            return self.aux_layers
+        return (2, target_layers // 2, target_layers - 3)
+
+
+def read_head_config(path: Path) -> HeadConfig | None:
+    """The head's shape from ``path/config.json``, or None if it is not an EAGLE-3 head."""
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if raw.get("speculators_model_type") == "eagle3":
+        layer = dict(raw.get("transformer_layer_config") or {})
+        layout, default_nbr = "speculators", True  # vLLM reads an absent norm_before_residual as true here
+    elif "draft_vocab_size" in raw and any("Eagle3" in a or "LlamaForCausalLM" == a
+                                           for a in raw.get("architectures") or []):
+        layer, layout, default_nbr = raw, "eagle", False
+    else:
+        return None
+    refuse_unsupported(path, raw, layer)
+    aux, aux_rule = read_feature_layers(raw)
+    rope = dict(layer.get("rope_parameters") or {})  # transformers 5 writes rope_theta and scaling here
+    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
+                                            if rope.get("rope_type", "default") != "default" else None)
+    try:
+        hidden, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
+        vocab = int(layer["vocab_size"])
+        return HeadConfig(
+            hidden=hidden, target_hidden=int(raw.get("target_hidden_size") or hidden), heads=heads,
+            kv_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            intermediate=int(layer["intermediate_size"]), vocab=vocab,
+            draft_vocab=int(raw.get("draft_vocab_size") or vocab), rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),  # EAGLE: 10000 if absent
+            rope_scaling=scaling,
+            aux_layers=aux, aux_rule=aux_rule,
+            norm_before_residual=bool(raw.get("norm_before_residual", default_nbr)), layout=layout)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ModelLoadError(f"{path}: an EAGLE-3 config without a usable {error} (hidden_size, "
+                             "num_attention_heads, intermediate_size, vocab_size)") from error
+
+
+def read_feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
+    """The target's hidden states a head reads (HF ``output_hidden_states`` indices: 0 is the
+    embedding, i the output of layer i - 1), as the serving engines read the checkpoint's ids:
+
+    * top-level ``eagle_aux_hidden_state_layer_ids`` (speculators, vLLM): the index as written;
+    * nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge, SGLang): SGLang's
+      ``set_eagle3_layers_to_capture`` as of sglang PR #25454 (main, 2026-05): ids whose first is 1
+      are "the output of layer i" (SpecForge's default ``[1, N//2-1, N-4]``), read as i + 1; any
+      other list is already an index. (SGLang before it added 1 always; vLLM reads nested ids as
+      written, one layer early for SpecForge's.)
+    * none: 2, N//2 and N-3, every engine's default."""
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        return tuple(int(i) for i in top), "top-level ids, as written (speculators, vLLM)"
+    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if nested:
+        ids = [int(i) for i in nested]
+        if ids[0] == 1:
+            return tuple(i + 1 for i in ids), "eagle_config ids as layer outputs, each + 1 (SpecForge, SGLang)"
+        return tuple(ids), "eagle_config ids as written (SGLang: a list not starting at 1)"
+    return None, "none written: 2, N//2, N-3 (every engine's default)"
+
+
+UNSUPPORTED_TENSORS = {"q_norm": "q/k norms in its attention", "k_norm": "q/k norms in its attention",
+                       "q_proj.bias": "attention biases", "fc.bias": "a bias on fc"}
+
+
+def refuse_unsupported(path: Path, raw: dict, layer: dict) -> None:
+    """ModelLoadError, before any weight loads, for heads Talon's layer would run wrongly: EAGLE 3.1
+    options, several layers, attention biases, q/k norms (read from the checkpoint's tensor names),
+    quantized (compressed-tensors) weights."""
+    why = [f"{k} (an EAGLE 3.1 option)" for k in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
+    if int(layer.get("num_hidden_layers") or 1) != 1:
+        why.append(f"{layer.get('num_hidden_layers')} layers")
+    if layer.get("attention_bias") or raw.get("attention_bias"):
+        why.append("attention biases (attention_bias: true)")
+    quant = raw.get("quantization_config") or layer.get("quantization_config")
+    if quant:
+        why.append(f"{(quant or {}).get('quant_method', 'quantized')} weights")
+    names = tensor_names(path)
+    why += sorted({what for name in names for key, what in UNSUPPORTED_TENSORS.items() if name.endswith(key + ".weight")
+                   or name.endswith(key)})
+    if why:
+        raise ModelLoadError(f"{path}: an EAGLE-3 head with {', '.join(why)} is not supported; Talon runs the "
+                             "one-layer Llama head EAGLE-3, SpecForge and speculators train (no biases, no q/k "
+                             "norms, unquantized)")
+
+
+def tensor_names(path: Path) -> list[str]:
+    """The checkpoint's tensor names from its safetensors headers alone (no weight is read); a
+    ``pytorch_model.bin`` is opened memory-mapped. Empty where there is no checkpoint yet."""
+    names: list[str] = []
+    for f in sorted(path.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            names += [k for k in json.loads(fh.read(size)) if k != "__metadata__"]
+    if not names and (path / "pytorch_model.bin").is_file():
+        import torch  # only for a pickled checkpoint: reading a head's config imports no torch
+
+        names = list(torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+    return names
