@@ -134,7 +134,8 @@ class Request:
 def pair_files(gguf: str) -> tuple[Path, Path]:
     """The embedded pair's GGUF files: the shipped Q4_K_M ones (``q4km``) or float32 ones written
     from them by Talon's converter (``f32``), in the cache."""
-    from talon.models.convert import resolve_cache_dir, write_float32_gguf
+    from talon.models.cache import resolve_cache_dir
+    from talon.models.convert import write_float32_gguf
     from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf
     from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 

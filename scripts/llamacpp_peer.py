@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from talon.bench.llamacpp import complete, wait_ready
 from talon.engine.prompt import encode_prompt
 from talon.models import cpu_model
-from talon.models.convert import resolve_cache_dir
+from talon.models.cache import resolve_cache_dir
 from talon.models.embedded import EMBEDDED_MODELS, embedded_gguf, embedded_pair_paths
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts

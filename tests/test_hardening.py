@@ -519,7 +519,7 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(talon.engine.build, "load_pair", fake_load_pair)
     monkeypatch.setattr(talon.engine.build, "Engine", lambda target, draft, **kwargs: SimpleNamespace(
-        target=SimpleNamespace(device="cpu"), draft=None, path="dynamic"))
+        target=SimpleNamespace(device="cpu"), draft=None, forward_path="dynamic"))
     monkeypatch.setattr(ui_models, "SLOT", ui_models.PairSlot(ui_models.build_engine, lambda: None, lambda d: None))
     for env in ({}, {"TALON_ALLOW_REMOTE_CODE": "1"}):
         load_engine(Settings.from_env(env), PRESETS[0])

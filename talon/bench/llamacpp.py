@@ -114,7 +114,7 @@ class LlamaCppRunner:
 
 def pair_gguf(target: str, draft: str | None) -> tuple[Path, Path | None]:
     """The GGUF files the benchmark's pair was converted from (the embedded pair ships them)."""
-    from talon.models.convert import resolve_cache_dir
+    from talon.models.cache import resolve_cache_dir
     from talon.models.embedded import source_gguf
 
     cache = resolve_cache_dir(None)

@@ -28,7 +28,8 @@ from transformers import (
 
 from talon.models import zerogpu
 from talon.models.base import LoadedModel, ModelLoadError
-from talon.models.convert import prepare_gguf_file, resolve_cache_dir
+from talon.models.cache import resolve_cache_dir
+from talon.models.convert import prepare_gguf_file
 from talon.models.device import resolve_device, resolve_dtype
 from talon.models.eagle3 import fetch_head, load_head
 from talon.models.embedded import EMBEDDED_MODELS, prepare_embedded, source_gguf

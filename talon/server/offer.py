@@ -50,10 +50,12 @@ def preset_need_bytes(settings: Settings, preset: ModelPreset, dtype: str) -> in
 def gpu_total_bytes(settings: Settings) -> int | None:
     """The memory of the GPU the pairs load on (all visible GPUs for ``auto``/``cuda``, where the
     target spreads over them); None on a CPU and on ZeroGPU (no device may be asked at start)."""
-    if zerogpu.active() or settings.device.startswith("cpu") or not cuda_available():
+    if zerogpu.active() or settings.device.startswith("cpu"):
         return None
     import torch  # (see cuda_available)
 
+    if not torch.cuda.is_available():
+        return None
     name = settings.device.strip().lower()
     indices = [int(name.split(":")[1])] if ":" in name else range(torch.cuda.device_count())
     return sum(torch.cuda.get_device_properties(i).total_memory for i in indices)

@@ -25,7 +25,8 @@ from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
 from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits
 from talon.run_config import ConfigError, RunConfig
-from talon.server.offer import cuda_available, find_preset, initial_preset, model_short_name, preset_estimate
+from talon.server import offer
+from talon.server.offer import find_preset, initial_preset, model_short_name, preset_estimate
 from talon.server.presets import ModelPreset
 from talon.settings import Settings
 
@@ -232,7 +233,7 @@ def server_device(settings: Settings) -> torch.device:
 def release_memory() -> None:
     """Return freed tensors to the device: collect garbage, then empty CUDA's caching allocator."""
     gc.collect()
-    if cuda_available():
+    if offer.cuda_available():  # (the module's, so a test may stand a GPU in)
         torch.cuda.empty_cache()
 
 
