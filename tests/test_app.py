@@ -32,7 +32,9 @@ from talon.trace import (
     parse_trace,
     read_json_upload,
 )
-from talon.ui.decode_tab import DecodeView, decode_panel, make_generate, make_nudge, make_show_step
+from talon.ui.decode_handlers import make_generate, make_nudge, make_show_step
+from talon.ui.decode_tab import decode_panel
+from talon.ui.decode_view import DecodeView
 from talon.ui.measure_panel import parse_sweep
 from talon.ui.session import Session, stop
 from tests.test_figures import make_step
@@ -436,7 +438,7 @@ def talon_way(frames: list[tuple[str, str]]) -> list[tuple[str, str]]:
         path = Path(filename).resolve()
         if REPO / "talon" in path.parents:
             way.append((".".join(path.relative_to(REPO).with_suffix("").parts), function))
-    start = next(i for i, (module, function) in enumerate(way) if module == "talon.ui.decode_tab")
+    start = next(i for i, (module, function) in enumerate(way) if module == "talon.ui.decode_handlers")
     return way[start:]
 
 
@@ -465,7 +467,7 @@ def test_a_decode_press_reaches_the_step_loop_in_a_few_calls(view: DecodeView, m
     monkeypatch.setattr(Run, "_step", first_step)
     list(make_generate(view, Settings())("abc abc abc", Session(), max_new_tokens=4))
     way = talon_way(stacks[0])
-    assert way[0] == ("talon.ui.decode_tab", "generate") and way[-1] == ("talon.engine.run", "_step")
+    assert way[0] == ("talon.ui.decode_handlers", "generate") and way[-1] == ("talon.engine.run", "_step")
     assert len(way) <= 12, way
     assert len(visits(way)) == len(set(visits(way))), visits(way)
     assert len(set(visits(way * 2))) < len(visits(way * 2))  # a way that comes back is caught

@@ -33,7 +33,7 @@ from talon.server import facade, offer
 from talon.server.pair import Held, PairKey, PairSlot
 from talon.settings import Settings
 from talon.tree import DraftTree
-from talon.ui.decode_tab import make_generate
+from talon.ui.decode_handlers import make_generate
 from talon.ui.layout import build_ui
 from talon.ui.session import CompareSession, Session
 from tests.test_app import tiny_engine  # noqa: F401 (fixture)

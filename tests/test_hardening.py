@@ -43,7 +43,8 @@ from talon.server.presets import DEFAULT_PRESET, PRESETS, STARTUP_GPU_PRESET, pr
 from talon.server.request import Job, plan_run
 from talon.settings import EMBEDDED_TARGET, Settings
 from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, RunSummary, StepTrace
-from talon.ui.decode_tab import DecodeView, make_generate
+from talon.ui.decode_handlers import make_generate
+from talon.ui.decode_view import DecodeView
 from talon.ui.measure_panel import MAX_SWEEP_CELLS
 from talon.ui.panel import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session

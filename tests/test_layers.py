@@ -104,9 +104,9 @@ def mutual_imports(root: Path = REPO) -> set[tuple[str, str]]:
     return {(a, b) for a, b in arrows if (b, a) in arrows and a < b}
 
 
-# one Decode press, in the order its call descends: the button's wiring, its handler, the user
+# one Decode press, in the order its call descends: its handler, the user
 # action, the device call, the request's checks and run, the pair held, the engine's loop
-REQUEST_WAY = ("talon.ui.decode_tab", "talon.server.facade", "talon.server.device", "talon.server.request",
+REQUEST_WAY = ("talon.ui.decode_handlers", "talon.server.facade", "talon.server.device", "talon.server.request",
                "talon.server.pair", "talon.engine.build", "talon.engine.engine", "talon.engine.run")
 
 

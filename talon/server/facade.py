@@ -5,7 +5,7 @@ module and nothing else of the server, and nothing of the engine, the models or 
 (``talon.server.device``, the slot ``talon.server.pair``) is imported by the call that needs it,
 so ``import talon.ui`` leaves torch unloaded until the first run or the start-up load.
 
-A Decode press goes ``talon.ui.decode_tab`` -> ``decode_all`` (its runs validated now: every
+A Decode press goes ``talon.ui.decode_handlers`` -> ``decode_all`` (its runs validated now: every
 error a user can fix is raised before any output changes) -> iterating a run's steps runs the
 action's one device call (``talon.server.device.decode_on_device``) -> ``Engine.run`` -> the
 step loop."""

@@ -1,39 +1,28 @@
-"""The Decode tab: its layout and wiring (the figures' rows, the buttons, the events), and its
-behaviour: ``DecodeView`` renders a session into component updates (one step, the run-level
-figures, a streaming update), and the handlers run (with the optional autoregressive baseline),
-replay a trace file, move the step slider, Prev / Next / Latest."""
+"""The Decode tab: its layout (the figures' rows, the buttons) and its wiring (the events). What it
+shows: ``talon.ui.decode_view.DecodeView``; what its events run: ``talon.ui.decode_handlers``."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import threading
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from talon import figures as F
-from talon.figures.opening import RECORDING, SAMPLED_RECORDING, opening_step
-from talon.run_config import ConfigError
-from talon.server.facade import Controls, RunRequest, decode_all, start_status, user_error, wait_for_pair
 from talon.settings import Settings
-from talon.trace import TraceFileError, parse_trace, read_json_upload
-from talon.ui.files import upload_path, write_trace
+from talon.ui.decode_handlers import (
+    make_generate,
+    make_inspect,
+    make_nudge,
+    make_open_sampled,
+    make_replay,
+    make_show_step,
+)
+from talon.ui.decode_view import DecodeView
 from talon.ui.panel import ControlPanel, model_event
-from talon.ui.recording import RECORDING_NOTE, SAMPLED_NOTE, load_recording
 from talon.ui.session import Session, sessionless
-from talon.ui.stream import stream_run
 from talon.ui.walk_panel import WalkView, full_tree_button, make_offer_full_tree, walk_panel, wire_walk
 from talon.ui.words import EXPLAIN, TEXT_LEGEND
-
-logger = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------------------
-# The tab: components and wiring
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -177,271 +166,3 @@ def build_decode_tab(panel: ControlPanel, settings: Settings) -> DecodeView:
     view, walk, buttons = decode_panel()
     wire_decode(view, walk, buttons, panel, settings)
     return view
-
-
-# ---------------------------------------------------------------------------------------------
-# The view and its handlers
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DecodeView:
-    """Output components of the Decode tab; ``outputs()`` keeps their order for the API."""
-
-    summary: gr.HTML
-    text: gr.HTML
-    slider: gr.Slider
-    caption: gr.HTML
-    tree: gr.Plot
-    gates: gr.Plot
-    mask: gr.Plot
-    timeline: gr.Plot
-    per_step: gr.Plot
-    by_depth: gr.Plot
-    sources: gr.Plot
-    speed: gr.Plot
-    download: gr.File
-    node_pick: gr.Dropdown
-    inspector: gr.HTML
-    acceptance: gr.Plot
-    cost: gr.Plot
-    plain_text: gr.Textbox  # the decoded text as a plain string, for API clients (hidden on the page)
-    state: gr.State
-
-    def outputs(self) -> list[Any]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
-
-    def step_updates(self, session: Session, index: int, full: bool = True, live: bool = False) -> dict[Any, Any]:
-        """One step, re-plotted from the stored traces: the text up to it (step-through) or all
-        of it with the step highlighted, and its figures (``full=False``: text and tree only;
-        ``live``: a streaming update, whose text leaves out the per-token hover titles)."""
-        steps = session.steps
-        if not steps:
-            return {}
-        index = session.clamp(index)
-        session.shown = index
-        st = steps[index]
-        updates: dict[Any, Any] = {
-            self.text: F.text_html(
-                steps, upto=index if session.step_through else None, highlight=index, titles=not live
-            ),
-            self.slider: gr.update(maximum=max(len(steps) - 1, 1), value=index),
-            self.caption: F.step_caption_html(steps, index),
-            self.tree: F.tree_figure(st, F.token_vocab(steps[max(0, index - 50) : index + 1])),
-        }
-        if full:
-            node = F.default_node(st)
-            updates[self.node_pick] = gr.update(choices=F.node_choices(st), value=node)
-            vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
-            updates[self.inspector] = F.node_inspector_html(st, node, vocab)
-            updates[self.acceptance] = F.acceptance_figure(st, node, vocab=vocab)
-            updates[self.gates] = F.gate_figure(st)
-            updates[self.mask] = F.mask_figure(st)
-            updates[self.timeline] = F.timeline_figure(steps, index, plain=F.plain_rate(session.summary,
-                                                                                         session.ar_summary))
-            updates[self.cost] = F.cost_figure(session.summary.cost_model if session.summary else None, steps, index)
-            updates[self.per_step] = F.accepted_per_step_figure(steps, index)
-        return updates
-
-    def summary_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
-        return {
-            self.summary: F.summary_html(session.summary, session.steps, session.ar_summary, status),
-            self.plain_text: session.summary.text if session.summary is not None else "",
-            self.state: session,
-        }
-
-    def run_updates(self, session: Session, status: str = "") -> dict[Any, Any]:
-        """The summary and the run-level figures."""
-        steps = session.steps
-        return {
-            **self.summary_updates(session, status),
-            self.by_depth: F.acceptance_by_depth_figure(steps),
-            self.sources: F.source_share_figure(steps),
-            self.speed: F.throughput_figure(steps),
-        }
-
-    def live_updates(self, session: Session, status: str, full: bool = True) -> dict[Any, Any]:
-        """A streaming update: the newest step unless the user is scrubbing (then only the
-        slider's range grows) or in step-through mode (then nothing is revealed yet). A light
-        update (``full=False``) carries only the summary, the text and the tree."""
-        updates = self.run_updates(session, status) if full else self.summary_updates(session, status)
-        steps = session.steps
-        if not steps:  # a run is starting: what was on screen (an earlier run, the recording) goes
-            updates[self.text] = F.text_html([])
-            updates[self.caption] = STARTING
-        elif session.step_through:
-            updates[self.text] = F.text_html(
-                [], status=f"{len(steps)} steps recorded; step-through reveals them after the run."
-            )
-        elif session.follow and steps:
-            updates.update(self.step_updates(session, len(steps) - 1, full, live=True))
-        elif steps:
-            updates[self.slider] = gr.update(maximum=max(len(steps) - 1, 1))
-            if full:
-                updates[self.per_step] = F.accepted_per_step_figure(steps, session.shown)
-        return updates
-
-
-# the step caption while a run reads its prompt (on a 2-core CPU, 10-20 s before the first step)
-STARTING = ('<div class="talon-caption"><b>Reading the prompt.</b> The new run\'s first step appears here; '
-            "until then the figures below still show the earlier run.</div>")
-
-AUTOREGRESSIVE = {"drafter": "none", "async_draft": False}  # the baseline: one target forward per token
-
-
-def make_generate(view: DecodeView, settings: Settings) -> Callable[..., Iterator[dict[Any, Any]]]:
-    def generate(
-        prompt: str, session: Session, compare_ar: bool = False, step_through: bool = False, **controls: Any
-    ) -> Iterator[dict[Any, Any]]:
-        """Run speculative decoding on the prompt; streams the text, the figures of the newest
-        step, the run-level figures and, at the end, the summary and the trace file. The run and
-        its autoregressive baseline (the same prompt and sampling with no drafter) are one action:
-        one device call (one ZeroGPU reservation)."""
-        values = Controls(**controls)
-        cancel = threading.Event()
-        session.cancel = cancel  # Stop ends the wait for the models too
-        try:
-            for note in wait_for_pair(settings, values.preset, cancel):
-                yield {view.summary: F.summary_html(session.summary, session.steps, session.ar_summary, note),
-                       view.caption: f'<div class="talon-caption"><b>Waiting for the models.</b> {F.esc(note)}.</div>'}
-        except ConfigError as error:
-            raise user_error(str(error)) from error
-        if cancel.is_set():
-            gr.Info("Stopped while the models loaded: nothing ran. They go on loading for the next run.")
-            yield {view.caption: '<div class="talon-caption">Stopped while the models loaded: nothing ran. They '
-                                 "go on loading for the next run.</div>"}
-            return
-        requests = [RunRequest(prompt, values)] + ([RunRequest(prompt, values, AUTOREGRESSIVE)] if compare_ar else [])
-        action = decode_all(settings, requests, cancel)
-        session.begin(bool(step_through), cancel)
-        yield session.unsent(view.live_updates(session, start_status(action)))
-        for full in stream_run(action.runs[0], session.steps.append):
-            yield session.unsent(view.live_updates(session, f"running… step {len(session.steps)}", full))
-        session.summary = action.summaries[0]
-        if compare_ar and not cancel.is_set():
-            yield session.unsent(view.live_updates(session, "measuring the autoregressive baseline…"))
-            action.finish()
-            session.ar_summary = None if cancel.is_set() else action.summaries[1]
-            if (parted := F.parting_words(session.summary, session.ar_summary)) is not None:
-                gr.Warning(parted)
-        if cancel.is_set():
-            gr.Info(f"Stopped after step {len(session.steps)}: the figures and the trace hold what ran.")
-        elif F.model_skipped_most(session.summary, session.steps):
-            gr.Info("The draft model was skipped on most steps: its trees did not pay on this host. \"Show the full "
-                    "TALON tree\" runs the prompt again with cost-aware planning off.")
-        yield final_updates(view, session)  # complete: API clients read every output of the last update
-
-    return generate
-
-
-def final_updates(view: DecodeView, session: Session, write: bool = True) -> dict[Any, Any]:
-    """Every output at the end of a run (``write``: also save its trace for download)."""
-    cancelled = session.summary.stop_reason == "cancelled" if session.summary else bool(session.steps)
-    status = "stopped" if cancelled else ""
-    if write and session.summary is not None and session.steps:
-        session.trace_path = write_trace(session.summary, session.steps)
-    updates = view.run_updates(session, status)
-    if session.steps:
-        session.follow = not session.step_through
-        updates.update(view.step_updates(session, 0 if session.step_through else len(session.steps) - 1))
-    updates[view.download] = session.trace_path
-    return updates
-
-
-def make_open_sampled(view: DecodeView, path: Path = SAMPLED_RECORDING) -> Callable[[Session], dict[Any, Any]]:
-    def open_sampled(session: Session) -> dict[Any, Any]:
-        """The shipped sampled recording, on its first step whose draft the target rejected by chance."""
-        if session.cancel is not None and session.summary is None:
-            raise user_error("a run is in progress: press Stop first, then open the sampled run")
-        recording = load_recording(path)
-        if recording is None:
-            raise user_error("the sampled recording is not shipped with this copy of the app")
-        summary, steps = recording
-        session.begin(step_through=False, cancel=None)
-        session.steps, session.summary = list(steps), summary
-        updates = final_updates(view, session, write=False)
-        session.follow = False
-        chance = [i for i, st in enumerate(steps) if st.bonus_kind == "resampled" and st.accept_len]
-        updates.update(view.step_updates(session, chance[0] if chance else opening_step(steps)))
-        updates[view.summary] = F.summary_html(summary, session.steps, None, SAMPLED_NOTE)
-        return updates
-
-    return open_sampled
-
-
-def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
-    def replay(trace_file: Any, session: Session) -> dict[Any, Any]:
-        """Load a downloaded trace (talon-trace/1 JSON) and re-plot every figure, no model needed."""
-        if not trace_file:
-            raise gr.Error("no file: upload a trace JSON downloaded from this app")
-        try:
-            summary, steps = parse_trace(read_json_upload(upload_path(trace_file)))
-        except (TraceFileError, OSError) as error:
-            raise user_error(f"cannot replay this trace: {error}") from error
-        session.begin(step_through=False, cancel=None)
-        session.steps, session.summary = steps, summary
-        updates = final_updates(view, session)
-        updates[view.summary] = F.summary_html(summary, steps, None, f"replayed trace of {len(steps)} steps")
-        return updates
-
-    return replay
-
-
-def make_show_recording(view: DecodeView, path: Path = RECORDING) -> Callable[[Session], dict[Any, Any]]:
-    def show_recording(session: Session) -> dict[Any, Any]:
-        """At page load: the shipped recording of the default pair, so every figure, the slider
-        and the inspector work before a model is loaded. Run replaces it."""
-        recording = load_recording(path)
-        if recording is None or session.steps or session.cancel is not None:  # a run came first
-            return {}
-        summary, steps = recording
-        session.begin(step_through=False, cancel=None)
-        session.steps, session.summary = list(steps), summary
-        updates = final_updates(view, session, write=False)
-        session.follow = False
-        updates.update(view.step_updates(session, opening_step(steps)))  # the step that shows the most
-        updates[view.summary] = F.summary_html(summary, session.steps, None, RECORDING_NOTE)
-        return updates
-
-    return show_recording
-
-
-def make_show_step(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
-    def show_step(index: Any, session: Session) -> dict[Any, Any]:
-        session.follow, session.sent = False, {}
-        return view.step_updates(session, session.clamp(index))
-
-    return show_step
-
-
-def make_inspect(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
-    def inspect(node: Any, session: Session) -> dict[Any, Any]:
-        """The inspector table for ``node`` of the step on screen."""
-        session.sent.pop(id(view.inspector), None)
-        session.sent.pop(id(view.acceptance), None)
-        empty = {view.inspector: F.node_inspector_html_empty(), view.acceptance: F.empty_figure("")}
-        if not session.steps or node is None:
-            return empty
-        index = session.clamp(session.shown)
-        steps = session.steps
-        try:
-            node = int(node)
-        except (TypeError, ValueError):
-            return empty
-        vocab = F.token_vocab(steps[max(0, index - 50) : index + 1])
-        return {view.inspector: F.node_inspector_html(steps[index], node, vocab),
-                view.acceptance: F.acceptance_figure(steps[index], node, vocab=vocab)}
-
-    return inspect
-
-
-def make_nudge(view: DecodeView, delta: int) -> Callable[[Session], dict[Any, Any]]:
-    def nudge(session: Session) -> dict[Any, Any]:
-        session.sent = {}
-        if delta == 0:  # "latest": follow the run again
-            session.follow = True
-            return view.step_updates(session, len(session.steps) - 1)
-        session.follow = False
-        return view.step_updates(session, session.clamp(session.shown + delta))
-
-    return nudge

@@ -16,7 +16,8 @@ from talon import figures as F
 from talon.server.facade import load_examples, pair_status, server_notices
 from talon.settings import Settings
 from talon.ui.compare_tab import build_compare_tab
-from talon.ui.decode_tab import build_decode_tab, make_show_recording
+from talon.ui.decode_handlers import make_show_recording
+from talon.ui.decode_tab import build_decode_tab
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
 from talon.ui.panel import MODEL_CONCURRENCY_ID, build_controls
