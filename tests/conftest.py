@@ -1,4 +1,5 @@
-"""Shared pytest configuration and fixtures."""
+"""Shared pytest configuration and fixtures: the one home of every fixture more than one test
+module uses (their helpers: tests/tiny.py, tests/steps.py, tests/browser.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,10 +48,77 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def tiny_app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python app.py`` on tiny models, started once for the API and browser tests (each visitor's
     data lives in its own ``gr.State``: nothing a test does is another's)."""
-    from tests.test_app import launch_app
+    from tests.tiny import launch_app
 
     with launch_app(tmp_path_factory.mktemp("app")) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_app_url: str) -> str:
+    """The shared tiny app's URL (a module may point ``client`` at its own app by overriding
+    nothing: it asks for another fixture by another name)."""
+    return tiny_app_url
+
+
+@pytest.fixture()
+def client(app_url: str, tmp_path: Path) -> Any:
+    """A gradio_client ``Client`` of the shared tiny app, downloading into the test's folder."""
+    from gradio_client import Client
+
+    return Client(app_url, verbose=False, download_files=str(tmp_path))
+
+
+@pytest.fixture()
+def page(app_url: str) -> Iterator:
+    """A Playwright page of the shared tiny app in Debian's chromium (skipped or failed, as
+    ``tests.browser.require_chromium`` says, where chromium is missing)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, require_chromium
+
+    require_chromium()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(app_url)
+            page.wait_for_selector("#talon-run")
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny target and draft saved as local checkpoints (``tests.tiny.save_tiny_pair``)."""
+    from tests.tiny import save_tiny_pair
+
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine() -> Any:
+    """An ``Engine`` over the tiny pair (target seed 0, draft seed 1), shared by the session."""
+    from talon.engine.engine import Engine
+    from tests.tiny import tiny_loaded
+
+    return Engine(tiny_loaded("llama", 0), tiny_loaded("llama", 1))
+
+
+@pytest.fixture()
+def view(tiny_engine: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The Decode tab's view, built in a throwaway Blocks, its runs served by ``tiny_engine``."""
+    import gradio as gr
+
+    import talon.server.pair
+    from talon.ui.decode_tab import decode_panel
+
+    monkeypatch.setattr(talon.server.pair, "load_engine", lambda settings, preset: tiny_engine)
+    with gr.Blocks():
+        decode_view, _, _ = decode_panel()
+    return decode_view
 
 
 RSS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")

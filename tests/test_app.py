@@ -3,107 +3,69 @@ the server-side validation (controls, prompts, trace and results uploads) as pla
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
-import talon.server.pair as ui_models
 import talon.trace
-from talon.engine.engine import Engine
 from talon.engine.prompt import PromptError
-from talon.gpucheck.launch import serve_app
 from talon.run_config import ConfigError, RunConfig
 from talon.server.controls import Controls, user_error
 from talon.server.examples import BUILTIN_EXAMPLES, load_examples
 from talon.server.request import check_prompt
 from talon.settings import Settings
 from talon.trace import (
-    RunSummary,
     TraceFileError,
     dump_trace,
     parse_trace,
     read_json_upload,
 )
 from talon.ui.decode_handlers import make_generate, make_nudge, make_show_step
-from talon.ui.decode_tab import decode_panel
 from talon.ui.decode_view import DecodeView
 from talon.ui.measure_panel import parse_sweep
 from talon.ui.session import Session, stop
-from tests.test_figures import make_step
-from tests.tiny import tiny_loaded
-
-START_TIMEOUT_S = 150
-RUN_TIMEOUT_S = 90
-# Output order of /generate and /replay (DecodeView.outputs() without the State).
-SUMMARY, TEXT, SLIDER, CAPTION, TREE, GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED, DOWNLOAD = range(13)
-NODE_PICK, INSPECTOR, ACCEPTANCE, COST, PLAIN_TEXT = range(13, 18)
-
+from tests.steps import good_trace, make_step, summary_of
+from tests.tiny import (
+    ACCEPTANCE,
+    BY_DEPTH,
+    COST,
+    DOWNLOAD,
+    GATES,
+    INSPECTOR,
+    MASK,
+    PER_STEP,
+    PLAIN_TEXT,
+    REPO,
+    SOURCES,
+    SPEED,
+    SUMMARY,
+    TEXT,
+    TIMELINE,
+    TREE,
+    finish,
+    plot_json,
+)
 
 # ---------------------------------------------------------------------------------------------
 # A launched app on tiny models (also used by test_browser.py)
 # ---------------------------------------------------------------------------------------------
 
 
-def save_tiny_pair(root: Path) -> tuple[Path, Path]:
-    """A tiny random target and draft (model + tokenizer) saved as local checkpoints."""
-    dirs = []
-    for name, seed in (("target", 0), ("draft", 1)):
-        lm = tiny_loaded("llama", seed)
-        lm.model.save_pretrained(root / name)
-        lm.tokenizer.save_pretrained(root / name)
-        dirs.append(root / name)
-    return dirs[0], dirs[1]
 
 
-@contextlib.contextmanager
-def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
-    """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL;
-    always stops it."""
-    defaults = {"TALON_CACHE": str(root / "cache"), "TALON_DEVICE": "cpu", "TALON_DTYPE": "float32"}
-    with serve_app({**os.environ, **defaults, **env}, root / "app.log", START_TIMEOUT_S) as url:
-        yield url
 
 
-@contextlib.contextmanager
-def launch_app(root: Path) -> Iterator[str]:
-    """Run ``python app.py`` on tiny models saved in ``root``; yields its URL."""
-    target, draft = save_tiny_pair(root)
-    with serve(root, {"TALON_TARGET": str(target), "TALON_DRAFT": str(draft)}) as url:
-        yield url
 
 
-@pytest.fixture(scope="module")
-def app_url(tiny_app_url: str) -> str:
-    return tiny_app_url
 
 
-@pytest.fixture()
-def client(app_url: str, tmp_path: Path) -> Client:
-    return Client(app_url, verbose=False, download_files=str(tmp_path))
 
 
-def finish(job, timeout: float = RUN_TIMEOUT_S) -> tuple[list, tuple]:
-    """All streamed outputs and the final one, failing (not hanging) past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not job.done():
-        if time.monotonic() > deadline:
-            job.cancel()
-            pytest.fail(f"the job did not finish in {timeout} s")
-        time.sleep(0.05)
-    return job.outputs(), job.result()
 
 
-def plot_json(value: dict) -> dict:
-    assert value["type"] == "plotly"
-    return json.loads(value["plot"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,8 +210,6 @@ def test_check_prompt() -> None:
         check_prompt("x" * 65, settings)
 
 
-def summary_of(steps) -> RunSummary:
-    return RunSummary("t", [1], [1], len(steps), 3.0, 10.0, 0.3, target="tiny", draft="tiny")
 
 
 def test_trace_round_trip(tmp_path: Path) -> None:
@@ -262,10 +222,6 @@ def test_trace_round_trip(tmp_path: Path) -> None:
     assert len(parse_trace(good_trace())[1]) == 2
 
 
-def good_trace() -> dict:
-    steps = [make_step(i) for i in range(2)]
-    data = {"format": "talon-trace/1", "summary": summary_of(steps).to_dict(), "steps": [s.to_dict() for s in steps]}
-    return json.loads(json.dumps(data))  # as read from a file: tuples become lists
 
 
 def corrupt(path: str, value: object) -> dict:
@@ -354,17 +310,8 @@ def test_examples_come_from_specbench_or_the_builtins(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_engine() -> Engine:
-    return Engine(tiny_loaded("llama", 0), tiny_loaded("llama", 1))
 
 
-@pytest.fixture()
-def view(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> DecodeView:
-    monkeypatch.setattr(ui_models, "load_engine", lambda settings, preset: tiny_engine)
-    with gr.Blocks():
-        decode_view, _, _ = decode_panel()
-    return decode_view
 
 
 def test_stop_ends_the_run_and_keeps_what_was_done(view: DecodeView) -> None:
@@ -428,7 +375,6 @@ def test_a_starting_run_says_the_figures_below_are_the_earlier_run(view: DecodeV
     assert 'data-step="' not in first[view.text]
 
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def talon_way(frames: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -22,27 +22,21 @@ from talon.drafters.model import DraftLedger
 from talon.engine.engine import Engine, generate
 from talon.run_config import ConfigError, RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.trace import TraceFileError
-from tests.test_engine import noisy_copy
-from tests.tiny import tiny_loaded
-
-PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b):", "one two three, one two three, one"]
-# A host where trees pay a little: verification grows with the tree, drafting is cheap.
-COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
+from tests.tiny import ATLAS_PROMPTS, atlas_engine
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    target = tiny_loaded("llama", 11)
-    return Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+def recording_engine() -> Engine:
+    return atlas_engine()
 
 
 @pytest.fixture(scope="module")
-def atlases(engine: Engine) -> list[Atlas]:
+def recorded_atlases(recording_engine: Engine) -> list[Atlas]:
     base = RunConfig(max_new_tokens=40, draft_vocab=0)
-    return [record_atlas(engine, prompt, base) for prompt in PROMPTS]
+    return [record_atlas(recording_engine, prompt, base) for prompt in ATLAS_PROMPTS]
 
 
-def configs() -> list[RunConfig]:
+def atlas_configs() -> list[RunConfig]:
     out = []
     for drafter in ("hybrid", "model", "retrieval"):
         for mode in ("adaptive", "static", "chain"):
@@ -56,9 +50,10 @@ def configs() -> list[RunConfig]:
     return out
 
 
-@pytest.mark.parametrize("cfg", configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-N{c.tree.budget}-"
+@pytest.mark.parametrize("cfg", atlas_configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-N{c.tree.budget}-"
                          f"{'cost' if c.tree.cost_aware else 'nocost'}-{c.tree.admission}")
-def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: RunConfig, monkeypatch) -> None:
+def test_replay_equals_the_real_run(recording_engine: Engine, recorded_atlases: list[Atlas], cfg: RunConfig,
+                                    monkeypatch) -> None:
     """Same trees, same draft forwards (widths), same accepted lengths, same text, for every
     drafter and tree mode, with and without cost-aware planning (planned on the same fixed cost
     model)."""
@@ -66,9 +61,9 @@ def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: R
     taken = DraftLedger.take_timings
     monkeypatch.setattr(DraftLedger, "take_timings",
                         lambda self: widths.append([w for w, _ in self.timings]) or taken(self))
-    for prompt, atlas in zip(PROMPTS, atlases):
+    for prompt, atlas in zip(ATLAS_PROMPTS, recorded_atlases):
         widths.clear()
-        summary, steps = generate(engine, prompt, cfg)
+        summary, steps = generate(recording_engine, prompt, cfg)
         real_widths = list(widths)
         widths.clear()
         result = replay(atlas, cfg)
@@ -90,28 +85,28 @@ def test_replay_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: R
         assert result.mat == pytest.approx(summary.mean_accepted_tokens)
 
 
-def test_a_static_beam_outside_the_atlas_is_counted(engine: Engine, atlases: list[Atlas]) -> None:
+def test_a_static_beam_outside_the_atlas_is_counted(recording_engine: Engine, recorded_atlases: list[Atlas]) -> None:
     cfg = RunConfig(drafter="model", tree=TreeConfig(mode="static", cost_aware=False), max_new_tokens=40, draft_vocab=0)
-    for prompt, atlas in zip(PROMPTS, atlases):
-        _, steps = generate(engine, prompt, cfg)
+    for prompt, atlas in zip(ATLAS_PROMPTS, recorded_atlases):
+        _, steps = generate(recording_engine, prompt, cfg)
         result = replay(atlas, cfg)
         if [s.tokens for s in steps] != [s.tokens for s in result.steps]:
             assert result.coverage.misses > 0 and result.coverage.first_miss
 
 
-def test_the_atlas_is_the_reference_run(engine: Engine, atlases: list[Atlas]) -> None:
+def test_the_atlas_is_the_reference_run(recording_engine: Engine, recorded_atlases: list[Atlas]) -> None:
     """The recording run is greedy and lossless: its text is the target's generate()."""
-    for prompt, atlas in zip(PROMPTS, atlases):
+    for prompt, atlas in zip(ATLAS_PROMPTS, recorded_atlases):
         ids = torch.tensor([atlas.prompt_ids])
         with torch.inference_mode():
-            out = engine.target.model.generate(ids, do_sample=False, max_new_tokens=40,
+            out = recording_engine.target.model.generate(ids, do_sample=False, max_new_tokens=40,
                                                attention_mask=torch.ones_like(ids))
         assert out[0, len(atlas.prompt_ids):].tolist() == atlas.output
         assert atlas.record["entries"] == len(atlas.children) > len(atlas.output)
 
 
-def test_predicted_time_is_the_cost_model(atlases: list[Atlas]) -> None:
-    atlas = atlases[0]
+def test_predicted_time_is_the_cost_model(recorded_atlases: list[Atlas]) -> None:
+    atlas = recorded_atlases[0]
     costs = atlas.cost_model()
     alone = replay(atlas, RunConfig(drafter="retrieval", tree=TreeConfig(cost_aware=False), max_new_tokens=40,
                                     draft_vocab=0))
@@ -125,9 +120,9 @@ def test_predicted_time_is_the_cost_model(atlases: list[Atlas]) -> None:
     assert hybrid.predicted_s == pytest.approx(sum(s.draft_s + s.verify_s + s.other_s for s in hybrid.steps))
 
 
-def test_requests_beyond_the_atlas_are_counted_not_rejected(engine: Engine) -> None:
+def test_requests_beyond_the_atlas_are_counted_not_rejected(recording_engine: Engine) -> None:
     small = AtlasSpec(n_nodes=4, root_k=2, top_k=1, max_depth=3)
-    atlas = record_atlas(engine, PROMPTS[1], RunConfig(max_new_tokens=24, draft_vocab=0), spec=small)
+    atlas = record_atlas(recording_engine, ATLAS_PROMPTS[1], RunConfig(max_new_tokens=24, draft_vocab=0), spec=small)
     inside = replay(atlas, RunConfig(drafter="model",
                                      tree=TreeConfig(mode="chain", budget=2, max_depth=2, cost_aware=False),
                                      max_new_tokens=24, draft_vocab=0))
@@ -140,8 +135,8 @@ def test_requests_beyond_the_atlas_are_counted_not_rejected(engine: Engine) -> N
     assert outside.summary.token_ids == atlas.output, "a miss never changes the text"
 
 
-def test_atlas_file_round_trip(atlases: list[Atlas], tmp_path: Path) -> None:
-    atlas = atlases[0]
+def test_atlas_file_round_trip(recorded_atlases: list[Atlas], tmp_path: Path) -> None:
+    atlas = recorded_atlases[0]
     again = parse_atlas(json.loads(json.dumps(atlas.to_dict())))
     assert again.children == atlas.children, "q reads back as the very float32 the draft produced"
     assert again.output == atlas.output and again.prompt_ids == atlas.prompt_ids
@@ -159,26 +154,26 @@ def test_atlas_file_round_trip(atlases: list[Atlas], tmp_path: Path) -> None:
     (lambda d: d.update(token_texts={"1": 5}), "token_texts"),
     (lambda d: d.update(spec={"n_nodes": 0}), "spec"),
 ])
-def test_bad_atlas_files_are_refused_with_a_reason(atlases: list[Atlas], breakage, message: str) -> None:
-    data = json.loads(json.dumps(atlases[0].to_dict()))
+def test_bad_atlas_files_are_refused_with_a_reason(recorded_atlases: list[Atlas], breakage, message: str) -> None:
+    data = json.loads(json.dumps(recorded_atlases[0].to_dict()))
     breakage(data)
     with pytest.raises(TraceFileError, match=message):
         parse_atlas(data)
 
 
-def test_replay_refuses_what_it_cannot_replay(atlases: list[Atlas]) -> None:
+def test_replay_refuses_what_it_cannot_replay(recorded_atlases: list[Atlas]) -> None:
     with pytest.raises(ConfigError, match="greedy only"):
-        replay(atlases[0], RunConfig(sampling=SamplingConfig(temperature=0.7), draft_vocab=0))
+        replay(recorded_atlases[0], RunConfig(sampling=SamplingConfig(temperature=0.7), draft_vocab=0))
     with pytest.raises(ConfigError, match="draft_vocab"):
-        replay(atlases[0], RunConfig(draft_vocab=1000))
+        replay(recorded_atlases[0], RunConfig(draft_vocab=1000))
 
 
-def test_sweep_rows_are_replays(atlases: list[Atlas]) -> None:
+def test_sweep_rows_are_replays(recorded_atlases: list[Atlas]) -> None:
     grid = [({"mu": mu, "budget": n}, RunConfig(tree=TreeConfig(mu=mu, budget=n, cost_aware=True), max_new_tokens=40,
                                                 draft_vocab=0)) for mu in (0.05, 0.3) for n in (4, 16)]
-    rows = run_sweep(atlases, grid, workers=2)
+    rows = run_sweep(recorded_atlases, grid, workers=2)
     for row, (_, cfg) in zip(rows, grid):
-        results = [replay(a, cfg) for a in atlases]
+        results = [replay(a, cfg) for a in recorded_atlases]
         tokens = sum(len(r.summary.token_ids) for r in results)
         assert row.mat == pytest.approx(tokens / sum(r.summary.steps for r in results))
         assert row.predicted_s == pytest.approx(sum(r.predicted_s for r in results))
@@ -191,8 +186,8 @@ def test_sweep_rows_are_replays(atlases: list[Atlas]) -> None:
         assert (r in front) != dominated or not dominated
 
 
-def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> None:
-    for i, atlas in enumerate(atlases):
+def test_sweep_command(recorded_atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> None:
+    for i, atlas in enumerate(recorded_atlases):
         (tmp_path / f"a{i}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
     rc = main(["atlas", "sweep", str(tmp_path), "--grid", "mu=0.05,0.3", "--grid", "budget=4,16",
                "--draft-vocab", "0", "--max-new-tokens", "40", "--json"])
@@ -202,7 +197,7 @@ def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> 
     for row in out["rows"]:
         cfg = RunConfig.from_dict(row["config"])
         assert (cfg.tree.mu, cfg.tree.budget) == (row["values"]["mu"], row["values"]["budget"])
-        assert row["per_atlas"][0]["mat"] == pytest.approx(replay(atlases[0], cfg).mat)
+        assert row["per_atlas"][0]["mat"] == pytest.approx(replay(recorded_atlases[0], cfg).mat)
     assert main(["atlas", "sweep", str(tmp_path), "--grid", "colour=red"]) == 2
     assert main(["atlas", "sweep", str(tmp_path), "--grid", "budget=0", "--draft-vocab", "0"]) == 2
     assert main(["atlas", "sweep", str(tmp_path / "nothing.json")]) == 2
@@ -212,7 +207,7 @@ def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> 
     assert main(["atlas", "sweep", str(tmp_path / "a0.json"), "--costs", str(tmp_path / "costs.txt"),
                  "--draft-vocab", "0", "--max-new-tokens", "40", "--cost-aware", "off", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["rows"][0]
-    atlas = dataclasses.replace(atlases[0], costs=slow)
+    atlas = dataclasses.replace(recorded_atlases[0], costs=slow)
     assert row["predicted_s"] == pytest.approx(replay(atlas, RunConfig.from_dict(row["config"])).predicted_s)
     assert row["predicted_s"] > 1.0 * row["steps"], "timed on the given host's curves"
     assert main(["atlas", "sweep", str(tmp_path / "a0.json"), "--costs", str(tmp_path / "a1.json")]) == 2
@@ -221,7 +216,7 @@ def test_sweep_command(atlases: list[Atlas], tmp_path: Path, capsys, caplog) -> 
     assert "not a talon-cost/1 file" in errors[3]
 
 
-def test_bench_records_an_atlas_per_prompt(engine: Engine, tmp_path: Path) -> None:
+def test_bench_records_an_atlas_per_prompt(recording_engine: Engine, tmp_path: Path) -> None:
     """``python -m talon.bench --atlas``: one atlas per prompt, whose text is the ar row's output."""
     from talon.bench import BenchConfig, load_prompts, run_bench
 
@@ -232,7 +227,7 @@ def test_bench_records_an_atlas_per_prompt(engine: Engine, tmp_path: Path) -> No
         (data / f"{suite}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     prompts = load_prompts(data, ["humaneval", "qa"], limit=2)
     cfg = BenchConfig(methods=("ar",), max_new_tokens=10, warmup_tokens=0, atlas=True)
-    report = run_bench(engine, prompts, cfg, out=tmp_path / "out")
+    report = run_bench(recording_engine, prompts, cfg, out=tmp_path / "out")
     files = sorted((tmp_path / "out" / "atlases").glob("*.json"))
     assert [f.name for f in files] == ["humaneval-0.json", "humaneval-1.json", "qa-0.json"]
     ar = {(s.prompt.suite, s.prompt.index): s.outcome.token_ids for s in report.samples if s.spec.method == "ar"}

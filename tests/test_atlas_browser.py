@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.test_browser import TINY_PROMPT, app_url, page, wait_for_recording  # noqa: F401 (fixtures)
+from tests.browser import TINY_PROMPT, wait_for_recording
 
 pytestmark = pytest.mark.browser
 logger = logging.getLogger(__name__)

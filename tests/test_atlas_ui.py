@@ -45,9 +45,9 @@ from talon.ui.explorer_tab import (
 )
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.panel import build_controls
-from tests.test_app import save_tiny_pair
+from tests.tiny import save_tiny_pair
 
-PROMPT = "one two three, one two three, one two three, one"
+UI_PROMPT = "one two three, one two three, one two three, one"
 # every step drafts a full tree (no cost stop), so the knobs change what is drafted
 PLAIN = dict(cost_aware=False, min_conf=0.0, max_new_tokens=40)
 
@@ -62,7 +62,7 @@ def ui() -> tuple[ExplorerView, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def recorded(ui: tuple[ExplorerView, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+def ui_recorded(ui: tuple[ExplorerView, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[AtlasSession, list[dict[Any, Any]]]:
     """An atlas recorded by the Record button's handler on tiny checkpoints, and its updates."""
     root = tmp_path_factory.mktemp("atlas-models")
@@ -70,13 +70,13 @@ def recorded(ui: tuple[ExplorerView, dict[str, Any]], tmp_path_factory: pytest.T
     settings = Settings(target=str(target), draft=str(draft), device="cpu", dtype="float32",
                         cache_dir=root / "cache")
     session = AtlasSession()
-    updates = list(make_record(ui[0], settings)(PROMPT, session, min_match=2, **PLAIN))
+    updates = list(make_record(ui[0], settings)(UI_PROMPT, session, min_match=2, **PLAIN))
     return session, updates
 
 
-def test_record_streams_progress_then_loads_the_atlas_and_sets_the_knobs(ui, recorded) -> None:
+def test_record_streams_progress_then_loads_the_atlas_and_sets_the_knobs(ui, ui_recorded) -> None:
     view, _ = ui
-    session, updates = recorded
+    session, updates = ui_recorded
     assert session.atlas is not None and len(session.atlas.output) == PLAIN["max_new_tokens"]
     bars = [u[view.status] for u in updates[:-1]]
     assert len(bars) >= 3 and all('class="talon-progress"' in b for b in bars), "progress streams"
@@ -99,9 +99,9 @@ def _t(value: Any) -> str:
     return knob_text(value)
 
 
-def test_every_heatmap_cell_is_the_replay_of_its_configuration(ui, recorded) -> None:
+def test_every_heatmap_cell_is_the_replay_of_its_configuration(ui, ui_recorded) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     atlas = session.atlas
     knobs = Knobs(mu=0.1, budget=12, root_k=3, top_k=2, min_conf=0.0, cost_aware=False)
     updates = make_rescore(view)(session, 0, **knobs.values())
@@ -123,9 +123,9 @@ def test_every_heatmap_cell_is_the_replay_of_its_configuration(ui, recorded) -> 
     assert "sliders" in [t.name for t in updates[view.k_mat].data]
 
 
-def test_the_grid_moves_with_the_knobs_and_the_knobs_change_the_score(ui, recorded) -> None:
+def test_the_grid_moves_with_the_knobs_and_the_knobs_change_the_score(ui, ui_recorded) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     assert around((1, 2, 4, 8, 16), 5, 3) == [4, 5, 8] and around((1, 2, 4), 1, 3) == [1, 2, 4]
     rescore = make_rescore(view)
     wide = Knobs(budget=32, root_k=4, top_k=2, mu=0.0, max_depth=8, min_conf=0.0, cost_aware=False)
@@ -139,9 +139,9 @@ def test_the_grid_moves_with_the_knobs_and_the_knobs_change_the_score(ui, record
     assert list(a[view.mu_mat].data[0].x) != list(b[view.mu_mat].data[0].x), "the mu x N grid is centred on N"
 
 
-def test_best_marked_is_best_row_and_the_pareto_front_is_pareto(ui, recorded) -> None:
+def test_best_marked_is_best_row_and_the_pareto_front_is_pareto(ui, ui_recorded) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     knobs = Knobs(budget=8, root_k=2, top_k=2, mu=0.1, min_conf=0.0, cost_aware=False)
     found = explore(session, knobs)
     rows = found.rows
@@ -173,9 +173,9 @@ def test_best_marked_is_best_row_and_the_pareto_front_is_pareto(ui, recorded) ->
     assert {name: moved[view.knobs[name]] for name in view.knobs} == best.values
 
 
-def test_apply_gives_the_controls_that_run_that_configuration(ui, recorded) -> None:
+def test_apply_gives_the_controls_that_run_that_configuration(ui, ui_recorded) -> None:
     view, components = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     knobs = Knobs(drafter="model", tree="static", budget=24, root_k=5, top_k=3, mu=0.2, max_depth=6,
                   min_conf=0.05, retrieval_min_match=2, graft_threshold=4, cost_aware=False)
     prompt = gr.Textbox()
@@ -199,9 +199,9 @@ def test_apply_gives_the_controls_that_run_that_configuration(ui, recorded) -> N
     assert "--retrieval-min-match 5" in odd[view.status]
 
 
-def test_asking_for_more_than_the_atlas_holds_says_so(ui, recorded) -> None:
+def test_asking_for_more_than_the_atlas_holds_says_so(ui, ui_recorded) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     spec = session.atlas.spec
     knobs = Knobs(root_k=spec.root_k + 4, top_k=2, budget=64, mu=0.0, min_conf=0.0, cost_aware=False)
     html = make_rescore(view)(session, 0, **knobs.values())[view.score]
@@ -209,9 +209,9 @@ def test_asking_for_more_than_the_atlas_holds_says_so(ui, recorded) -> None:
     assert "coverage 100 %" not in html
 
 
-def test_step_view_shows_a_replayed_tree(ui, recorded) -> None:
+def test_step_view_shows_a_replayed_tree(ui, ui_recorded) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     make_rescore(view)(session, 0, **Knobs(min_conf=0.0, cost_aware=False).values())
     steps = session.result.steps
     shown = make_show_replayed_step(view)(2, session)
@@ -221,9 +221,9 @@ def test_step_view_shows_a_replayed_tree(ui, recorded) -> None:
     assert make_show_replayed_step(view)(10**6, session)[view.step]["value"] == len(steps) - 1
 
 
-def test_atlas_files_round_trip_and_bad_uploads_are_clear_errors(ui, recorded, tmp_path: Path) -> None:
+def test_atlas_files_round_trip_and_bad_uploads_are_clear_errors(ui, ui_recorded, tmp_path: Path) -> None:
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     path = write_atlas(session.atlas)
     fresh = AtlasSession()
     loaded = make_upload(view)(path, fresh, **Knobs().values())
@@ -243,13 +243,13 @@ def test_atlas_files_round_trip_and_bad_uploads_are_clear_errors(ui, recorded, t
         make_upload(view)(None, fresh, **Knobs().values())
 
 
-def test_temperature_above_zero_says_replay_is_greedy_only(ui, recorded) -> None:
+def test_temperature_above_zero_says_replay_is_greedy_only(ui, ui_recorded) -> None:
     assert greedy_note(0.0) == "" and greedy_note(0) == ""
     note = greedy_note(0.7)
     assert "greedy only" in note and "0.7" in note
     # the knobs still replay (greedy): a bad knob is a clear error, not a crash
     view, _ = ui
-    session, _ = recorded
+    session, _ = ui_recorded
     with pytest.raises(gr.Error, match="budget must be an integer"):
         make_rescore(view)(session, 0, **{**Knobs().values(), "budget": 2.5})
     with pytest.raises(gr.Error, match="budget must be an integer in"):

@@ -53,14 +53,14 @@ def test_the_fold_is_sdpa(heads: int, kv: int, t: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
+def folded_model():  # noqa: ANN201
     return tiny_model("qwen2", seed=5, layers=2)
 
 
-def steps(model, fold: bool) -> list[torch.Tensor]:  # noqa: ANN001
+def steps(folded_model, fold: bool) -> list[torch.Tensor]:  # noqa: ANN001
     """Logits of a 1-node, a 5-node tree and a 16-node step on a slot cache of 128."""
-    set_fold(model, fold)  # a static forward reads the switch once, when it is made
-    sf = StaticForward(model, max_len=128, buckets=(1, 8, 16))
+    set_fold(folded_model, fold)  # a static forward reads the switch once, when it is made
+    sf = StaticForward(folded_model, max_len=128, buckets=(1, 8, 16))
     sf.prefill(PREFIX)
     out, length = [], len(PREFIX)
     for t in (1, 5, 16):
@@ -71,21 +71,21 @@ def steps(model, fold: bool) -> list[torch.Tensor]:  # noqa: ANN001
     return out
 
 
-def test_the_static_forward_folds_and_equals_itself_unfolded(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_the_static_forward_folds_and_equals_itself_unfolded(folded_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     calls = []
     real = hf_sdpa.repeat_kv
     monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
-    unfolded = steps(model, fold=False)
+    unfolded = steps(folded_model, fold=False)
     assert calls, "the unfolded forward repeats the keys and values (else this test compares nothing)"
     calls.clear()
-    folded = steps(model, fold=True)
+    folded = steps(folded_model, fold=True)
     assert not calls, "the static forward repeated keys and values"
-    assert model.config._attn_implementation == NAME
+    assert folded_model.config._attn_implementation == NAME
     for want, got in zip(unfolded, folded):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_tree_on_the_dynamic_cache_folds_too(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_a_tree_on_the_dynamic_cache_folds_too(folded_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     calls = []
     real = hf_sdpa.repeat_kv
     monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
@@ -93,22 +93,23 @@ def test_a_tree_on_the_dynamic_cache_folds_too(model, monkeypatch: pytest.Monkey
     tree[3:, 1] = False  # two branches
 
     def verify() -> torch.Tensor:
-        cache = DynamicCache(config=model.config)
-        forward_hidden(model, cache, PREFIX, torch.arange(len(PREFIX)), None)
+        cache = DynamicCache(config=folded_model.config)
+        forward_hidden(folded_model, cache, PREFIX, torch.arange(len(PREFIX)), None)
         visible = torch.cat([torch.ones(6, len(PREFIX), dtype=torch.bool), tree], dim=1)
-        return forward_hidden(model, cache, torch.arange(60, 66), torch.arange(len(PREFIX), len(PREFIX) + 6), visible)
+        positions = torch.arange(len(PREFIX), len(PREFIX) + 6)
+        return forward_hidden(folded_model, cache, torch.arange(60, 66), positions, visible)
 
-    set_fold(model, False)
+    set_fold(folded_model, False)
     want = verify()
     assert calls, "unfolded, the tree's forward repeats the keys and values"
     calls.clear()
-    set_fold(model, True)
+    set_fold(folded_model, True)
     got = verify()
     assert not calls, "the tree's forward repeated the keys and values"
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_switched_model_computes_what_it_did(model) -> None:  # noqa: ANN001
+def test_a_switched_model_computes_what_it_did(folded_model) -> None:  # noqa: ANN001
     fresh = tiny_model("llama", seed=6, layers=2)
     ids = torch.arange(3, 30).view(1, -1)
 
@@ -143,7 +144,7 @@ def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
         assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].forward == path
 
 
-def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_a_mask_folded_in_the_wrong_order_fails(folded_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     def wrong(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):  # noqa: ANN001, ANN202
         kwargs.pop("fold_gqa", None)
         b, h, t, d = query.shape
@@ -154,9 +155,9 @@ def test_a_mask_folded_in_the_wrong_order_fails(model, monkeypatch: pytest.Monke
         out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling)
         return out.reshape(b, h, t, d).transpose(1, 2).contiguous(), None
 
-    want = steps(model, fold=True)
+    want = steps(folded_model, fold=True)
     monkeypatch.setitem(talon.models.attention.AttentionInterface._global_mapping, NAME, wrong)
-    got = steps(model, fold=True)
+    got = steps(folded_model, fold=True)
     assert not all(torch.allclose(g, w, atol=1e-3) for g, w in zip(got, want))  # the prefill's chunk too
 
 

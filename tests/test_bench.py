@@ -27,8 +27,7 @@ from talon.cost.model import synthetic_costs
 from talon.engine.engine import Engine, generate
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.specbench import SuiteError
-from tests.test_engine import noisy_copy
-from tests.tiny import tiny_loaded
+from tests.tiny import noisy_copy, tiny_loaded
 
 SUITE_TEXTS = {
     "humaneval": ["def add(a, b):", "def fib(n):\n    ", "def is_even(n):"],
@@ -43,7 +42,7 @@ FAST = {"max_new_tokens": 12, "hf_assistant_tokens": ("4", "default"), "warmup_t
 
 
 @pytest.fixture(scope="module")
-def pair():
+def bench_pair():
     target = tiny_loaded("llama", 11, layers=3)  # layerskip, one of the methods, keeps the first and last layer
     return target, noisy_copy(target, 12, 0.3)
 
@@ -58,8 +57,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def full_run(pair, data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    target, draft = pair
+def full_run(bench_pair, data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    target, draft = bench_pair
     prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
     out = tmp_path_factory.mktemp("bench-out")
     report = run_bench(Engine(target, draft), prompts, BenchConfig(**FAST), out=out, command="pytest")
@@ -134,10 +133,10 @@ def greedy_ids(target, ids: list[int], n: int) -> list[int]:
     return summary.token_ids
 
 
-def test_every_token_is_checked_past_a_near_tie(pair) -> None:
+def test_every_token_is_checked_past_a_near_tie(bench_pair) -> None:
     """An output that takes the runner-up at a near-tie and later departs for real: the old judge
     stopped at the near-tie and called it lossless; every token is checked now."""
-    target, _ = pair
+    target, _ = bench_pair
     prompt = target.tokenizer("def add(a, b):")["input_ids"]
     ar = greedy_ids(target, prompt, 10)
     judge = TieJudge(target, abs_tol=1e-3)
@@ -160,8 +159,8 @@ def test_every_token_is_checked_past_a_near_tie(pair) -> None:
     assert TieJudge(target, abs_tol=1e9).check(prompt, planted).lossless  # an infinite tolerance excuses all
 
 
-def test_stopping_early_or_after_eos_is_a_mismatch(pair) -> None:
-    target, _ = pair
+def test_stopping_early_or_after_eos_is_a_mismatch(bench_pair) -> None:
+    target, _ = bench_pair
     prompt = target.tokenizer("def add(a, b):")["input_ids"]
     ar = greedy_ids(target, prompt, 8)
     judge = TieJudge(target, abs_tol=1e-3)
@@ -228,8 +227,8 @@ def test_first_divergence() -> None:
     assert first_divergence([], [7]) == 0
 
 
-def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
-    target, draft = pair
+def test_sweep_produces_the_grid(bench_pair, data_dir: Path, tmp_path: Path) -> None:
+    target, draft = bench_pair
     prompts = load_prompts(data_dir, ["sum"], limit=1)
     sweep = SweepConfig(method="hybrid", mus=(0.05, 0.3), budgets=(4, 8, 12), root_ks=(3,))
     cfg = BenchConfig(methods=("ar",), max_new_tokens=8, sweep=sweep, warmup_tokens=0)
@@ -252,9 +251,9 @@ def test_sweep_produces_the_grid(pair, data_dir: Path, tmp_path: Path) -> None:
             for r in talon] == [("talon", "hybrid", True, RunConfig().tree.min_conf, 0.3)]
 
 
-def test_talon_variants_are_rows_of_their_own(pair, data_dir: Path, tmp_path: Path) -> None:
+def test_talon_variants_are_rows_of_their_own(bench_pair, data_dir: Path, tmp_path: Path) -> None:
     """A one-knob sweep: each --talon-variant is the default configuration with its knobs changed."""
-    target, draft = pair
+    target, draft = bench_pair
     prompts = load_prompts(data_dir, ["sum"], limit=1)
     cfg = BenchConfig(methods=("ar",), max_new_tokens=8, warmup_tokens=0,
                       talon_variants=("top_k=1", "mu=0.3,graft_threshold=2"))
@@ -316,8 +315,8 @@ def test_missing_pypi_suite_is_skipped(data_dir: Path, monkeypatch: pytest.Monke
         load_prompts(data_dir, ["mt_bench-pypi"])
 
 
-def test_methods_needing_a_draft_model_are_refused_without_one(pair, data_dir: Path) -> None:
-    target, _ = pair
+def test_methods_needing_a_draft_model_are_refused_without_one(bench_pair, data_dir: Path) -> None:
+    target, _ = bench_pair
     prompts = load_prompts(data_dir, ["qa"])
     with pytest.raises(ConfigError, match="need.*draft model"):
         run_bench(Engine(target, None), prompts, BenchConfig(methods=("ar", "chain")))
@@ -383,11 +382,11 @@ def test_the_free_drafting_bound_matches_a_hand_computation() -> None:
     assert aggregate(samples, [], [ar, talon])[0].free_draft_bound is None  # no curve, no bound
 
 
-def test_the_same_command_twice_gives_the_same_trees(pair, data_dir: Path, tmp_path: Path) -> None:
+def test_the_same_command_twice_gives_the_same_trees(bench_pair, data_dir: Path, tmp_path: Path) -> None:
     """Fixed cost model (the benchmark's default): every Talon run plans on the snapshot read at
     start (here a real probe, then the cache it wrote) and on predicted times only, so two runs
     of the same command draft the same trees, step by step, whatever the host's load."""
-    target, draft = pair
+    target, draft = bench_pair
     prompts = load_prompts(data_dir, ["humaneval", "sum"], limit=2)
     cfg = BenchConfig(methods=("talon", "hybrid"), max_new_tokens=16, warmup_tokens=4)
     runs = [run_bench(Engine(target, draft, cost_cache=tmp_path), prompts, cfg) for _ in range(2)]

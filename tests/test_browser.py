@@ -4,70 +4,24 @@ step slider and see the plot change; a screenshot goes to out/screenshots/."""
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from talon.gpucheck.launch import REPO
 from talon.ui.recording import load_recording
+from tests.browser import SCREENSHOTS, TINY_PROMPT, TREE_TITLE, tree_step, wait_for_recording
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = REPO / "out" / "screenshots"
-TIMEOUT_MS = 60_000
 TREE_POINTS = "#talon-tree .scatterlayer .trace .point"
-TREE_TITLE = "#talon-tree .gtitle"
 
 
-def require_chromium() -> None:
-    """Missing chromium fails the test in CI (CI=true) and skips it elsewhere."""
-    if CHROMIUM.exists():
-        return
-    message = f"{CHROMIUM} not found: apt-get install -y chromium"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
-def app_url(tiny_app_url: str) -> str:
-    require_chromium()
-    return tiny_app_url
 
 
-@pytest.fixture()
-def page(app_url: str) -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(app_url)
-            page.wait_for_selector("#talon-run")
-            yield page
-        finally:
-            browser.close()
 
 
-def tree_step(page) -> int:
-    """The step number in the tree figure's title ("Draft tree, step N: ...")."""
-    match = re.search(r"step (\d+)", page.locator(TREE_TITLE).text_content() or "")
-    assert match, "the tree plot has no step title"
-    return int(match.group(1))
 
 
 RUN_FINISHED = (
@@ -76,10 +30,6 @@ RUN_FINISHED = (
 )
 
 
-def wait_for_recording(page) -> None:
-    """The shipped recording is on screen (so a click on Run replaces it, not the reverse)."""
-    # the page may not have rendered the summary yet: wait for it, not only for its text
-    page.wait_for_function("(document.querySelector('#talon-summary')?.textContent || '').includes('RECORDING')")
 
 
 TREE_DATA = "document.querySelector('#talon-tree .js-plotly-plot').data"
@@ -121,7 +71,6 @@ def pick_node(page, index: int) -> None:
     page.locator("ul[role=listbox] li").nth(index).click()
 
 
-TINY_PROMPT = "Repeat: one two three, one two three, one two three."  # the tiny models' context is short
 
 
 def test_run_streams_text_and_tree_and_the_slider_replots(page) -> None:

@@ -10,24 +10,7 @@ from talon.core.builder import build_tree
 from talon.cost.plan import CalibratedAcceptance
 from talon.run_config import TreeConfig
 from talon.tree import DraftTree, layer_width
-
-
-def synthetic(peak: float, vocab: int = 50):
-    """A drafter whose top-1 has probability ``peak`` and the rest share what is left."""
-    calls: list[list[int]] = []
-
-    def expand(tree: DraftTree, nodes: list[int], k: int):
-        calls.append(list(nodes))
-        rest = (1 - peak) / (vocab - 1)
-        out = []
-        for n in nodes:
-            base = (tree.tokens[n] * 7 + 1) % vocab
-            probs = [peak] + [rest] * (k - 1)
-            out.append([((base + i) % vocab, p) for i, p in enumerate(probs)])
-        return out
-
-    expand.calls = calls
-    return expand
+from tests.tiny import synthetic
 
 
 def check_order(tree: DraftTree) -> None:

@@ -27,20 +27,20 @@ from talon.run_config import TreeConfig
 from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
-PROMPT = list(range(3, 23))
-COSTS = synthetic_costs({1: 0.010, 8: 0.0102, 16: 0.0106, 32: 0.0115, 64: 0.014},
+CHAIN_PROMPT = list(range(3, 23))
+CHAIN_COSTS = synthetic_costs({1: 0.010, 8: 0.0102, 16: 0.0106, 32: 0.0115, 64: 0.014},
                         {1: 0.0004, 8: 0.0005, 32: 0.0007}, other_s=0.001)
 
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
+def chain_model():  # noqa: ANN201
     return tiny_model("qwen2", seed=3, layers=2)
 
 
-def grafted(model, context: list[int], rng: random.Random) -> DraftTree:  # noqa: ANN001
+def grafted(chain_model, context: list[int], rng: random.Random) -> DraftTree:  # noqa: ANN001
     """A retrieval graft the draft model will partly propose too (so some of its proposals
     merge, ``both``): the model's own best root child and its best child, and a stray token."""
-    peek = ModelSource(model)
+    peek = ModelSource(chain_model)
     peek.reset(context)
     tree = DraftTree.with_root(context[-1])
     (first, q1), (second, _) = peek.expand(tree, [0], 2)[0]
@@ -52,25 +52,25 @@ def grafted(model, context: list[int], rng: random.Random) -> DraftTree:  # noqa
     return tree
 
 
-def drafting(model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool, ahead: bool = False,  # noqa: ANN001
+def chain_drafting(chain_model, cfg: TreeConfig, chain: bool, calibrated: bool, costs: bool, ahead: bool = False,  # noqa: ANN001
              steps: int = 5, seed: int = 0, rehearse: bool = False,
              drafters: list | None = None) -> list[tuple[DraftTree, list[int]]]:
     """``steps`` trees grown by the host's builder or on the device, each step's best path
     committed; per step the tree and the planner's forward widths (``drafters``: gets the
     drafter, to look at after)."""
     width = bucket_for(cfg.budget)
-    pool = StaticPool(model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
-    drafter = StaticModelSource(model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
-    drafter.reset(PROMPT)
+    pool = StaticPool(chain_model, drafts=True, buckets=(width, 257))  # one layer bucket: the same shapes both ways
+    drafter = StaticModelSource(chain_model, pool, tokens=400, chain=chain, ahead=ahead, rehearse=rehearse)
+    drafter.reset(CHAIN_PROMPT)
     if drafters is not None:
         drafters.append(drafter)
     acceptance = CalibratedAcceptance()
     rng = random.Random(seed)
     out = []
     for _ in range(steps):
-        shared = grafted(model, drafter.context, rng)
+        shared = grafted(chain_model, drafter.context, rng)
         match_len = rng.randrange(6)
-        planner = Planner(COSTS, cfg, 64, predicted=True, acceptance=acceptance) if costs else None
+        planner = Planner(CHAIN_COSTS, cfg, 64, predicted=True, acceptance=acceptance) if costs else None
         if planner is not None:
             planner.begin_step()
         if chain:
@@ -110,10 +110,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_device_grows_the_hosts_tree(model, case: str) -> None:  # noqa: ANN001
+def test_the_device_grows_the_hosts_tree(chain_model, case: str) -> None:  # noqa: ANN001
     cfg, calibrated, costs = CASES[case]
-    host = drafting(model, cfg, False, calibrated, costs)
-    device = drafting(model, cfg, True, calibrated, costs)
+    host = chain_drafting(chain_model, cfg, False, calibrated, costs)
+    device = chain_drafting(chain_model, cfg, True, calibrated, costs)
     for step, ((want, want_widths), (got, got_widths)) in enumerate(zip(host, device)):
         assert same(want, got), (case, step, want, got)
         assert want_widths == got_widths, (case, step)
@@ -124,31 +124,31 @@ def test_the_device_grows_the_hosts_tree(model, case: str) -> None:  # noqa: ANN
         assert {t.stop for t in trees} - {"budget", "depth"}, "the planner or a gate stopped a tree"
 
 
-def test_layers_launched_past_the_stop_change_nothing(model) -> None:  # noqa: ANN001
+def test_layers_launched_past_the_stop_change_nothing(chain_model) -> None:  # noqa: ANN001
     # trees stopped by min_conf at varying depths, so some steps launch layers past their stop
     cfg = TreeConfig(mode="adaptive", budget=16, root_k=3, top_k=2, mu=0.05, max_depth=6, min_conf=0.02,
                      cost_aware=False, admission="confidence")
-    host = drafting(model, cfg, False, False, False, steps=6)
+    host = chain_drafting(chain_model, cfg, False, False, False, steps=6)
     drafters: list = []
-    ahead = drafting(model, cfg, True, False, False, ahead=True, steps=6, drafters=drafters)
+    ahead = chain_drafting(chain_model, cfg, True, False, False, ahead=True, steps=6, drafters=drafters)
     assert all(same(a, b) for (a, _), (b, _) in zip(host, ahead))
     assert drafters[0].idle_forwards > 0, "layers ran after a tree had stopped"
     assert {t.stop for t, _ in host} - {"budget", "empty"}, "a stop an idle layer would overwrite, if it could"
 
 
-def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(model) -> None:  # noqa: ANN001
+def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(chain_model) -> None:  # noqa: ANN001
     """The capture path without a GPU: each update's warm-ups run and are undone, and the update
     made at the first step is the one every later step runs again (as a graph replays), so a
     value of a step baked into it rather than loaded into a buffer would change the trees. The
     buffers keep their addresses (a graph reads them by address)."""
     cfg, calibrated, costs = CASES["planner"]
-    host = drafting(model, cfg, False, calibrated, costs, steps=6)
-    rehearsed = drafting(model, cfg, True, calibrated, costs, steps=6, rehearse=True)
+    host = chain_drafting(chain_model, cfg, False, calibrated, costs, steps=6)
+    rehearsed = chain_drafting(chain_model, cfg, True, calibrated, costs, steps=6, rehearse=True)
     assert all(same(a, b) for (a, _), (b, _) in zip(host, rehearsed))
     width = bucket_for(cfg.budget)
-    drafter = StaticModelSource(model, StaticPool(model, drafts=True, buckets=(width, 257)), tokens=400, chain=True,
-                                 rehearse=True)
-    drafter.reset(PROMPT)
+    pool = StaticPool(chain_model, drafts=True, buckets=(width, 257))
+    drafter = StaticModelSource(chain_model, pool, tokens=400, chain=True, rehearse=True)
+    drafter.reset(CHAIN_PROMPT)
     addresses = None
     for step in range(3):
         tree = drafter.chained_tree(DraftTree.with_root(drafter.context[-1]), cfg, 0, CalibratedAcceptance(),
@@ -162,7 +162,7 @@ def test_updates_captured_once_replay_in_later_steps_and_keep_their_buffers(mode
     assert len(state.captured) >= 2, "the root's update and a layer's were kept and run again"
 
 
-def test_compiled_updates_grow_the_same_trees(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_compiled_updates_grow_the_same_trees(chain_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """On the ``compiled`` step each update goes through torch.compile (fullgraph: a graph break
     fails) before its capture: rehearsed on the CPU with inductor, the trees are the host's, node
     for node and float for float, and every update really compiled."""
@@ -179,8 +179,8 @@ def test_compiled_updates_grow_the_same_trees(model, monkeypatch: pytest.MonkeyP
                      cost_aware=False, admission="confidence")
     torch._dynamo.reset()
     compiled_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # reset() keeps the counters
-    host = drafting(model, cfg, False, False, False, steps=3)
-    compiled = drafting(model, cfg, True, False, False, steps=3, rehearse=True)
+    host = chain_drafting(chain_model, cfg, False, False, False, steps=3)
+    compiled = chain_drafting(chain_model, cfg, True, False, False, steps=3, rehearse=True)
     assert all(same(a, b) for (a, _), (b, _) in zip(host, compiled))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - compiled_before >= 2, \
         "the root's update and a layer's compiled"
@@ -193,7 +193,7 @@ def test_a_layer_update_reads_no_value_on_the_host() -> None:
     shared = DraftTree.with_root(5)
     shared.add(0, 9, 0.5, "retrieval")
     meta = torch.device("meta")
-    planner = Planner(COSTS, cfg, 64, predicted=True)
+    planner = Planner(CHAIN_COSTS, cfg, 64, predicted=True)
     shape = ChainShape.of(cfg, 1, BUCKETS, True, True, 64)
     state = ChainState(shape, 300, meta)
     state.load(shared, StepTables.of(shape, 2, planner.acceptance, planner), 20, 20, 20)
@@ -279,9 +279,9 @@ def test_a_planted_bug_in_the_cost_check_is_caught(bug: str) -> None:
 
 
 @pytest.mark.parametrize("bug", ["merge", "budget"])
-def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
+def test_a_planted_bug_changes_the_tree(chain_model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
     cfg, calibrated, costs = CASES["confidence" if bug == "budget" else "planner"]
-    host = drafting(model, cfg, False, calibrated, costs)
+    host = chain_drafting(chain_model, cfg, False, calibrated, costs)
     if bug == "merge":  # a proposal a graft holds is added again instead of merged
         real = ChainState.admit
 
@@ -294,7 +294,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
         real_of = ChainShape.of
         monkeypatch.setattr(ChainShape, "of", staticmethod(
             lambda cfg, *a: real_of(dataclasses.replace(cfg, budget=cfg.budget + 1), *a)))
-    device = drafting(model, cfg, True, calibrated, costs)
+    device = chain_drafting(chain_model, cfg, True, calibrated, costs)
     assert not all(same(a, b) for (a, _), (b, _) in zip(host, device)), bug
 
 
@@ -302,8 +302,7 @@ def test_a_planted_bug_changes_the_tree(model, monkeypatch: pytest.MonkeyPatch, 
 def test_a_chained_run_is_lossless(drafter: str) -> None:
     from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
-    from tests.test_engine import PROMPTS, noisy_copy, reference
-    from tests.tiny import tiny_loaded
+    from tests.tiny import PROMPTS, noisy_copy, reference, tiny_loaded
 
     target = tiny_loaded("llama", 11)
     draft = noisy_copy(target, 12, 0.3)

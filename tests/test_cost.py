@@ -33,9 +33,7 @@ from talon.engine.engine import Engine, generate
 from talon.models import cpu_model
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig
 from talon.tree import DraftTree
-from tests.test_builder import synthetic
-from tests.test_engine import noisy_copy, reference
-from tests.tiny import tiny_loaded
+from tests.tiny import noisy_copy, reference, synthetic, tiny_loaded
 
 
 def linear_verify(n: float) -> float:
@@ -224,15 +222,15 @@ def test_trim_is_goodput_optimal(seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair():
+def cost_pair():
     target = tiny_loaded("llama", 11)
     return target, noisy_copy(target, 12, 0.3)
 
 
-def test_retrieval_first_runs_no_draft_forward_and_stays_lossless(pair) -> None:
+def test_retrieval_first_runs_no_draft_forward_and_stays_lossless(cost_pair) -> None:
     """With a draft model that costs a second per forward, a hybrid run on a repetitive prompt
     drafts from retrieval alone: the draft model is never engaged (not even its prefill)."""
-    target, draft = pair
+    target, draft = cost_pair
     slow_draft = synthetic_costs({1: 0.01, 128: 0.02}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)
     engine = Engine(target, draft, costs=slow_draft)
     prompt = "abc abc abc abc abc abc abc abc abc abc abc"
@@ -250,8 +248,8 @@ def test_retrieval_first_runs_no_draft_forward_and_stays_lossless(pair) -> None:
 
 @pytest.mark.parametrize("mode", ["adaptive", "static", "chain"])
 @pytest.mark.parametrize("drafter", ["hybrid", "model", "retrieval"])
-def test_cost_aware_greedy_is_lossless(pair, mode: str, drafter: str) -> None:
-    target, draft = pair
+def test_cost_aware_greedy_is_lossless(cost_pair, mode: str, drafter: str) -> None:
+    target, draft = cost_pair
     engine = Engine(target, draft, costs=synthetic_costs({1: 0.1, 64: 0.2}, {1: 0.02, 64: 0.03}))
     cfg = RunConfig(drafter=drafter, tree=TreeConfig(mode=mode, budget=12, cost_aware=True), max_new_tokens=32)
     drafted = 0
@@ -264,10 +262,10 @@ def test_cost_aware_greedy_is_lossless(pair, mode: str, drafter: str) -> None:
     assert drafted > 0, "drafting pays under this cost model: the planner must not collapse to plain decoding"
 
 
-def test_engaged_model_is_explored_before_the_planner_may_skip_it(pair) -> None:
+def test_engaged_model_is_explored_before_the_planner_may_skip_it(cost_pair) -> None:
     """A prior is not evidence: even when the cost model says the draft model cannot pay, it runs
     on the first steps so that the acceptance it actually reaches is measured."""
-    target, draft = pair
+    target, draft = cost_pair
     engine = Engine(target, draft, costs=synthetic_costs({1: 0.01, 128: 0.02}, {1: 1.0, 128: 1.0}))
     summary, steps = generate(engine, "def add(a, b):", RunConfig(drafter="model", max_new_tokens=24))
     assert summary.token_ids == reference(engine, summary.prompt_token_ids, 24)
@@ -301,8 +299,8 @@ def test_a_long_prefill_waits_for_evidence_from_retrieval() -> None:
     assert "would not pay back" in fast.model_decision(root, 0, pending=800, engaged=False)
 
 
-def test_runs_plan_on_their_own_copy_and_fixed_runs_never_read_the_clock(pair, monkeypatch) -> None:
-    target, draft = pair
+def test_runs_plan_on_their_own_copy_and_fixed_runs_never_read_the_clock(cost_pair, monkeypatch) -> None:
+    target, draft = cost_pair
     engine = Engine(target, draft, costs=synthetic_costs({1: 0.1, 64: 0.2}, {1: 0.02, 64: 0.03}))
     snapshot = engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
     learn = RunConfig(drafter="hybrid", max_new_tokens=24, cost_model="learn")
@@ -357,13 +355,13 @@ def skipped_steps_send_the_full_proposal(steps, prompt_ids: list[int], cfg: RunC
     return skipped
 
 
-def test_a_retrieval_first_step_verifies_the_full_budget_proposal(pair) -> None:
+def test_a_retrieval_first_step_verifies_the_full_budget_proposal(cost_pair) -> None:
     """When the draft model does not run, retrieval sends what it proposes at the full budget
     (not its share of a shared tree): every such tree is exactly the proposal an independent
     retriever makes over the same context, and a long chain fills the budget. Both ways
     the model sits out: not engaged (its drafting too dear), and engaged but skipped for a step
     because retrieval alone is expected to do better (retrieval first)."""
-    target, draft = pair
+    target, draft = cost_pair
     cfg = RunConfig(drafter="hybrid", max_new_tokens=32, cost_model="fixed")  # verification stays free
     prompt = "abcdefghijklmnopqrstuvwxyz " * 6
     dear = synthetic_costs({1: 0.01, 128: 0.01}, {1: 1.0, 128: 1.0}, prefill_per_token_s=0.05)

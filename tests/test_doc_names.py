@@ -9,13 +9,14 @@ import importlib.util
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.tiny import REPO
+
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "experiments" / "README.md")
 DOTTED = re.compile(r"\btalon(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./~-])talon/[\w/]*\w(?:\.py)?/?")  # not ~/.cache/talon/...
 
 
-def is_module(name: str) -> bool:
+def importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
@@ -27,7 +28,7 @@ def resolves(name: str) -> bool:
     dataclass field or annotation counts)."""
     parts = name.split(".")
     for cut in range(len(parts), 0, -1):
-        if is_module(".".join(parts[:cut])):
+        if importable(".".join(parts[:cut])):
             break
     else:
         return False

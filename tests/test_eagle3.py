@@ -40,22 +40,22 @@ from tests.tiny import (
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[LoadedModel, LoadedModel]:
+def head_pair() -> tuple[LoadedModel, LoadedModel]:
     return trained_pair()
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3-hybrid"])
 @pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
-def test_the_head_decodes_the_targets_own_greedy_text(pair: tuple[LoadedModel, LoadedModel], drafter: str,
+def test_the_head_decodes_the_targets_own_greedy_text(head_pair: tuple[LoadedModel, LoadedModel], drafter: str,
                                                       tree: str) -> None:
-    target, head = pair
+    target, head = head_pair
     assert_decodes_own_generate(target, head, drafter, tree)
 
 
 @pytest.mark.parametrize("tree", ["adaptive", "chain"])
-def test_the_head_on_the_static_forward_decodes_the_same(pair: tuple[LoadedModel, LoadedModel], tree: str) -> None:
+def test_the_head_on_the_static_forward_decodes_the_same(head_pair: tuple[LoadedModel, LoadedModel], tree: str) -> None:
     """The static forward (the buckets CUDA graphs replay on a GPU) returns the features too."""
-    target, head = pair
+    target, head = head_pair
     engine = Engine(target, head, costs=None, forward="static")
     ids = greedy_text(target, PROMPTS[0], 16)
     cfg = RunConfig(drafter="eagle3", max_new_tokens=32, chat_template=False,
@@ -82,16 +82,16 @@ def handed_features(target: LoadedModel, head: LoadedModel,
 
 
 @pytest.mark.parametrize("forward", ["dynamic", "static"])
-def test_the_head_is_handed_the_targets_features_at_their_own_positions(pair: tuple[LoadedModel, LoadedModel],
+def test_the_head_is_handed_the_targets_features_at_their_own_positions(head_pair: tuple[LoadedModel, LoadedModel],
                                                                        forward: str) -> None:
     """Feature t is the target's hidden states entering the head's layers at position t, read off
     the prefill and the tree forwards (tree masks, not a causal one): equal to a plain forward's,
     on the dynamic cache and on the static forward (whose buckets CUDA graphs replay)."""
-    got, want = handed_features(*pair, forward=forward)
+    got, want = handed_features(*head_pair, forward=forward)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4)
 
 
-def test_features_one_position_late_are_caught(pair: tuple[LoadedModel, LoadedModel],
+def test_features_one_position_late_are_caught(head_pair: tuple[LoadedModel, LoadedModel],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: every feature handed over one position late (feature t - 1 beside token t + 1)."""
     handed = HeadSource.add_features
@@ -103,13 +103,13 @@ def test_features_one_position_late_are_caught(pair: tuple[LoadedModel, LoadedMo
         handed(self, torch.cat([previous, features[:-1]]))
 
     monkeypatch.setattr(HeadSource, "add_features", one_late)
-    got, want = handed_features(*pair)
+    got, want = handed_features(*head_pair)
     assert got.shape == want.shape and not torch.allclose(got, want, atol=1e-4)
 
 
-def test_draft_ids_go_through_the_vocabulary_map(pair: tuple[LoadedModel, LoadedModel]) -> None:
+def test_draft_ids_go_through_the_vocabulary_map(head_pair: tuple[LoadedModel, LoadedModel]) -> None:
     """Planted: the draft's ids read as target ids (d2t zeroed): the drafts stop being accepted."""
-    target, head = pair
+    target, head = head_pair
     saved = head.model.d2t.clone()
     assert saved.any(), "the test's head must draft over a mapped vocabulary"
     try:
@@ -120,8 +120,8 @@ def test_draft_ids_go_through_the_vocabulary_map(pair: tuple[LoadedModel, Loaded
         head.model.d2t.copy_(saved)
 
 
-def test_a_cost_aware_run_probes_the_heads_own_forward(pair: tuple[LoadedModel, LoadedModel]) -> None:
-    target, head = pair
+def test_a_cost_aware_run_probes_the_heads_own_forward(head_pair: tuple[LoadedModel, LoadedModel]) -> None:
+    target, head = head_pair
     engine = Engine(target, head)
     summary, steps = generate(engine, PROMPTS[0], RunConfig(drafter="eagle3", max_new_tokens=24, chat_template=False))
     costs = engine.cost_snapshot()
@@ -172,19 +172,19 @@ def head_logits(head: Eagle3Head, target: LoadedModel) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", ["eagle", "speculators"])
-def test_both_layouts_load_to_the_same_head(pair: tuple[LoadedModel, LoadedModel], layout: str,
+def test_both_layouts_load_to_the_same_head(head_pair: tuple[LoadedModel, LoadedModel], layout: str,
                                             tmp_path: Path) -> None:
-    target, head = pair
+    target, head = head_pair
     loaded = load_head(save_head(head.model, tmp_path / layout, layout), target.model, torch.float32,
                        torch.device("cpu"))
     assert loaded.cfg.layout == layout and torch.equal(loaded.d2t, head.model.d2t)
     assert torch.equal(head_logits(loaded, target), head_logits(head.model, target))
 
 
-def test_speculators_reads_an_absent_norm_before_residual_as_true(pair: tuple[LoadedModel, LoadedModel],
+def test_speculators_reads_an_absent_norm_before_residual_as_true(head_pair: tuple[LoadedModel, LoadedModel],
                                                                   tmp_path: Path) -> None:
     """vLLM's reading of a speculators config; an EAGLE / SpecForge config has no such switch."""
-    _, head = pair
+    _, head = head_pair
     path = save_head(head.model, tmp_path / "s", "speculators")
     raw = json.loads((path / "config.json").read_text())
     del raw["norm_before_residual"]
@@ -198,16 +198,16 @@ def test_speculators_reads_an_absent_norm_before_residual_as_true(pair: tuple[Lo
     ({"target_hidden_size": 32}, "reads 32-wide features, the target is 64 wide"),
     ({"eagle_aux_hidden_state_layer_ids": [2, 3, 9]}, "reads layers (2, 3, 9), the target has 6"),
 ])
-def test_a_head_that_does_not_fit_the_target_is_refused(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
+def test_a_head_that_does_not_fit_the_target_is_refused(head_pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
                                                         change: dict, message: str) -> None:
-    target, head = pair
+    target, head = head_pair
     path = save_head(head.model, tmp_path / "h", "eagle", **change)
     with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_head(path, target.model, torch.float32, torch.device("cpu"))
 
 
-def test_a_head_is_refused_where_it_cannot_draft(pair: tuple[LoadedModel, LoadedModel]) -> None:
-    target, head = pair
+def test_a_head_is_refused_where_it_cannot_draft(head_pair: tuple[LoadedModel, LoadedModel]) -> None:
+    target, head = head_pair
     engine = Engine(target, head)
     with pytest.raises(ConfigError, match="EAGLE-3 head, not a model"):
         engine.prepare("abc", RunConfig(drafter="hybrid"))
@@ -217,12 +217,12 @@ def test_a_head_is_refused_where_it_cannot_draft(pair: tuple[LoadedModel, Loaded
         Engine(target, None).prepare("abc", RunConfig(drafter="eagle3"))
 
 
-def test_the_command_line_drafts_with_a_head_directory(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
+def test_the_command_line_drafts_with_a_head_directory(head_pair: tuple[LoadedModel, LoadedModel], tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m talon generate --target T --draft H --drafter eagle3 --json``: the target's own greedy text."""
     from talon.cli.main import main
 
-    target, head = pair
+    target, head = head_pair
     target.model.save_pretrained(tmp_path / "target")
     target.tokenizer.save_pretrained(tmp_path / "target")
     head_dir = save_head(head.model, tmp_path / "head", "speculators")
@@ -250,7 +250,7 @@ def test_serve_it_maps_a_head_to_sglang_eagle3_and_vllm_eagle3() -> None:
     assert serving_config(cfg.replace(drafter="model"), target, "d").vllm_config["method"] == "draft_model"
 
 
-def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(pair: tuple[LoadedModel, LoadedModel],
+def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(head_pair: tuple[LoadedModel, LoadedModel],
                                                                      tmp_path: Path) -> None:
     """The Models menu's pair decides the drafter radio: a draft model's kinds, or a head's (a head
     preset, or the server's TALON_DRAFT a head's directory), hybrid turning into eagle3-hybrid."""
@@ -259,7 +259,7 @@ def test_the_app_offers_a_heads_kinds_where_the_draft_slot_holds_one(pair: tuple
     from talon.server.presets import PRESETS
     from talon.settings import Settings
 
-    _, head = pair
+    _, head = head_pair
     assert drafter_choices(Settings(), "default", "hybrid") == (MODEL_PAIR_KINDS, "hybrid")
     assert "eagle3" not in MODEL_PAIR_KINDS and {"eagle3", "eagle3-hybrid", "retrieval"} <= set(HEAD_PAIR_KINDS)
     server_head = Settings(draft=str(save_head(head.model, tmp_path / "h", "eagle")))
@@ -281,11 +281,12 @@ def test_the_memory_guard_counts_the_head() -> None:
     assert 0.4e9 < head.parameters < 0.6e9
 
 
-def test_a_head_over_the_whole_vocabulary_needs_no_map(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path) -> None:
+def test_a_head_over_the_whole_vocabulary_needs_no_map(head_pair: tuple[LoadedModel, LoadedModel],
+                                                        tmp_path: Path) -> None:
     """speculators writes no ``d2t`` when the draft vocabulary is the target's: the ids are the same."""
     from safetensors.torch import load_file
 
-    target, _ = pair
+    target, _ = head_pair
     head = tiny_head(target.model, seed=7)
     path = save_head(head, tmp_path / "full", "speculators")
     tensors = load_file(str(path / "model.safetensors"))
@@ -294,13 +295,13 @@ def test_a_head_over_the_whole_vocabulary_needs_no_map(pair: tuple[LoadedModel, 
     assert not loaded.d2t.any() and torch.equal(head_logits(loaded, target), head_logits(head, target))
 
 
-def test_the_app_draws_head_nodes_as_the_heads(pair: tuple[LoadedModel, LoadedModel], tmp_path: Path) -> None:
+def test_the_app_draws_head_nodes_as_the_heads(head_pair: tuple[LoadedModel, LoadedModel], tmp_path: Path) -> None:
     """A head's nodes are "head" in the trace (a file reads back), the tree's legend, the
     inspector, the committed-source bars and the walk; a draft model's stay "model"."""
     from talon.figures import accepted_per_step_figure, node_inspector_html, tree_figure, walk_html
     from talon.trace import dump_trace, parse_trace
 
-    target, head = pair
+    target, head = head_pair
     summary, steps = generate(Engine(target, head, costs=None), greedy_text(target, PROMPTS[0], 16),
                               RunConfig(drafter="eagle3-hybrid", max_new_tokens=24, chat_template=False))
     step = max(steps, key=lambda s: s.sources.count("head"))

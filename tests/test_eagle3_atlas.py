@@ -28,38 +28,38 @@ from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.tiny import HEAD_PROMPTS as PROMPTS
 from tests.tiny import greedy_text, trained_pair
 
-TOKENS = 40
-COSTS = synthetic_costs({1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006, 64: 0.012})
+HEAD_TOKENS = 40
+HEAD_ATLAS_COSTS = synthetic_costs({1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006, 64: 0.012})
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
+def head_engine() -> Engine:
     target, head = trained_pair()
-    return Engine(target, head, costs=COSTS)
+    return Engine(target, head, costs=HEAD_ATLAS_COSTS)
 
 
-def prompts(engine: Engine) -> list[list[int]]:
+def prompts(head_engine: Engine) -> list[list[int]]:
     """Prompts followed by the target's own greedy text, as the head was trained on."""
-    return [greedy_text(engine.target, p, 12) for p in PROMPTS[:2]]
+    return [greedy_text(head_engine.target, p, 12) for p in PROMPTS[:2]]
 
 
 @pytest.fixture(scope="module")
-def atlases(engine: Engine) -> list[Atlas]:
-    return [record_atlas(engine, ids, RunConfig(drafter="eagle3-hybrid", max_new_tokens=TOKENS, chat_template=False))
-            for ids in prompts(engine)]
+def head_atlases(head_engine: Engine) -> list[Atlas]:
+    cfg = RunConfig(drafter="eagle3-hybrid", max_new_tokens=HEAD_TOKENS, chat_template=False)
+    return [record_atlas(head_engine, ids, cfg) for ids in prompts(head_engine)]
 
 
-def configs() -> list[RunConfig]:
-    return [RunConfig(drafter=drafter, max_new_tokens=TOKENS, chat_template=False, cost_model="fixed",
+def head_configs() -> list[RunConfig]:
+    return [RunConfig(drafter=drafter, max_new_tokens=HEAD_TOKENS, chat_template=False, cost_model="fixed",
                       tree=TreeConfig(mode=mode, budget=12, cost_aware=cost_aware))
             for drafter in ("eagle3", "eagle3-hybrid") for mode in ("adaptive", "static", "chain")
             for cost_aware in (False, True) if not (cost_aware and mode != "adaptive")]
 
 
-def replays_equal_runs(engine: Engine, atlases: list[Atlas], cfg: RunConfig) -> tuple[bool, str]:
+def replays_equal_runs(head_engine: Engine, head_atlases: list[Atlas], cfg: RunConfig) -> tuple[bool, str]:
     """Whether every prompt's replay equals its real run: the same trees, accepted lengths and text."""
-    for ids, atlas in zip(prompts(engine), atlases):
-        summary, steps = generate(engine, ids, cfg)
+    for ids, atlas in zip(prompts(head_engine), head_atlases):
+        summary, steps = generate(head_engine, ids, cfg)
         result = replay(atlas, cfg)
         assert result.summary.token_ids == summary.token_ids == atlas.output
         agreement = compare_runs(steps, result.steps, coverage=result.coverage)
@@ -70,28 +70,29 @@ def replays_equal_runs(engine: Engine, atlases: list[Atlas], cfg: RunConfig) -> 
     return True, ""
 
 
-@pytest.mark.parametrize("cfg", configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-"
+@pytest.mark.parametrize("cfg", head_configs(), ids=lambda c: f"{c.drafter}-{c.tree.mode}-"
                          f"{'cost' if c.tree.cost_aware else 'nocost'}")
-def test_replay_of_a_head_atlas_equals_the_real_run(engine: Engine, atlases: list[Atlas], cfg: RunConfig) -> None:
-    equal, why = replays_equal_runs(engine, atlases, cfg)
+def test_replay_of_a_head_atlas_equals_the_real_run(head_engine: Engine, head_atlases: list[Atlas],
+                                                    cfg: RunConfig) -> None:
+    equal, why = replays_equal_runs(head_engine, head_atlases, cfg)
     assert equal, why
-    for atlas in atlases:  # a node outside the recorded superset is counted and named, never a rejection
+    for atlas in head_atlases:  # a node outside the recorded superset is counted and named, never a rejection
         coverage = replay(atlas, cfg).coverage
         assert coverage.share > 0.95 and bool(coverage.misses) == bool(coverage.first_miss)
 
 
-def test_a_head_atlas_keys_every_node_by_its_own_position(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_atlas_keys_every_node_by_its_own_position(head_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: the head's atlas recorded and read with a draft model's shared keys (a node on the
     text taken for the root one position later): the replays part from the real runs."""
     monkeypatch.setattr(_HeadRecorder, "canonical", _Recorder.canonical)
     monkeypatch.setattr(Atlas, "canonical", lambda self, p, path: canonical_key(self.output, p, path))
-    shared = [record_atlas(engine, ids, RunConfig(drafter="eagle3-hybrid", max_new_tokens=TOKENS, chat_template=False))
-              for ids in prompts(engine)]
-    assert not all(replays_equal_runs(engine, shared, cfg)[0] for cfg in configs())
+    recorded = RunConfig(drafter="eagle3-hybrid", max_new_tokens=HEAD_TOKENS, chat_template=False)
+    shared = [record_atlas(head_engine, ids, recorded) for ids in prompts(head_engine)]
+    assert not all(replays_equal_runs(head_engine, shared, cfg)[0] for cfg in head_configs())
 
 
-def test_each_atlas_replays_the_kinds_of_its_draft_slot(atlases: list[Atlas]) -> None:
-    atlas = atlases[0]
+def test_each_atlas_replays_the_kinds_of_its_draft_slot(head_atlases: list[Atlas]) -> None:
+    atlas = head_atlases[0]
     assert atlas.draft_kind == "head" and parse_atlas(json.loads(json.dumps(atlas.to_dict()))).draft_kind == "head"
     with pytest.raises(ConfigError, match="EAGLE-3 head.*not 'hybrid'"):
         check_replayable(atlas, RunConfig(drafter="hybrid", draft_vocab=0))
@@ -104,7 +105,7 @@ def test_each_atlas_replays_the_kinds_of_its_draft_slot(atlases: list[Atlas]) ->
         parse_atlas(bad)
 
 
-def test_the_engines_eagle3_rules_replay_from_a_head_atlas(atlases: list[Atlas]) -> None:
+def test_the_engines_eagle3_rules_replay_from_a_head_atlas(head_atlases: list[Atlas]) -> None:
     """vLLM eagle3's chain follows the text as far as the head's argmax does: always covered (the
     recorder keeps every position's on-text chain); SGLang EAGLE3's tree is the EAGLE-2 worker over
     the head, accepting more than one token a step here."""
@@ -112,7 +113,7 @@ def test_the_engines_eagle3_rules_replay_from_a_head_atlas(atlases: list[Atlas])
         policies = serving_policies(engine_name, DEFAULT_GRIDS[engine_name], "head")
         assert any(p.label().startswith(word) for _, p in policies)
         assert not any("draft_model" in p.label() or "STANDALONE" in p.label() for _, p in policies)
-    for atlas in atlases:
+    for atlas in head_atlases:
         chain = replay_serving(atlas, VllmDraftModel(4, method="eagle3"))
         outside = [s.missing for s in chain.steps if s.missing and "recorded tokens" not in s.missing]
         assert not outside and chain.num_accepted_tokens > 0
@@ -120,9 +121,9 @@ def test_the_engines_eagle3_rules_replay_from_a_head_atlas(atlases: list[Atlas])
         assert 1 + tree.num_accepted_tokens / len(tree.steps) > 1.5
 
 
-def test_the_command_line_sweeps_sglang_on_a_head_atlas(atlases: list[Atlas], tmp_path: Path,
+def test_the_command_line_sweeps_sglang_on_a_head_atlas(head_atlases: list[Atlas], tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    for i, atlas in enumerate(atlases):
+    for i, atlas in enumerate(head_atlases):
         (tmp_path / f"a{i}.json").write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
     assert main(["atlas", "sweep", str(tmp_path), "--engine", "sglang", "--grid", "topk=1,4", "--grid",
                  "num_steps=3,5", "--grid", "num_draft_tokens=8,16"]) == 0

@@ -25,7 +25,7 @@ from talon.models.eagle3 import Eagle3Head, load_head
 from talon.tree import DraftTree
 from tests.tiny import tiny_model
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "eagle3_parity"
+PARITY_DIR = Path(__file__).resolve().parents[1] / "data" / "eagle3_parity"
 HEADS = ("head", "variant")
 LAYOUTS = ("speculators", "eagle")
 TOL = 1e-4
@@ -34,8 +34,8 @@ K = 4
 
 
 @pytest.fixture(scope="module", params=HEADS)
-def reference(request: pytest.FixtureRequest) -> dict:
-    return json.loads((FIXTURE / f"{request.param}.json").read_text(encoding="utf-8"))
+def parity_reference(request: pytest.FixtureRequest) -> dict:
+    return json.loads((PARITY_DIR / f"{request.param}.json").read_text(encoding="utf-8"))
 
 
 def target_for(ref: dict) -> torch.nn.Module:
@@ -48,7 +48,7 @@ def eagle_layout(ref: dict, tmp: Path, as_bin: bool = False) -> Path:
     """The fixture's head rewritten as EAGLE's trainer and SpecForge write one: ``midlayer.*``, a
     flat Llama config with ``draft_vocab_size``, ids in ``eagle_config`` as "the output of layer
     i" (one less than speculators' index), no embedding where the target's fits."""
-    src = FIXTURE / ref["head"]
+    src = PARITY_DIR / ref["head"]
     raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
     layer = raw["transformer_layer_config"]
     config = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": raw["draft_vocab_size"],
@@ -68,14 +68,14 @@ def eagle_layout(ref: dict, tmp: Path, as_bin: bool = False) -> Path:
     return tmp
 
 
-def loaded(ref: dict, layout: str, tmp: Path, as_bin: bool = False) -> Eagle3Head:
+def parity_loaded(ref: dict, layout: str, tmp: Path, as_bin: bool = False) -> Eagle3Head:
     target = target_for(ref)
     if layout == "eagle":
         if ref["shape"]["target_hidden"] == ref["shape"]["hidden"]:  # the target's embedding is the reference's
-            embedding = load_file(str(FIXTURE / ref["head"] / "model.safetensors"))["embed_tokens.weight"]
+            embedding = load_file(str(PARITY_DIR / ref["head"] / "model.safetensors"))["embed_tokens.weight"]
             target.get_input_embeddings().weight.data.copy_(embedding)
         return load_head(eagle_layout(ref, tmp, as_bin), target, torch.float32, torch.device("cpu"))
-    return load_head(FIXTURE / ref["head"], target, torch.float32, torch.device("cpu"))
+    return load_head(PARITY_DIR / ref["head"], target, torch.float32, torch.device("cpu"))
 
 
 def teacher_forced(head: Eagle3Head, ref: dict) -> list[torch.Tensor]:
@@ -96,12 +96,13 @@ def teacher_forced(head: Eagle3Head, ref: dict) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_heads_logits_and_top_k_are_the_references_at_four_levels(reference: dict, layout: str,
+def test_the_heads_logits_and_top_k_are_the_references_at_four_levels(parity_reference: dict, layout: str,
                                                                       tmp_path: Path) -> None:
-    head = loaded(reference, layout, tmp_path)
-    for k, got in enumerate(teacher_forced(head, reference)):
-        want = torch.tensor(reference["levels"][k][:got.shape[0]])
-        assert torch.allclose(got, want, atol=TOL), (reference["head"], layout, k, float((got - want).abs().max()))
+    head = parity_loaded(parity_reference, layout, tmp_path)
+    for k, got in enumerate(teacher_forced(head, parity_reference)):
+        want = torch.tensor(parity_reference["levels"][k][:got.shape[0]])
+        assert torch.allclose(got, want, atol=TOL), (parity_reference["head"], layout, k,
+                                                     float((got - want).abs().max()))
         assert torch.equal(got.topk(K, dim=-1).indices, want.topk(K, dim=-1).indices)
 
 
@@ -145,15 +146,15 @@ def drafted_steps(head: Eagle3Head, ref: dict, drafter: HeadSource, accepts: tup
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_drafters_trees_are_the_references_over_four_steps(reference: dict, layout: str,
+def test_the_drafters_trees_are_the_references_over_four_steps(parity_reference: dict, layout: str,
                                                                tmp_path: Path) -> None:
-    head = loaded(reference, layout, tmp_path)
+    head = parity_loaded(parity_reference, layout, tmp_path)
     drafter = HeadSource(head, head.cfg.layers_for(TARGET_LAYERS))
     with torch.inference_mode():
-        assert drafted_steps(head, reference, drafter) < TOL
+        assert drafted_steps(head, parity_reference, drafter) < TOL
 
 
-def test_a_commit_that_keeps_the_draft_time_states_is_caught(reference: dict, tmp_path: Path) -> None:
+def test_a_commit_that_keeps_the_draft_time_states_is_caught(parity_reference: dict, tmp_path: Path) -> None:
     """Planted: the accepted nodes' cache entries kept as committed pairs (their inputs were the
     head's own outputs, not the target's features), so nothing is fed again."""
 
@@ -165,17 +166,17 @@ def test_a_commit_that_keeps_the_draft_time_states_is_caught(reference: dict, tm
             self.slots, self.outs = {}, {}
             self.context.extend(new_tokens)
 
-    head = loaded(reference, "speculators", tmp_path)
+    head = parity_loaded(parity_reference, "speculators", tmp_path)
     with torch.inference_mode(), pytest.raises(AssertionError):
-        assert drafted_steps(head, reference, Planted(head, head.cfg.layers_for(TARGET_LAYERS))) < TOL
+        assert drafted_steps(head, parity_reference, Planted(head, head.cfg.layers_for(TARGET_LAYERS))) < TOL
 
 
 def test_specforges_ids_read_the_same_hidden_states_as_speculators(tmp_path: Path) -> None:
     """The ``head`` fixture's ids, 2, 3 and 3 in speculators' top-level field, are 1, 2 and 2 in
     SpecForge's ``eagle_config``: both read the same target hidden states, so the same logits on
     a real target's features; read as written, SpecForge's would take a layer earlier."""
-    ref = json.loads((FIXTURE / "head.json").read_text(encoding="utf-8"))
-    heads = {layout: loaded(ref, layout, tmp_path / layout) for layout in LAYOUTS}
+    ref = json.loads((PARITY_DIR / "head.json").read_text(encoding="utf-8"))
+    heads = {layout: parity_loaded(ref, layout, tmp_path / layout) for layout in LAYOUTS}
     assert heads["eagle"].cfg.layers_for(TARGET_LAYERS) == heads["speculators"].cfg.layers_for(TARGET_LAYERS)
     target = target_for(ref)
     ids = torch.tensor([ref["tokens"][:12]])
@@ -194,21 +195,21 @@ def test_specforges_ids_read_the_same_hidden_states_as_speculators(tmp_path: Pat
 
 def test_a_pickled_head_without_an_embedding_loads(tmp_path: Path) -> None:
     """yuhuili's heads: ``pytorch_model.bin`` with no ``embed_tokens`` (the target's is used)."""
-    ref = json.loads((FIXTURE / "head.json").read_text(encoding="utf-8"))
-    head = loaded(ref, "eagle", tmp_path, as_bin=True)
+    ref = json.loads((PARITY_DIR / "head.json").read_text(encoding="utf-8"))
+    head = parity_loaded(ref, "eagle", tmp_path, as_bin=True)
     assert not list(tmp_path.glob("*.safetensors"))
     level0 = teacher_forced(head, ref)[0]
     assert torch.allclose(level0, torch.tensor(ref["levels"][0]), atol=TOL)
 
 
-def test_the_residual_taken_on_the_wrong_side_of_the_norm_is_caught(reference: dict, tmp_path: Path) -> None:
+def test_the_residual_taken_on_the_wrong_side_of_the_norm_is_caught(parity_reference: dict, tmp_path: Path) -> None:
     """Planted: ``norm_before_residual`` flipped (vLLM's default for a speculators config without
     the key is true; the ``head`` fixture says false, the variant true): the logits part."""
-    src = FIXTURE / reference["head"]
+    src = PARITY_DIR / parity_reference["head"]
     raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
     (tmp_path / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
     (tmp_path / "config.json").write_text(json.dumps({**raw, "norm_before_residual": not raw["norm_before_residual"]}),
                                           encoding="utf-8")
-    head = load_head(tmp_path, target_for(reference), torch.float32, torch.device("cpu"))
-    level0 = teacher_forced(head, reference)[0]
-    assert not torch.allclose(level0, torch.tensor(reference["levels"][0]), atol=TOL)
+    head = load_head(tmp_path, target_for(parity_reference), torch.float32, torch.device("cpu"))
+    level0 = teacher_forced(head, parity_reference)[0]
+    assert not torch.allclose(level0, torch.tensor(parity_reference["levels"][0]), atol=TOL)

@@ -3,7 +3,6 @@ output is token-for-token the target's own greedy generation, from the API and t
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -20,27 +19,14 @@ from talon.models import Int8Linear, LoadedModel
 from talon.models.loading import load_pair
 from talon.run_config import RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from tests.tiny import cached_greedy, first_prompt, target_greedy
 
 pytestmark = pytest.mark.embedded
 
-SPECBENCH = Path(__file__).resolve().parents[1] / "data" / "specbench"
-def first_prompt(suite: str, index: int = 0) -> str:
-    path = SPECBENCH / f"{suite}.jsonl"
-    line = path.read_text(encoding="utf-8").splitlines()[index]
-    return json.loads(line)["turns"][0][:1500]
 
 
-def target_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    return list(cached_greedy(model, tuple(prompt_ids), n))
 
 
-@functools.cache
-def cached_greedy(model, prompt_ids: tuple[int, ...], n: int) -> tuple[int, ...]:
-    """``generate(do_sample=False)`` once per model, prompt and length: the tests that decode one
-    prompt on one model share its reference."""
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n)
-    return tuple(out[0, len(prompt_ids) :].tolist())
 
 
 # A CLI child loads the float32 pair this module holds, from the same checkpoint file: unpacked, it
@@ -60,7 +46,7 @@ def embedded_pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
 
 
 @pytest.fixture(scope="module")
-def engine(embedded_pair) -> Engine:
+def embedded_engine(embedded_pair) -> Engine:
     return Engine(*embedded_pair)
 
 
@@ -77,10 +63,11 @@ def engine(embedded_pair) -> Engine:
         ("sum", "retrieval", "adaptive", False),
     ],
 )
-def test_greedy_equals_target_generate(engine: Engine, suite: str, drafter: str, mode: str, cost_aware: bool) -> None:
+def test_greedy_equals_target_generate(embedded_engine: Engine, suite: str, drafter: str, mode: str,
+                                       cost_aware: bool) -> None:
     cfg = RunConfig(drafter=drafter, tree=TreeConfig(mode=mode, cost_aware=cost_aware), max_new_tokens=24)
-    summary, steps = generate(engine, first_prompt(suite, 1), cfg)
-    want = target_greedy(engine.target.model, summary.prompt_token_ids, 24)
+    summary, steps = generate(embedded_engine, first_prompt(suite, 1), cfg)
+    want = target_greedy(embedded_engine.target.model, summary.prompt_token_ids, 24)
     assert summary.token_ids == want
     assert summary.steps == len(steps) < 24  # speculation paid: fewer target forwards than tokens
 
@@ -107,10 +94,10 @@ def test_int8_draft_keeps_greedy_output_the_targets(embedded_pair) -> None:
     """Only the draft is quantized: proposals may change, the accepted output cannot."""
     target, int8 = embedded_pair  # the fixture's draft is the int8 one the CPU serves by default
     assert sum(isinstance(m, Int8Linear) for m in int8.model.modules()) == 7 * int8.model.config.num_hidden_layers
-    engine = Engine(target, int8)
+    embedded_engine = Engine(target, int8)
     for suite, drafter in (("humaneval", "hybrid"),):  # the draft's proposals change, the verifier keeps the output
         cfg = RunConfig(drafter=drafter, tree=TreeConfig(cost_aware=False), max_new_tokens=24)
-        summary, steps = generate(engine, first_prompt(suite, 2), cfg)
+        summary, steps = generate(embedded_engine, first_prompt(suite, 2), cfg)
         assert summary.token_ids == target_greedy(target.model, summary.prompt_token_ids, 24)
         assert summary.steps < 24 and summary.draft_forwards > 0
 
@@ -123,7 +110,7 @@ ATLAS_CONFIGS = [
 ]
 
 
-def test_atlas_replays_equal_real_runs(engine: Engine, tmp_path: Path) -> None:
+def test_atlas_replays_equal_real_runs(embedded_engine: Engine, tmp_path: Path) -> None:
     """Record with the CLI (float32, draft not quantized: the engine's own settings), then every
     configuration replayed from the atlas equals its real run step for step, or the difference
     is a named near-tie of the draft's q. The cost-aware row plans on the engine's snapshot,
@@ -140,10 +127,10 @@ def test_atlas_replays_equal_real_runs(engine: Engine, tmp_path: Path) -> None:
                           env=SHARED_PAGES)
     assert done.returncode == 0, done.stderr[-2000:]
     atlas = parse_atlas(json.loads(out.read_text()))
-    atlas.costs = engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
+    atlas.costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
     assert atlas.models["draft_quant"] == "none" and atlas.models["dtype"] == "float32"
     for cfg in ATLAS_CONFIGS:
-        summary, steps = generate(engine, prompt, cfg)
+        summary, steps = generate(embedded_engine, prompt, cfg)
         result = replay(atlas, cfg)
         assert result.summary.token_ids == summary.token_ids == atlas.output
         agreement = compare_runs(steps, result.steps, coverage=result.coverage)

@@ -16,7 +16,7 @@ from talon.models.embedded import embedded_pair_paths
 from talon.models.loading import load_pair, shipped_blocks
 from talon.run_config import RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
-from tests.test_embedded import cached_greedy, first_prompt, target_greedy
+from tests.tiny import cached_greedy, first_prompt, target_greedy
 
 pytestmark = pytest.mark.embedded
 

@@ -3,8 +3,6 @@ cache after commit equals a plain forward, and greedy speculative output equals 
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import random
 
 import pytest
@@ -15,24 +13,20 @@ from talon.core.forward import forward_hidden, tree_mask, tree_positions
 from talon.core.kv import keep_dynamic
 from talon.core.verify import verify_tree
 from talon.cost.model import synthetic_costs
-from talon.drafters.tree_drafter import Draft
 from talon.engine.engine import Engine, generate
 from talon.models import LoadedModel
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
-from talon.tree import DraftTree
-from tests.tiny import VOCAB, byte_tokenizer, tiny_loaded, tiny_model
-
-PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
-
-
-def random_tree(rng: random.Random, n: int, vocab: int = VOCAB - 2) -> DraftTree:
-    tree = DraftTree.with_root(rng.randrange(vocab))
-    for _ in range(n):
-        parent = rng.randrange(len(tree))
-        token = rng.randrange(vocab)
-        if tree.child_with_token(parent, token) is None:
-            tree.add(parent, token, rng.random(), "model")
-    return tree
+from tests.tiny import (
+    PROMPTS,
+    VOCAB,
+    OracleTreeDrafter,
+    byte_tokenizer,
+    noisy_copy,
+    random_tree,
+    reference,
+    tiny_loaded,
+    tiny_model,
+)
 
 
 def prefill(model, ids: list[int]) -> DynamicCache:
@@ -79,26 +73,12 @@ def test_cache_after_commit_equals_plain_forward(kind: str) -> None:
         torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=1e-5)
 
 
-def reference(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
-    model = engine.target.model
-    out = model.generate(
-        torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, eos_token_id=256, pad_token_id=257
-    )
-    return out[0, len(prompt_ids) :].tolist()
 
 
-def noisy_copy(target, seed: int, scale: float):
-    """A draft that agrees with the target often but not always."""
-    draft = dataclasses.replace(copy.deepcopy(target), name=f"{target.name}-noisy-{seed}")
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.model.parameters():
-            p.add_(torch.randn_like(p) * scale * p.std())
-    return draft
 
 
 @pytest.fixture(scope="module")
-def pair():
+def engine_pair():
     target = tiny_loaded("llama", 11)
     return target, noisy_copy(target, 12, 0.3)
 
@@ -106,8 +86,8 @@ def pair():
 @pytest.mark.parametrize("cost_aware", [False, True])
 @pytest.mark.parametrize("mode", ["chain", "static", "adaptive"])
 @pytest.mark.parametrize("budget", [1, 4, 12])
-def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int, cost_aware: bool) -> None:
-    target, draft = pair
+def test_model_drafter_greedy_is_lossless(engine_pair, mode: str, budget: int, cost_aware: bool) -> None:
+    target, draft = engine_pair
     # Cost-aware: a GPU-like synthetic cost model (verification nearly flat, drafting cheap) under
     # which drafting pays, so the planner must draft; not the tiny models' own probe, under which
     # a draft as big as the target rightly never pays and the run collapses to plain decoding.
@@ -129,10 +109,10 @@ def test_model_drafter_greedy_is_lossless(pair, mode: str, budget: int, cost_awa
 
 
 @pytest.mark.parametrize("mode", ["static", "adaptive"])
-def test_both_admissions_are_lossless_and_rank_differently(pair, mode: str) -> None:
+def test_both_admissions_are_lossless_and_rank_differently(engine_pair, mode: str) -> None:
     """Ranked by calibrated acceptance (the default) or by raw path confidence, the output is the
     target's; the run's own acceptance model changes which nodes take the budget."""
-    target, draft = pair
+    target, draft = engine_pair
     engine = Engine(target, draft)
     trees = {}
     for admission in ("calibrated", "confidence"):
@@ -148,8 +128,8 @@ def test_both_admissions_are_lossless_and_rank_differently(pair, mode: str) -> N
     assert trees["calibrated"] != trees["confidence"]
 
 
-def test_autoregressive_baseline_is_lossless(pair) -> None:
-    target, _ = pair
+def test_autoregressive_baseline_is_lossless(engine_pair) -> None:
+    target, _ = engine_pair
     engine = Engine(target, None)
     cfg = RunConfig(drafter="none", max_new_tokens=30)
     for prompt in PROMPTS:
@@ -158,41 +138,11 @@ def test_autoregressive_baseline_is_lossless(pair) -> None:
         assert summary.mean_accepted_tokens == 1.0 and all(len(s.tokens) == 1 for s in steps)
 
 
-class OracleTreeDrafter:
-    """Random trees that contain the reference continuation with some probability: exercises
-    acceptance at every depth and branch position, through the real verifier and commit."""
-
-    def __init__(self, continuation: list[int], seed: int, size: int) -> None:
-        self.continuation = continuation
-        self.rng = random.Random(seed)
-        self.size = size
-        self.pos = 0
-
-    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: object = None) -> None:
-        self.pos = 0
-
-    def draft(self, root_token: int) -> Draft:
-        tree = random_tree(self.rng, self.size)
-        tree.tokens[0] = root_token
-        node = 0
-        for token in self.continuation[self.pos : self.pos + self.rng.randrange(0, 6)]:
-            if self.rng.random() < 0.15:
-                token = (token + 1) % (VOCAB - 2)  # a wrong draft: acceptance must stop here
-            child = tree.child_with_token(node, token)
-            node = child if child is not None else tree.add(node, token, 0.9, "retrieval")
-        return Draft(tree=tree)
-
-    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
-               features: object = None) -> None:
-        self.pos += len(new_tokens)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None:
-    target, _ = pair
+def test_random_trees_through_the_verifier_are_lossless(engine_pair, seed: int) -> None:
+    target, _ = engine_pair
     engine = Engine(target, None)
     prompt = PROMPTS[seed % len(PROMPTS)]
     cfg = RunConfig(drafter="none", max_new_tokens=48)
@@ -206,11 +156,11 @@ def test_random_trees_through_the_verifier_are_lossless(pair, seed: int) -> None
     assert run.summary.mean_accepted_tokens > 1.0
 
 
-def test_bad_input_is_refused_clearly(pair) -> None:
+def test_bad_input_is_refused_clearly(engine_pair) -> None:
     from talon.engine.prompt import PromptError
     from talon.run_config import ConfigError
 
-    target, draft = pair
+    target, draft = engine_pair
     engine = Engine(target, draft)
     with pytest.raises(PromptError, match="empty"):
         engine.run("   ", RunConfig())

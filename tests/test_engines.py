@@ -27,29 +27,28 @@ from talon.atlas.serving_costs import (
 from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, VllmNgram, lookup_draft, replay_serving
 from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, sweep_serving
 from talon.cli.main import main
-from talon.cost.model import CostModel, synthetic_costs
+from talon.cost.model import CostModel
 from talon.engine.engine import Engine
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import TraceFileError
-from tests.test_engine import noisy_copy
-from tests.tiny import tiny_loaded
+from tests.tiny import atlas_engine
 
 # --------------------------------------------------------------------------- hand-built atlases
 
-TEXT = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+SERVED_TEXT = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
 
 
 def chain_atlas(wrong: dict[int, int], near_tie_at: int | None = None) -> Atlas:
     """An atlas whose draft predicts the text's next token everywhere but at ``wrong`` positions
     (p -> the token it predicts instead)."""
     children = {}
-    for p in range(len(TEXT) + 1):
-        right = TEXT[p] if p < len(TEXT) else 99
+    for p in range(len(SERVED_TEXT) + 1):
+        right = SERVED_TEXT[p] if p < len(SERVED_TEXT) else 99
         top = wrong.get(p, right)
         second = 50 + p if top == right else right
         q2 = 0.49995 if p == near_tie_at else 0.2
         children[(p, ())] = [(top, 0.5), (second, q2)]
-    return Atlas(prompt_ids=[1, 2, 3], output=list(TEXT), children=children, eos=[0])
+    return Atlas(prompt_ids=[1, 2, 3], output=list(SERVED_TEXT), children=children, eos=[0])
 
 
 def test_vllm_draft_model_matches_a_hand_computation() -> None:
@@ -160,13 +159,11 @@ def test_sglang_refuses_what_sglang_refuses_and_counts_misses() -> None:
 
 # --------------------------------------------------------------------------- a live tiny model
 
-COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
 
 
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Engine, Atlas]:
-    target = tiny_loaded("llama", 11)
-    engine = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+    engine = atlas_engine()
     atlas = record_atlas(engine, "def add(a, b): return a + b\ndef sub(a, b):",
                          RunConfig(max_new_tokens=40, draft_vocab=0))
     return engine, atlas

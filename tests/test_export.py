@@ -11,7 +11,7 @@ import pytest
 
 from talon.cli.main import main
 from talon.figures.export import export_html
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.test_app import save_tiny_pair, serve
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, require_chromium, tree_step, wait_for_recording
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, require_chromium, tree_step, wait_for_recording
+from tests.tiny import save_tiny_pair, serve
 
 pytestmark = pytest.mark.browser
 

@@ -15,10 +15,9 @@ from talon.cli.main import main
 from talon.cost.model import CostModel
 from talon.knobs import KNOB
 from talon.settings import PROVEN, proven_default
-from tests.tiny import tiny_loaded
+from tests.tiny import REPO, tiny_loaded
 
-REPO = Path(__file__).resolve().parents[1]
-FRONT_ENDS = ("talon/cli", "talon/bench", "talon/server", "talon/ui", "app.py")
+FRONT_END_PATHS = ("talon/cli", "talon/bench", "talon/server", "talon/ui", "app.py")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +68,7 @@ def test_costs_probe_measures_the_configured_forward(pair_dirs: tuple[Path, Path
 def engine_builders(root: Path = REPO) -> set[str]:
     """Front-end files that build an engine or load a pair themselves, not through talon.engine.build."""
     found = set()
-    paths = [p for entry in FRONT_ENDS for p in ((root / entry).rglob("*.py") if (root / entry).is_dir()
+    paths = [p for entry in FRONT_END_PATHS for p in ((root / entry).rglob("*.py") if (root / entry).is_dir()
                                                  else [root / entry] if (root / entry).is_file() else [])]
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

@@ -23,10 +23,9 @@ from talon.core.accept import Acceptance
 from talon.drafters.tree_drafter import TreeDrafter
 from talon.engine.run import Run
 from talon.tree import DraftTree
+from tests.tiny import CPU, REPO
 
-REPO = Path(__file__).resolve().parents[1]
 MODULE = ["-m", "talon.gpucheck"]
-CPU = torch.device("cpu")
 
 
 def part(name: str):
@@ -342,7 +341,7 @@ def test_a_model_that_fails_its_gate_makes_the_check_invalid_not_passed_or_faile
 
 
 def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_static import plant_visible_pads
+    from tests.tiny import plant_visible_pads
 
     plant_visible_pads(monkeypatch)
     ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))

@@ -36,11 +36,8 @@ from talon.tree import DraftTree
 from talon.ui.decode_handlers import make_generate
 from talon.ui.layout import build_ui
 from talon.ui.session import CompareSession, Session
-from tests.test_app import tiny_engine  # noqa: F401 (fixture)
-from tests.test_hardening import tiny_dirs  # noqa: F401 (fixture)
-from tests.tiny import tiny_model
+from tests.tiny import REPO, FakeGPU, tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
 
@@ -147,37 +144,6 @@ def key(name: str) -> PairKey:
     return PairKey(name, "draft", "bfloat16", "cuda", "none", False, "/c", "")
 
 
-class FakeGPU:
-    """A 24 GiB card: loads take bytes, releases give them back; every event is recorded."""
-
-    def __init__(self, sizes: dict[str, int], failing: set[str] = frozenset()) -> None:
-        self.sizes, self.failing, self.used, self.events = sizes, set(failing), 0, []
-        self.held: list[str] = []
-
-    def build(self, k: PairKey) -> str:
-        self.events.append(f"load {k.target}")
-        if k.target in self.failing:
-            raise ModelLoadError(f"cannot load {k.target}")
-        if self.used + self.sizes[k.target] > 24 * GIB:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        self.used += self.sizes[k.target]
-        self.held.append(k.target)
-        return f"engine {k.target}"
-
-    def release(self) -> None:
-        self.events.append("release")
-        self.used = 0
-        self.held.clear()
-
-    def free(self, device: str) -> int:
-        return 24 * GIB - self.used
-
-    def guard(self, need: int):
-        def check(free: int | None) -> None:
-            self.events.append(f"guard saw {free / GIB:.0f} GiB")
-            if free is not None and free < need:
-                raise ModelLoadError(f"needs {need / GIB:.0f} GiB")
-        return check
 
 
 def test_the_old_pair_is_released_before_the_new_one_loads_and_the_guard_sees_real_free_memory() -> None:

@@ -13,17 +13,17 @@ import pytest
 
 from talon.cli.main import main
 from talon.cost.model import CostModel
+from tests.tiny import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 ROWS = {"eager (probed)": "eager", "CUDA graphs, the default (probed)": "graph",
         "graphs, draft compiled (derived: 11 of 12 draft sizes scaled from one)": "compiled"}
-DRAFTERS = ("none", "retrieval", "model", "hybrid")
+TABLE_DRAFTERS = ("none", "retrieval", "model", "hybrid")
 
 
 def gpu_doc_rows() -> dict[str, list[float]]:
     """The H100 table's tok/s per row, in the order none, retrieval, model, hybrid."""
     rows = {}
-    for line in (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8").splitlines():
+    for line in (REPO / "docs" / "gpu.md").read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[0] in ROWS:
             rows[ROWS[cells[0]]] = [float(re.sub(r"[^0-9.]", "", c.replace("tok/s", ""))) for c in cells[1:5]]
@@ -31,18 +31,18 @@ def gpu_doc_rows() -> dict[str, list[float]]:
 
 
 def predicted(curve: Path, capsys: pytest.CaptureFixture[str]) -> list[float]:
-    assert main(["atlas", "sweep", str(ROOT / "data" / "lessons"), "--costs", str(curve),
-                 "--grid", "drafter=" + ",".join(DRAFTERS), "--json"]) == 0
+    assert main(["atlas", "sweep", str(REPO / "data" / "lessons"), "--costs", str(curve),
+                 "--grid", "drafter=" + ",".join(TABLE_DRAFTERS), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     by = {r["values"]["drafter"]: r["tokens_per_s"] for r in rows}
-    return [by[d] for d in DRAFTERS]
+    return [by[d] for d in TABLE_DRAFTERS]
 
 
 def test_the_gpu_doc_table_is_the_sweep_of_the_committed_curves(capsys: pytest.CaptureFixture[str]) -> None:
     rows = gpu_doc_rows()
     assert set(rows) == set(ROWS.values()), "every row of docs/gpu.md's H100 table was found"
     for label, figures in rows.items():
-        curve = ROOT / "data" / "gpu_costs" / f"h100-80gb-hbm3-{label}-qwen2.5-7b.cost.json"
+        curve = REPO / "data" / "gpu_costs" / f"h100-80gb-hbm3-{label}-qwen2.5-7b.cost.json"
         CostModel.from_dict(json.loads(curve.read_text()))  # a valid talon-cost/1 file
         want = predicted(curve, capsys)
         assert figures == pytest.approx(want, abs=0.06), f"{label}: docs/gpu.md says {figures}, the sweep {want}"
@@ -55,7 +55,7 @@ def test_the_what_if_rows_start_from_the_committed_curve_and_pay_for_a_cheaper_d
 
     from experiments.gpu_whatif import main as whatif
 
-    curve = ROOT / "data" / "gpu_costs" / "h100-80gb-hbm3-compiled-qwen2.5-7b.cost.json"
+    curve = REPO / "data" / "gpu_costs" / "h100-80gb-hbm3-compiled-qwen2.5-7b.cost.json"
     assert whatif([str(curve), "--bare-ms", "1.545"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     hybrid = [float(line.strip("|").split("|")[6]) for line in lines]

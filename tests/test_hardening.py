@@ -48,31 +48,25 @@ from talon.ui.decode_view import DecodeView
 from talon.ui.measure_panel import MAX_SWEEP_CELLS
 from talon.ui.panel import MODEL_CONCURRENCY_ID
 from talon.ui.session import Session
-from tests import test_app
-from tests.test_app import (
+from tests.steps import good_trace
+from tests.tiny import (
     CAPTION,
     DOWNLOAD,
     SUMMARY,
     TEXT,
     TREE,
+    byte_tokenizer,
     finish,
-    good_trace,
+    front_matter,
     plot_json,
-    save_tiny_pair,
     serve,
+    tiny_loaded,
 )
-from tests.test_space import front_matter
-from tests.tiny import byte_tokenizer, tiny_loaded
-
-# test_app's fixtures, found by name here; ``client`` connects to this module's ``app_url``.
-client = test_app.client
-tiny_engine = test_app.tiny_engine
-view = test_app.view
 
 MAX_PROMPT_TOKENS = 64
 MAX_NEW_TOKENS_LIMIT = 256
 LOAD_TIMEOUT_S = 120
-HOSTILE = "<script>alert(1)</script>\"'\x07"
+HOSTILE_PROMPT = "<script>alert(1)</script>\"'\x07"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,14 +74,11 @@ HOSTILE = "<script>alert(1)</script>\"'\x07"
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The app on the tiny pair with small limits; test_app's ``client`` fixture connects here."""
+def limited_app_url(tiny_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app on the tiny pair with small limits (``limited_client`` connects here)."""
     target, draft = tiny_dirs
     env = {
         "TALON_TARGET": str(target),
@@ -101,6 +92,11 @@ def app_url(tiny_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         yield url
 
 
+@pytest.fixture()
+def limited_client(limited_app_url: str, tmp_path: Path) -> Client:
+    return Client(limited_app_url, verbose=False, download_files=str(tmp_path))
+
+
 def new_client(url: str, tmp_path: Path) -> Client:
     folder = tmp_path / f"client-{time.monotonic_ns()}"
     folder.mkdir()
@@ -111,9 +107,9 @@ def trace_of(final: tuple) -> dict:
     return json.loads(Path(final[DOWNLOAD]).read_text())
 
 
-def assert_ok_run(client: Client) -> None:
+def assert_ok_run(limited_client: Client) -> None:
     """The app still serves: a short greedy run completes with every token."""
-    final = client.predict("abc abc abc", max_new_tokens=8, budget=6, api_name="/generate")
+    final = limited_client.predict("abc abc abc", max_new_tokens=8, budget=6, api_name="/generate")
     summary = trace_of(final)["summary"]
     assert len(summary["token_ids"]) == 8 or summary["stop_reason"] == "eos"
 
@@ -123,16 +119,16 @@ def assert_ok_run(client: Client) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_bad_prompts_are_clear_errors_and_the_app_keeps_serving(client: Client) -> None:
+def test_bad_prompts_are_clear_errors_and_the_app_keeps_serving(limited_client: Client) -> None:
     for empty in ("", "   \n\t "):
         with pytest.raises(Exception, match="the prompt is empty"):
-            client.predict(empty, api_name="/generate")
+            limited_client.predict(empty, api_name="/generate")
     with pytest.raises(Exception, match=rf"the prompt has 100 tokens; this server accepts at most {MAX_PROMPT_TOKENS}"):
-        client.predict("x" * 100, api_name="/generate")
+        limited_client.predict("x" * 100, api_name="/generate")
     chars = 16 * MAX_PROMPT_TOKENS
     with pytest.raises(Exception, match=rf"{chars + 1} characters; this server accepts at most {chars}"):
-        client.predict("y" * (chars + 1), api_name="/generate")
-    assert_ok_run(client)
+        limited_client.predict("y" * (chars + 1), api_name="/generate")
+    assert_ok_run(limited_client)
 
 
 @pytest.mark.parametrize(
@@ -150,20 +146,21 @@ def test_bad_prompts_are_clear_errors_and_the_app_keeps_serving(client: Client) 
         ({"preset": "no-such-preset"}, "no-such-preset"),
     ],
 )
-def test_out_of_range_controls_are_refused(client: Client, change: dict, message: str) -> None:
+def test_out_of_range_controls_are_refused(limited_client: Client, change: dict, message: str) -> None:
     with pytest.raises(Exception, match=message):
-        client.predict("abc abc", api_name="/generate", **change)
+        limited_client.predict("abc abc", api_name="/generate", **change)
 
 
-def test_the_app_serves_after_refused_sweeps(client: Client) -> None:
+def test_the_app_serves_after_refused_sweeps(limited_client: Client) -> None:
     with pytest.raises(Exception, match="write numbers separated by commas, got '0.1, x'"):
-        client.predict("abc", mus="0.1, x", budgets="4", api_name="/sweep")
+        limited_client.predict("abc", mus="0.1, x", budgets="4", api_name="/sweep")
     with pytest.raises(Exception, match=f"at most {MAX_SWEEP_CELLS}"):
-        client.predict("abc", mus="0.1, 0.2, 0.3, 0.4", budgets="4, 8, 12, 16, 20, 24, 28, 32", api_name="/sweep")
-    assert_ok_run(client)
+        limited_client.predict("abc", mus="0.1, 0.2, 0.3, 0.4", budgets="4, 8, 12, 16, 20, 24, 28, 32",
+                               api_name="/sweep")
+    assert_ok_run(limited_client)
 
 
-def test_bad_trace_uploads_are_refused_with_a_reason(client: Client, tmp_path: Path) -> None:
+def test_bad_trace_uploads_are_refused_with_a_reason(limited_client: Client, tmp_path: Path) -> None:
     cases = {
         "binary.json": (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
         "deep.json": (b"[" * 200_000, "nested too deeply"),
@@ -174,12 +171,12 @@ def test_bad_trace_uploads_are_refused_with_a_reason(client: Client, tmp_path: P
         path = tmp_path / name
         path.write_bytes(data)
         with pytest.raises(Exception, match=message):
-            client.predict(handle_file(str(path)), api_name="/replay")
+            limited_client.predict(handle_file(str(path)), api_name="/replay")
     oversized = tmp_path / "oversized.json"
     oversized.write_bytes(b" " * (MAX_UPLOAD_BYTES + 1))
     with pytest.raises(Exception):  # noqa: B017  (refused by the upload route, before any handler)
-        client.predict(handle_file(str(oversized)), api_name="/replay")
-    assert_ok_run(client)
+        limited_client.predict(handle_file(str(oversized)), api_name="/replay")
+    assert_ok_run(limited_client)
 
 
 def huge_tree_trace() -> dict:
@@ -214,22 +211,22 @@ def strings_of(final: tuple) -> list[str]:
     return out
 
 
-def test_hostile_prompt_never_becomes_markup(client: Client) -> None:
-    final = client.predict(HOSTILE, max_new_tokens=16, api_name="/generate")
+def test_hostile_prompt_never_becomes_markup(limited_client: Client) -> None:
+    final = limited_client.predict(HOSTILE_PROMPT, max_new_tokens=16, api_name="/generate")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in final[SUMMARY], "the summary repeats the prompt, escaped"
     for text in strings_of(final):
         assert "<script" not in text and "\x07" not in text
     assert trace_of(final)["summary"]["steps"] >= 1
 
 
-def test_hostile_trace_text_is_shown_escaped(client: Client, tmp_path: Path) -> None:
+def test_hostile_trace_text_is_shown_escaped(limited_client: Client, tmp_path: Path) -> None:
     data = good_trace()
     for step in data["steps"]:
-        step["texts"] = [HOSTILE] * len(step["texts"])
-        step["bonus_text"] = HOSTILE
+        step["texts"] = [HOSTILE_PROMPT] * len(step["texts"])
+        step["bonus_text"] = HOSTILE_PROMPT
     path = tmp_path / "hostile.json"
     path.write_text(json.dumps(data))
-    final = client.predict(handle_file(str(path)), api_name="/replay")
+    final = limited_client.predict(handle_file(str(path)), api_name="/replay")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39;" in final[TEXT]
     for text in strings_of(final):
         assert "<script" not in text and "\x07" not in text
@@ -261,8 +258,8 @@ def test_the_target_weights_control_reaches_the_pair_and_is_checked_before_loadi
 # ---------------------------------------------------------------------------------------------
 
 
-def test_cancel_mid_run_then_the_next_run_works(client: Client) -> None:
-    job = client.submit("abc abc abc", max_new_tokens=MAX_NEW_TOKENS_LIMIT, api_name="/generate")
+def test_cancel_mid_run_then_the_next_run_works(limited_client: Client) -> None:
+    job = limited_client.submit("abc abc abc", max_new_tokens=MAX_NEW_TOKENS_LIMIT, api_name="/generate")
     deadline = time.monotonic() + 60
     while len(job.outputs()) < 2 and not job.done() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -272,10 +269,10 @@ def test_cancel_mid_run_then_the_next_run_works(client: Client) -> None:
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert job.done() and job.status().code == Status.CANCELLED
-    assert_ok_run(client)
+    assert_ok_run(limited_client)
 
 
-PROMPTS = (
+HARDENING_PROMPTS = (
     "alpha beta alpha beta alpha",
     "one two three, one two three",
     "def add(a, b): return a + b",
@@ -283,23 +280,23 @@ PROMPTS = (
 )
 
 
-def test_concurrent_sessions_match_sequential_runs(app_url: str, tmp_path: Path) -> None:
+def test_concurrent_sessions_match_sequential_runs(limited_app_url: str, tmp_path: Path) -> None:
     """Greedy output is a function of the prompt alone: four sessions at once (two runs at a time
     on the server) get exactly what one session got running them one after the other."""
     start = time.monotonic()
-    sequential = new_client(app_url, tmp_path)
-    expected = [trace_of(sequential.predict(p, max_new_tokens=24, api_name="/generate")) for p in PROMPTS]
-    clients = [new_client(app_url, tmp_path) for _ in PROMPTS]
-    jobs = [c.submit(p, max_new_tokens=24, api_name="/generate") for c, p in zip(clients, PROMPTS)]
+    sequential = new_client(limited_app_url, tmp_path)
+    expected = [trace_of(sequential.predict(p, max_new_tokens=24, api_name="/generate")) for p in HARDENING_PROMPTS]
+    clients = [new_client(limited_app_url, tmp_path) for _ in HARDENING_PROMPTS]
+    jobs = [c.submit(p, max_new_tokens=24, api_name="/generate") for c, p in zip(clients, HARDENING_PROMPTS)]
     remaining = LOAD_TIMEOUT_S - (time.monotonic() - start)
     with ThreadPoolExecutor(len(jobs)) as pool:
         finals = list(pool.map(lambda job: finish(job, remaining)[1], jobs))
     assert time.monotonic() - start < LOAD_TIMEOUT_S
     got = [trace_of(final) for final in finals]
-    for prompt, want, have in zip(PROMPTS, expected, got):
+    for prompt, want, have in zip(HARDENING_PROMPTS, expected, got):
         for key in ("prompt_token_ids", "token_ids", "text"):
             assert have["summary"][key] == want["summary"][key], (prompt, key)
-    assert len({tuple(t["summary"]["prompt_token_ids"]) for t in got}) == len(PROMPTS)
+    assert len({tuple(t["summary"]["prompt_token_ids"]) for t in got}) == len(HARDENING_PROMPTS)
 
 
 def test_queue_limits_come_from_settings() -> None:
@@ -316,12 +313,12 @@ def test_queue_limits_come_from_settings() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_server_hands_out_no_file_outside_its_own(app_url: str, tiny_dirs: tuple[Path, Path]) -> None:
+def test_the_server_hands_out_no_file_outside_its_own(limited_app_url: str, tiny_dirs: tuple[Path, Path]) -> None:
     """No allowed_paths: absolute, relative (to the working directory, the repository) and
     encoded paths to the system, the source and the model weights are all refused."""
     secrets = ["/etc/passwd", str(REPO / "app.py"), "app.py", "talon/settings.py", str(tiny_dirs[0] / "config.json")]
     routes = ["gradio_api/file={}", "gradio_api/file/{}", "file={}"]
-    with httpx.Client(base_url=app_url, timeout=10) as http:
+    with httpx.Client(base_url=limited_app_url, timeout=10) as http:
         for secret in secrets:
             for path in (secret, quote(secret, safe=""), "..%2F..%2F..%2F.." + quote(secret, safe="")):
                 for route in routes:

@@ -16,15 +16,14 @@ from talon.engine.engine import Engine, generate
 from talon.run_config import RunConfig, SamplingConfig, TreeConfig
 from talon.trace import StepTrace, TraceFileError, parse_trace, serving_metrics
 from talon.ui.session import Session
-from tests.test_engine import noisy_copy
-from tests.test_figures import RAW_BAD, hostile_steps, make_step, parse
-from tests.tiny import tiny_loaded
+from tests.steps import RAW_BAD, hostile_steps, make_step, parse
+from tests.tiny import noisy_copy, tiny_loaded
 
-PROMPT = "abc abc abc abd abc"
+INSPECTED_PROMPT = "abc abc abc abd abc"
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
+def inspected_engine() -> Engine:
     target = tiny_loaded("llama", 31)
     return Engine(target, noisy_copy(target, 32, 0.3))
 
@@ -43,10 +42,11 @@ def inspected(step: StepTrace, prefix: int = 40) -> StepTrace:
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.95, seed=3)],
                          ids=["greedy", "sampling"])
-def test_every_node_records_the_targets_top5_and_its_position(engine: Engine, sampling: SamplingConfig) -> None:
+def test_every_node_records_the_targets_top5_and_its_position(inspected_engine: Engine,
+                                                              sampling: SamplingConfig) -> None:
     cfg = RunConfig(drafter="hybrid", tree=TreeConfig(budget=10, cost_aware=False), max_new_tokens=24,
                     sampling=sampling)
-    summary, steps = generate(engine, PROMPT, cfg)
+    summary, steps = generate(inspected_engine, INSPECTED_PROMPT, cfg)
     prefix = len(summary.prompt_token_ids) - 1
     for st in steps:
         n = len(st.tokens)
@@ -72,8 +72,8 @@ def test_every_node_records_the_targets_top5_and_its_position(engine: Engine, sa
     assert kinds == {"bonus", "resampled"}, "the prompt must exercise both kinds"
 
 
-def test_new_fields_round_trip_and_are_validated(engine: Engine) -> None:
-    summary, steps = generate(engine, PROMPT, RunConfig(max_new_tokens=12))
+def test_new_fields_round_trip_and_are_validated(inspected_engine: Engine) -> None:
+    summary, steps = generate(inspected_engine, INSPECTED_PROMPT, RunConfig(max_new_tokens=12))
     data = json.loads(json.dumps({"format": "talon-trace/1", "summary": summary.to_dict(),
                                   "steps": [s.to_dict() for s in steps]}))
     _, back = parse_trace(data)
@@ -105,8 +105,8 @@ TRACE_STEP_KEYS = {
 }
 
 
-def test_a_step_is_its_parts_and_its_json_is_unchanged(engine: Engine) -> None:
-    summary, steps = generate(engine, PROMPT, RunConfig(max_new_tokens=6))
+def test_a_step_is_its_parts_and_its_json_is_unchanged(inspected_engine: Engine) -> None:
+    summary, steps = generate(inspected_engine, INSPECTED_PROMPT, RunConfig(max_new_tokens=6))
     assert set(steps[0].to_dict()) == TRACE_STEP_KEYS
     assert steps[0].timing.verify_s == steps[0].verify_s > 0
     older = {**summary.to_dict(), "forward": "static+fold"}  # a summary written before forward_path
@@ -196,8 +196,8 @@ def test_serving_metrics_use_the_engines_definitions() -> None:
     assert m["per_position_acceptance_rate"] == pytest.approx([2 / 3, 2 / 3, 1 / 3])
 
 
-def test_run_summary_carries_serving_metrics(engine: Engine) -> None:
-    summary, steps = generate(engine, PROMPT, RunConfig(max_new_tokens=16))
+def test_run_summary_carries_serving_metrics(inspected_engine: Engine) -> None:
+    summary, steps = generate(inspected_engine, INSPECTED_PROMPT, RunConfig(max_new_tokens=16))
     m = summary.serving_metrics
     assert m["num_accepted_tokens"] == sum(s.accept_len for s in steps)
     assert m["num_draft_tokens"] == sum(len(s.tokens) - 1 for s in steps)

@@ -17,8 +17,8 @@ from talon.cli.args import add_run_args, config_from_args
 from talon.knobs import APP_KNOBS, KNOB, KNOBS, ConfigError, markdown_table
 from talon.run_config import RetrievalConfig, RunConfig, SamplingConfig, TreeConfig
 from talon.server.controls import Controls
+from tests.tiny import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 RECORDS = {"": RunConfig, "tree": TreeConfig, "retrieval": RetrievalConfig, "sampling": SamplingConfig}
 
 
@@ -72,7 +72,7 @@ def test_the_docs_flag_table_is_the_tables() -> None:
 KNOB_WORDS = {w for k in KNOBS for w in (k.name, k.words, k.app, k.field) if w}
 OPTIONS = {k.option for k in KNOBS} | {f"--no-{k.option[2:]}" for k in KNOBS if k.cli == "pair"}
 # modules that hold front ends' or records' knobs: a literal default there is a second declaration
-FRONT_ENDS = ("talon/run_config.py", "talon/ui/", "talon/server/", "talon/cli/", "talon/atlas/explorer.py",
+KNOB_READERS = ("talon/run_config.py", "talon/ui/", "talon/server/", "talon/cli/", "talon/atlas/explorer.py",
               "talon/atlas/sweep.py", "talon/bench/")
 
 
@@ -88,7 +88,7 @@ def declared_elsewhere(root: Path = REPO) -> set[str]:
                 first = node.args[0]
                 if isinstance(first, ast.Constant) and first.value in OPTIONS:
                     found.add(f"{name}: flag {first.value}")
-            elif isinstance(node, ast.ClassDef) and name.startswith(FRONT_ENDS):
+            elif isinstance(node, ast.ClassDef) and name.startswith(KNOB_READERS):
                 for item in node.body:
                     if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
                             and item.target.id in KNOB_WORDS and isinstance(item.value, ast.Constant)

@@ -12,12 +12,11 @@ from talon.drafters.layer_skip import layer_skip_view, skipped_layers, view_of
 from talon.engine.engine import Engine, generate
 from talon.models import LoadedModel
 from talon.run_config import ConfigError, RunConfig, TreeConfig
-from tests.tiny import byte_tokenizer, tiny_model
+from tests.tiny import MAT_FLOOR, byte_tokenizer, tiny_model
 
 LAYERS = 6
-TOKENS = 24
-MAT_FLOOR = 1.5  # the test has teeth only where drafts are accepted at depth
-PROMPTS = ["def add(a, b):", "1, 2, 3, 4, 5,"]
+SKIP_TOKENS = 24
+SKIP_PROMPTS = ["def add(a, b):", "1, 2, 3, 4, 5,"]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +60,7 @@ def test_a_model_too_shallow_to_skip_a_layer_is_refused() -> None:
         skipped_layers(2, 0.3)
 
 
-def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
+def skip_reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = target.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
                                     pad_token_id=0)
@@ -74,11 +73,11 @@ def reference(target: LoadedModel, ids: list[int], n: int) -> list[int]:
 def test_layerskip_is_lossless_without_a_draft_model(target: LoadedModel, mode: str, async_draft: bool,
                                                      step: str) -> None:
     engine = Engine(target, None, forward=step)
-    cfg = RunConfig(drafter="layerskip", max_new_tokens=TOKENS, async_draft=async_draft, skip_layers=0.3,
+    cfg = RunConfig(drafter="layerskip", max_new_tokens=SKIP_TOKENS, async_draft=async_draft, skip_layers=0.3,
                     tree=TreeConfig(mode=mode, budget=8, root_k=3, top_k=2, min_conf=0.0, cost_aware=False))
-    for prompt in PROMPTS[:2]:
+    for prompt in SKIP_PROMPTS[:2]:
         summary, steps = generate(engine, prompt, cfg)
         # the reference's length is the run's asked length, not what the run gave: a cut run fails
-        assert summary.token_ids == reference(target, summary.prompt_token_ids, TOKENS)
+        assert summary.token_ids == skip_reference(target, summary.prompt_token_ids, SKIP_TOKENS)
         assert summary.stop_reason == "max_new_tokens"
         assert summary.mean_accepted_tokens >= MAT_FLOOR, (prompt, summary.mean_accepted_tokens)

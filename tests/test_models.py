@@ -31,9 +31,7 @@ from talon.models.loading import load_model
 from talon.models.tokenizer_check import check_tokenizers_match
 from talon.run_config import ConfigError
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, ENV_VARS, Settings
-
-CPU = torch.device("cpu")
-
+from tests.tiny import CPU
 
 # --- device and dtype ---------------------------------------------------------------------------
 
@@ -140,22 +138,22 @@ def word_tokenizer(words: list[str], eos: str = "<eos>") -> PreTrainedTokenizerF
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)
 
 
-WORDS = ["<unk>", "def", "return", "(", ")", ":"]
+GGUF_WORDS = ["<unk>", "def", "return", "(", ")", ":"]
 
 
 def test_matching_tokenizers_pass() -> None:
-    check_tokenizers_match(word_tokenizer(WORDS), word_tokenizer(WORDS), "t", "d")
+    check_tokenizers_match(word_tokenizer(GGUF_WORDS), word_tokenizer(GGUF_WORDS), "t", "d")
 
 
 def test_gguf_padding_rows_are_ignored() -> None:
-    check_tokenizers_match(word_tokenizer([*WORDS, "<eos>", "[PAD7]"]), word_tokenizer(WORDS), "t", "d")
+    check_tokenizers_match(word_tokenizer([*GGUF_WORDS, "<eos>", "[PAD7]"]), word_tokenizer(GGUF_WORDS), "t", "d")
 
 
 def test_vocab_mismatch_names_models_and_token() -> None:
     swapped = ["<unk>", "return", "def", "(", ")", ":"]
     with pytest.raises(ModelLoadError) as info:
         check_tokenizers_match(
-            word_tokenizer(WORDS), word_tokenizer(swapped), "big-model", "small-model"
+            word_tokenizer(GGUF_WORDS), word_tokenizer(swapped), "big-model", "small-model"
         )
     message = str(info.value)
     assert "big-model" in message and "small-model" in message
@@ -164,11 +162,11 @@ def test_vocab_mismatch_names_models_and_token() -> None:
 
 def test_missing_token_is_a_mismatch() -> None:
     with pytest.raises(ModelLoadError, match="':' is id 5 in the target but missing"):
-        check_tokenizers_match(word_tokenizer(WORDS), word_tokenizer(WORDS[:-1]), "t", "d")
+        check_tokenizers_match(word_tokenizer(GGUF_WORDS), word_tokenizer(GGUF_WORDS[:-1]), "t", "d")
 
 
 def test_eos_mismatch() -> None:
-    words = [*WORDS, "<eos>", "<end>"]
+    words = [*GGUF_WORDS, "<eos>", "<end>"]
     target, draft = word_tokenizer(words, eos="<eos>"), word_tokenizer(words, eos="<end>")
     with pytest.raises(ModelLoadError, match="eos token"):
         check_tokenizers_match(target, draft, "t", "d")

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import networkx as nx
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.tiny import REPO
+
 ALLOWED_TWICE = {"logger", "main", "__all__"}
 
 
@@ -25,11 +26,12 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
 
 
-def public_definitions(root: Path = REPO) -> dict[str, list[str]]:
-    """Public name -> the modules of ``talon/`` that define it at module level (a def, a class,
-    an assignment; an import is not a definition)."""
+def public_definitions(root: Path = REPO, folder: str = "talon") -> dict[str, list[str]]:
+    """Public name -> the modules of ``folder`` that define it at module level (a def, a class,
+    an assignment; an import is not a definition). In ``tests/`` the tests themselves and pytest's
+    hooks are not names anyone shares."""
     found: dict[str, list[str]] = defaultdict(list)
-    for path in sorted((root / "talon").rglob("*.py")):
+    for path in sorted((root / folder).rglob("*.py")):
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             names: list[str] = []
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -41,17 +43,56 @@ def public_definitions(root: Path = REPO) -> dict[str, list[str]]:
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names = [node.target.id]
             for name in names:
-                if not name.startswith("_") and name not in ALLOWED_TWICE:
-                    found[name].append(module_name(path, root))
+                if name.startswith("_") or name in ALLOWED_TWICE or name.startswith(NOT_SHARED.get(folder, ("",))):
+                    continue
+                found[name].append(module_name(path, root))
     return found
 
 
-def defined_twice(root: Path = REPO) -> dict[str, list[str]]:
-    return {name: modules for name, modules in public_definitions(root).items() if len(modules) > 1}
+NOT_SHARED = {"tests": ("test_", "pytest_", "pytestmark")}
+
+
+def defined_twice(root: Path = REPO, folder: str = "talon") -> dict[str, list[str]]:
+    return {name: modules for name, modules in public_definitions(root, folder).items() if len(modules) > 1}
 
 
 def test_every_public_name_is_defined_once() -> None:
     assert defined_twice() == {}
+
+
+def test_every_name_the_tests_share_is_defined_once() -> None:
+    """A constant, helper or fixture of ``tests/`` has one home (conftest.py, tiny.py, steps.py,
+    browser.py, or the one test module that uses it); the tests themselves may repeat a name."""
+    assert defined_twice(folder="tests") == {}
+
+
+def cross_imports(root: Path = REPO) -> set[str]:
+    """Test modules that import another test module (at any depth: deferred imports too)."""
+    found = set()
+    for path in sorted((root / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(re.fullmatch(r"tests\.test_\w+", n) for n in names):
+                found.add(path.name)
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    assert cross_imports() == set()
+
+
+def test_a_cross_import_and_a_second_test_definition_are_caught(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "tests" / "test_tree.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\ndef later():\n    from tests.test_engine import PROMPTS\n    return PROMPTS\n")
+    with (tmp_path / "tests" / "test_retrieval.py").open("a", encoding="utf-8") as fh:
+        fh.write("\n\nPROMPTS = ['one more list of prompts']\n")
+    assert cross_imports(tmp_path) == {"test_tree.py"}
+    assert defined_twice(tmp_path, "tests") == {"PROMPTS": ["tests.test_retrieval", "tests.tiny"]}
 
 
 def test_a_second_definition_is_caught(tmp_path: Path) -> None:

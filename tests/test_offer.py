@@ -16,7 +16,7 @@ from talon.server.controls import Controls
 from talon.server.pair import PairSlot
 from talon.server.request import plan_run
 from talon.settings import Settings
-from tests.test_gpu_space import FakeGPU
+from tests.tiny import FakeGPU
 
 
 @pytest.fixture()
@@ -140,7 +140,7 @@ def test_a_visitors_switch_is_announced_to_every_page(gpu) -> None:
 def test_every_preset_a_gpu_space_offers_by_default_is_preloaded(gpu) -> None:
     """No visitor's pick downloads a pair inside a run: the README's preload_from_hub holds the
     repos of every preset a GPU Space offers unless its owner lists more (TALON_PRESETS)."""
-    from tests.test_space import front_matter
+    from tests.tiny import front_matter
 
     preload = set(front_matter()["preload_from_hub"])
     offered = offer.presets(Settings(device="cuda"))

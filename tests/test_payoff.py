@@ -8,7 +8,7 @@ import dataclasses
 
 from talon import figures as F
 from talon.trace import RunSummary, StepTrace
-from tests.test_figures import make_step, run_steps, sampled_step
+from tests.steps import make_step, run_steps, sampled_step
 
 GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 

@@ -29,8 +29,7 @@ from talon.models.prepack import (
 from talon.models.quant import quantize_draft
 from talon.run_config import ConfigError
 from talon.settings import Settings
-from tests.test_app import save_tiny_pair
-from tests.tiny import assert_decodes_own_generate, tiny_loaded
+from tests.tiny import assert_decodes_own_generate, save_tiny_pair, tiny_loaded
 
 pytestmark = pytest.mark.skipif(not prepack_supported(), reason="this torch build has no oneDNN CPU linear")
 

@@ -26,12 +26,12 @@ from talon.drafters import (
 )
 from talon.run_config import RetrievalConfig
 
-WORDS = "a b c d e f g h p q r s x y z the quick brown fox jumps over lazy dog i saw it".split()
-VOCAB = {w: i for i, w in enumerate(WORDS)}
+RETRIEVAL_WORDS = "a b c d e f g h p q r s x y z the quick brown fox jumps over lazy dog i saw it".split()
+WORD_IDS = {w: i for i, w in enumerate(RETRIEVAL_WORDS)}
 
 
 def enc(text: str) -> list[int]:
-    return [VOCAB[w] for w in text.split()]
+    return [WORD_IDS[w] for w in text.split()]
 
 
 def drafter_on(text: str, **knobs: object) -> Retriever:
@@ -176,7 +176,7 @@ def test_incremental_extend_matches_reset() -> None:
     inc = drafter_on("a b c")
     for token in stream[3:]:
         inc.extend([token])
-    assert inc.propose(16) == drafter_on(" ".join(WORDS[t] for t in stream)).propose(16)
+    assert inc.propose(16) == drafter_on(" ".join(RETRIEVAL_WORDS[t] for t in stream)).propose(16)
 
 
 # ----------------------------------------------------------------------------- properties
@@ -366,7 +366,7 @@ def test_context_wins_ties_and_longer_matches(tmp_path: Path) -> None:
     drafter = Retriever(RetrievalConfig(), CorpusIndex.from_file(_jsonl(tmp_path), enc))
     drafter.reset(enc("a b q r a b"))  # context "a b" -> q; corpus "a b" -> c: tie
     prop = drafter.propose(16)
-    assert prop.source == "context" and prop.match_len == 2 and prop.tokens[0] == VOCAB["q"]
+    assert prop.source == "context" and prop.match_len == 2 and prop.tokens[0] == WORD_IDS["q"]
     drafter.extend(enc("c"))  # context "a b c" is new; corpus has "a b c" -> context match shorter
     prop = drafter.propose(16)
     assert prop.source == "corpus" and prop.match_len == 3 and prop.tokens == enc("d e")

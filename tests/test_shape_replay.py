@@ -13,33 +13,30 @@ from talon.atlas.shape import shape_replay, shape_run
 from talon.cost.model import synthetic_costs
 from talon.engine.engine import Engine
 from talon.run_config import ConfigError, RunConfig, TreeConfig
-from tests.test_atlas import COSTS, PROMPTS
-from tests.test_engine import noisy_copy
-from tests.tiny import tiny_loaded
+from tests.tiny import ATLAS_COSTS, ATLAS_PROMPTS, atlas_engine, tiny_loaded
 
 
 @pytest.fixture(scope="module")
-def atlas() -> Atlas:
-    target = tiny_loaded("llama", 11)
-    recorder = Engine(target, noisy_copy(target, 12, 0.3), costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
-    return record_atlas(recorder, PROMPTS[1], RunConfig(max_new_tokens=32, draft_vocab=0))
+def shape_atlas() -> Atlas:
+    recorder = atlas_engine()
+    return record_atlas(recorder, ATLAS_PROMPTS[1], RunConfig(max_new_tokens=32, draft_vocab=0))
 
 
 def other_pair(step: str) -> Engine:
     """Other weights, the same vocabulary: what its forwards would say differs from the atlas."""
     return Engine(tiny_loaded("llama", 31), tiny_loaded("llama", 32), forward=step,
-                  costs=synthetic_costs(COSTS["verify"], COSTS["draft"]))
+                  costs=synthetic_costs(ATLAS_COSTS["verify"], ATLAS_COSTS["draft"]))
 
 
 @pytest.mark.parametrize("step", ["dynamic", "static"])
 @pytest.mark.parametrize("drafter", ["hybrid", "model", "retrieval", "none"])
-def test_another_pairs_forwards_decode_the_atlas_in_its_steps(atlas: Atlas, step: str, drafter: str) -> None:
+def test_another_pairs_forwards_decode_the_atlas_in_its_steps(shape_atlas: Atlas, step: str, drafter: str) -> None:
     cfg = RunConfig(drafter=drafter, tree=TreeConfig(cost_aware=False), max_new_tokens=32, draft_vocab=0)
     engine = other_pair(step)
-    result = shape_replay(engine, atlas, cfg)
-    told = replay(atlas, cfg)
+    result = shape_replay(engine, shape_atlas, cfg)
+    told = replay(shape_atlas, cfg)
     assert result.coverage.misses == 0
-    assert result.summary.token_ids == told.summary.token_ids == atlas.output[:len(result.summary.token_ids)]
+    assert result.summary.token_ids == told.summary.token_ids == shape_atlas.output[:len(result.summary.token_ids)]
     assert result.summary.steps == told.summary.steps and len(result.steps) == len(told.steps)
     assert [s.parents for s in result.steps] == [s.parents for s in told.steps]  # the trees' shapes and widths
     assert [s.tokens for s in result.steps] == [s.tokens for s in told.steps]
@@ -50,23 +47,23 @@ def test_another_pairs_forwards_decode_the_atlas_in_its_steps(atlas: Atlas, step
     assert result.predicted.steps == told.summary.steps
 
 
-def test_the_pairs_own_forwards_would_have_said_otherwise(atlas: Atlas) -> None:
+def test_the_pairs_own_forwards_would_have_said_otherwise(shape_atlas: Atlas) -> None:
     """The substitution is what makes the trees the atlas's: the other pair decoding for itself
     writes another text."""
     cfg = RunConfig(drafter="hybrid", tree=TreeConfig(cost_aware=False), max_new_tokens=32, draft_vocab=0)
     engine = other_pair("dynamic")
-    own = list(engine.run(list(atlas.prompt_ids), cfg))
-    assert [t for s in own for t in s.new_tokens] != list(atlas.output[:32])
+    own = list(engine.run(list(shape_atlas.prompt_ids), cfg))
+    assert [t for s in own for t in s.new_tokens] != list(shape_atlas.output[:32])
 
 
-def test_what_it_cannot_answer_is_refused(atlas: Atlas) -> None:
+def test_what_it_cannot_answer_is_refused(shape_atlas: Atlas) -> None:
     sampled = RunConfig(drafter="hybrid", max_new_tokens=8, draft_vocab=0).replace(
         sampling=RunConfig().sampling.__class__(temperature=0.7))
     with pytest.raises(ConfigError, match="greedy only"):
-        shape_run(other_pair("dynamic"), atlas, sampled)
+        shape_run(other_pair("dynamic"), shape_atlas, sampled)
     narrow = Engine(tiny_loaded("llama", 31, vocab=64), tiny_loaded("llama", 32, vocab=64))
     with pytest.raises(ConfigError, match="beyond these models' vocabulary"):
-        shape_run(narrow, atlas, RunConfig(drafter="hybrid", max_new_tokens=8, draft_vocab=0))
+        shape_run(narrow, shape_atlas, RunConfig(drafter="hybrid", max_new_tokens=8, draft_vocab=0))
 
 
 def test_the_device_script_measures_every_drafter_beside_generate_and_the_prediction(tmp_path) -> None:  # noqa: ANN001
@@ -112,26 +109,27 @@ def test_a_run_that_builds_while_timed_fails_the_device_script(monkeypatch: pyte
     real = device_script.shape_replay
     warmed: list[bool] = []
 
-    def unwarmed(engine, atlas, cfg):  # noqa: ANN001, ANN202 - the warm-up pass skipped
+    def unwarmed(engine, shape_atlas, cfg):  # noqa: ANN001, ANN202 - the warm-up pass skipped
         if len(warmed) < 4:  # the warm-up's four kinds (none, retrieval, model, hybrid) on the one atlas
             warmed.append(True)
             return None
-        return real(engine, atlas, cfg)
+        return real(engine, shape_atlas, cfg)
 
     monkeypatch.setattr(device_script, "shape_replay", unwarmed)
     monkeypatch.setattr(device_script, "reference", lambda *a: None)  # the warm-up's generate() too
     assert device_script.main(["--tiny", "--limit", "1", "--tokens", "8", "--forward", "static"]) == 1
 
 
-def test_a_readout_of_the_forwards_own_proposals_fails_faithfulness(atlas: Atlas,
+def test_a_readout_of_the_forwards_own_proposals_fails_faithfulness(shape_atlas: Atlas,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: the shape source hands the tree the real forward's top-k, not the atlas's. The
     text is still the atlas's (verification reads it), but the trees are not the atlas replay's."""
     from talon.atlas.shape import ShapeSource
 
     monkeypatch.setattr(ShapeSource, "expand", lambda self, tree, nodes, k: self.real.expand(tree, nodes, k))
-    result = shape_replay(other_pair("dynamic"), atlas, RunConfig(drafter="model", max_new_tokens=16, draft_vocab=0))
-    assert result.summary.token_ids == atlas.output[:16] and not result.same_trees
+    cfg = RunConfig(drafter="model", max_new_tokens=16, draft_vocab=0)
+    result = shape_replay(other_pair("dynamic"), shape_atlas, cfg)
+    assert result.summary.token_ids == shape_atlas.output[:16] and not result.same_trees
 
 
 def test_a_replay_that_leaves_its_atlas_makes_the_device_script_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,10 +149,10 @@ def test_a_replay_that_leaves_its_atlas_makes_the_device_script_exit_1(monkeypat
     assert device_script.main(["--tiny", "--limit", "1", "--tokens", "16"]) == 1
 
 
-def test_the_shape_source_answers_only_a_draft_sources_calls(atlas: Atlas) -> None:
+def test_the_shape_source_answers_only_a_draft_sources_calls(shape_atlas: Atlas) -> None:
     from talon.atlas.shape import ShapeSource
 
-    run, _ = shape_run(other_pair("dynamic"), atlas, RunConfig(drafter="model", max_new_tokens=8, draft_vocab=0))
+    run, _ = shape_run(other_pair("dynamic"), shape_atlas, RunConfig(drafter="model", max_new_tokens=8, draft_vocab=0))
     source = run.drafter.source
     assert isinstance(source, ShapeSource)
     for name in ("fork", "chained_tree", "chains"):

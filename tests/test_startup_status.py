@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from talon.gpucheck.launch import serve_app
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_chromium
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
 STATUS = "(document.querySelector('#talon-models-status')?.textContent || '')"
-CAPTION = "(document.querySelector('#talon-caption')?.textContent || '')"
+CAPTION_JS = "(document.querySelector('#talon-caption')?.textContent || '')"
 APP_ENV = {"TALON_DEVICE": "cpu", "TALON_DTYPE": "float32", "TALON_DRAFT_QUANT": "int8", "TALON_PREPACK": "0",
            "TALON_TARGET_WEIGHTS": "int4"}
 
@@ -36,12 +36,12 @@ def test_the_page_names_the_models_while_they_load_and_stop_ends_the_wait(tmp_pa
                 page.wait_for_function(f"{STATUS}.includes('Loading the models: qwen2.5-coder-1.5b-instruct + "
                                        "qwen2.5-coder-0.5b-instruct (1.6 GB of GGUF weights)')")
                 page.click("#talon-run")
-                page.wait_for_function(f"{CAPTION}.includes('Waiting for the models') && "
-                                       f"{CAPTION}.includes('s so far')")
+                page.wait_for_function(f"{CAPTION_JS}.includes('Waiting for the models') && "
+                                       f"{CAPTION_JS}.includes('s so far')")
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(SCREENSHOTS / "loading.png"))
                 page.click("#talon-stop")
-                page.wait_for_function(f"{CAPTION}.includes('Stopped while the models loaded')")
+                page.wait_for_function(f"{CAPTION_JS}.includes('Stopped while the models loaded')")
                 page.wait_for_function(f"{STATUS}.includes('Models ready: qwen2.5-coder-1.5b-instruct')",
                                        timeout=240_000)
         finally:

@@ -16,9 +16,9 @@ from talon.core.verify import verify_tree
 from talon.graphs.static import StaticForward, bucket_for
 from talon.models.attention import set_fold
 from talon.tree import DraftTree
-from tests.tiny import tiny_model
+from tests.tiny import plant_visible_pads, tiny_model
 
-PROMPT = torch.arange(3, 23)  # (P,)
+STATIC_PROMPT = torch.arange(3, 23)  # (P,)
 
 
 def a_tree(root: int) -> DraftTree:
@@ -29,23 +29,23 @@ def a_tree(root: int) -> DraftTree:
     return tree
 
 
-def dynamic(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
-    cache = DynamicCache(config=model.config)
-    forward_hidden(model, cache, PROMPT[:-1], torch.arange(len(PROMPT) - 1), None)
-    first = verify_tree(model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(PROMPT) - 1))
-    keep_dynamic(cache, len(PROMPT) - 1, [len(PROMPT) - 1 + i for i in path])
+def dynamic(static_model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
+    cache = DynamicCache(config=static_model.config)
+    forward_hidden(static_model, cache, STATIC_PROMPT[:-1], torch.arange(len(STATIC_PROMPT) - 1), None)
+    first = verify_tree(static_model, cache, tree.tokens, tree_mask(tree), tree_positions(tree, len(STATIC_PROMPT) - 1))
+    keep_dynamic(cache, len(STATIC_PROMPT) - 1, [len(STATIC_PROMPT) - 1 + i for i in path])
     chain = DraftTree.with_root(follow[0])
     for i, token in enumerate(follow[1:]):
         chain.add(i, token, 0.5, "model")
-    length = len(PROMPT) - 1 + len(path)
-    second = verify_tree(model, cache, chain.tokens, tree_mask(chain), tree_positions(chain, length))
+    length = len(STATIC_PROMPT) - 1 + len(path)
+    second = verify_tree(static_model, cache, chain.tokens, tree_mask(chain), tree_positions(chain, length))
     return first, second
 
 
-def static(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
-    sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8))
-    sf.prefill(PROMPT[:-1])
-    length = len(PROMPT) - 1
+def static(static_model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa: ANN001, ANN201
+    sf = StaticForward(static_model, max_len=64, buckets=(1, 2, 4, 8))
+    sf.prefill(STATIC_PROMPT[:-1])
+    length = len(STATIC_PROMPT) - 1
     first = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     sf.keep_path(length, path)
     length += len(path)
@@ -56,7 +56,7 @@ def static(model, tree: DraftTree, path: list[int], follow: list[int]):  # noqa:
 
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
+def static_model():  # noqa: ANN201
     torch.manual_seed(0)
     return tiny_model("qwen2", seed=3, layers=2)
 
@@ -67,58 +67,46 @@ def test_buckets_round_up() -> None:
         bucket_for(258)  # the largest tree is its root and MAX_BUDGET (256) nodes
 
 
-def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(model) -> None:  # noqa: ANN001
-    tree = a_tree(int(PROMPT[-1]))
-    want = dynamic(model, tree, [0, 2, 4], [50, 51, 52])
-    got = static(model, tree, [0, 2, 4], [50, 51, 52])
+def test_the_static_forward_equals_the_dynamic_one_through_a_kept_path(static_model) -> None:  # noqa: ANN001
+    tree = a_tree(int(STATIC_PROMPT[-1]))
+    want = dynamic(static_model, tree, [0, 2, 4], [50, 51, 52])
+    got = static(static_model, tree, [0, 2, 4], [50, 51, 52])
     for w, g in zip(want, got):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
-def plant_visible_pads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planted bug: every real node of a step sees its bucket's pads."""
-    real = StaticForward.pack
-
-    def pads_seen(self, bucket, ids, positions, visible, length, base):  # noqa: ANN001, ANN202
-        packed = real(self, bucket, ids, positions, visible, length, base)
-        b, t = bucket.size, ids.shape[0]
-        window = packed[8 * (2 + 2 * b + b * bucket.earlier):].reshape(b, b)
-        window[:t, t:] = 1
-        return packed
-
-    monkeypatch.setattr(StaticForward, "pack", pads_seen)
 
 
-def test_a_pad_visible_to_the_nodes_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_a_pad_visible_to_the_nodes_fails(static_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     plant_visible_pads(monkeypatch)
-    tree = a_tree(int(PROMPT[-1]))
-    first, _ = static(model, tree, [0, 2, 4], [50])
-    assert not torch.allclose(first, dynamic(model, tree, [0, 2, 4], [50])[0], atol=1e-3)
+    tree = a_tree(int(STATIC_PROMPT[-1]))
+    first, _ = static(static_model, tree, [0, 2, 4], [50])
+    assert not torch.allclose(first, dynamic(static_model, tree, [0, 2, 4], [50])[0], atol=1e-3)
 
 
-def test_a_cache_move_one_slot_off_fails(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_a_cache_move_one_slot_off_fails(static_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     real = StaticForward.keep
     monkeypatch.setattr(StaticForward, "keep", lambda self, start, slots: real(self, start + 1, slots))
-    tree = a_tree(int(PROMPT[-1]))
-    _, second = static(model, tree, [0, 2, 4], [50, 51])
-    assert not torch.allclose(second, dynamic(model, tree, [0, 2, 4], [50, 51])[1], atol=1e-3)
+    tree = a_tree(int(STATIC_PROMPT[-1]))
+    _, second = static(static_model, tree, [0, 2, 4], [50, 51])
+    assert not torch.allclose(second, dynamic(static_model, tree, [0, 2, 4], [50, 51])[1], atol=1e-3)
 
 
-def test_too_long_a_step_for_the_static_cache_is_refused(model) -> None:  # noqa: ANN001
-    sf = StaticForward(model, max_len=16, buckets=(1, 2, 4, 8))
+def test_too_long_a_step_for_the_static_cache_is_refused(static_model) -> None:  # noqa: ANN001
+    sf = StaticForward(static_model, max_len=16, buckets=(1, 2, 4, 8))
     with pytest.raises(ValueError, match="exceed the static cache"):
         sf.forward(torch.zeros(5, dtype=torch.long), torch.arange(12, 17), torch.eye(5, dtype=torch.bool), 12)
 
 
-def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None:  # noqa: ANN001
+def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(static_model) -> None:  # noqa: ANN001
     """The readout made inside the forward (so that a graph replays it) is the softmax's top-k of
     the logits the same forward returns, copied back in one table."""
     from talon.graphs.static import READOUT_K
 
-    sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
-    sf.prefill(PROMPT[:-1])
-    tree, length = a_tree(int(PROMPT[-1])), len(PROMPT) - 1
+    sf = StaticForward(static_model, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
+    sf.prefill(STATIC_PROMPT[:-1])
+    tree, length = a_tree(int(STATIC_PROMPT[-1])), len(STATIC_PROMPT) - 1
     args = (torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     q, ids = sf.top(*args, k=3)
     want_q, want_ids = torch.softmax(sf.forward(*args), dim=-1).topk(3, dim=-1)
@@ -127,7 +115,7 @@ def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None
     with pytest.raises(ValueError, match="reads out"):
         sf.top(*args, k=READOUT_K + 1)
     with pytest.raises(ValueError, match="reads out 0"):
-        StaticForward(model, max_len=64, buckets=(1, 2, 4, 8)).top(*args, k=3)  # a target's forward
+        StaticForward(static_model, max_len=64, buckets=(1, 2, 4, 8)).top(*args, k=3)  # a target's forward
     small = tiny_model("qwen2", seed=4, layers=1, vocab=6)  # fewer ids than READOUT_K: the table is narrower
     sf = StaticForward(small, max_len=64, buckets=(1, 2, 4, 8), drafts=True)
     sf.prefill(torch.tensor([1, 2, 3]))
@@ -138,52 +126,52 @@ def test_a_drafting_forward_reads_out_the_top_k_of_its_own_logits(model) -> None
     torch.testing.assert_close(torch.tensor(q, dtype=torch.float64), want_q.double(), atol=1e-6, rtol=1e-6)
 
 
-def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(model) -> None:  # noqa: ANN001
+def test_a_node_seeing_more_earlier_slots_than_a_forward_holds_is_refused(static_model) -> None:  # noqa: ANN001
     """A drafting forward carries each node's slots from earlier layers of its step, up to the
     deepest tree (``EARLIER``); more, or any on a target's forward, is refused, not cut."""
     from talon.graphs.static import EARLIER
     from talon.knobs import KNOB
 
     assert EARLIER >= KNOB["max_depth"].hi  # a node at the deepest layer sees max_depth - 1 of them
-    drafting = StaticForward(model, max_len=EARLIER + 16, buckets=(1, 2), drafts=True)
+    static_drafting = StaticForward(static_model, max_len=EARLIER + 16, buckets=(1, 2), drafts=True)
     one = torch.tensor([5])
     fits = torch.ones(1, EARLIER + 1, dtype=torch.bool)  # EARLIER earlier slots and itself
-    assert drafting.forward(one, torch.tensor([EARLIER]), fits, EARLIER, base=0).shape[0] == 1
+    assert static_drafting.forward(one, torch.tensor([EARLIER]), fits, EARLIER, base=0).shape[0] == 1
     with pytest.raises(ValueError, match="slots of earlier layers"):
-        drafting.forward(one, torch.tensor([EARLIER + 1]), torch.ones(1, EARLIER + 2, dtype=torch.bool),
+        static_drafting.forward(one, torch.tensor([EARLIER + 1]), torch.ones(1, EARLIER + 2, dtype=torch.bool),
                          EARLIER + 1, base=0)
     with pytest.raises(ValueError, match="this forward holds 0"):
-        StaticForward(model, max_len=64, buckets=(1, 2)).forward(one, torch.tensor([3]),
+        StaticForward(static_model, max_len=64, buckets=(1, 2)).forward(one, torch.tensor([3]),
                                                                  torch.ones(1, 2, dtype=torch.bool), 1, base=0)
 
 
-def test_capture_replays_the_eager_logits_on_cuda(model) -> None:  # noqa: ANN001
+def test_capture_replays_the_eager_logits_on_cuda(static_model) -> None:  # noqa: ANN001
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: graph capture runs only on a GPU (the eager static path is tested above)")
-    cuda = model.to("cuda")
-    tree = a_tree(int(PROMPT[-1]))
+    cuda = static_model.to("cuda")
+    tree = a_tree(int(STATIC_PROMPT[-1]))
     sf = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8))
-    sf.prefill(PROMPT[:-1])
-    length = len(PROMPT) - 1
+    sf.prefill(STATIC_PROMPT[:-1])
+    length = len(STATIC_PROMPT) - 1
     eager = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length).clone()
     report = sf.capture(length)
     replay = sf.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     assert report.buckets == [1, 2, 4, 8] and talon.graphs.static.bucket_for(5) == 8
     torch.testing.assert_close(replay, eager, atol=1e-3, rtol=1e-3)
     lazy = StaticForward(cuda, max_len=64, buckets=(1, 2, 4, 8), graphs=True)  # what a pool makes
-    lazy.prefill(PROMPT[:-1])  # 19 tokens: one chunk of 8, 8, then 3 in a bucket of 4
+    lazy.prefill(STATIC_PROMPT[:-1])  # 19 tokens: one chunk of 8, 8, then 3 in a bucket of 4
     first = lazy.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length).clone()
     again = lazy.forward(torch.tensor(tree.tokens), tree_positions(tree, length), tree_mask(tree), length)
     assert lazy.capture_report.buckets == [4, 8] and all(lazy.buckets[b].graph is not None for b in (4, 8))
     torch.testing.assert_close(first, eager, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(again, eager, atol=1e-3, rtol=1e-3)
-    model.to("cpu")
+    static_model.to("cpu")
 
 
 # ------------------------------------------------------------------ the draft model on the static forward
 
 
-def drafting(drafter) -> list:  # noqa: ANN001
+def static_drafting(drafter) -> list:  # noqa: ANN001
     """Two steps of a model source, the second from an async fork's adopted subtree, then a
     third after a plain commit: every layer's children (token, q)."""
     seen = []
@@ -195,8 +183,8 @@ def drafting(drafter) -> list:  # noqa: ANN001
             for token, q in kids:
                 tree.add(node, token, q, "model")
 
-    drafter.reset(PROMPT.tolist())
-    tree = DraftTree.with_root(int(PROMPT[-1]))
+    drafter.reset(STATIC_PROMPT.tolist())
+    tree = DraftTree.with_root(int(STATIC_PROMPT[-1]))
     layer(tree, [0], 3)  # nodes 1-3
     layer(tree, [1, 2], 2)  # nodes 4-7 (4, 5 under 1)
     layer(tree, [4, 6], 2)  # nodes 8-11
@@ -234,20 +222,20 @@ def same_children(a: list, b: list) -> bool:
     return True
 
 
-def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(model) -> None:  # noqa: ANN001
+def test_the_static_drafter_drafts_as_the_dynamic_one_through_commit_fork_and_adopt(static_model) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelSource
     from talon.drafters.static_draft import StaticModelSource
     from talon.graphs.pool import StaticPool
 
-    pool = StaticPool(model, drafts=True)
-    want = drafting(ModelSource(model))
-    got = drafting(StaticModelSource(model, pool, tokens=64))
+    pool = StaticPool(static_model, drafts=True)
+    want = static_drafting(ModelSource(static_model))
+    got = static_drafting(StaticModelSource(static_model, pool, tokens=64))
     assert len(want) == 8 and same_children(want, got)
     assert len(pool.free) == pool.made == 2, "the drafter and its fork gave their forwards back"
 
 
 @pytest.mark.parametrize("bug", ["keep one slot off", "ancestor unseen"])
-def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
+def test_a_static_drafter_bug_changes_its_drafts(static_model, monkeypatch: pytest.MonkeyPatch, bug: str) -> None:  # noqa: ANN001
     from talon.drafters.model import ModelSource
     from talon.drafters.static_draft import StaticModelSource
     from talon.graphs.pool import StaticPool
@@ -265,8 +253,8 @@ def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.Monk
             return real_fill(self, ids, positions, visible, length, base)
 
         monkeypatch.setattr(StaticForward, "fill", unseen)
-    want = drafting(ModelSource(model))
-    got = drafting(StaticModelSource(model, StaticPool(model, drafts=True), tokens=64))
+    want = static_drafting(ModelSource(static_model))
+    got = static_drafting(StaticModelSource(static_model, StaticPool(static_model, drafts=True), tokens=64))
     assert not same_children(want, got)
 
 
@@ -275,8 +263,7 @@ def test_a_static_drafter_bug_changes_its_drafts(model, monkeypatch: pytest.Monk
 
 @pytest.fixture(scope="module")
 def close_pair():  # noqa: ANN201
-    from tests.test_engine import noisy_copy
-    from tests.tiny import tiny_loaded
+    from tests.tiny import noisy_copy, tiny_loaded
 
     target = tiny_loaded("llama", 11)
     return target, noisy_copy(target, 12, 0.3)
@@ -286,7 +273,7 @@ def close_pair():  # noqa: ANN201
 def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair, drafter: str) -> None:  # noqa: ANN001
     from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig, TreeConfig
-    from tests.test_engine import PROMPTS, reference
+    from tests.tiny import PROMPTS, reference
 
     target, draft = close_pair
     engine = Engine(target, draft, forward="static")
@@ -312,7 +299,7 @@ def test_the_static_step_is_lossless_for_every_drafter_tree_and_async(close_pair
 def test_random_trees_through_the_static_verifier_are_lossless(close_pair, seed: int) -> None:  # noqa: ANN001
     from talon.engine.engine import Engine
     from talon.run_config import RunConfig
-    from tests.test_engine import PROMPTS, OracleTreeDrafter, reference
+    from tests.tiny import PROMPTS, OracleTreeDrafter, reference
 
     target, _ = close_pair
     engine = Engine(target, None, forward="static")
@@ -357,7 +344,7 @@ def test_the_compiled_step_is_cuda_only_and_a_known_name() -> None:
         resolve_forward("compiled", torch.device("cpu"))
 
 
-def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_compiled_small_buckets_score_as_the_eager_forward(static_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The ``compiled`` step's forward, run eagerly on the CPU: buckets up to ``compile_upto`` go
     through torch.compile (inductor), larger ones stay eager, and both score as the plain forward;
     compiled too, the attention folds its query heads (it never repeats the keys and values)."""
@@ -367,25 +354,25 @@ def test_compiled_small_buckets_score_as_the_eager_forward(model, monkeypatch: p
     def repeated(*args):  # noqa: ANN002, ANN202
         raise AssertionError("the static forward repeated the keys and values")
     monkeypatch.setattr(hf_sdpa, "repeat_kv", repeated)
-    set_fold(model, True)  # as an engine on a CPU switches it (TALON_FOLD=auto)
+    set_fold(static_model, True)  # as an engine on a CPU switches it (TALON_FOLD=auto)
 
-    tree = a_tree(int(PROMPT[-1]))  # 5 nodes: a bucket of 8, eager; its first 3: a bucket of 4, compiled
+    tree = a_tree(int(STATIC_PROMPT[-1]))  # 5 nodes: a bucket of 8, eager; its first 3: a bucket of 4, compiled
     small = DraftTree.with_root(tree.tokens[0])
     for parent, token in ((0, tree.tokens[1]), (1, tree.tokens[2])):
         small.add(parent, token, 0.5, "model")
-    length = len(PROMPT) - 1
+    length = len(STATIC_PROMPT) - 1
     got = {}
     torch._dynamo.reset()
     # dynamo's counters outlive reset(): what this test compiles is the growth from here
     compiled_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for upto in (0, 4):
-        sf = StaticForward(model, max_len=64, buckets=(1, 2, 4, 8), compile_upto=upto)
-        sf.prefill(PROMPT[:-1])  # 19 tokens: chunks of 8 and 8 (eager), then 3 in a bucket of 4 (compiled)
+        sf = StaticForward(static_model, max_len=64, buckets=(1, 2, 4, 8), compile_upto=upto)
+        sf.prefill(STATIC_PROMPT[:-1])  # 19 tokens: chunks of 8 and 8 (eager), then 3 in a bucket of 4 (compiled)
         got[upto] = [sf.forward(torch.tensor(t.tokens), tree_positions(t, length), tree_mask(t), length).clone()
                      for t in (small, tree)]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > compiled_before, \
         "the compiled buckets really compiled"
-    assert talon.graphs.static.COMPILED.get(model) is not None
+    assert talon.graphs.static.COMPILED.get(static_model) is not None
     for want, have in zip(got[0], got[4]):
         torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
 
@@ -412,7 +399,7 @@ def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeyp
     assert loads == [], "refused before any weight is loaded"
 
 
-def test_a_precompiled_pool_compiles_nothing_in_a_run(model) -> None:  # noqa: ANN001
+def test_a_precompiled_pool_compiles_nothing_in_a_run(static_model) -> None:  # noqa: ANN001
     """``StaticPool.precompile`` (the compiled step's start-up) compiles every small bucket on a
     forward the pool keeps; a run's forwards then compile nothing more."""
     import torch._dynamo
@@ -420,13 +407,13 @@ def test_a_precompiled_pool_compiles_nothing_in_a_run(model) -> None:  # noqa: A
     from talon.graphs.pool import StaticPool
 
     torch._dynamo.reset()
-    pool = StaticPool(model, compile_upto=4, quantum=64)
-    assert StaticPool(model).precompile() == 0.0, "a pool that compiles nothing has nothing to do"
+    pool = StaticPool(static_model, compile_upto=4, quantum=64)
+    assert StaticPool(static_model).precompile() == 0.0, "a pool that compiles nothing has nothing to do"
     assert pool.precompile() > 0 and len(pool.free) == 1
     compiled = dict(torch._dynamo.utils.counters["stats"])
-    sf = pool.take(len(PROMPT) + 4)
-    sf.prefill(PROMPT[:-1])  # 19 tokens: the last 3 in a bucket of 4, compiled at start
-    length = len(PROMPT) - 1
+    sf = pool.take(len(STATIC_PROMPT) + 4)
+    sf.prefill(STATIC_PROMPT[:-1])  # 19 tokens: the last 3 in a bucket of 4, compiled at start
+    length = len(STATIC_PROMPT) - 1
     for size in (1, 2, 4):
         sf.forward(torch.zeros(size, dtype=torch.long), torch.arange(length, length + size),
                    torch.ones(size, size, dtype=torch.bool).tril(), length)

@@ -1,9 +1,30 @@
-"""Tiny random causal LMs (built from a config) and a byte-level tokenizer, for fast math tests; a
-tiny target with an EAGLE-3 head trained on its own text, in seconds (``trained_pair``)."""
+"""What the tests share, in one home (no test module imports another; fixtures: conftest.py).
+
+* Tiny random causal LMs (built from a config) and a byte-level tokenizer, for fast math tests; a
+  tiny target with an EAGLE-3 head trained on its own text, in seconds (``trained_pair``);
+* a draft that agrees with its target often but not always (``noisy_copy``), the target's own
+  greedy continuation (``reference``), prompts (``PROMPTS``), and a drafter of random trees that
+  hold the reference with some probability (``OracleTreeDrafter``);
+* the repository's root (``REPO``) and the CPU (``CPU``).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
+import functools
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 import torch
+import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -12,10 +33,18 @@ from transformers import (
     Qwen2Config,
 )
 
+from talon.core.contracts import Draft
+from talon.cost.model import synthetic_costs
+from talon.engine.build import PairKey
+from talon.engine.engine import Engine
 from talon.gpucheck.head import frequent_tokens
 from talon.gpucheck.head import train_head as trained
-from talon.models import LoadedModel
+from talon.gpucheck.launch import serve_app
+from talon.graphs.static import StaticForward
+from talon.models import LoadedModel, ModelLoadError
 from talon.models.eagle3 import Eagle3Head
+from talon.models.memory import GIB
+from talon.tree import DraftTree
 
 SPECIALS = ["<eos>", "<pad>"]
 
@@ -34,6 +63,8 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 VOCAB = 258
+REPO = Path(__file__).resolve().parents[1]  # the repository's root
+CPU = torch.device("cpu")
 
 
 def tiny_model(
@@ -148,3 +179,231 @@ def trained_pair() -> tuple[LoadedModel, LoadedModel]:
     texts = [greedy_text(target, p, 64) for p in HEAD_PROMPTS]
     head = train_head(target, texts)
     return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
+
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
+
+
+def reference(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
+    model = engine.target.model
+    out = model.generate(
+        torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, eos_token_id=256, pad_token_id=257
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def noisy_copy(target, seed: int, scale: float):
+    """A draft that agrees with the target often but not always."""
+    draft = dataclasses.replace(copy.deepcopy(target), name=f"{target.name}-noisy-{seed}")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.model.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std())
+    return draft
+
+
+class OracleTreeDrafter:
+    """Random trees that contain the reference continuation with some probability: exercises
+    acceptance at every depth and branch position, through the real verifier and commit."""
+
+    def __init__(self, continuation: list[int], seed: int, size: int) -> None:
+        self.continuation = continuation
+        self.rng = random.Random(seed)
+        self.size = size
+        self.pos = 0
+
+    def reset(self, prompt_ids: list[int], lazy_model: bool = False, features: object = None) -> None:
+        self.pos = 0
+
+    def draft(self, root_token: int) -> Draft:
+        tree = random_tree(self.rng, self.size)
+        tree.tokens[0] = root_token
+        node = 0
+        for token in self.continuation[self.pos : self.pos + self.rng.randrange(0, 6)]:
+            if self.rng.random() < 0.15:
+                token = (token + 1) % (VOCAB - 2)  # a wrong draft: acceptance must stop here
+            child = tree.child_with_token(node, token)
+            node = child if child is not None else tree.add(node, token, 0.9, "retrieval")
+        return Draft(tree=tree)
+
+    def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int], match_len: int = 0,
+               features: object = None) -> None:
+        self.pos += len(new_tokens)
+
+    def close(self) -> None:
+        pass
+
+
+def random_tree(rng: random.Random, n: int, vocab: int = VOCAB - 2) -> DraftTree:
+    tree = DraftTree.with_root(rng.randrange(vocab))
+    for _ in range(n):
+        parent = rng.randrange(len(tree))
+        token = rng.randrange(vocab)
+        if tree.child_with_token(parent, token) is None:
+            tree.add(parent, token, rng.random(), "model")
+    return tree
+
+
+START_TIMEOUT_S = 150
+
+
+RUN_TIMEOUT_S = 90
+
+
+# the app launched on tiny models: # output order of /generate and /replay (DecodeView.outputs() without the State).
+SUMMARY, TEXT, SLIDER, CAPTION, TREE, GATES, MASK, TIMELINE, PER_STEP, BY_DEPTH, SOURCES, SPEED, DOWNLOAD = range(13)
+NODE_PICK, INSPECTOR, ACCEPTANCE, COST, PLAIN_TEXT = range(13, 18)
+
+
+def save_tiny_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny random target and draft (model + tokenizer) saved as local checkpoints."""
+    dirs = []
+    for name, seed in (("target", 0), ("draft", 1)):
+        lm = tiny_loaded("llama", seed)
+        lm.model.save_pretrained(root / name)
+        lm.tokenizer.save_pretrained(root / name)
+        dirs.append(root / name)
+    return dirs[0], dirs[1]
+
+
+@contextlib.contextmanager
+def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
+    """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL;
+    always stops it."""
+    defaults = {"TALON_CACHE": str(root / "cache"), "TALON_DEVICE": "cpu", "TALON_DTYPE": "float32"}
+    with serve_app({**os.environ, **defaults, **env}, root / "app.log", START_TIMEOUT_S) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def launch_app(root: Path) -> Iterator[str]:
+    """Run ``python app.py`` on tiny models saved in ``root``; yields its URL."""
+    target, draft = save_tiny_pair(root)
+    with serve(root, {"TALON_TARGET": str(target), "TALON_DRAFT": str(draft)}) as url:
+        yield url
+
+
+def finish(job, timeout: float = RUN_TIMEOUT_S) -> tuple[list, tuple]:
+    """All streamed outputs and the final one, failing (not hanging) past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not job.done():
+        if time.monotonic() > deadline:
+            job.cancel()
+            pytest.fail(f"the job did not finish in {timeout} s")
+        time.sleep(0.05)
+    return job.outputs(), job.result()
+
+
+def plot_json(value: dict) -> dict:
+    assert value["type"] == "plotly"
+    return json.loads(value["plot"])
+
+
+
+
+def front_matter() -> dict:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    match = re.match(r"^---\n(.*?)\n---\n", text, re.S)
+    assert match, "README.md must start with Space front matter"
+    return yaml.safe_load(match.group(1))
+
+
+class FakeGPU:
+    """A 24 GiB card: loads take bytes, releases give them back; every event is recorded."""
+
+    def __init__(self, sizes: dict[str, int], failing: set[str] = frozenset()) -> None:
+        self.sizes, self.failing, self.used, self.events = sizes, set(failing), 0, []
+        self.held: list[str] = []
+
+    def build(self, k: PairKey) -> str:
+        self.events.append(f"load {k.target}")
+        if k.target in self.failing:
+            raise ModelLoadError(f"cannot load {k.target}")
+        if self.used + self.sizes[k.target] > 24 * GIB:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.used += self.sizes[k.target]
+        self.held.append(k.target)
+        return f"engine {k.target}"
+
+    def release(self) -> None:
+        self.events.append("release")
+        self.used = 0
+        self.held.clear()
+
+    def free(self, device: str) -> int:
+        return 24 * GIB - self.used
+
+    def guard(self, need: int):
+        def check(free: int | None) -> None:
+            self.events.append(f"guard saw {free / GIB:.0f} GiB")
+            if free is not None and free < need:
+                raise ModelLoadError(f"needs {need / GIB:.0f} GiB")
+        return check
+
+
+def plant_visible_pads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: every real node of a step sees its bucket's pads."""
+    real = StaticForward.pack
+
+    def pads_seen(self, bucket, ids, positions, visible, length, base):  # noqa: ANN001, ANN202
+        packed = real(self, bucket, ids, positions, visible, length, base)
+        b, t = bucket.size, ids.shape[0]
+        window = packed[8 * (2 + 2 * b + b * bucket.earlier):].reshape(b, b)
+        window[:t, t:] = 1
+        return packed
+
+    monkeypatch.setattr(StaticForward, "pack", pads_seen)
+
+
+def synthetic(peak: float, vocab: int = 50):
+    """A drafter whose top-1 has probability ``peak`` and the rest share what is left."""
+    calls: list[list[int]] = []
+
+    def expand(tree: DraftTree, nodes: list[int], k: int):
+        calls.append(list(nodes))
+        rest = (1 - peak) / (vocab - 1)
+        out = []
+        for n in nodes:
+            base = (tree.tokens[n] * 7 + 1) % vocab
+            probs = [peak] + [rest] * (k - 1)
+            out.append([((base + i) % vocab, p) for i, p in enumerate(probs)])
+        return out
+
+    expand.calls = calls
+    return expand
+
+
+SPECBENCH = Path(__file__).resolve().parents[1] / "data" / "specbench"
+
+
+def first_prompt(suite: str, index: int = 0) -> str:
+    path = SPECBENCH / f"{suite}.jsonl"
+    line = path.read_text(encoding="utf-8").splitlines()[index]
+    return json.loads(line)["turns"][0][:1500]
+
+
+def target_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    return list(cached_greedy(model, tuple(prompt_ids), n))
+
+
+@functools.cache
+def cached_greedy(model, prompt_ids: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """``generate(do_sample=False)`` once per model, prompt and length: the tests that decode one
+    prompt on one model share its reference."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n)
+    return tuple(out[0, len(prompt_ids) :].tolist())
+
+
+ATLAS_PROMPTS = ["def add(a, b): return a + b\ndef sub(a, b):", "one two three, one two three, one"]
+
+
+# A host where trees pay a little: verification grows with the tree, drafting is cheap.
+ATLAS_COSTS = {"verify": {1: 0.1, 4: 0.11, 16: 0.14, 64: 0.3}, "draft": {1: 0.004, 16: 0.006, 64: 0.012}}
+
+
+def atlas_engine() -> Engine:
+    """The atlas tests' engine: tiny target 11, a noisy copy of it drafting, on ``ATLAS_COSTS``."""
+    target = tiny_loaded("llama", 11)
+    costs = synthetic_costs(ATLAS_COSTS["verify"], ATLAS_COSTS["draft"])
+    return Engine(target, noisy_copy(target, 12, 0.3), costs=costs)

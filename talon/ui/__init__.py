@@ -9,8 +9,9 @@ results.json folded below), Lessons (the papers' claims replayed on bundled atla
 (the controls as vLLM and SGLang flags). A run's trace downloads as JSON and replays with no model.
 
 The views, one module per tab, each with its view, handlers and a ``build_<tab>_tab`` function:
-``decode_tab`` (its view ``decode_view`` and handlers ``decode_handlers``; ``walk_panel``, the guided walk), ``compare_tab``, ``explorer_tab`` (its model
-is ``talon.atlas.explorer``, free of Gradio; ``measure_panel``, the real-run grid below it),
+``decode_tab`` (its view ``decode_view`` and handlers ``decode_handlers``; ``walk_panel``, the
+guided walk), ``compare_tab``, ``explorer_tab`` (its model is ``talon.atlas.explorer``, free
+of Gradio; ``measure_panel``, the real-run grid below it),
 ``lessons_tab`` and ``serve_tab``; around them ``layout`` (the page and the events that span the
 tabs), ``panel`` (the control panel every tab shares), ``session`` (per-session data in
 ``gr.State``, and Stop), ``stream`` (when a streamed update is due), ``files`` (downloads and
