@@ -29,6 +29,7 @@ from talon.atlas.explorer import (
 from talon.atlas.replaying import replay
 from talon.atlas.sweep import best_row, pareto
 from talon.figures.atlas import knob_text
+from talon.run_config import ConfigError
 from talon.server.controls import Controls
 from talon.server.examples import load_examples
 from talon.settings import Settings
@@ -264,6 +265,9 @@ def test_without_an_atlas_the_explorer_says_what_to_do(ui) -> None:
     assert "No atlas yet" in updates[view.score]
     with pytest.raises(gr.Error, match="no atlas yet"):
         make_apply(view, components, best=True)(AtlasSession(), **Knobs().values())
+    for ask in (lambda session: explore(session, Knobs()), lambda session: session.score(Knobs())):
+        with pytest.raises(ConfigError, match="no atlas yet"):  # the model itself, not only its view
+            ask(AtlasSession())
 
 
 def test_the_explorer_s_model_imports_no_gradio() -> None:

@@ -27,6 +27,7 @@ TOP_K_LADDER = tuple(range(1, 9))
 GRID_SIDE = 5  # mu x N: 5 x 5 replays
 K_GRID_SIDE = 4  # K x k: 4 x 4
 MAX_MEMO = 20_000  # replayed configurations kept per session
+NO_ATLAS = "no atlas yet: record one for the prompt, or upload one"
 # what the explorer replays: a draft model's atlas its kinds, an EAGLE-3 head's its own
 EXPLORER_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys((*ATLAS_DRAFTING_KINDS, *HEAD_ATLAS_DRAFTING_KINDS)))
 
@@ -135,8 +136,9 @@ class AtlasSession:
 
     def score(self, knobs: Knobs, result: ReplayResult | None = None) -> SweepRow:
         """The replay of ``knobs`` (``result`` when already replayed), remembered (a replay is
-        deterministic)."""
-        assert self.atlas is not None
+        deterministic); ConfigError without an atlas."""
+        if self.atlas is None:
+            raise ConfigError(NO_ATLAS)
         row = self.rows.get(knobs)
         if row is None:
             if len(self.rows) >= MAX_MEMO:
@@ -171,8 +173,10 @@ def unique_rows(rows: Sequence[SweepRow]) -> list[SweepRow]:
 
 
 def explore(session: AtlasSession, knobs: Knobs) -> Exploration:
-    """Replay the knobs (with its steps) and the grids around them; ConfigError for bad knobs."""
-    assert session.atlas is not None
+    """Replay the knobs (with its steps) and the grids around them; ConfigError for bad knobs or
+    without an atlas."""
+    if session.atlas is None:
+        raise ConfigError(NO_ATLAS)
     knobs = knobs.for_atlas(session.atlas)
     result = replay(session.atlas, knobs.config(session.atlas))
     session.result = result
@@ -187,5 +191,5 @@ def best_knobs(atlas_state: AtlasSession, knobs: Knobs) -> Knobs:
     """The best configuration around ``knobs`` (most predicted tokens/s); ConfigError without an
     atlas or for bad knobs."""
     if atlas_state.atlas is None:
-        raise ConfigError("no atlas yet: record one for the prompt, or upload one")
+        raise ConfigError(NO_ATLAS)
     return Knobs.from_ui(**explore(atlas_state, knobs).best.values)
