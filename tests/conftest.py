@@ -69,25 +69,38 @@ def client(app_url: str, tmp_path: Path) -> Any:
     return Client(app_url, verbose=False, download_files=str(tmp_path))
 
 
-@pytest.fixture()
-def page(app_url: str) -> Iterator:
-    """A Playwright page of the shared tiny app in Debian's chromium (skipped or failed, as
-    ``tests.browser.require_chromium`` says, where chromium is missing)."""
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """Debian's chromium under Playwright, launched once for the session (each test opens its own
+    context: no cookie, storage or page is shared); skipped or failed, as
+    ``tests.browser.require_chromium`` says, where chromium is missing."""
     from playwright.sync_api import sync_playwright
 
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, require_chromium
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
     require_chromium()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(app_url)
-            page.wait_for_selector("#talon-run")
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture()
+def page(app_url: str, chromium: Any) -> Iterator[Any]:
+    """A page of the shared tiny app, in a fresh browser context of the session's chromium."""
+    from tests.browser import TIMEOUT_MS
+
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(app_url)
+        page.wait_for_selector("#talon-run")
+        yield page
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="session")

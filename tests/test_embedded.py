@@ -18,7 +18,7 @@ from talon.engine.engine import Engine, generate
 from talon.models import Int8Linear, LoadedModel
 from talon.models.loading import load_pair
 from talon.run_config import RunConfig, TreeConfig
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, Settings
 from tests.tiny import cached_greedy, first_prompt, target_greedy
 
 pytestmark = pytest.mark.embedded
@@ -47,7 +47,10 @@ def embedded_pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
 
 @pytest.fixture(scope="module")
 def embedded_engine(embedded_pair) -> Engine:
-    return Engine(*embedded_pair)
+    """The module's engine. Its cost probe (70 s on a 2-core host) runs once and is cached where the
+    CLI children read theirs (the suite's TALON_COST_CACHE): they load the same pair, the same
+    way (float32 target unpacked, int8 draft), so they find the curves instead of probing again."""
+    return Engine(*embedded_pair, cost_cache=Settings.from_env().cost_cache_dir)
 
 
 @pytest.mark.parametrize(
@@ -72,12 +75,13 @@ def test_greedy_equals_target_generate(embedded_engine: Engine, suite: str, draf
     assert summary.steps == len(steps) < 24  # speculation paid: fewer target forwards than tokens
 
 
-def test_cli_json_reproduces_target_greedy(embedded_pair, tmp_path: Path) -> None:
+def test_cli_json_reproduces_target_greedy(embedded_engine: Engine, embedded_pair, tmp_path: Path) -> None:
+    embedded_engine.cost_snapshot(RunConfig().draft_vocab)  # probed (or read) here, cached for the child
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(first_prompt("humaneval", 5), encoding="utf-8")
     out = subprocess.run(
         [sys.executable, "-m", "talon", "generate", "--prompt-file", str(prompt), "--dtype", "float32",
-         "--max-new-tokens", "20", "--draft-quant", "none", "--json"],  # the pair the suite probed: its curves reused
+         "--max-new-tokens", "20", "--draft-quant", "int8", "--json"],  # the pair the suite probed: its curves reused
         capture_output=True, text=True, timeout=900, check=True, env=SHARED_PAGES,
     )
     result = json.loads(out.stdout)  # exactly one JSON object on stdout
@@ -111,7 +115,7 @@ ATLAS_CONFIGS = [
 
 
 def test_atlas_replays_equal_real_runs(embedded_engine: Engine, tmp_path: Path) -> None:
-    """Record with the CLI (float32, draft not quantized: the engine's own settings), then every
+    """Record with the CLI (float32 target, int8 draft: the engine's own settings), then every
     configuration replayed from the atlas equals its real run step for step, or the difference
     is a named near-tie of the draft's q. The cost-aware row plans on the engine's snapshot,
     which the atlas stores."""
@@ -119,16 +123,17 @@ def test_atlas_replays_equal_real_runs(embedded_engine: Engine, tmp_path: Path) 
     from talon.atlas.replay import compare_runs
     from talon.atlas.replaying import replay
 
+    costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()  # cached for the child too
     prompt = first_prompt("humaneval")
     out = tmp_path / "atlas.json"
     cmd = [sys.executable, "-m", "talon", "atlas", "record", "--prompt", prompt, "--dtype", "float32",
-           "--draft-quant", "none", "--max-new-tokens", "20", "--cost-aware", "off", "--out", str(out)]
+           "--draft-quant", "int8", "--max-new-tokens", "20", "--cost-aware", "off", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1],
                           env=SHARED_PAGES)
     assert done.returncode == 0, done.stderr[-2000:]
     atlas = parse_atlas(json.loads(out.read_text()))
-    atlas.costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
-    assert atlas.models["draft_quant"] == "none" and atlas.models["dtype"] == "float32"
+    atlas.costs = costs
+    assert atlas.models["draft_quant"] == "int8" and atlas.models["dtype"] == "float32"
     for cfg in ATLAS_CONFIGS:
         summary, steps = generate(embedded_engine, prompt, cfg)
         result = replay(atlas, cfg)

@@ -11,7 +11,6 @@ import pytest
 
 from talon.cli.main import main
 from talon.figures.export import export_html
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 
 @pytest.fixture(scope="module")
@@ -37,44 +36,39 @@ def test_bad_export_requests_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.browser
-def test_the_exported_lesson_works_offline_from_file_url(lesson_file: Path) -> None:
-    require_chromium()
-    from playwright.sync_api import sync_playwright
-
+def test_the_exported_lesson_works_offline_from_file_url(lesson_file: Path, chromium) -> None:  # noqa: ANN001
     fetched: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
-            context.route("**/*", lambda route: (fetched.append(route.request.url), route.abort())
-                          if not route.request.url.startswith("file://") else route.continue_())
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(lesson_file.as_uri())
-            page.wait_for_selector("#tree.js-plotly-plot")  # Plotly marks the div it draws in
-            title = page.locator("#tree .gtitle").text_content() or ""
-            first = int(re.search(r"step (\d+)", title).group(1))
-            slider = page.locator("#step")
-            slider.focus()
-            page.keyboard.press("Home")
-            page.wait_for_function("/step 0/.test(document.querySelector('#tree .gtitle').textContent)")
-            assert first != 0, "the page opens on the recording's instructive step, not step 0"
-            assert "1 / 7" in (page.locator("#walk").text_content() or "")
-            page.click("#next")
-            assert "2 / 7" in (page.locator("#walk").text_content() or "")
-            page.click("#next")
-            page.click("#next")  # the question: the verdict shows once an answer is pressed
-            assert not page.locator("#walk .talon-answer").is_visible()
-            page.locator("#walk .talon-choice").first.click()
-            page.wait_for_selector("#walk .talon-answer", state="visible")
-            for fig in ("lesson-depth", "lesson-funnel", "lesson-calibration", "lesson-drafters", "lesson-async"):
-                page.wait_for_selector(f"#{fig}.js-plotly-plot .main-svg")
-            exercise = page.locator(".talon-predict").filter(has_text="Give the adaptive tree")
-            exercise.locator(".talon-choice").first.click()  # the exercises answer offline too
-            exercise.locator(".talon-answer").wait_for(state="visible")
-            page.screenshot(path="/tmp/exported_lesson.png", full_page=True)
-            assert not errors, errors
-        finally:
-            browser.close()
+    context = chromium.new_context(offline=True, viewport={"width": 1200, "height": 900})
+    try:
+        context.route("**/*", lambda route: (fetched.append(route.request.url), route.abort())
+                      if not route.request.url.startswith("file://") else route.continue_())
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(lesson_file.as_uri())
+        page.wait_for_selector("#tree.js-plotly-plot")  # Plotly marks the div it draws in
+        title = page.locator("#tree .gtitle").text_content() or ""
+        first = int(re.search(r"step (\d+)", title).group(1))
+        slider = page.locator("#step")
+        slider.focus()
+        page.keyboard.press("Home")
+        page.wait_for_function("/step 0/.test(document.querySelector('#tree .gtitle').textContent)")
+        assert first != 0, "the page opens on the recording's instructive step, not step 0"
+        assert "1 / 7" in (page.locator("#walk").text_content() or "")
+        page.click("#next")
+        assert "2 / 7" in (page.locator("#walk").text_content() or "")
+        page.click("#next")
+        page.click("#next")  # the question: the verdict shows once an answer is pressed
+        assert not page.locator("#walk .talon-answer").is_visible()
+        page.locator("#walk .talon-choice").first.click()
+        page.wait_for_selector("#walk .talon-answer", state="visible")
+        for fig in ("lesson-depth", "lesson-funnel", "lesson-calibration", "lesson-drafters", "lesson-async"):
+            page.wait_for_selector(f"#{fig}.js-plotly-plot .main-svg")
+        exercise = page.locator(".talon-predict").filter(has_text="Give the adaptive tree")
+        exercise.locator(".talon-choice").first.click()  # the exercises answer offline too
+        exercise.locator(".talon-answer").wait_for(state="visible")
+        page.screenshot(path="/tmp/exported_lesson.png", full_page=True)
+        assert not errors, errors
+    finally:
+        context.close()
     assert fetched == [], f"the file asked the network for {fetched}"

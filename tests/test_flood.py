@@ -16,7 +16,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, require_chromium, tree_step, wait_for_recording
+from tests.browser import TIMEOUT_MS, require_chromium, tree_step, wait_for_recording
 from tests.tiny import save_tiny_pair, serve
 
 pytestmark = pytest.mark.browser
@@ -63,9 +63,11 @@ def _error(job) -> BaseException | None:  # noqa: ANN001 - a gradio_client Job
     return None
 
 
-@pytest.fixture()
-def flooded(tmp_path: Path) -> Iterator[tuple[str, Flood]]:
+@pytest.fixture(scope="module")
+def flooded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Flood]]:
+    """One app, flooded for the module: each test checks the queue is full before it starts."""
     require_chromium()
+    tmp_path = tmp_path_factory.mktemp("flooded")
     target, draft = save_tiny_pair(tmp_path)
     env = {"TALON_TARGET": str(target), "TALON_DRAFT": str(draft), "TALON_QUEUE_SIZE": str(QUEUE_SIZE),
            "TALON_QUEUE_CONCURRENCY": "1"}
@@ -82,35 +84,32 @@ def flooded(tmp_path: Path) -> Iterator[tuple[str, Flood]]:
             flood.thread.join(timeout=5)
 
 
-def test_a_full_queue_still_answers_page_loads_the_slider_the_walk_and_stop(flooded) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_a_full_queue_still_answers_page_loads_the_slider_the_walk_and_stop(flooded, chromium) -> None:  # noqa: ANN001
     url, flood = flooded
     assert flood.refused() > 0 and flood.full_now(), "the queue is full: runs are turned away"
     errors: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.on("console", lambda msg: errors.append(msg.text) if "Queue is full" in msg.text else None)
-            page.goto(url)
-            wait_for_recording(page)  # the page load's event: the opening recording
-            before = tree_step(page)
-            page.locator("#talon-next").click()  # the stepper (the slider's neighbour, the same handler)
-            page.wait_for_function(f"!/step {before}\\b/.test(document.querySelector('#talon-tree .gtitle')"
-                                   ".textContent)")
-            page.locator("#talon-slider input[type=range]").fill("0")  # the slider itself
-            page.wait_for_function("/step 0\\b/.test(document.querySelector('#talon-tree .gtitle').textContent)")
-            page.click("#talon-walk-start")
-            page.wait_for_selector("#talon-walk .talon-walk-head")
-            page.click("#talon-stop")
-            page.wait_for_timeout(500)
-            assert flood.full_now(), "the queue stayed full while the page answered"
-            toasts = page.locator(".toast-body").all_text_contents()
-            assert not any("Queue is full" in t for t in toasts), toasts
-        finally:
-            browser.close()
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.on("console", lambda msg: errors.append(msg.text) if "Queue is full" in msg.text else None)
+        page.goto(url)
+        wait_for_recording(page)  # the page load's event: the opening recording
+        before = tree_step(page)
+        page.locator("#talon-next").click()  # the stepper (the slider's neighbour, the same handler)
+        page.wait_for_function(f"!/step {before}\\b/.test(document.querySelector('#talon-tree .gtitle')"
+                               ".textContent)")
+        page.locator("#talon-slider input[type=range]").fill("0")  # the slider itself
+        page.wait_for_function("/step 0\\b/.test(document.querySelector('#talon-tree .gtitle').textContent)")
+        page.click("#talon-walk-start")
+        page.wait_for_selector("#talon-walk .talon-walk-head")
+        page.click("#talon-stop")
+        page.wait_for_timeout(500)
+        assert flood.full_now(), "the queue stayed full while the page answered"
+        toasts = page.locator(".toast-body").all_text_contents()
+        assert not any("Queue is full" in t for t in toasts), toasts
+    finally:
+        context.close()
     assert errors == [], errors
 
 
@@ -123,7 +122,7 @@ def test_only_the_model_runs_wait_in_the_queue() -> None:
     queued = {fn.name for fn in fns if fn.queue}
     assert queued == {"generate", "compare", "record", "sweep"}
     assert all(fn.concurrency_id == MODEL_CONCURRENCY_ID for fn in fns if fn.queue)
-    assert {"show_recording", "set_controls", "show_step", "stop", "walk_to"} <= {fn.name for fn in fns
+    assert {"open_recording", "set_controls", "show_step", "stop", "walk_to"} <= {fn.name for fn in fns
                                                                                   if not fn.queue}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from talon.gpucheck.launch import serve_app
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_chromium
+from tests.browser import SCREENSHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -22,27 +22,23 @@ APP_ENV = {"TALON_DEVICE": "cpu", "TALON_DTYPE": "float32", "TALON_DRAFT_QUANT":
            "TALON_TARGET_WEIGHTS": "int4"}
 
 
-def test_the_page_names_the_models_while_they_load_and_stop_ends_the_wait(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
-    require_chromium()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)  # ready before the app
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(60_000)
-            with serve_app({**os.environ, **APP_ENV}, tmp_path / "app.log", 300) as url:
-                page.goto(url)
-                page.wait_for_function(f"{STATUS}.includes('Loading the models: qwen2.5-coder-1.5b-instruct + "
-                                       "qwen2.5-coder-0.5b-instruct (1.6 GB of GGUF weights)')")
-                page.click("#talon-run")
-                page.wait_for_function(f"{CAPTION_JS}.includes('Waiting for the models') && "
-                                       f"{CAPTION_JS}.includes('s so far')")
-                SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(SCREENSHOTS / "loading.png"))
-                page.click("#talon-stop")
-                page.wait_for_function(f"{CAPTION_JS}.includes('Stopped while the models loaded')")
-                page.wait_for_function(f"{STATUS}.includes('Models ready: qwen2.5-coder-1.5b-instruct')",
-                                       timeout=240_000)
-        finally:
-            browser.close()
+def test_the_page_names_the_models_while_they_load_and_stop_ends_the_wait(tmp_path: Path, chromium) -> None:  # noqa: ANN001
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000})  # ready before the app
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        with serve_app({**os.environ, **APP_ENV}, tmp_path / "app.log", 300) as url:
+            page.goto(url)
+            page.wait_for_function(f"{STATUS}.includes('Loading the models: qwen2.5-coder-1.5b-instruct + "
+                                   "qwen2.5-coder-0.5b-instruct (1.6 GB of GGUF weights)')")
+            page.click("#talon-run")
+            page.wait_for_function(f"{CAPTION_JS}.includes('Waiting for the models') && "
+                                   f"{CAPTION_JS}.includes('s so far')")
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / "loading.png"))
+            page.click("#talon-stop")
+            page.wait_for_function(f"{CAPTION_JS}.includes('Stopped while the models loaded')")
+            page.wait_for_function(f"{STATUS}.includes('Models ready: qwen2.5-coder-1.5b-instruct')",
+                                   timeout=240_000)
+    finally:
+        context.close()
