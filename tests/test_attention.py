@@ -141,7 +141,7 @@ def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
         engine = Engine(target, draft, fold=fold)
         assert {lm.model.config._attn_implementation for lm in (target, draft)} == {implementation}
         assert engine.forward_path == path
-        assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].forward == path
+        assert generate(engine, "abc", RunConfig(max_new_tokens=2, chat_template=False))[0].forward_path == path
 
 
 def test_a_mask_folded_in_the_wrong_order_fails(folded_model, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001

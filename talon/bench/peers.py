@@ -144,10 +144,10 @@ def standing(cells: Sequence[PeerCell], talon: dict[str, Any]) -> str:
         return ""
     return (
         f"Talon's fastest method, `{best_talon['method']}`, runs at {best_talon['tokens_per_second']:.1f} tok/s, "
-        f"**{best_talon['tokens_per_second'] / best_peer.tokens_per_second:.2f}x** {best_peer.engine}'s fastest "
+        f"**{best_talon['tokens_per_second'] / best_peer.tokens_per_second:.2f}x** {best_peer.serving}'s fastest "
         f"configuration (`{best_peer.config}`, {best_peer.tokens_per_second:.1f} tok/s). Over each one's own "
         f"plain decoding: Talon {best_talon['tokens_per_second'] / ar['tokens_per_second']:.2f}x "
-        f"(ar {ar['tokens_per_second']:.1f} tok/s), {best_peer.engine} "
+        f"(ar {ar['tokens_per_second']:.1f} tok/s), {best_peer.serving} "
         f"{best_peer.tokens_per_second / peer_plain.tokens_per_second:.2f}x "
         f"(plain {peer_plain.tokens_per_second:.1f} tok/s)."
     )
