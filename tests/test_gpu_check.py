@@ -182,10 +182,10 @@ def wrong_token_after_a_predraft(real_step):
     """Async emits another token whenever it adopts a pre-draft (sync never does)."""
 
     def step(self, *args, **kwargs):
-        trace, reason, ahead = real_step(self, *args, **kwargs)
-        if trace.predraft_reused:
+        result = real_step(self, *args, **kwargs)
+        if result.trace.predraft_reused:
             self.generated[-1] = (self.generated[-1] + 1) % 256
-        return trace, reason, ahead
+        return result
 
     return step
 
