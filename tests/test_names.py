@@ -43,7 +43,7 @@ def public_definitions(root: Path = REPO, folder: str = "talon") -> dict[str, li
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names = [node.target.id]
             for name in names:
-                if name.startswith("_") or name in ALLOWED_TWICE or name.startswith(NOT_SHARED.get(folder, ("",))):
+                if name.startswith("_") or name in ALLOWED_TWICE or name.startswith(NOT_SHARED.get(folder, ())):
                     continue
                 found[name].append(module_name(path, root))
     return found
