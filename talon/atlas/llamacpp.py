@@ -47,7 +47,6 @@ from talon.atlas.data import Atlas
 from talon.atlas.llamacpp_ngram import LlamaCppNgramMod, LlamaCppNgramSimple, LlamaCppPolicyBase
 from talon.atlas.serving_replay import (
     NEAR_TIE,
-    Serving,
     ServingDraft,
     ServingRun,
     ServingStep,
@@ -73,7 +72,6 @@ class LlamaCppDraft(LlamaCppPolicyBase):
     n_min: int = 0
     p_min: float = 0.0
     type: LlamaCppType = "draft-simple"
-    serving: Serving = "llamacpp"
 
     def __post_init__(self) -> None:
         check_int("n_max", self.n_max, 1, 64)
@@ -157,7 +155,6 @@ class LlamaCppPlain(LlamaCppPolicyBase):
     every setting against)."""
 
     type: str = "none"
-    serving: Serving = "llamacpp"
 
     def label(self) -> str:
         return "llama.cpp plain decoding"

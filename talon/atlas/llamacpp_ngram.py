@@ -5,6 +5,7 @@ loop over them): ``ngram-simple`` (``common/ngram-map.cpp``) and ``ngram-mod``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -21,6 +22,8 @@ class LlamaCppPolicyBase:
     """What every llama.cpp policy shares unless it says otherwise: no draft model, one-row drafts,
     no state between steps (``talon.atlas.llamacpp.replay_llamacpp`` calls ``start`` once a request
     and ``accepted`` after every verified draft)."""
+
+    serving: ClassVar[Serving] = "llamacpp"  # the serving engine every llama.cpp policy replays
 
     @property
     def uses_draft_model(self) -> bool:
@@ -47,7 +50,6 @@ class LlamaCppNgramSimple(LlamaCppPolicyBase):
     size_n: int = 12
     size_m: int = 48
     type: str = "ngram-simple"
-    serving: Serving = "llamacpp"
 
     def __post_init__(self) -> None:
         check_int("size_n", self.size_n, 1, 1024)
@@ -127,7 +129,6 @@ class LlamaCppNgramMod(LlamaCppPolicyBase):
     n_min: int = 48
     n_max: int = 64
     type: str = "ngram-mod"
-    serving: Serving = "llamacpp"
     _mod: NgramMod | None = field(default=None, repr=False, compare=False)
     _i_last: int = field(default=0, repr=False, compare=False)
     _last_len: int = field(default=0, repr=False, compare=False)
