@@ -12,7 +12,8 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 .venv/bin/python -m ruff check --no-cache .
 set +e
-.venv/bin/python -m pytest "$@"
+# two workers, a module a unit of work, the longest first (tests/conftest.py)
+.venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

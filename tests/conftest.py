@@ -44,6 +44,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# scripts/test.sh runs the suite on two xdist workers (``--dist loadgroup``). Each module is one unit
+# of work, so its module fixtures are set up once; the modules on the real embedded pair are one
+# unit, so one worker converts and holds it; and the longest units are handed out first.
+LONGEST_FIRST = ("embedded", "test_gpu_check", "test_sampling", "test_full_depth")
+
+
+def work_unit(item: pytest.Item) -> str:
+    """The xdist group ``item`` runs in: its module, or "embedded" for tests on the embedded pair."""
+    return "embedded" if item.get_closest_marker("embedded") else item.path.stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))  # stable: file order otherwise
+
+
 @pytest.fixture(scope="session")
 def tiny_app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python app.py`` on tiny models, started once for the API and browser tests (each visitor's
