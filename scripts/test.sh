@@ -13,7 +13,7 @@ fi
 .venv/bin/python -m ruff check --no-cache .
 set +e
 # two workers, a module a unit of work, the longest first (tests/conftest.py)
-.venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

@@ -44,23 +44,40 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# scripts/test.sh runs the suite on two xdist workers (``--dist loadgroup``). Each module is one unit
-# of work, so its module fixtures are set up once; the modules on the real embedded pair are one
-# unit, so one worker converts and holds it; and the longest units are handed out first.
-LONGEST_FIRST = ("embedded", "test_gpu_check", "test_sampling", "test_full_depth")
+# scripts/test.sh runs the suite on two xdist workers (``--dist loadscope``, scheduled here). Each
+# module is one unit of work, so its module fixtures are set up once; the modules on the real
+# embedded pair are one unit, so one worker converts and holds it; and the longest units are handed
+# out first. (xdist's own ``loadgroup`` no longer groups under pytest 9.2: pytest-xdist issue 1386.)
+EMBEDDED_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status")
+LONGEST_FIRST = ("embedded", "tests/test_gpu_check.py", "tests/test_sampling.py", "tests/test_full_depth.py")
 
 
-def work_unit(item: pytest.Item) -> str:
-    """The xdist group ``item`` runs in: its module, or "embedded" for tests on the embedded pair."""
-    return "embedded" if item.get_closest_marker("embedded") else item.path.stem
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module's path, or "embedded"."""
+    module = nodeid.split("::")[0]
+    return "embedded" if Path(module).stem in EMBEDDED_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None  # xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+        if item.get_closest_marker("embedded") and item.path.stem not in EMBEDDED_MODULES:
+            raise pytest.UsageError(f"{item.nodeid} uses the embedded pair: name its module in "
+                                    "tests/conftest.py's EMBEDDED_MODULES (one worker holds the pair)")
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))  # stable: file order otherwise
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order otherwise
 
 
 @pytest.fixture(scope="session")

@@ -268,14 +268,16 @@ def _tiny_tokenizer_metadata(writer: gguf.GGUFWriter) -> int:
     return len(tokens)
 
 
-def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64) -> None:
-    """A random float32 qwen2 GGUF (4 heads, 2 KV heads) with a tokenizer and chat template."""
+def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64, arch: str = "qwen2",
+                    tied: bool = False, q8: bool = False) -> None:
+    """A random float32 ``arch`` GGUF (qwen2 or llama; 4 heads, 2 KV heads) with a tokenizer and chat
+    template; ``tied``: no output weight (the LM head is the embedding); ``q8``: the 2D weights in Q8_0."""
     rng = np.random.default_rng(0)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.1).astype(np.float32)
 
-    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer = gguf.GGUFWriter(str(path), arch)
     for add, value in [
         ("block_count", layers),
         ("context_length", 128),
@@ -289,11 +291,10 @@ def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64
     ]:
         getattr(writer, f"add_{add}")(value)
     vocab, kv_dim = _tiny_tokenizer_metadata(writer), hidden // 2
-    shapes = {
-        "token_embd.weight": (vocab, hidden),
-        "output.weight": (vocab, hidden),
-        "output_norm.weight": (hidden,),
-    }
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    if not tied:
+        shapes["output.weight"] = (vocab, hidden)
+    biases = arch == "qwen2"
     for i in range(layers):
         shapes |= {
             f"blk.{i}.{name}": shape
@@ -311,9 +312,15 @@ def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64
                 ("ffn_up.weight", (ffn, hidden)),
                 ("ffn_down.weight", (hidden, ffn)),
             ]
+            if biases or not name.endswith(".bias")
         }
     for name, shape in shapes.items():
-        writer.add_tensor(name, weight(*shape))
+        values = weight(*shape)
+        if q8 and len(shape) == 2:
+            blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -342,6 +349,27 @@ def test_gguf_file_converts_exactly_and_once(
 
     monkeypatch.setattr(tm_convert, "convert_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
     assert load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path).name == lm.name
+
+
+@pytest.mark.parametrize("arch,tied", [("qwen2", False), ("llama", True)])
+def test_a_streamed_conversion_holds_transformers_own_weights(arch: str, tied: bool, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensor by tensor into shards, the checkpoint holds exactly what transformers' own GGUF
+    loader builds all at once: names, llama's q/k row order, Q8_0 dequantized, the tied head."""
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_tiny_gguf(path, arch=arch, tied=tied, q8=True)
+    monkeypatch.setattr(tm_convert, "SHARD_BYTES", 40_000)
+    out = tm_convert.convert_gguf(path, tmp_path / "converted", "sha")
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 2 and not list(out.glob(".shard-*"))
+    want = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    got = AutoModelForCausalLM.from_pretrained(out)
+    assert got.config.tie_word_embeddings == want.config.tie_word_embeddings == tied
+    assert got.dtype == torch.float32 and got.config.model_type == want.config.model_type == arch
+    assert got.config.architectures == [type(want).__name__]
+    want_sd, got_sd = want.state_dict(), got.state_dict()
+    assert want_sd.keys() == got_sd.keys()
+    for name, tensor in want_sd.items():
+        assert torch.equal(got_sd[name], tensor), name
 
 
 def test_prepare_embedded_assembles_converts_and_cleans_up(tiny_gguf: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""GGUF -> float32 safetensors checkpoint, once, in the cache.
+"""GGUF -> float32 safetensors checkpoint, once, in the cache, a tensor at a time.
 
 A conversion is written atomically with a marker file naming its source (so a changed source
 converts again), under a file lock (so only one process converts a given model at a time).
@@ -18,13 +18,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 import transformers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
-    GgufConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -74,25 +75,93 @@ def _one_parse_per_file() -> Iterator[None]:
         gguf.GGUFReader = original
 
 
+SHARD_BYTES = 1 << 30  # a converted checkpoint's safetensors shard holds at most this much
+
+
 def _load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Dequantize a GGUF file into a dense float32 model and its tokenizer."""
+    """The GGUF file's model, its parameters on the meta device (the weights stream from the file
+    in ``_write_weights``), and its tokenizer."""
     with _one_parse_per_file():
-        return _load_gguf_parsed(gguf_path)
-
-
-def _load_gguf_parsed(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent,
-        gguf_file=gguf_path.name,
-        quantization_config=GgufConfig(dequantize=True),
-        dtype=torch.float32,
-        attn_implementation="sdpa",
-    )
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # the weights are dense now; let save_pretrained treat them so
-        quantizer.remove_quantization_config(model)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     return model, tokenizer
+
+
+class _Shards:
+    """float32 tensors written as safetensors shards of at most ``SHARD_BYTES`` as they come, then
+    named ``model-0000i-of-0000n.safetensors`` beside their index, as ``save_pretrained`` names them."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.pending: dict[str, torch.Tensor] = {}
+        self.files: list[list[str]] = []  # the tensor names of each written shard
+        self.total = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.pending or any(name in names for names in self.files):
+            raise ModelLoadError(f"The GGUF file maps two tensors onto {name}")
+        self.pending[name] = tensor.to(torch.float32).contiguous()
+        if sum(t.nbytes for t in self.pending.values()) >= SHARD_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if self.pending:
+            save_file(self.pending, str(self.out_dir / f".shard-{len(self.files)}"), metadata={"format": "pt"})
+            self.total += sum(t.nbytes for t in self.pending.values())
+            self.files.append(list(self.pending))
+            self.pending = {}
+
+    def close(self) -> set[str]:
+        """Write the last shard, name the shards and write the index; the names written."""
+        self.flush()
+        weight_map: dict[str, str] = {}
+        for i, names in enumerate(self.files):
+            final = f"model-{i + 1:05d}-of-{len(self.files):05d}.safetensors"
+            (self.out_dir / f".shard-{i}").rename(self.out_dir / final)
+            weight_map.update(dict.fromkeys(names, final))
+        index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        return set(weight_map)
+
+
+def _write_weights(gguf_path: Path, model: PreTrainedModel, out_dir: Path) -> None:
+    """Dequantize the file's tensors one at a time into float32 shards in ``out_dir``, renamed and
+    reshaped by transformers' own GGUF tensor processors (the steps of its
+    ``load_gguf_checkpoint``, which holds every tensor at once): a conversion's memory is one
+    shard's, not the model's (the 1.5B target's 7.1 GB of float32 weights)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+        read_field,
+    )
+
+    with _one_parse_per_file():
+        parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+        reader = gguf.GGUFReader(gguf_path)
+    parsed["tensors"] = {}  # where some processors (mixtures of experts) gather their tensors
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+    names = get_gguf_hf_weights_map(model, processor)
+    shards = _Shards(out_dir)
+    for tensor in reader.tensors:
+        result = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                   tensor_key_mapping=names, parsed_parameters=parsed)
+        if result.name in names:
+            shards.add(names[result.name], torch.from_numpy(np.array(result.weights, dtype=np.float32)))
+    for name, gathered in parsed["tensors"].items():
+        shards.add(name, gathered)
+    written = shards.close()
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()}
+    missing = {name for name, _ in model.named_parameters()} - written - tied
+    if missing:
+        raise ModelLoadError(f"{gguf_path.name} holds no weights for {', '.join(sorted(missing)[:5])}")
 
 
 def _check_saved_tokenizer(saved_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -106,16 +175,22 @@ def _check_saved_tokenizer(saved_dir: Path, tokenizer: PreTrainedTokenizerBase) 
 
 
 def _save_atomically(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, marker: dict[str, object]
+    gguf_path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
+    marker: dict[str, object],
 ) -> None:
-    """Write model, tokenizer and (last) the marker into a temporary sibling, then rename it.
+    """Write the weights, config, tokenizer and (last) the marker into a temporary sibling, then
+    rename it.
 
     ``out_dir`` therefore either holds a complete checkpoint with its marker or does not exist.
     """
     tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
-        model.save_pretrained(tmp_dir)
+        tmp_dir.mkdir(parents=True)
+        _write_weights(gguf_path, model, tmp_dir)
+        model.config.architectures = [type(model).__name__]  # as save_pretrained records it
+        model.config.save_pretrained(tmp_dir)
+        model.generation_config.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         _check_saved_tokenizer(tmp_dir, tokenizer)
         (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2))
@@ -133,7 +208,8 @@ def convert_gguf(
     source_sha256: str,
     extra_eos_tokens: Sequence[str] = (),
 ) -> Path:
-    """Save ``gguf_path`` dequantized as a float32 safetensors checkpoint in ``out_dir``.
+    """Save ``gguf_path`` dequantized as a float32 safetensors checkpoint in ``out_dir``, its
+    tensors streamed one at a time into shards (``_write_weights``).
 
     ``source_sha256`` goes into the marker file, so a later change of source triggers a new
     conversion; ``extra_eos_tokens`` are added to the generation config's stop tokens.
@@ -159,7 +235,7 @@ def convert_gguf(
         "transformers": transformers.__version__,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    _save_atomically(model, tokenizer, out_dir, marker)
+    _save_atomically(gguf_path, model, tokenizer, out_dir, marker)
     logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
     return out_dir
 
@@ -184,7 +260,6 @@ def write_float32_gguf(source: Path, out: Path) -> Path:
     weights Talon's float32 checkpoint holds (transformers dequantizes with the same ``gguf``
     functions), under the same metadata, so another engine can run exactly Talon's weights.
     Written to a temporary sibling, then renamed; an existing ``out`` is kept."""
-    import numpy as np
     from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, dequantize
 
     if out.exists():
