@@ -9,7 +9,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+.venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements-dev.txt
 .venv/bin/python -m ruff check --no-cache .
 set +e
 # two workers, a module a unit of work, the longest first (tests/conftest.py)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +32,22 @@ def pytest_configure(config: pytest.Config) -> None:
     # Cost curves measured under a test's load must never reach a user's app: every engine the
     # suite builds, in this process or in an app it starts, caches them in a temporary folder.
     # The converted models keep their shared cache (TALON_CACHE).
+    share_the_cores()
     config.talon_user_costs = cost_cache_state()  # type: ignore[attr-defined]
     config.talon_cost_dir = tempfile.mkdtemp(prefix="talon-test-costs-")  # type: ignore[attr-defined]
     os.environ["TALON_COST_CACHE"] = config.talon_cost_dir  # type: ignore[attr-defined]
+
+
+def share_the_cores() -> None:
+    """An xdist worker computes on its share of the cores, and so do the apps and CLI children it
+    starts (they inherit OMP_NUM_THREADS): torch's OpenMP threads spin while they wait, so two
+    workers each running as many threads as there are cores slow each other several times over."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
