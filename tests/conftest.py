@@ -63,7 +63,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # embedded pair are one unit, so one worker converts and holds it; and the longest units are handed
 # out first. (xdist's own ``loadgroup`` no longer groups under pytest 9.2: pytest-xdist issue 1386.)
 EMBEDDED_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status")
-LONGEST_FIRST = ("embedded", "tests/test_gpu_check.py", "tests/test_sampling.py", "tests/test_full_depth.py")
+LONGEST_FIRST = ("embedded", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
+    "gpu_check", "full_depth", "sampling", "browser", "chain", "llamacpp", "flood", "hardening", "static",
+    "atlas_browser", "app", "gpu_space")))
 
 
 def work_unit(nodeid: str) -> str:

@@ -4,6 +4,7 @@ before it loads."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,8 +60,11 @@ def test_the_embedded_targets_q4k_blocks_are_its_checkpoint_weights() -> None:
     target_dir, _ = embedded_pair_paths()
     blocks = shipped_blocks(target_dir, None)
     assert blocks is not None and blocks.count() == 169  # Q4_K_M: 169 Q4_K tensors, 29 Q6_K
-    with safe_open(str(Path(target_dir) / "model.safetensors"), framework="pt") as checkpoint:  # as converted
-        for name in ("model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj", "model.layers.27.mlp.up_proj"):
-            assert torch.equal(blocks.groups(name).dequantize(), checkpoint.get_tensor(f"{name}.weight").float()), name
+    index = Path(target_dir) / "model.safetensors.index.json"  # shards since the conversion streams
+    shard_of = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj", "model.layers.27.mlp.up_proj"):
+        shard_file = Path(target_dir) / shard_of.get(f"{name}.weight", "model.safetensors")
+        with safe_open(str(shard_file), framework="pt") as shard:  # as converted
+            assert torch.equal(blocks.groups(name).dequantize(), shard.get_tensor(f"{name}.weight").float()), name
     assert blocks.groups("model.layers.0.self_attn.v_proj") is None  # Q6_K: packed to int8 instead
     assert blocks.groups("lm_head") is None
