@@ -59,19 +59,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # scripts/test.sh runs the suite on two xdist workers (``--dist loadscope``, scheduled here). Each
-# module is one unit of work, so its module fixtures are set up once; the modules on the real
-# embedded pair are one unit, so one worker converts and holds it; and the longest units are handed
-# out first. (xdist's own ``loadgroup`` no longer groups under pytest 9.2: pytest-xdist issue 1386.)
-EMBEDDED_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status")
-LONGEST_FIRST = ("embedded", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
-    "gpu_check", "full_depth", "sampling", "browser", "chain", "llamacpp", "flood", "hardening", "static",
-    "atlas_browser", "app", "gpu_space")))
+# module is one unit of work, so its module fixtures are set up once. The modules that hold the most
+# memory are one unit, run one after another on one worker, so they never add up: those on the real
+# embedded pair (one worker converts and holds it) and the full-depth presets (3.6 GB of models).
+# The longest units are handed out first. (xdist's own ``loadgroup`` no longer groups under pytest
+# 9.2: pytest-xdist issue 1386.)
+HEAVY_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status", "test_full_depth")
+LONGEST_FIRST = ("heavy", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
+    "gpu_check", "browser", "sampling", "llamacpp", "hardening", "flood", "chain", "static",
+    "atlas_browser", "app", "gpu_table", "layers", "gpu_space")))
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module's path, or "embedded"."""
+    """The unit of work a test belongs to: its module's path, or "heavy"."""
     module = nodeid.split("::")[0]
-    return "embedded" if Path(module).stem in EMBEDDED_MODULES else module
+    return "heavy" if Path(module).stem in HEAVY_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -89,9 +91,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("embedded") and item.path.stem not in EMBEDDED_MODULES:
+        if item.get_closest_marker("embedded") and item.path.stem not in HEAVY_MODULES:
             raise pytest.UsageError(f"{item.nodeid} uses the embedded pair: name its module in "
-                                    "tests/conftest.py's EMBEDDED_MODULES (one worker holds the pair)")
+                                    "tests/conftest.py's HEAVY_MODULES (one worker holds the pair)")
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order otherwise
 
