@@ -12,8 +12,8 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements-dev.txt
 .venv/bin/python -m ruff check --no-cache .
 set +e
-# two workers, a module a unit of work, the longest first (tests/conftest.py)
-.venv/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder "$@"
+# two workers where cores and memory allow, a module a unit of work, the longest first (tests/conftest.py)
+.venv/bin/python -m pytest -n auto --dist loadscope --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

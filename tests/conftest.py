@@ -58,22 +58,56 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# scripts/test.sh runs the suite on two xdist workers (``--dist loadscope``, scheduled here). Each
-# module is one unit of work, so its module fixtures are set up once. The modules that hold the most
-# memory are one unit, run one after another on one worker, so they never add up: those on the real
-# embedded pair (one worker converts and holds it) and the full-depth presets (3.6 GB of models).
-# The longest units are handed out first. (xdist's own ``loadgroup`` no longer groups under pytest
-# 9.2: pytest-xdist issue 1386.)
-HEAVY_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status", "test_full_depth")
-LONGEST_FIRST = ("heavy", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
-    "gpu_check", "browser", "sampling", "llamacpp", "hardening", "flood", "chain", "static",
-    "atlas_browser", "app", "gpu_table", "layers", "gpu_space")))
+# scripts/test.sh runs the suite on two xdist workers (``-n auto --dist loadscope``, scheduled here)
+# where the machine has the cores and memory. Each module is one unit of work, so its module
+# fixtures are set up once. The modules on the real embedded pair are one unit, run one after
+# another on one worker: one worker converts and holds the pair. The longest units are handed out
+# first. (xdist's own ``loadgroup`` no longer groups under pytest 9.2: pytest-xdist issue 1386.)
+EMBEDDED_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status")
+LONGEST_FIRST = ("embedded", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
+    "gpu_check", "full_depth", "browser", "sampling", "llamacpp", "hardening", "chain", "static", "flood",
+    "layers", "engine", "lessons", "atlas_browser", "app", "gpu_table", "gpu_space")))
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module's path, or "heavy"."""
+    """The unit of work a test belongs to: its module's path, or "embedded"."""
     module = nodeid.split("::")[0]
-    return "heavy" if Path(module).stem in HEAVY_MODULES else module
+    return "embedded" if Path(module).stem in EMBEDDED_MODULES else module
+
+
+# Two workers hold more at once: up to 8 GB of anonymous memory and, beside it, the embedded
+# target's 6 GB checkpoint mapped (docs/runs/2026-11-28-suite-parallel.md). With less memory than
+# this the suite runs in one process, as it did within an 8 GiB cap.
+PARALLEL_MEMORY = 16 << 30
+
+
+def memory_limit() -> int:
+    """Bytes this process may use: the machine's memory, or less where a memory cgroup (v1 or v2,
+    this one or any above it) caps it."""
+    limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    cgroups = Path("/proc/self/cgroup")
+    for line in cgroups.read_text().splitlines() if cgroups.is_file() else []:
+        _, controllers, path = line.split(":", 2)
+        root, name = (("/sys/fs/cgroup/memory", "memory.limit_in_bytes") if "memory" in controllers.split(",")
+                      else ("/sys/fs/cgroup", "memory.max") if controllers == "" else (None, None))
+        if root is None:
+            continue
+        folder = Path(root + path)
+        while True:
+            limit = folder / name
+            if limit.is_file() and (text := limit.read_text().strip()).isdigit():
+                limits.append(int(text))
+            if str(folder) == root:
+                break
+            folder = folder.parent
+    return min(limits)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (scripts/test.sh): two workers where two cores and ``PARALLEL_MEMORY`` allow,
+    else none (the suite in one process)."""
+    return 2 if len(os.sched_getaffinity(0)) >= 2 and memory_limit() >= PARALLEL_MEMORY else 0
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -91,9 +125,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("embedded") and item.path.stem not in HEAVY_MODULES:
+        if item.get_closest_marker("embedded") and item.path.stem not in EMBEDDED_MODULES:
             raise pytest.UsageError(f"{item.nodeid} uses the embedded pair: name its module in "
-                                    "tests/conftest.py's HEAVY_MODULES (one worker holds the pair)")
+                                    "tests/conftest.py's EMBEDDED_MODULES (one worker holds the pair)")
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order otherwise
 

@@ -127,6 +127,24 @@ def test_the_probe_repeats_until_the_best_timings_agree() -> None:
     assert quick.provenance.noisy == (quick.provenance.spread > SPREAD_OK)
 
 
+def test_a_size_whose_timings_agree_is_not_timed_again() -> None:
+    """Only the sizes whose two best timings still disagree are repeated, up to the last round."""
+    from talon.cost.probe import MAX_REPS, _probe_curve
+
+    calls: list[int] = []
+    drifting = iter([1.0 + 0.2 * i for i in range(MAX_REPS + 1)])  # best two always 20% apart
+
+    def timer(model: object, prefix: int, vocab: int, max_size: int):  # noqa: ANN202 - a Timer
+        def time_once(size: int) -> float:
+            calls.append(size)
+            return next(drifting) if size == 1 else 2.0
+        return time_once
+
+    probed = _probe_curve(None, [1, 8], 256, 0, timer=timer)  # type: ignore[arg-type]
+    assert calls.count(8) == MIN_REPS and calls.count(1) == 1 + MAX_REPS  # the warm-up, then every round
+    assert probed.best == {1: 1.2, 8: 2.0} and probed.spread == pytest.approx(0.2 / 1.2) and probed.noisy
+
+
 def test_acceptance_model_calibrates_from_history() -> None:
     model = CalibratedAcceptance()
     tree = DraftTree.with_root(0)

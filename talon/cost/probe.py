@@ -94,22 +94,25 @@ def spread_of(times: list[float]) -> float:
 def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: int,
                  min_reps: int = MIN_REPS, max_reps: int = MAX_REPS, timer: Timer | None = None) -> Probed:
     """Best timing per size, the sizes taken round-robin after one warm-up forward (so a slow
-    first call or a burst of other load hits one sample of each size, not all of one), repeated
-    until every size's two best timings agree within ``SPREAD_OK`` or ``max_reps`` rounds ran."""
+    first call or a burst of other load hits one sample of each size, not all of one). Each size
+    is timed ``min_reps`` times, then again each round only while its two best timings disagree
+    by more than ``SPREAD_OK``, for at most ``max_reps`` rounds: a size whose timings agree is
+    measured, and a noisy host repeats only the sizes it disturbed (the largest, which take the
+    most time, agree soonest)."""
     time_once = (timer or _forward_timer)(model, prefix, vocab, max(sizes))
     try:
         time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve
         times: dict[int, list[float]] = {s: [] for s in sizes}
         for rep in range(max_reps):
-            for s in sizes:
-                times[s].append(time_once(s))
-            spread = max(spread_of(t) for t in times.values())
-            if rep + 1 >= min_reps and spread <= SPREAD_OK:
+            pending = [s for s in sizes if rep < min_reps or spread_of(times[s]) > SPREAD_OK]
+            if not pending:
                 break
+            for s in pending:
+                times[s].append(time_once(s))
     finally:
         if hasattr(time_once, "close"):
             time_once.close()
-    return Probed({s: min(t) for s, t in times.items()}, spread)
+    return Probed({s: min(t) for s, t in times.items()}, max(spread_of(t) for t in times.values()))
 
 
 def probe_costs(
