@@ -107,7 +107,8 @@ def memory_limit() -> int:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (scripts/test.sh): two workers where two cores and ``PARALLEL_MEMORY`` allow,
     else none (the suite in one process)."""
-    return 2 if len(os.sched_getaffinity(0)) >= 2 and memory_limit() >= PARALLEL_MEMORY else 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 2 if cores >= 2 and memory_limit() >= PARALLEL_MEMORY else 0
 
 
 @pytest.hookimpl(optionalhook=True)
