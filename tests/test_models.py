@@ -269,9 +269,10 @@ def _tiny_tokenizer_metadata(writer: gguf.GGUFWriter) -> int:
 
 
 def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64, arch: str = "qwen2",
-                    tied: bool = False, q8: bool = False) -> None:
+                    tied: bool = False, q8: bool = False, leave_out: str = "") -> None:
     """A random float32 ``arch`` GGUF (qwen2 or llama; 4 heads, 2 KV heads) with a tokenizer and chat
-    template; ``tied``: no output weight (the LM head is the embedding); ``q8``: the 2D weights in Q8_0."""
+    template; ``tied``: no output weight (the LM head is the embedding); ``q8``: the 2D weights in Q8_0;
+    ``leave_out``: a tensor the file lacks."""
     rng = np.random.default_rng(0)
 
     def weight(*shape: int) -> np.ndarray:
@@ -315,6 +316,8 @@ def write_tiny_gguf(path: Path, hidden: int = 32, layers: int = 2, ffn: int = 64
             if biases or not name.endswith(".bias")
         }
     for name, shape in shapes.items():
+        if name == leave_out:
+            continue
         values = weight(*shape)
         if q8 and len(shape) == 2:
             blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
@@ -370,6 +373,14 @@ def test_a_streamed_conversion_holds_transformers_own_weights(arch: str, tied: b
     assert want_sd.keys() == got_sd.keys()
     for name, tensor in want_sd.items():
         assert torch.equal(got_sd[name], tensor), name
+
+
+def test_a_gguf_without_a_weight_the_model_needs_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "holed.gguf"
+    write_tiny_gguf(path, leave_out="blk.1.ffn_down.weight")
+    with pytest.raises(ModelLoadError, match=r"holed.gguf holds no weights for model.layers.1.mlp.down_proj.weight"):
+        tm_convert.convert_gguf(path, tmp_path / "converted", "sha")
+    assert not (tmp_path / "converted").exists() and not list(tmp_path.glob(".converted.tmp-*"))
 
 
 def test_prepare_embedded_assembles_converts_and_cleans_up(tiny_gguf: Path, tmp_path: Path) -> None:
