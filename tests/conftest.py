@@ -62,7 +62,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # where the machine has the cores and memory. Each module is one unit of work, so its module
 # fixtures are set up once. The modules on the real embedded pair are one unit, run one after
 # another on one worker: one worker converts and holds the pair. The longest units are handed out
-# first. (xdist's own ``loadgroup`` no longer groups under pytest 9.2: pytest-xdist issue 1386.)
+# first. (xdist's own ``loadgroup`` does not group under pytest 9.2: it rewrites a node id field
+# that pytest no longer reads.)
 EMBEDDED_MODULES = ("test_embedded", "test_embedded_int4", "test_startup_status")
 LONGEST_FIRST = ("embedded", *(f"tests/test_{name}.py" for name in (  # by their time on 2 cores (docs/runs)
     "gpu_check", "full_depth", "browser", "sampling", "llamacpp", "hardening", "chain", "static", "flood",
@@ -88,9 +89,11 @@ def memory_limit() -> int:
     cgroups = Path("/proc/self/cgroup")
     for line in cgroups.read_text().splitlines() if cgroups.is_file() else []:
         _, controllers, path = line.split(":", 2)
-        root, name = (("/sys/fs/cgroup/memory", "memory.limit_in_bytes") if "memory" in controllers.split(",")
-                      else ("/sys/fs/cgroup", "memory.max") if controllers == "" else (None, None))
-        if root is None:
+        if "memory" in controllers.split(","):  # cgroup v1
+            root, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        elif controllers == "":  # cgroup v2
+            root, name = "/sys/fs/cgroup", "memory.max"
+        else:
             continue
         folder = Path(root + path)
         while True:

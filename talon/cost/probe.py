@@ -97,8 +97,7 @@ def _probe_curve(model: PreTrainedModel, sizes: list[int], prefix: int, vocab: i
     first call or a burst of other load hits one sample of each size, not all of one). Each size
     is timed ``min_reps`` times, then again each round only while its two best timings disagree
     by more than ``SPREAD_OK``, for at most ``max_reps`` rounds: a size whose timings agree is
-    measured, and a noisy host repeats only the sizes it disturbed (the largest, which take the
-    most time, agree soonest)."""
+    measured, and a noisy host repeats only the sizes it disturbed."""
     time_once = (timer or _forward_timer)(model, prefix, vocab, max(sizes))
     try:
         time_once(sizes[0])  # warm-up: first-call allocations stay out of the curve

@@ -52,12 +52,12 @@ def _generation_config(
 
 @contextlib.contextmanager
 def _one_parse_per_file() -> Iterator[None]:
-    """Within the block, a GGUF file is parsed once however often transformers opens it.
+    """Within the block (a conversion), a GGUF file is parsed once however often it is opened.
 
-    One load opens the file three times (config, tokenizer, weights), and each ``GGUFReader``
-    parses every metadata field, the 150k-entry vocabulary and merges included, element by element
-    (7 s a parse on a 2-core AMD EPYC). A reader is read-only once built, so the three share one:
-    the embedded pair then converts in 92 s there, not 109 s.
+    A conversion opens the file several times (config, tokenizer, the weights' names, the
+    weights), and each ``GGUFReader`` parses every metadata field, the 150k-entry vocabulary and
+    merges included, element by element: 7 s a parse on a 2-core AMD EPYC. A reader is read-only
+    once built, so they all share one.
     """
     original = gguf.GGUFReader
     readers: dict[tuple[str, str], gguf.GGUFReader] = {}
@@ -81,9 +81,8 @@ SHARD_BYTES = 1 << 30  # a converted checkpoint's safetensors shard holds at mos
 def _load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The GGUF file's model, its parameters on the meta device (the weights stream from the file
     in ``_write_weights``), and its tokenizer."""
-    with _one_parse_per_file():
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     return model, tokenizer
@@ -96,14 +95,18 @@ class _Shards:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
         self.files: list[list[str]] = []  # the tensor names of each written shard
+        self.names: set[str] = set()
         self.total = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name in self.pending or any(name in names for names in self.files):
+        if name in self.names:
             raise ModelLoadError(f"The GGUF file maps two tensors onto {name}")
+        self.names.add(name)
         self.pending[name] = tensor.to(torch.float32).contiguous()
-        if sum(t.nbytes for t in self.pending.values()) >= SHARD_BYTES:
+        self.pending_bytes += self.pending[name].nbytes
+        if self.pending_bytes >= SHARD_BYTES:
             self.flush()
 
     def flush(self) -> None:
@@ -111,9 +114,9 @@ class _Shards:
 
         if self.pending:
             save_file(self.pending, str(self.out_dir / f".shard-{len(self.files)}"), metadata={"format": "pt"})
-            self.total += sum(t.nbytes for t in self.pending.values())
+            self.total += self.pending_bytes
             self.files.append(list(self.pending))
-            self.pending = {}
+            self.pending, self.pending_bytes = {}, 0
 
     def close(self) -> set[str]:
         """Write the last shard, name the shards and write the index; the names written."""
@@ -125,7 +128,7 @@ class _Shards:
             weight_map.update(dict.fromkeys(names, final))
         index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
         (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        return set(weight_map)
+        return self.names
 
 
 def _write_weights(gguf_path: Path, model: PreTrainedModel, out_dir: Path) -> None:
@@ -141,9 +144,8 @@ def _write_weights(gguf_path: Path, model: PreTrainedModel, out_dir: Path) -> No
         read_field,
     )
 
-    with _one_parse_per_file():
-        parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
-        reader = gguf.GGUFReader(gguf_path)
+    parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+    reader = gguf.GGUFReader(gguf_path)
     parsed["tensors"] = {}  # where some processors (mixtures of experts) gather their tensors
     architecture = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
@@ -174,10 +176,10 @@ def _check_saved_tokenizer(saved_dir: Path, tokenizer: PreTrainedTokenizerBase) 
 
 def _save_atomically(
     gguf_path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
-    marker: dict[str, object],
+    marker: dict[str, object], start: float,
 ) -> None:
-    """Write the weights, config, tokenizer and (last) the marker into a temporary sibling, then
-    rename it.
+    """Write the weights, config, tokenizer and (last) the marker, with the seconds since
+    ``start``, into a temporary sibling, then rename it.
 
     ``out_dir`` therefore either holds a complete checkpoint with its marker or does not exist.
     """
@@ -191,6 +193,7 @@ def _save_atomically(
         model.generation_config.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         _check_saved_tokenizer(tmp_dir, tokenizer)
+        marker = {**marker, "seconds": round(time.perf_counter() - start, 1)}
         (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2))
         for path in tmp_dir.iterdir():  # save_pretrained may write 0600 files; the cache is shared
             path.chmod(path.stat().st_mode | 0o444)
@@ -214,6 +217,14 @@ def convert_gguf(
     """
     start = time.perf_counter()
     logger.info("Converting %s into %s (one-off; this takes a few minutes on a CPU)", gguf_path, out_dir)
+    with _one_parse_per_file():
+        _convert(gguf_path, out_dir, source_sha256, extra_eos_tokens, start)
+    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+    return out_dir
+
+
+def _convert(gguf_path: Path, out_dir: Path, source_sha256: str, extra_eos_tokens: Sequence[str],
+             start: float) -> None:
     try:
         model, tokenizer = _load_gguf(gguf_path)
     except (OSError, ValueError, KeyError) as error:
@@ -227,15 +238,8 @@ def convert_gguf(
         logger.warning(
             "%s carries no chat template; chat prompts will not be formatted.", gguf_path.name
         )
-    marker = {
-        "source": gguf_path.name,
-        "source_sha256": source_sha256,
-        "transformers": transformers.__version__,
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    _save_atomically(gguf_path, model, tokenizer, out_dir, marker)
-    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
-    return out_dir
+    marker = {"source": gguf_path.name, "source_sha256": source_sha256, "transformers": transformers.__version__}
+    _save_atomically(gguf_path, model, tokenizer, out_dir, marker, start)
 
 
 def prepare_gguf_file(gguf_path: Path, cache_dir: Path) -> Path:
