@@ -348,6 +348,25 @@ def test_a_pad_visible_to_the_nodes_fails_the_static_step_check(gpu_check, monke
     assert not ok and detail["steps"] == list(part("pair_checks").OTHER_PATHS["cpu"]) and detail["failures"]
 
 
+def test_a_path_that_raises_fails_alone_and_the_paths_after_it_still_run(
+    gpu_check, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checks, pairs = part("pair_checks"), part("pairs")
+    first, *rest = checks.OTHER_PATHS["cpu"]
+    real = pairs.path_engine
+
+    def raising_on_first(target, draft, path: str):
+        if path == first:
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+        return real(target, draft, path)
+
+    monkeypatch.setattr(checks, "path_engine", raising_on_first)
+    ok, detail = gpu_check.static_step_lossless(tiny_run(gpu_check))
+    assert not ok and detail["failures"] == [f"{first} (raised)"], detail["failures"]
+    assert "graph capture" in detail["errors"][first]
+    assert all(any(key.startswith(f"{path}/") for key in detail["mat"]) for path in rest), detail["mat"]
+
+
 def test_checks_are_chosen_by_exact_key_and_after_a_run_only_the_rest(gpu_check, tmp_path: Path) -> None:
     """``--checks async`` must not also run "lossless float32 (every drafter x tree x async)" (a
     word inside a name): keys are exact, and ``--after`` reruns only what did not pass, here after

@@ -111,21 +111,26 @@ def static_step_lossless(ctx: PairRun) -> CheckOutcome:
     steps = OTHER_PATHS["cuda" if ctx.device.type == "cuda" else "cpu"]
     start = time.perf_counter()
     prompts = check_prompts(ctx, target)
-    failures, mats = [], {}
+    failures, mats, errors = [], {}, {}
     for step in steps:
-        engine = path_engine(target, draft, step)
-        for kind, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
-                                  ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
-                                  ("model", "adaptive", "random" if ctx.spec.head else "chain")):
-            drafter = HEAD_COUNTERPART.get(kind, kind) if ctx.spec.head else kind  # a head's slot: its kinds
-            want = reference(target, prompts[which], ctx.tokens)
-            summary, _ = generate(engine, prompts[which], greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode)))
-            mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
-            if summary.token_ids != want:
-                failures.append(f"{step}/{drafter}/{mode}")
+        try:  # a path that raises fails itself only: the paths after it still run and report
+            engine = path_engine(target, draft, step)
+            for kind, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
+                                      ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
+                                      ("model", "adaptive", "random" if ctx.spec.head else "chain")):
+                drafter = HEAD_COUNTERPART.get(kind, kind) if ctx.spec.head else kind  # a head's slot: its kinds
+                want = reference(target, prompts[which], ctx.tokens)
+                summary, _ = generate(engine, prompts[which],
+                                      greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode)))
+                mats[f"{step}/{drafter}/{mode}"] = round(summary.mean_accepted_tokens, 3)
+                if summary.token_ids != want:
+                    failures.append(f"{step}/{drafter}/{mode}")
+        except Exception as err:  # noqa: BLE001 - the path's error is its verdict
+            errors[step] = f"{type(err).__name__}: {str(err)[:300]}"
+            failures.append(f"{step} (raised)")
     low = below_floor(mats)
-    return not failures and not low, {"steps": list(steps), "failures": failures, "mat": mats, "mat_floor": MAT_FLOOR,
-                                      "below_floor": low,
+    return not failures and not low, {"steps": list(steps), "failures": failures, "errors": errors, "mat": mats,
+                                      "mat_floor": MAT_FLOOR, "below_floor": low,
                                       "seconds": round(time.perf_counter() - start, 1)}
 
 
