@@ -439,3 +439,9 @@ def test_a_head_presets_check_catches_the_plants_on_every_path(gpu_check, bug: s
     paths = planted["paths"][HEAD_PAIR]
     assert planted["missed"] == [] and set(paths) == {"dynamic+fold", *part("pair_checks").OTHER_PATHS["cpu"]}
     assert all(any(c.startswith("eagle3") for c in row["caught"]) for row in paths.values()), paths
+
+
+def test_a_wider_head_trains_at_a_rate_shrinking_as_its_width() -> None:
+    rate = part("head").learning_rate
+    assert rate(64) == rate(128) == 1e-2  # the tests' heads: the recipe they were tuned at
+    assert rate(512) == 2.5e-3 and rate(4096) == 1e-2 * 128 / 4096

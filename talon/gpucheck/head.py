@@ -26,6 +26,18 @@ from talon.models.memory import ModelShape
 TRAIN_S = 30.0  # the most a head trains on a device
 TRAIN_STEPS = 250  # and at most this many steps (the tests' recipe, seconds on a CPU at tiny shapes)
 TIMED_NODES = (1, 8, 64)  # the head's forward timed at these tree widths
+LR, LR_WIDTH = 1e-2, 128  # Adam's rate at the tests' width; wider heads take it x LR_WIDTH / width
+
+
+def learning_rate(width: int) -> float:
+    """Adam's step for a head ``width`` wide: ``LR`` up to ``LR_WIDTH``, then shrinking as 1 /
+    width (a wider layer's output moves width times more for the same step in every weight).
+    Measured on the CPU at the 8B head preset's vocabulary, 150 steps, 3 levels, width 512: rate
+    1e-2 left the loss at 16.6, 2.5e-3 (this rule) 0.40, 1e-3 0.009, 3e-4 0.066; at width 1024
+    this rule's 1.25e-3 reached 0.002; the 8B preset
+    at width 4096 trained at 1e-2 on an H200 stayed at 24.3 (near chance) and its drafts were
+    hardly accepted (MAT 1.03-1.21)."""
+    return LR * min(1.0, LR_WIDTH / width)
 
 
 def head_config(shape: ModelShape, target: torch.nn.Module, draft_vocab: int) -> HeadConfig:
@@ -83,7 +95,8 @@ def train_head(head: Eagle3Head, target: LoadedModel, texts: list[list[int]], st
     draft_id = {int(t): i for i, t in enumerate((torch.arange(head.cfg.draft_vocab, device=head.device)
                                                  + head.d2t).tolist())}
     batches = [_batch(head, features_of(target, ids, layers), ids, levels, draft_id) for ids in texts]
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    lr = learning_rate(head.cfg.hidden)
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
     head.train()
     start, done, loss = time.perf_counter(), 0, torch.zeros(())
     while done < steps and time.perf_counter() - start < seconds:
@@ -92,7 +105,7 @@ def train_head(head: Eagle3Head, target: LoadedModel, texts: list[list[int]], st
         loss.backward()
         opt.step()
         done += 1
-    return head.eval(), {"steps": done, "seconds": round(time.perf_counter() - start, 1), "levels": levels,
+    return head.eval(), {"steps": done, "seconds": round(time.perf_counter() - start, 1), "levels": levels, "lr": lr,
                          "loss": round(float(loss.detach()), 4), "texts": len(texts), "feature_layers": list(layers)}
 
 
