@@ -73,15 +73,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "0",
         "1 to grow TALON's adaptive trees on the draft model's device (talon/graphs/chain.py): the draft "
         "layers back to back, no host turnaround between them, each layer's update a captured "
-        "graph on CUDA; needs a static forward (static, graphs or compiled). Off by default until a "
-        "GPU run measures it.",
+        "graph on CUDA; needs a static forward (static, graphs or compiled). Off by default: lossless on an "
+        "H200 (docs/runs/2026-11-28-h200-gpu-paths.md), not yet timed there.",
     ),
     "TALON_FOLD": (
         "auto",
         "Grouped-query attention folded (talon/models/attention.py: the query heads sharing a key/value head "
         "read it once, no copy of the keys and values per head): auto (the default each device kind "
-        "was proven on, docs/gpu.md: on on a CPU, off on CUDA until a GPU run shows it lossless and "
-        "faster), 1 or 0.",
+        "was proven on, docs/gpu.md: on, on a CPU and on CUDA), 1 or 0.",
     ),
     "TALON_PREPACK": (
         "auto",
@@ -150,12 +149,14 @@ PROVEN: dict[tuple[str, str], Proven] = {
                             "docs/gpu_runs/2026-11-27-cpu-gqa-loop.json: the loop 0.98x the time, the same tokens; "
                             "docs/gpu_runs/2026-11-27-cpu-gqa-fold.json: a static forward of 8 nodes over a "
                             "1024-entry cache 0.93x (0.71x over 4096)"),
-    ("fold", "cuda"): Proven("off", "docs/runs/2026-11-28-h200-gpu-all.md: timed on an H200, logits equal, 4-12 % "
-                             "off a target tree forward; not yet run lossless in the loop on a GPU"),
+    ("fold", "cuda"): Proven("on", "docs/runs/2026-11-28-h200-gpu-paths.md: graphs+fold lossless in float32 on an "
+                             "H200 with drafts accepted (the 7B preset's pair MAT 2.67-5.33, the 8B EAGLE-3 head "
+                             "4.92-5.33); docs/runs/2026-11-28-h200-gpu-all.md: logits equal, 4-12 % off a target "
+                             "tree forward, equal at one node"),
     ("chain", "cpu"): Proven("off", "a CUDA-graph feature: nothing to save on a CPU"),
-    ("chain", "cuda"): Proven("off", "docs/runs/2026-11-28-h200-gpu-all.md: its first capture failed on an H200 (a "
-                              "host scalar written into a device buffer); fixed and held by the CPU rehearsal's guard, "
-                              "not yet re-run on a GPU"),
+    ("chain", "cuda"): Proven("off", "docs/runs/2026-11-28-h200-gpu-paths.md: lossless on an H200 with drafts "
+                              "accepted (graphs+chain, both preset pairs), not yet timed against the host's "
+                              "tree update"),
     ("async_draft", "cpu"): Proven("off", ASYNC_OFF_WHY),
     ("async_draft", "cuda"): Proven("off", ASYNC_OFF_WHY),
     ("prepack", "cpu"): Proven("auto", "decided on the host by a timed check of one layer "

@@ -126,15 +126,15 @@ def test_a_switched_model_computes_what_it_did(folded_model) -> None:  # noqa: A
 
 
 def test_the_engine_folds_where_its_device_kind_was_proven_to() -> None:
-    """``TALON_FOLD``: auto folds on a CPU and not on CUDA until a GPU run proves it; the
-    engine switches both models, and a run's summary says which path ran."""
+    """``TALON_FOLD``: auto folds where a run proved it (a CPU, and CUDA since an H200 ran it
+    lossless in the loop); the engine switches both models, and a run's summary says which path ran."""
     from talon.engine.engine import Engine, generate
     from talon.run_config import RunConfig
     from talon.settings import PROVEN, Settings
     from tests.tiny import tiny_loaded
 
-    assert resolve_fold(None, torch.device("cpu")) and not resolve_fold(None, torch.device("cuda"))
-    assert PROVEN[("fold", "cuda")].value == "off" and resolve_fold(True, torch.device("cuda"))
+    assert resolve_fold(None, torch.device("cpu")) and resolve_fold(None, torch.device("cuda"))
+    assert PROVEN[("fold", "cuda")].value == "on" and not resolve_fold(False, torch.device("cuda"))
     assert Settings.from_env({}).fold is None and Settings.from_env({"TALON_FOLD": "0"}).fold is False
     target, draft = tiny_loaded("qwen2", 0), tiny_loaded("qwen2", 1)
     for fold, implementation, path in ((None, NAME, "dynamic+fold"), (False, "sdpa", "dynamic")):
