@@ -103,9 +103,9 @@ def record(a: argparse.Namespace) -> int:
     are float32 and its logits cover the whole vocabulary, as llama.cpp's."""
     from talon.atlas.data import AtlasSpec
     from talon.atlas.record import record_atlas
-    from talon.engine.build import PairKey, build_engine
+    from talon.engine.build import build_engine
     from talon.run_config import RetrievalConfig, RunConfig
-    from talon.settings import Settings
+    from talon.settings import PairKey, Settings
 
     # the draft as llama.cpp runs it: float32 weights (not the CPU's int8 default), the whole vocabulary
     engine = build_engine(PairKey.from_settings(Settings.from_env(), dtype="float32", device="cpu",

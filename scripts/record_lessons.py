@@ -18,11 +18,11 @@ from pathlib import Path
 
 from talon.atlas.data import AtlasSpec
 from talon.atlas.record import record_atlas
-from talon.engine.build import PairKey, build_engine
+from talon.engine.build import build_engine
 from talon.lessons import lesson_configs
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.run_config import RunConfig
-from talon.settings import Settings
+from talon.settings import PairKey, Settings
 from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,14 +21,14 @@ import logging
 import sys
 from pathlib import Path
 
-from talon.engine.build import PairKey, build_engine
+from talon.engine.build import build_engine
 from talon.engine.engine import Engine, generate
 from talon.figures.opening import criterion_score, opening_criterion, opening_step
 from talon.figures.payoff import plain_rate
 from talon.models import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from talon.run_config import RunConfig, SamplingConfig
 from talon.server.examples import load_examples
-from talon.settings import Settings
+from talon.settings import PairKey, Settings
 from talon.trace import dump_trace
 
 logger = logging.getLogger("record_opening")

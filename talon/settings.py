@@ -2,11 +2,14 @@
 
 ``ENV_VARS`` is the single list of the variables the app understands; the README and the
 Spacefile are checked against it. Everything else in the package receives a ``Settings``
-record (or plain arguments) and never looks at ``os.environ`` itself.
+record (or plain arguments) and never looks at ``os.environ`` itself. ``PairKey`` is the pair a
+front end asks ``talon.engine.build.build_engine`` for: the settings' pair with its own flags on
+top (here, beside the settings, so that a command that loads no model imports no torch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -323,3 +326,35 @@ def hub_endpoint(env: Mapping[str, str] | None = None) -> str:
     """The Hugging Face Hub endpoint (HF_ENDPOINT, default https://huggingface.co)."""
     env = os.environ if env is None else env
     return env.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class PairKey:
+    """Everything that makes two loaded pairs (and their engines) different."""
+
+    target: str
+    draft: str
+    dtype: str
+    device: str
+    draft_quant: str
+    allow_remote_code: bool
+    cache_dir: str
+    cost_cache: str
+    target_weights: str = "dense"
+    forward: str = "auto"  # talon.graphs.static.resolve_forward
+    chain: bool = False  # talon.graphs.chain: adaptive trees grown on the draft model's device
+    prepack: bool | None = None  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN (None: auto)
+    fold: bool | None = None  # talon.models.attention: GQA folded (None: the device's proven default)
+
+    def describe(self) -> str:
+        return f"{self.target} + {self.draft}"
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **changes: object) -> PairKey:
+        """The pair the settings name, with a front end's own choices (its flags) on top."""
+        key = cls(target=settings.target, draft=settings.draft, dtype=settings.dtype, device=settings.device,
+                  draft_quant=settings.draft_quant, allow_remote_code=settings.allow_remote_code,
+                  cache_dir=str(settings.cache_dir), cost_cache=str(settings.cost_cache_dir),
+                  target_weights=settings.target_weights, forward=settings.forward, chain=settings.chain,
+                  prepack=settings.prepack, fold=settings.fold)
+        return dataclasses.replace(key, **changes)

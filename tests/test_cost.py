@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from talon.core.builder import build_tree
-from talon.cost.cache import cache_path, load_or_probe, read_cached
+from talon.cost.cache import cache_path, read_cached
 from talon.cost.curve import CURVE_SIZES, Curve, isotonic
 from talon.cost.model import CostModel, synthetic_costs
 from talon.cost.plan import (
@@ -26,7 +26,7 @@ from talon.cost.plan import (
     Planner,
     drafting_without_catch_up,
 )
-from talon.cost.probe import MIN_REPS, SPREAD_OK, probe_costs, spread_of
+from talon.cost.probe import MIN_REPS, SPREAD_OK, load_or_probe, probe_costs, spread_of
 from talon.drafters.retrieval import Retriever
 from talon.drafters.tree_drafter import SHORT_MATCH, TreeDrafter
 from talon.engine.engine import Engine, generate
@@ -538,6 +538,7 @@ def test_the_cache_keeps_only_what_it_can_trust(tmp_path: Path, monkeypatch: pyt
     import datetime
 
     import talon.cost.cache as cache
+    import talon.cost.probe as probing
 
     target = tiny_loaded("llama", 1)
     spreads = iter([2.2, 0.1, 0.1, 2.2])
@@ -548,7 +549,7 @@ def test_the_cache_keeps_only_what_it_can_trust(tmp_path: Path, monkeypatch: pyt
         costs.provenance = dataclasses.replace(costs.provenance, spread=next(spreads), measured_at=now)
         return costs
 
-    monkeypatch.setattr(cache, "probe_costs", probe)
+    monkeypatch.setattr(probing, "probe_costs", probe)
     busy = load_or_probe(target.model, None, ("t", "none"), tmp_path)
     path = cache_path(tmp_path, busy.key)
     assert busy.provenance.spread == 2.2 and not path.exists(), "a busy probe is used, never cached"

@@ -30,8 +30,8 @@ from talon.models.head import lm_logits
 from talon.models.rng import DeviceMismatch, generator_for
 from talon.run_config import SamplingConfig
 from talon.server import facade, offer
-from talon.server.pair import Held, PairKey, PairSlot
-from talon.settings import Settings
+from talon.server.pair import Held, PairSlot
+from talon.settings import PairKey, Settings
 from talon.tree import DraftTree
 from talon.ui.decode_handlers import make_generate
 from talon.ui.layout import build_ui

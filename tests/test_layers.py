@@ -276,21 +276,47 @@ def test_a_view_past_the_facade_and_a_path_edit_are_caught(tmp_path: Path) -> No
 # Importing the views loads no torch: what runs a model is imported by the call that runs it
 # ---------------------------------------------------------------------------------------------
 
-NO_TORCH = ("import sys, talon.ui\n"
-            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
-            "print('torch loaded' if loaded else 'no torch')\n")
+LOADED_TORCH = ("loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+                "print('torch loaded' if loaded else 'no torch')\n")
+NO_TORCH = "import sys, talon.ui\n" + LOADED_TORCH
+# the command line's model-free commands, run in one interpreter: none of them imports torch
+MODEL_FREE_COMMANDS = ("import contextlib, io, sys\n"
+                       "from talon.cli.main import main\n"
+                       "with contextlib.redirect_stdout(io.StringIO()):\n"
+                       "    for argv in (['costs', '--show'],\n"
+                       "                 ['atlas', 'sweep', 'data/llamacpp_check/atlases', '--engine', 'llamacpp',\n"
+                       "                  '--grid', 'type=draft-simple', '--grid', 'n_max=4', '--json']):\n"
+                       "        assert main(argv) == 0, argv\n" + LOADED_TORCH)
+
+
+def loads_torch(code: str, root: Path = REPO, env: dict[str, str] | None = None) -> bool:
+    """Does ``code``, in a fresh interpreter over ``root``, put torch in sys.modules?"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().endswith("torch loaded")
 
 
 def ui_import_loads_torch(root: Path = REPO) -> bool:
-    """Does ``import talon.ui``, in a fresh interpreter over ``root``, put torch in sys.modules?"""
-    out = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=root, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(root)})
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip() == "torch loaded"
+    """Does ``import talon.ui`` load torch?"""
+    return loads_torch(NO_TORCH, root)
 
 
 def test_importing_the_ui_loads_no_torch() -> None:
     assert not ui_import_loads_torch()
+
+
+def test_the_model_free_commands_load_no_torch(tmp_path: Path) -> None:
+    """``costs --show`` and a serving engine's sweep answer in a second, not the six that importing
+    torch and transformers takes; ``generate`` loads them (and a replay, which runs the drafters)."""
+    env = {"TALON_COST_CACHE": str(tmp_path)}
+    assert not loads_torch(MODEL_FREE_COMMANDS, env=env)
+    shutil.copytree(REPO / "talon", tmp_path / "talon", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "data" / "llamacpp_check", tmp_path / "data" / "llamacpp_check")
+    args = tmp_path / "talon" / "cli" / "args.py"  # the engine imported at the top again, as it was
+    args.write_text(args.read_text(encoding="utf-8") + "\nfrom talon.engine.build import build_engine  # noqa\n",
+                    encoding="utf-8")
+    assert loads_torch(MODEL_FREE_COMMANDS, tmp_path, env)
 
 
 def test_a_view_that_loads_torch_is_caught(tmp_path: Path) -> None:

@@ -379,10 +379,9 @@ def test_compiled_small_buckets_score_as_the_eager_forward(static_model, monkeyp
 
 def test_talon_step_is_read_checked_and_refused_on_zerogpu_when_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     from talon.engine import build as models
-    from talon.engine.build import PairKey
     from talon.models import zerogpu
     from talon.run_config import ConfigError
-    from talon.settings import Settings
+    from talon.settings import PairKey, Settings
 
     assert Settings.from_env({}).forward == "auto"
     assert Settings.from_env({"TALON_FORWARD": "Compiled"}).forward == "compiled"

@@ -35,7 +35,6 @@ from transformers import (
 
 from talon.core.contracts import Draft
 from talon.cost.model import synthetic_costs
-from talon.engine.build import PairKey
 from talon.engine.engine import Engine
 from talon.gpucheck.head import frequent_tokens
 from talon.gpucheck.head import train_head as trained
@@ -44,6 +43,7 @@ from talon.graphs.static import StaticForward
 from talon.models import LoadedModel, ModelLoadError
 from talon.models.eagle3 import Eagle3Head
 from talon.models.memory import GIB
+from talon.settings import PairKey
 from talon.tree import DraftTree
 
 SPECIALS = ["<eos>", "<pad>"]

@@ -9,10 +9,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from talon.engine.build import PairKey
 from talon.knobs import KNOB, KNOBS, ON_OFF, Knob
 from talon.run_config import RunConfig
-from talon.settings import DRAFT_QUANTS, DTYPE_CHOICES, TARGET_WEIGHTS, Settings
+from talon.settings import DRAFT_QUANTS, DTYPE_CHOICES, TARGET_WEIGHTS, PairKey, Settings
 
 
 def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:

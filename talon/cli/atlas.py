@@ -12,7 +12,6 @@ from pathlib import Path
 from talon.atlas.data import Atlas, AtlasSpec, load_atlases
 from talon.atlas.llamacpp import DRAFT_TOP_K
 from talon.atlas.llamacpp_costs import LlamaCppCosts, parse_llamacpp_costs
-from talon.atlas.record import record_atlas
 from talon.atlas.serving_costs import ENGINE_COST_FORMAT, ServingCosts, TalonCurves, parse_serving_costs
 from talon.atlas.serving_sweep import (
     ENGINES,
@@ -26,7 +25,6 @@ from talon.atlas.serving_sweep import (
 from talon.atlas.sweep import GRID_KEYS, SweepRow, best_row, grid_configs, parse_grid, run_sweep
 from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_from_args
 from talon.cost.model import CostModel
-from talon.engine.build import build_engine
 from talon.models import ModelLoadError
 from talon.run_config import ConfigError
 from talon.settings import Settings
@@ -91,6 +89,9 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
             text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
             prompts = [("atlas", text, "")]
         spec = dataclasses.replace(AtlasSpec(), chain_depth=args.chain_depth)
+        from talon.atlas.record import record_atlas  # torch: only the command that loads a model
+        from talon.engine.build import build_engine
+
         engine = build_engine(pair_from_args(args, settings))
         for name, text, suite in prompts:
             atlas = record_atlas(engine, text, cfg, spec, suite=suite,

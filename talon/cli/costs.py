@@ -13,7 +13,6 @@ from talon.atlas.llamacpp_costs import costs_from_llama_bench
 from talon.cli.args import add_knob, add_model_args, pair_from_args
 from talon.cost.cache import MAX_AGE_DAYS, cache_path
 from talon.cost.model import CostModel
-from talon.engine.build import build_engine
 from talon.knobs import KNOB
 from talon.models import ModelLoadError
 from talon.settings import Settings
@@ -59,6 +58,8 @@ def costs_command(args: argparse.Namespace, settings: Settings) -> int:
         for path in files:
             print(describe_cached(path))
         return 0
+    from talon.engine.build import build_engine  # torch: only the probe loads a model
+
     try:  # the engine the server and every command build, so the curves probed are the ones they read
         costs = build_engine(pair_from_args(args, settings)).cost_snapshot(args.draft_vocab, refresh=True)
     except (ValueError, ModelLoadError, OSError) as err:

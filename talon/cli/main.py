@@ -1,5 +1,9 @@
 """``python -m talon``: ``generate`` (one prompt, here), ``costs`` (``talon.cli.costs``),
-``atlas record | sweep`` (``talon.cli.atlas``), ``lessons`` and ``export`` (``talon.cli.lessons``)."""
+``atlas record | sweep`` (``talon.cli.atlas``), ``lessons`` and ``export`` (``talon.cli.lessons``).
+
+A command that neither loads a model nor replays an atlas imports no torch (``--help``, ``costs
+--show | --clear | --llama-bench``, ``atlas sweep`` for a serving engine: a second, not six): the
+engine is imported where a command builds one (``talon.engine.build``, inside the command)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,6 @@ from talon.cli.args import add_model_args, add_run_args, config_from_args, pair_
 from talon.cli.atlas import add_atlas_parser, atlas_command
 from talon.cli.costs import add_costs_parser, costs_command
 from talon.cli.lessons import add_export_parser, add_lessons_parser, export_command, lessons_command
-from talon.engine.build import build_engine
-from talon.engine.engine import generate
 from talon.models import ModelLoadError
 from talon.settings import Settings
 from talon.trace import dump_trace
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt_file:
             with open(args.prompt_file, encoding="utf-8") as fh:
                 prompt = fh.read()
+        from talon.engine.build import build_engine  # torch: only a command that loads a model
+        from talon.engine.engine import generate
+
         # layerskip drafts with the target itself, retrieval with none
         engine = build_engine(pair_from_args(args, settings, args.draft if cfg.uses_draft_slot else "none"))
         summary, steps = generate(engine, prompt, cfg)

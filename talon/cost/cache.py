@@ -17,13 +17,9 @@ import dataclasses
 import hashlib
 import json
 import logging
-import time
 from pathlib import Path
 
-from transformers import PreTrainedModel
-
 from talon.cost.model import CostModel
-from talon.cost.probe import Timer, cost_key, probe_costs
 
 logger = logging.getLogger(__name__)
 
@@ -56,37 +52,6 @@ def read_cached(path: Path, key: str, max_age_days: float = MAX_AGE_DAYS) -> Cos
                     "other key" if costs.key != key else f"{age if age is None else round(age, 1)} days old")
         return None
     costs.provenance = dataclasses.replace(costs.provenance, source="cache")
-    return costs
-
-
-def load_or_probe(
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    names: tuple[str, str],
-    cache_dir: Path | None,
-    draft_vocab: int = 0,
-    refresh: bool = False,
-    forward: str = "dynamic",
-    timers: tuple[Timer | None, Timer | None] = (None, None),
-) -> CostModel:
-    """The cached curves for this pair, vocabulary, forward and hardware, or a fresh probe (then
-    cached under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
-    key = cost_key(target, draft, names, draft_vocab, forward)
-    path = cache_path(cache_dir, key) if cache_dir is not None else None
-    if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
-        logger.info("cost model: %s", cached.provenance.describe())
-        return cached
-    start = time.perf_counter()
-    costs = probe_costs(target, draft, draft_vocab, timers=timers)
-    costs.key = key
-    logger.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
-                time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
-                1e3 * costs.draft_s(1), costs.provenance.describe())
-    if path is not None and busy(costs):
-        logger.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
-                       100 * costs.provenance.spread)
-    elif path is not None:
-        save_costs(costs, path)
     return costs
 
 

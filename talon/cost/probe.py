@@ -1,6 +1,7 @@
 """The cost probe: times the loaded models' forwards at the grid's sizes (``talon.cost.model``'s
 curves), each size repeated until its two best timings agree, and names what the curves depend
-on (``cost_key``). Torch and the models live here, not in the pure model the planner reads."""
+on (``cost_key``); ``load_or_probe`` reads the cache (``talon.cost.cache``) or probes. Torch and the
+models live here, not in the pure model the planner reads nor in the cache's files."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from talon.core.forward import forward_hidden
+from talon.cost.cache import busy, cache_path, read_cached, save_costs
 from talon.cost.curve import CURVE_SIZES, Curve
 from talon.cost.model import PROBED, CostModel, Provenance
 from talon.models.device import hardware_name
@@ -153,4 +156,35 @@ def probe_costs(
     if costs.provenance.noisy:
         logger.warning("cost probe: the host is noisy (best timings of one size %.0f%% apart after %d rounds); "
                        "the curves may be pessimistic", 100 * spread, max_reps)
+    return costs
+
+
+def load_or_probe(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    names: tuple[str, str],
+    cache_dir: Path | None,
+    draft_vocab: int = 0,
+    refresh: bool = False,
+    forward: str = "dynamic",
+    timers: tuple[Timer | None, Timer | None] = (None, None),
+) -> CostModel:
+    """The cached curves for this pair, vocabulary, forward and hardware, or a fresh probe (then
+    cached under ``cache_dir``, when given). ``refresh``: probe even when a cached model exists."""
+    key = cost_key(target, draft, names, draft_vocab, forward)
+    path = cache_path(cache_dir, key) if cache_dir is not None else None
+    if path is not None and not refresh and (cached := read_cached(path, key)) is not None:
+        logger.info("cost model: %s", cached.provenance.describe())
+        return cached
+    start = time.perf_counter()
+    costs = probe_costs(target, draft, draft_vocab, timers=timers)
+    costs.key = key
+    logger.info("cost model probed in %.1f s: verify(1)=%.0f ms, verify(16)=%.0f ms, draft(1)=%.0f ms (%s)",
+                time.perf_counter() - start, 1e3 * costs.verify_s(1), 1e3 * costs.verify_s(16),
+                1e3 * costs.draft_s(1), costs.provenance.describe())
+    if path is not None and busy(costs):
+        logger.warning("cost probe taken on a busy host (spread %.0f%%): used for this run, not cached",
+                       100 * costs.provenance.spread)
+    elif path is not None:
+        save_costs(costs, path)
     return costs

@@ -14,8 +14,9 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from talon.core.contracts import FeatureSource
-from talon.cost.cache import load_or_probe, retire_if_contradicted
+from talon.cost.cache import retire_if_contradicted
 from talon.cost.model import CostModel
+from talon.cost.probe import load_or_probe
 from talon.drafters import SOURCE_MAKERS
 from talon.drafters.model import ModelSource
 from talon.drafters.retrieval import CorpusIndex, Retriever

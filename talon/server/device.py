@@ -22,7 +22,6 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
 from talon.cost.model import CostModel
-from talon.engine.build import PairKey
 from talon.models import zerogpu
 from talon.run_config import RunConfig
 from talon.server import pair as pairs
@@ -31,7 +30,7 @@ from talon.server.offer import find_preset
 from talon.server.pair import held_key, out_of_memory_as_error, pair_key
 from talon.server.presets import ModelPreset
 from talon.server.request import Job, open_run, validate
-from talon.settings import Settings
+from talon.settings import PairKey, Settings
 from talon.trace import RunSummary, StepTrace
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 import gradio as gr
 import torch
 
-from talon.engine.build import PairKey, build_engine
+from talon.engine.build import build_engine
 from talon.engine.engine import Engine
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
@@ -28,7 +28,7 @@ from talon.run_config import ConfigError, RunConfig
 from talon.server import offer
 from talon.server.offer import find_preset, initial_preset, model_short_name, preset_estimate
 from talon.server.presets import ModelPreset
-from talon.settings import Settings
+from talon.settings import PairKey, Settings
 
 logger = logging.getLogger(__name__)
 
