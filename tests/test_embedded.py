@@ -114,24 +114,20 @@ ATLAS_CONFIGS = [
 ]
 
 
-def test_atlas_replays_equal_real_runs(embedded_engine: Engine, tmp_path: Path) -> None:
-    """Record with the CLI (float32 target, int8 draft: the engine's own settings), then every
-    configuration replayed from the atlas equals its real run step for step, or the difference
-    is a named near-tie of the draft's q. The cost-aware row plans on the engine's snapshot,
-    which the atlas stores."""
-    from talon.atlas.data import parse_atlas
+def test_atlas_replays_equal_real_runs(embedded_engine: Engine) -> None:
+    """Record on the module's engine (float32 target, int8 draft; ``atlas record``'s flags are
+    tested on a tiny pair in ``tests/test_front_ends.py``), then every configuration replayed from
+    the atlas equals its real run step for step, or the difference is a named near-tie of the
+    draft's q. The cost-aware row plans on the engine's snapshot, which the atlas stores."""
+    from talon.atlas.data import AtlasSpec
+    from talon.atlas.record import record_atlas
     from talon.atlas.replay import compare_runs
     from talon.atlas.replaying import replay
 
-    costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()  # cached for the child too
+    costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
     prompt = first_prompt("humaneval")
-    out = tmp_path / "atlas.json"
-    cmd = [sys.executable, "-m", "talon", "atlas", "record", "--prompt", prompt, "--dtype", "float32",
-           "--draft-quant", "int8", "--max-new-tokens", "20", "--cost-aware", "off", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1],
-                          env=SHARED_PAGES)
-    assert done.returncode == 0, done.stderr[-2000:]
-    atlas = parse_atlas(json.loads(out.read_text()))
+    atlas = record_atlas(embedded_engine, prompt, RunConfig(max_new_tokens=20, tree=TreeConfig(cost_aware=False)),
+                         AtlasSpec())
     atlas.costs = costs
     assert atlas.models["draft_quant"] == "int8" and atlas.models["dtype"] == "float32"
     for cfg in ATLAS_CONFIGS:

@@ -65,6 +65,21 @@ def test_costs_probe_measures_the_configured_forward(pair_dirs: tuple[Path, Path
     assert costs.provenance.field_source("other_s").startswith("assumed")
 
 
+def test_atlas_record_writes_the_pairs_atlas(pair_dirs: tuple[Path, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line's ``atlas record`` (the embedded pair's atlases are recorded in-process on the
+    suite's engine, ``tests/test_embedded.py``): its flags reach the pair and the run."""
+    from talon.atlas.data import parse_atlas
+
+    target, draft = pair_dirs
+    out = tmp_path / "atlas.json"
+    run_cli(["atlas", "record", "--prompt", "abc abc abc", "--target", str(target), "--draft", str(draft), "--device",
+             "cpu", "--dtype", "float32", "--max-new-tokens", "6", "--cost-aware", "off", "--no-chat-template",
+             "--out", str(out)], capsys)
+    atlas = parse_atlas(json.loads(out.read_text()))
+    assert atlas.models["dtype"] == "float32" and len(atlas.output) == 6 and atlas.children
+
+
 def engine_builders(root: Path = REPO) -> set[str]:
     """Front-end files that build an engine or load a pair themselves, not through talon.engine.build."""
     found = set()

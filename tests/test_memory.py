@@ -3,7 +3,11 @@ refused with a clear message before anything loads."""
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
+
 import pytest
+import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from talon.models import ModelLoadError
@@ -96,3 +100,28 @@ def test_every_known_shape_counts_what_its_architecture_holds(name: str) -> None
 def test_qwen3_shapes_match_the_model_cards() -> None:
     assert KNOWN_SHAPES["Qwen/Qwen3-8B"].parameters / 1e9 == pytest.approx(8.19, rel=0.01)
     assert KNOWN_SHAPES["Qwen/Qwen3-0.6B"].parameters / 1e9 == pytest.approx(0.596, rel=0.01)
+
+
+def anonymous_mib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("RssAnon")).split()[1]) // 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+def test_a_freed_models_memory_goes_back_to_the_system() -> None:
+    """Many medium tensors (a model's layers) freed under one kept at the heap's top stay this
+    process's memory until the heap is trimmed (what ``release_memory`` and the suite do)."""
+    from talon.models.memory import trim_host_heap
+
+    torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)  # glibc's mmap threshold rises past what follows
+    layers = [torch.ones(2**20, dtype=torch.uint8) for _ in range(400)]
+    kept = torch.ones(2**20, dtype=torch.uint8)  # on top of them
+    before = anonymous_mib()
+    del layers
+    gc.collect()
+    freed = anonymous_mib()
+    assert trim_host_heap()
+    trimmed = anonymous_mib()
+    assert freed > before - 100, "a plain free keeps the pages"
+    assert trimmed < freed - 300, (before, freed, trimmed)
+    del kept

@@ -23,7 +23,7 @@ from talon.engine.build import build_engine
 from talon.engine.engine import Engine
 from talon.models import ModelLoadError, gpu_health, resolve_device, zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
-from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits
+from talon.models.memory import DTYPE_BYTES, KNOWN_SHAPES, check_fits, trim_host_heap
 from talon.run_config import ConfigError, RunConfig
 from talon.server import offer
 from talon.server.offer import find_preset, initial_preset, model_short_name, preset_estimate
@@ -231,8 +231,10 @@ def server_device(settings: Settings) -> torch.device:
 
 
 def release_memory() -> None:
-    """Return freed tensors to the device: collect garbage, then empty CUDA's caching allocator."""
+    """Return freed tensors to the device: collect garbage, hand the host heap's free pages back to
+    the system, then empty CUDA's caching allocator."""
     gc.collect()
+    trim_host_heap()
     if offer.cuda_available():  # (the module's, so a test may stand a GPU in)
         torch.cuda.empty_cache()
 
