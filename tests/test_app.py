@@ -89,7 +89,11 @@ def test_generate_streams_text_and_figures_and_the_trace_replays(client: Client)
     assert "MAT" in final[SUMMARY]
     assert "<table" in final[INSPECTOR] and "position id" in final[INSPECTOR]
     assert "Cost model" in plot_json(final[COST])["layout"]["title"]["text"]
-    assert "siblings" in plot_json(final[ACCEPTANCE])["layout"]["title"]["text"]
+    acceptance = plot_json(final[ACCEPTANCE])["layout"]
+    if len(steps[-1]["tokens"]) >= 2:  # the last step drafted: its first drafted node is decided
+        assert "siblings" in acceptance["title"]["text"]
+    else:  # a busy host's planner may verify the root alone: the figure says what to pick
+        assert "Pick a drafted node" in acceptance["annotations"][0]["text"]
     assert isinstance(final[PLAIN_TEXT], str) and final[PLAIN_TEXT].strip()  # the text as a plain string
     assert 'class="tk' not in final[PLAIN_TEXT] and len(final[PLAIN_TEXT]) < len(final[TEXT])
 
