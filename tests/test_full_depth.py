@@ -67,6 +67,23 @@ class Pair:
         return self.prompts["random"][0]
 
 
+def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_the_old_one() -> None:
+    """Every GPU preset's depth (heads narrowed: depth is what conditions), then the old init at
+    the 7B's real attention width, where it is chaotic. First in the module, before its pairs
+    are built: its wide model (3.3 GB) then stands alone, not beside them (2 GB)."""
+    ids = random_ids(DRAFT_VOCAB, 48, 3)
+    for preset in (p for p in PRESETS if p.needs_cuda and not p.head and p.target in KNOWN_SHAPES):
+        slim, _, family = preset_shapes(preset.key)
+        slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2,
+                                   kv_heads=max(slim.kv_heads // 2, 1))
+        gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=DRAFT_VOCAB), ids)
+        assert gate.valid and gate.layers == slim.layers, (preset.key, gate)
+    slim, _, family = preset_shapes("qwen2.5-7b")
+    wide = dataclasses.replace(slim, hidden=slim.hidden * SLIM, heads=slim.heads * SLIM, kv_heads=slim.kv_heads * SLIM)
+    old = conditioning(build_model(wide, family, 1, torch.float32, CPU, "sharp"), ids)
+    assert not old.valid and old.split_vs_full > 100 * SPLIT_BOUND and "split against full" in old.why, old
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def depth_pair(request: pytest.FixtureRequest) -> Pair:
     """Two prompts: random ids (the model source's trees accepted at depth) and one ending on a
@@ -134,19 +151,3 @@ def test_a_planted_bug_at_depth_fails(depth_pair: Pair, bug: str) -> None:
                 caught.append((drafter, mode))
                 break  # the lossless test above runs these configurations: one differing fails it
     assert caught, f"{depth_pair.key}: {bug} went unnoticed"
-
-
-def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_the_old_one() -> None:
-    """Every GPU preset's depth (heads narrowed: depth is what conditions), then the old init at
-    the 7B's real attention width, where it is chaotic."""
-    ids = random_ids(DRAFT_VOCAB, 48, 3)
-    for preset in (p for p in PRESETS if p.needs_cuda and not p.head and p.target in KNOWN_SHAPES):
-        slim, _, family = preset_shapes(preset.key)
-        slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2,
-                                   kv_heads=max(slim.kv_heads // 2, 1))
-        gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=DRAFT_VOCAB), ids)
-        assert gate.valid and gate.layers == slim.layers, (preset.key, gate)
-    slim, _, family = preset_shapes("qwen2.5-7b")
-    wide = dataclasses.replace(slim, hidden=slim.hidden * SLIM, heads=slim.heads * SLIM, kv_heads=slim.kv_heads * SLIM)
-    old = conditioning(build_model(wide, family, 1, torch.float32, CPU, "sharp"), ids)
-    assert not old.valid and old.split_vs_full > 100 * SPLIT_BOUND and "split against full" in old.why, old
