@@ -28,7 +28,7 @@ python3 -c "
 import json, sys
 for line in open(sys.argv[1]):
     c = json.loads(line); d = c['detail']
-    print(c['name'][:40], '| ok', c['ok'], '| step', d.get('step', d.get('steps')), '| MAT', d.get('mat'), '| below floor', d.get('below_floor'))
+    print(c['name'][:40], '| ok', c['ok'], '| step', d.get('step', d.get('steps')), '| MAT', d.get('mat'), '| below floor', d.get('below_floor'), '| no draft accepted', d.get('unread'))
 " "$out/check.jsonl"
 
 cap() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # seconds for the next step: at most $1

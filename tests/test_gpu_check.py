@@ -445,3 +445,19 @@ def test_a_wider_head_trains_at_a_rate_shrinking_as_its_width() -> None:
     rate = part("head").learning_rate
     assert rate(64) == rate(128) == 1e-2  # the tests' heads: the recipe they were tuned at
     assert rate(512) == 2.5e-3 and rate(4096) == 1e-2 * 128 / 4096
+
+
+def test_a_drafting_configuration_that_accepted_nothing_is_named_unread() -> None:
+    """The committed H200 streams: plain decoding (``none``) is MAT 1.0 by design; the head pair's
+    retrieval rows accepted nothing, passed its floor, and are named unread, not counted as trees."""
+    unread = part("pairs").unread
+    assert unread({"none/chain": 1.0, "retrieval/adaptive": 1.0, "model/static": 4.0,
+                   "graphs+fold/retrieval/adaptive": 1.83}) == ["retrieval/adaptive"]
+    runs = REPO / "docs" / "gpu_runs"
+    streams = {name: [json.loads(line) for line in (runs / name).read_text().splitlines()]
+               for name in ("2026-11-28-h200-check-paths.jsonl", "2026-11-28-h200-head-check-trained.jsonl")}
+    named = {name: [k for c in checks if "mat" in c["detail"] for k in unread(c["detail"]["mat"])]
+             for name, checks in streams.items()}
+    assert named["2026-11-28-h200-check-paths.jsonl"] == []  # the 7B pair: every drafting row accepted drafts
+    assert named["2026-11-28-h200-head-check-trained.jsonl"] and all(
+        "retrieval" in k.split("/") for k in named["2026-11-28-h200-head-check-trained.jsonl"])

@@ -37,6 +37,7 @@ from talon.gpucheck.pairs import (
     prompt_ids,
     random_ids,
     reference,
+    unread,
 )
 from talon.knobs import ATLAS_DRAFTING_KINDS, HEAD_ATLAS_DRAFTING_KINDS, HEAD_COUNTERPART
 from talon.models import LoadedModel, ModelLoadError
@@ -93,7 +94,8 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
     low = below_floor(mats)
     head = {"head_training": ctx.models.training} if ctx.spec.head else {}
     return not failures and not low, {"runs": len(mats), "forward": engine.forward_path, "failures": failures,
-                                      "vocab": vocab, "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low, **head}
+                                      "vocab": vocab, "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low,
+                                      "unread": unread(mats), **head}
 
 
 # The paths the lossless check does not run (it runs the device's default), as ``step[+chain][+fold]``
@@ -130,7 +132,7 @@ def static_step_lossless(ctx: PairRun) -> CheckOutcome:
             failures.append(f"{step} (raised)")
     low = below_floor(mats)
     return not failures and not low, {"steps": list(steps), "failures": failures, "errors": errors, "mat": mats,
-                                      "mat_floor": MAT_FLOOR, "below_floor": low,
+                                      "mat_floor": MAT_FLOOR, "below_floor": low, "unread": unread(mats),
                                       "seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -302,6 +302,13 @@ def below_floor(mats: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in mats.items() if v < floor_of(k)}
 
 
+def unread(mats: dict[str, float]) -> list[str]:
+    """The drafting configurations (not ``none``, plain decoding) that accepted no draft at all
+    (MAT 1.0): their output equals ``generate()``, but no tree of theirs was read. Retrieval's
+    floor lets them pass; the report names them so that no one counts them as a tree proven."""
+    return [k for k, v in mats.items() if v <= 1.0 and "none" not in k.split("/")]
+
+
 def check_prompts(ctx: "PairRun", target: LoadedModel) -> dict[str, list[int]]:
     """Where each drafter's drafts are accepted at depth: the draft model on random ids (its deep
     nodes accepted where a wrong mask or position would change them), retrieval on a prompt that
