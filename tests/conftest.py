@@ -226,23 +226,12 @@ def view(tiny_engine: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return decode_view
 
 
-RSS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
-
-
-def _rss_kib() -> tuple[int, ...]:
-    """This process's resident memory now, its peak, and the resident now split into anonymous
-    memory and file-backed pages (a memory-mapped checkpoint's, which the kernel can drop and
-    read again under pressure), KiB (``/proc/self/status``)."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return tuple(int(fields[name].split()[0]) for name in RSS_FIELDS)
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After every test (its fixtures gone), hand the heap's free pages back to the system, and
     after a module's last test collect its garbage first: glibc keeps what a freed model held
     (2.8 GB after ``test_full_depth.py``, measured) for this process alone, beside the other
-    worker's, and a later large model's pages come on top of it. A trim takes 1-2 ms."""
+    worker's, and a later large model's pages come on top of it. A trim takes 2 ms at most (a fragmented 2 GB heap)."""
     import gc
 
     from talon.models.memory import trim_host_heap
@@ -254,12 +243,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
-    """``TALON_RSS_LOG=FILE``: after every test, its id and the MiB of ``RSS_FIELDS`` (resident
+    """``TALON_RSS_LOG=FILE``: after every test, its id and the MiB of ``tests.tiny.RSS_FIELDS`` (resident
     now, the peak so far, anonymous, file-backed): what finds the test that holds the most."""
     log = os.environ.get("TALON_RSS_LOG")
     if log and Path("/proc/self/status").exists():
+        from tests.tiny import rss_kib
+
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write("\t".join(str(kib // 1024) for kib in _rss_kib()) + f"\t{nodeid}\n")
+            fh.write("\t".join(str(kib // 1024) for kib in rss_kib()) + f"\t{nodeid}\n")
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from talon.models.memory import GIB, KNOWN_SHAPES, ModelShape, check_fits, estim
 from talon.server.pair import check_preset_memory
 from talon.server.presets import PRESETS
 from talon.settings import Settings
+from tests.tiny import RSS_FIELDS, rss_kib
 
 # Published parameter counts (model cards), in billions.
 PUBLISHED = {
@@ -103,8 +104,7 @@ def test_qwen3_shapes_match_the_model_cards() -> None:
 
 
 def anonymous_mib() -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("RssAnon")).split()[1]) // 1024
+    return rss_kib()[RSS_FIELDS.index("RssAnon")] // 1024
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")

@@ -407,3 +407,14 @@ def atlas_engine() -> Engine:
     target = tiny_loaded("llama", 11)
     costs = synthetic_costs(ATLAS_COSTS["verify"], ATLAS_COSTS["draft"])
     return Engine(target, noisy_copy(target, 12, 0.3), costs=costs)
+
+
+RSS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+
+
+def rss_kib() -> tuple[int, ...]:
+    """This process's resident memory now, its peak, and the resident now split into anonymous
+    memory and file-backed pages (a memory-mapped checkpoint's, which the kernel can drop and
+    read again under pressure), KiB (``/proc/self/status``)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return tuple(int(fields[name].split()[0]) for name in RSS_FIELDS)

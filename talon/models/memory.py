@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,13 +179,19 @@ def scaled(shape: ModelShape, factor: int) -> ModelShape:
     )
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once (the lookup costs more than a trim), or None."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+
+
 def trim_host_heap() -> bool:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``): a freed model's
     memory otherwise stays with this process (2.8 GB after the full-depth tests' models, 0.4 GB
     trimmed, measured). False where the C library has no such call."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    libc.malloc_trim(0)
+    trim(0)
     return True
