@@ -4,8 +4,8 @@ The tiny models of the rest of the suite have 2 layers: a bug that only shows at
 mask, a position id or a cache move that is slightly wrong, amplified through 28 layers) would
 pass them. Here the target has the preset's full depth, head size and grouped-query shape (Qwen2.5
 7B: 28 layers, head_dim 128, 7 query heads a KV head; Llama 3.1 8B: 32 layers, 4 a KV head) with
-half its heads (``SLIM``: what a tree position or mask bug needs is the depth and the
-attention's shape, not its width, ``experiments/check_model_width.py`` covers the real width), a
+fewer heads (``slim``: what a tree position or mask bug needs is the depth and the attention's
+shape, not its width, ``experiments/check_model_width.py`` covers the real width), a
 narrow MLP and a reduced vocabulary so it fits the CPU and CI's time; the draft has its preset's
 full depth too. The weights are the GPU check's conditioned init
 (``talon/gpucheck/check_model.py``), so the model agrees with itself however a sequence is split and a
@@ -35,12 +35,16 @@ FAMILIES = ("qwen2.5-7b", "llama-3.1-8b")  # one preset per family: the coder an
 DEPTH_DRAFTERS, MODES = ("retrieval", "model", "hybrid"), ("adaptive", "static", "chain")
 
 
-SLIM = 2  # heads, KV heads and hidden size divided by this; depth, head size and query heads per KV head kept
+def slim(shape: ModelShape) -> int:
+    """Heads, KV heads and hidden size are divided by this; depth, head size and query heads per KV
+    head are kept. The most that leaves two KV heads (a grouped-query bug needs more than one: Llama
+    8B's 8 become 2, Qwen 7B's 4 become 2), and at least 2."""
+    return max(shape.kv_heads // 2, 2)
 
 
-def narrow(shape: ModelShape, vocab: int) -> ModelShape:
-    return dataclasses.replace(shape, intermediate=NARROW, vocab=vocab, hidden=shape.hidden // SLIM,
-                               heads=shape.heads // SLIM, kv_heads=max(shape.kv_heads // SLIM, 1))
+def narrow(shape: ModelShape, vocab: int, factor: int) -> ModelShape:
+    return dataclasses.replace(shape, intermediate=NARROW, vocab=vocab, hidden=shape.hidden // factor,
+                               heads=shape.heads // factor, kv_heads=max(shape.kv_heads // factor, 1))
 
 
 def preset_shapes(key: str) -> tuple[ModelShape, ModelShape, str]:
@@ -48,7 +52,7 @@ def preset_shapes(key: str) -> tuple[ModelShape, ModelShape, str]:
     preset = next(p for p in PRESETS if p.key == key)
     target, draft = KNOWN_SHAPES[preset.target or ""], KNOWN_SHAPES[preset.draft or ""]
     extra = target.vocab - draft.vocab
-    return narrow(target, DRAFT_VOCAB + extra), narrow(draft, DRAFT_VOCAB), target.family
+    return narrow(target, DRAFT_VOCAB + extra, slim(target)), narrow(draft, DRAFT_VOCAB, slim(draft)), target.family
 
 
 def preset_loaded(shape: ModelShape, family: str, seed: int, init: str = "conditioned") -> LoadedModel:
@@ -73,13 +77,12 @@ def test_the_gate_passes_the_conditioned_init_at_every_preset_depth_and_trips_th
     are built: its wide model (3.3 GB) then stands alone, not beside them (2 GB)."""
     ids = random_ids(DRAFT_VOCAB, 48, 3)
     for preset in (p for p in PRESETS if p.needs_cuda and not p.head and p.target in KNOWN_SHAPES):
-        slim, _, family = preset_shapes(preset.key)
-        slim = dataclasses.replace(slim, hidden=slim.hidden // 2, heads=slim.heads // 2,
-                                   kv_heads=max(slim.kv_heads // 2, 1))
-        gate = conditioning(build_model(slim, family, 1, torch.float32, CPU, chain_vocab=DRAFT_VOCAB), ids)
-        assert gate.valid and gate.layers == slim.layers, (preset.key, gate)
-    slim, _, family = preset_shapes("qwen2.5-7b")
-    wide = dataclasses.replace(slim, hidden=slim.hidden * SLIM, heads=slim.heads * SLIM, kv_heads=slim.kv_heads * SLIM)
+        shape, _, family = preset_shapes(preset.key)  # a quarter of the heads, whatever the pair's slim
+        shape = narrow(shape, shape.vocab, 4 // slim(KNOWN_SHAPES[preset.target or ""]))
+        gate = conditioning(build_model(shape, family, 1, torch.float32, CPU, chain_vocab=DRAFT_VOCAB), ids)
+        assert gate.valid and gate.layers == shape.layers, (preset.key, gate)
+    narrowed, _, family = preset_shapes("qwen2.5-7b")
+    wide = narrow(KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], narrowed.vocab, 1)
     old = conditioning(build_model(wide, family, 1, torch.float32, CPU, "sharp"), ids)
     assert not old.valid and old.split_vs_full > 100 * SPLIT_BOUND and "split against full" in old.why, old
 
