@@ -127,6 +127,27 @@ def test_the_probe_repeats_until_the_best_timings_agree() -> None:
     assert quick.provenance.noisy == (quick.provenance.spread > SPREAD_OK)
 
 
+def test_the_probes_prefix_is_shaped_as_a_real_prefill() -> None:
+    """The probe attends over random keys and values: every layer holds what a real prefill of
+    the prefix would, in shape, dtype and device, and a forward over it appends as over a real one."""
+    from transformers import DynamicCache
+
+    from talon.core.forward import forward_hidden
+    from talon.cost.probe import random_prefix
+
+    model = tiny_loaded("qwen2", 1).model
+    ids = torch.arange(40) % model.config.vocab_size
+    real = DynamicCache(config=model.config)
+    forward_hidden(model, real, ids[:32], torch.arange(32), None)
+    probe = random_prefix(model, 32, ids)
+    assert probe.get_seq_length() == real.get_seq_length() == 32
+    for ours, theirs in zip(probe.layers, real.layers, strict=True):
+        for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+            assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+    forward_hidden(model, probe, ids[32:40], torch.arange(32, 40), None)
+    assert probe.get_seq_length() == 40
+
+
 def test_a_size_whose_timings_agree_is_not_timed_again() -> None:
     """Only the sizes whose two best timings still disagree are repeated, up to the last round."""
     from talon.cost.probe import MAX_REPS, _probe_curve

@@ -56,12 +56,28 @@ def _sync(model: PreTrainedModel) -> None:
 Timer = Callable[[PreTrainedModel, int, int, int], Callable[[int], float]]
 
 
+def random_prefix(model: PreTrainedModel, prefix: int, ids: torch.Tensor) -> DynamicCache:
+    """A ``prefix``-entry cache for ``model`` to attend over: its first entry a real forward (which
+    fixes each layer's shape, dtype and device), the rest random keys and values of that shape.
+    A forward's time does not depend on what the cache holds, and a real prefill of the probe's
+    256 tokens costs as much as a round of the probe's sizes (9 s on the float32 embedded target,
+    a 2-core host; 4 s of it the first touch of the weights, which a real forward still pays)."""
+    cache = DynamicCache(config=model.config)
+    forward_hidden(model, cache, ids[:1], torch.arange(1), None)
+    generator = torch.Generator("cpu").manual_seed(0)
+    with torch.inference_mode():
+        for i, layer in enumerate(cache.layers):
+            extra = [(*t.shape[:2], prefix - 1, *t.shape[3:]) for t in (layer.keys, layer.values)]
+            k, v = (torch.randn(shape, generator=generator).to(layer.keys.device, layer.keys.dtype) for shape in extra)
+            cache.update(k, v, i)
+    return cache
+
+
 def _forward_timer(model: PreTrainedModel, prefix: int, vocab: int, max_size: int):
     """A function timing one forward of ``size`` new tokens over a ``prefix``-token cache (the
     timed tokens are dropped again after each call)."""
-    cache = DynamicCache(config=model.config)
     ids = torch.randint(0, min(model.config.vocab_size, 1000), (prefix + max_size,))
-    forward_hidden(model, cache, ids[:prefix], torch.arange(prefix), None)
+    cache = random_prefix(model, prefix, ids)
 
     def time_once(size: int) -> float:
         _sync(model)
