@@ -354,6 +354,37 @@ def test_gguf_file_converts_exactly_and_once(
     assert load_model(str(tiny_gguf), dtype="float32", device="cpu", cache_dir=tmp_path).name == lm.name
 
 
+def test_the_tensor_table_reads_a_gguf_as_the_gguf_package_does(tmp_path: Path) -> None:
+    """``read_table`` (which walks past the vocabulary) finds every tensor ``gguf.GGUFReader`` does,
+    with its type, dimensions and bytes, and every scalar and string; a string array is its length."""
+    from talon.models.gguf_table import read_table
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, q8=True)
+    table, reader = read_table(path), gguf.GGUFReader(str(path))
+    assert list(table.tensors) == [t.name for t in reader.tensors]
+    for theirs in reader.tensors:
+        ours = table.tensors[theirs.name]
+        assert (ours.tensor_type, ours.shape) == (theirs.tensor_type, tuple(int(d) for d in theirs.shape))
+        assert ours.data.dtype == theirs.data.dtype and np.array_equal(ours.data, theirs.data), theirs.name
+    assert {t.tensor_type.name for t in reader.tensors} == {"Q8_0", "F32"}
+    strings = gguf.GGUFValueType.STRING
+    for key, field in ((k, f) for k, f in reader.fields.items() if not k.startswith("GGUF.")):
+        if field.types == [gguf.GGUFValueType.ARRAY, strings]:
+            assert table.metadata[key] == len(field.data), key
+        elif field.types == [strings]:
+            assert table.metadata[key] == bytes(field.parts[field.data[0]]).decode(), key
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            assert table.metadata[key] == [field.parts[i][0] for i in field.data], key
+        else:
+            assert table.metadata[key] == field.parts[field.data[0]][0], key
+    assert table.architecture == "qwen2" and table.metadata["tokenizer.ggml.tokens"] > 256
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(40))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_table(bad)
+
+
 @pytest.mark.parametrize("arch,tied", [("qwen2", False), ("llama", True)])
 def test_a_streamed_conversion_holds_transformers_own_weights(arch: str, tied: bool, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:

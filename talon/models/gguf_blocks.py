@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, get_tensor_name_map
 from gguf.quants import Q4_K
+
+from talon.models.gguf_table import read_table
 
 Q4K_BLOCK = 256  # weights per block
 Q4K_BYTES = 144  # bytes per block: d, dmin (2 + 2), scales (12), q (128)
@@ -62,14 +64,14 @@ class Q4KSource:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        reader = GGUFReader(self.path)
-        arch = _string_field(reader, "general.architecture")
+        table = read_table(self.path)  # the tensor table, not the 150k-token vocabulary
+        arch = table.architecture
         names = {name: arch_id for arch_id, name in MODEL_ARCH_NAMES.items()}
         if arch not in names:
             raise ValueError(f"{self.path.name}: architecture {arch!r} is not one gguf knows")
-        layers = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+        layers = int(table.metadata[f"{arch}.block_count"])  # type: ignore[call-overload]
         self._names = get_tensor_name_map(names[arch], layers)
-        self._tensors = {t.name: t for t in reader.tensors}
+        self._tensors = table.tensors
 
     def groups(self, module_name: str) -> Int4Groups | None:
         """The blocks of ``module_name``'s weight, or None when that tensor is not Q4_K."""
@@ -77,13 +79,8 @@ class Q4KSource:
         tensor = self._tensors.get(name or "")
         if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q4_K:
             return None
-        n_in, out = (int(x) for x in tensor.shape[:2])  # GGUF lists the fastest axis first
+        n_in, out = tensor.shape[:2]  # GGUF lists the fastest axis first
         return q4k_groups(tensor.data, out, n_in)
 
     def count(self) -> int:
         return sum(t.tensor_type == GGMLQuantizationType.Q4_K for t in self._tensors.values())
-
-
-def _string_field(reader: GGUFReader, key: str) -> str:
-    field = reader.fields[key]
-    return bytes(field.parts[field.data[0]]).decode()
