@@ -8,6 +8,7 @@ A user's ``.gguf`` file is cached by path, size and mtime.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -54,13 +55,17 @@ def _generation_config(
 def _one_parse_per_file() -> Iterator[None]:
     """Within the block (a conversion), a GGUF file is parsed once however often it is opened.
 
-    A conversion opens the file several times (config, tokenizer, the weights' names, the
-    weights), and each ``GGUFReader`` parses every metadata field, the 150k-entry vocabulary and
-    merges included, element by element: 7 s a parse on a 2-core AMD EPYC. A reader is read-only
-    once built, so they all share one.
+    A conversion reads the file's metadata three times (config, tokenizer, the weights' names)
+    through transformers' ``load_gguf_checkpoint``, which opens a ``GGUFReader`` (it parses every
+    metadata field, the 150k-entry vocabulary and merges included, element by element: 7 s on a
+    2-core AMD EPYC) and turns its fields into Python values (1.5 s). A reader is read-only once
+    built, so they all share one; the metadata is parsed once and each caller gets its own copy.
     """
-    original = gguf.GGUFReader
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original, original_load = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
     readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+    parsed: dict[str, dict] = {}
 
     def shared_reader(path: str | os.PathLike[str], mode: str = "r") -> gguf.GGUFReader:
         key = (os.fspath(path), mode)
@@ -68,11 +73,20 @@ def _one_parse_per_file() -> Iterator[None]:
             readers[key] = original(path, mode)
         return readers[key]
 
-    gguf.GGUFReader = shared_reader  # transformers imports it from gguf at each call
+    def metadata_once(path: str | os.PathLike[str], return_tensors: bool = False, **kwargs: object) -> dict:
+        if return_tensors or kwargs:
+            return original_load(path, return_tensors, **kwargs)
+        key = os.fspath(path)
+        if key not in parsed:
+            parsed[key] = original_load(path, False)
+        return copy.deepcopy(parsed[key])
+
+    gguf.GGUFReader = shared_reader  # transformers imports both at each call
+    gguf_utils.load_gguf_checkpoint = metadata_once
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = original, original_load
 
 
 SHARD_BYTES = 1 << 30  # a converted checkpoint's safetensors shard holds at most this much
@@ -136,15 +150,15 @@ def _write_weights(gguf_path: Path, model: PreTrainedModel, out_dir: Path) -> No
     reshaped by transformers' own GGUF tensor processors (the steps of its
     ``load_gguf_checkpoint``, which holds every tensor at once): a conversion's memory is one
     shard's, not the model's (the 1.5B target's 7.1 GB of float32 weights)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
         read_field,
     )
 
-    parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
+    parsed = gguf_utils.load_gguf_checkpoint(str(gguf_path), return_tensors=False)  # the conversion's one parse
     reader = gguf.GGUFReader(gguf_path)
     parsed["tensors"] = {}  # where some processors (mixtures of experts) gather their tensors
     architecture = read_field(reader, "general.architecture")[0]
