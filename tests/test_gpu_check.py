@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -412,7 +413,29 @@ def test_sharpening_gives_qwen3_the_attention_scale_of_a_model_without_qk_norms(
 HEAD_PAIR = "llama-3.1-8b-eagle3"
 
 
-def test_a_head_preset_is_checked_with_a_head_trained_on_its_target(gpu_check, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def head_trained_once() -> Iterator[None]:
+    """The head tests train the same head on the same target and texts: the first trains it (7 s
+    on a 2-core host), the others load its weights. A different target or text trains again."""
+    pairs = part("pairs")
+    real, trained = pairs.train_head, {}
+
+    def once(head, target, texts, **kwargs):  # noqa: ANN001, ANN003, ANN202 - train_head's own
+        key = (repr(head.cfg), tuple(tuple(ids) for ids in texts), tuple(sorted(kwargs.items())))
+        if key not in trained:
+            head, training = real(head, target, texts, **kwargs)
+            trained[key] = ({k: v.clone() for k, v in head.state_dict().items()}, training)
+        weights, training = trained[key]
+        head.load_state_dict(weights)
+        return head.eval(), dict(training)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pairs, "train_head", once)
+        yield
+
+
+def test_a_head_preset_is_checked_with_a_head_trained_on_its_target(gpu_check, head_trained_once,  # noqa: ANN001
+                                                                    tmp_path: Path) -> None:
     """The head preset at tiny shapes: a random target, a head trained on its greedy text (the
     tests' recipe, three draft levels), lossless on the default path and every other path with
     the head's drafts accepted at depth, and the head's forward timed."""
@@ -431,7 +454,8 @@ def test_a_head_preset_is_checked_with_a_head_trained_on_its_target(gpu_check, t
 
 
 @pytest.mark.parametrize("bug", ["position", "mask"])
-def test_a_head_presets_check_catches_the_plants_on_every_path(gpu_check, bug: str, tmp_path: Path) -> None:
+def test_a_head_presets_check_catches_the_plants_on_every_path(gpu_check, head_trained_once, bug: str,  # noqa: ANN001
+                                                              tmp_path: Path) -> None:
     out = tmp_path / "plant.json"
     assert gpu_check.main(["--tiny", "--pairs", HEAD_PAIR, "--checks", "lossless,steps", "--out", str(out),
                            "--plant", bug]) == 0
