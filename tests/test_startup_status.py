@@ -1,7 +1,7 @@
 """While the start-up pair loads, every page says which models load and how large they are, a
 run pressed then waits with those words, and Stop ends the wait. The real embedded pair, in a
 real ``python app.py``, driven in Chromium: its load (the target packed to int4 from its GGUF
-blocks, the draft quantized to int8: about 20 s on a 2-core CPU) lasts long enough to be seen,
+blocks, the draft quantized to int8: about 15 s on a 2-core CPU) lasts long enough to be seen,
 and adds little memory to the suite's (both models are read from the shared converted cache)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 DEFAULT_ALIGNMENT = 32
-PLAIN = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+UNQUANTIZED = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,8 @@ def read_table(path: str | Path) -> GgufTable:
     for name, kind, dims, offset in entries:
         block, block_bytes = GGML_QUANT_SIZES[kind]
         rows = tuple(reversed(dims))  # numpy's order: the slowest axis first
-        shape = rows[:-1] + (rows[-1] // block * block_bytes,) if kind not in PLAIN else rows
-        dtype = PLAIN.get(kind, np.uint8)
+        shape = rows[:-1] + (rows[-1] // block * block_bytes,) if kind not in UNQUANTIZED else rows
+        dtype = UNQUANTIZED.get(kind, np.uint8)
         count = prod(shape)
         begin = start + offset
         data = blob[begin : begin + count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
