@@ -356,19 +356,21 @@ def test_gguf_file_converts_exactly_and_once(
 
 def test_a_conversion_parses_the_gguf_metadata_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Config, tokenizer and weights each ask transformers for the file's metadata: one reader is
-    built and its fields are turned into values once (7 s and 1.5 s a time on the embedded target)."""
+    built and its fields are turned into values once (7 s and 1.5 s a time on the embedded target),
+    and the tensor name map is built once, not once per module."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)
-    readers, parses = [], []
-    real_reader, real_load = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+    readers, parses, maps = [], [], []
+    real_reader, real_load, real_map = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
     monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: readers.append(a) or real_reader(*a, **k))
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", lambda *a, **k: parses.append(a) or real_load(*a, **k))
-    patched = (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: maps.append(a) or real_map(*a))
+    patched = (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map)
     tm_convert.convert_gguf(path, tmp_path / "out", "sha")
-    assert len(readers) == 1 and len(parses) == 1
-    assert (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint) == patched  # put back as the conversion found them
+    assert len(readers) == 1 and len(parses) == 1 and len(maps) == 1
+    assert (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map) == patched  # put back
 
 
 def test_the_tensor_table_reads_a_gguf_as_the_gguf_package_does(tmp_path: Path) -> None:

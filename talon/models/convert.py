@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -60,10 +61,12 @@ def _one_parse_per_file() -> Iterator[None]:
     metadata field, the 150k-entry vocabulary and merges included, element by element: 7 s on a
     2-core AMD EPYC) and turns its fields into Python values (1.5 s). A reader is read-only once
     built, so they all share one; the metadata is parsed once and each caller gets its own copy.
+    Mapping the weights' names builds gguf's read-only ``TensorNameMap`` once per module (319
+    times for the 1.5B target, 2 s): built once here.
     """
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    original, original_load = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+    original, original_load, original_map = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], gguf.GGUFReader] = {}
     parsed: dict[str, dict] = {}
 
@@ -81,12 +84,14 @@ def _one_parse_per_file() -> Iterator[None]:
             parsed[key] = original_load(path, False)
         return copy.deepcopy(parsed[key])
 
-    gguf.GGUFReader = shared_reader  # transformers imports both at each call
+    gguf.GGUFReader = shared_reader  # transformers imports all three at each call
     gguf_utils.load_gguf_checkpoint = metadata_once
+    gguf.get_tensor_name_map = functools.cache(original_map)
     try:
         yield
     finally:
         gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = original, original_load
+        gguf.get_tensor_name_map = original_map
 
 
 SHARD_BYTES = 1 << 30  # a converted checkpoint's safetensors shard holds at most this much
