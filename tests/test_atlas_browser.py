@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from tests.browser import TINY_PROMPT, wait_for_recording
+from tests.browser import SCREENSHOTS, TINY_PROMPT, wait_for_recording
 
 pytestmark = pytest.mark.browser
 logger = logging.getLogger(__name__)
 
-SCREENSHOT = "/tmp/atlas_tab.png"
+SCREENSHOT = str(SCREENSHOTS / "atlas-tab.png")
 RECORD_TIMEOUT_MS = 240_000  # tiny models on a loaded 2-core CPU
 SCORE = "#talon-atlas-score"
 STAT = f"{SCORE} .stat .v"
@@ -89,7 +89,7 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     assert "SGLang STANDALONE" in forecast and "spec_accept_length" in forecast
     assert "Reading the numbers" in forecast
     page.locator("#talon-serve-forecast").scroll_into_view_if_needed()
-    page.screenshot(path="/tmp/serve_forecast.png", full_page=False)
+    page.screenshot(path=str(SCREENSHOTS / "serve-forecast.png"), full_page=False)
 
 
 def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file, model_atlas_file) -> None:  # noqa: F811
@@ -111,11 +111,11 @@ def test_an_eagle3_heads_atlas_uploads_and_explores(page, head_atlas_file, model
     page.wait_for_function(f"document.querySelector('{SCORE}').textContent.includes('moved to the best')")
     assert drafter.locator("input[value='eagle3-hybrid']").is_checked()  # the best replays the head
     page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
-    page.screenshot(path="/tmp/atlas_head.png", full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "atlas-head.png"), full_page=True)
 
     page.get_by_role("tab", name="Lessons").click()
     page.locator("#talon-lesson-head-files input[type=file]").set_input_files(str(model_atlas_file))
     page.wait_for_function("document.querySelector('#talon-lesson-head-text').textContent.includes('tokens per step')")
     page.wait_for_selector("#talon-lesson-head .js-plotly-plot")
     page.locator("#talon-lesson-head").scroll_into_view_if_needed()
-    page.screenshot(path="/tmp/lesson_head.png", full_page=False)
+    page.screenshot(path=str(SCREENSHOTS / "lesson-head.png"), full_page=False)

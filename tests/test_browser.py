@@ -223,7 +223,7 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     tasks.first.locator(".talon-answer").wait_for(state="visible")
     assert tasks.first.locator(".talon-choice.talon-is-right").count() == 1
     assert "mean deepest layer" in (tasks.first.locator(".talon-answer").text_content() or "")
-    page.screenshot(path="/tmp/lessons_tab.png", full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "lessons-tab.png"), full_page=True)
     page.click("#talon-lesson-export")  # one click: the run, its walk and these lessons as one file
     link = page.locator("#talon-lesson-download a")
     link.first.wait_for()
