@@ -62,7 +62,7 @@ def _one_parse_per_file() -> Iterator[None]:
     2-core AMD EPYC) and turns its fields into Python values (1.5 s). A reader is read-only once
     built, so they all share one; the metadata is parsed once and each caller gets its own copy.
     Mapping the weights' names builds gguf's read-only ``TensorNameMap`` once per module (319
-    times for the 1.5B target, 2 s): built once here.
+    times for the 1.5B target, 3.2 s): built once here.
     """
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
