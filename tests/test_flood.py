@@ -130,8 +130,7 @@ def test_only_the_model_runs_wait_in_the_queue() -> None:
     queued = {fn.name for fn in fns if fn.queue}
     assert queued == {"generate", "compare", "record", "sweep"}
     assert all(fn.concurrency_id == MODEL_CONCURRENCY_ID for fn in fns if fn.queue)
-    assert {"open_recording", "set_controls", "show_step", "stop", "walk_to"} <= {fn.name for fn in fns
-                                                                                  if not fn.queue}
+    assert {"opened", "open_recording", "show_step", "stop", "walk_to"} <= {fn.name for fn in fns if not fn.queue}
 
 
 def light_endpoints(url: str) -> set[str]:

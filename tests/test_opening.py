@@ -96,6 +96,18 @@ def _element_ids(settings: Settings) -> set[str]:
     return {c.elem_id for c in demo.blocks.values() if getattr(c, "elem_id", None)}
 
 
+def test_the_page_opens_the_recording_and_its_prompt_in_one_update() -> None:
+    """At load, one event shows the recording and sets the prompt box and controls it was made
+    with. As two, the second landed on a busy host after a browser test had typed its prompt, and
+    Run sent the recording's 3,279-token prompt to a 512-token model."""
+    from talon.ui.layout import build_ui
+
+    loads = [fn for fn in build_ui(Settings()).fns.values() if any(event == "load" for _, event in fn.targets)]
+    ids = [{getattr(block, "elem_id", None) for block in fn.outputs} for fn in loads]
+    setting_the_prompt = [found for found in ids if "talon-prompt" in found]
+    assert len(setting_the_prompt) == 1 and {"talon-summary", "talon-cost-aware"} <= setting_the_prompt[0], ids
+
+
 def test_every_walk_stop_points_at_a_figure_and_quotes_the_step(recording) -> None:
     summary, steps = recording
     ids = _element_ids(Settings())

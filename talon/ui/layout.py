@@ -9,6 +9,8 @@ walk and Stop."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
 
@@ -18,13 +20,28 @@ from talon.settings import Settings
 from talon.ui.compare_tab import build_compare_tab
 from talon.ui.decode_handlers import make_show_recording
 from talon.ui.decode_tab import build_decode_tab
+from talon.ui.decode_view import DecodeView
 from talon.ui.explorer_tab import build_explorer_tab
 from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
 from talon.ui.panel import MODEL_CONCURRENCY_ID, build_controls
 from talon.ui.recording import recording_controls
 from talon.ui.serve_tab import build_serve_tab
-from talon.ui.session import stop
+from talon.ui.session import Session, stop
 from talon.ui.words import HEADER
+
+
+def open_page(view: DecodeView, prompt: gr.Textbox, components: dict[str, Any]) -> Callable[[Session], dict]:
+    """At page load: the shipped recording, and the prompt box and controls it was made with (so
+    Run repeats it), in one update. As two events, the controls' could land after the recording's,
+    over a prompt the visitor had typed since: on a busy host a test's typed prompt was replaced by
+    the recording's 3,279-token one."""
+    show, controls = make_show_recording(view), recording_controls(prompt, components)
+
+    def opened(session: Session) -> dict:
+        updates = show(session)
+        return {**updates, **controls()} if updates else updates  # nothing shown (a run came first): nothing set
+
+    return opened
 
 
 def theme() -> gr.themes.Base:
@@ -67,11 +84,9 @@ def build_ui(settings: Settings) -> gr.Blocks:
         lessons.export.click(make_export(), [decode.state, *lesson_inputs], lessons.download,
                              api_visibility="private", concurrency_limit=2)
         panel.stop.click(stop, [decode.state, compare.state], None, concurrency_limit=None, api_visibility="private")
-        demo.load(make_show_recording(decode), [decode.state], decode.outputs(), api_visibility="private",
+        demo.load(open_page(decode, panel.prompt, panel.components), [decode.state],
+                  [*decode.outputs(), panel.prompt, *panel.components.values()], api_visibility="private",
                   concurrency_limit=None, show_progress="hidden")
-        # the prompt box and the controls as the recording was made, so Run repeats it
-        demo.load(recording_controls(panel.prompt, panel.components), None, [panel.prompt, *panel.components.values()],
-                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
         # every open page hears what the models are doing: loading, ready, switched by a visitor
         demo.load(models_status, None, models, api_visibility="private", show_progress="hidden")
         gr.Timer(STATUS_EVERY_S).tick(models_status, None, models, api_visibility="private", show_progress="hidden")
