@@ -33,8 +33,8 @@ def test_the_page_names_the_models_while_they_load_and_stop_ends_the_wait(tmp_pa
     for converted in embedded_pair_paths():  # the suite's conversions, shared; the GGUF joined on demand
         (cache / Path(converted).name).symlink_to(converted, target_is_directory=True)
     joining = FileLock(str(cache / f"{EMBEDDED_MODELS[EMBEDDED_TARGET].dir_name}.lock"))  # as the app takes it
-    joining.acquire()
     context = chromium.new_context(viewport={"width": 1440, "height": 1000})  # ready before the app
+    joining.acquire()
     try:
         page = context.new_page()
         page.set_default_timeout(60_000)
