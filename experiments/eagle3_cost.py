@@ -2,7 +2,7 @@
 
 Random weights (timing only) in bf16 (float32 with ``--dtype float32``): the Llama-3.1-8B preset's
 EAGLE-3 head (h 4096, 32 heads, 8 key/value heads, MLP 14336, a 32k draft vocabulary, the target's
-128k embedding) through Talon's own timer (``talon.drafters.eagle3.head_timer``: one layer of
+128k embedding) through Talon's own timer (``talon.drafters.pairs.pair_timer``: one layer of
 ``size`` tree nodes over a 256-pair prefix), beside the preset's 1B draft model (Llama-3.2-1B's
 shape) through the cost probe's dynamic-cache timer. Each size is the best of ``--reps`` rounds.
 
@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 from talon.core.forward import forward_hidden
 from talon.core.kv import gather_entries
 from talon.cost.probe import hardware_name
-from talon.drafters.eagle3 import head_timer
+from talon.drafters.pairs import pair_timer
 from talon.models.eagle3 import Eagle3Head
 from talon.models.head import lm_logits
 from talon.models.head_config import HeadConfig
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     head = llama_head(dtype)
-    head_ms = {s: round(1e3 * t, 2) for s, t in best(head_timer(head, PREFIX, 0, max(SIZES)), SIZES, args.reps).items()}
+    head_ms = {s: round(1e3 * t, 2) for s, t in best(pair_timer(head, PREFIX, 0, max(SIZES)), SIZES, args.reps).items()}
     del head
     draft = draft_model(dtype)
     draft_ms = {s: round(1e3 * t, 2) for s, t in best(model_timer(draft, PREFIX, DRAFT_VOCAB, max(SIZES)), SIZES,

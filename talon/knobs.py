@@ -25,10 +25,14 @@ from typing import Any, Literal, get_args
 # whether retrieval from the text so far drafts too (``retrieval``); where a model drafts, the function
 # that makes its DraftSource is ``talon.drafters.SOURCE_MAKERS[name]``. ``talon.drafters.tree_drafter.build_drafter``
 # combines the source and retrieval under the budget and gates; how to add one: docs/design.md, "Add a drafter".
-DrafterName = Literal["hybrid", "model", "retrieval", "layerskip", "eagle3", "eagle3-hybrid", "none"]
+DrafterName = Literal["hybrid", "model", "retrieval", "layerskip", "eagle3", "eagle3-hybrid", "mtp", "mtp-hybrid",
+                      "none"]
 # which model drafts: "draft" (the pair's draft model), "head" (an EAGLE-3 head in the pair's draft slot, on the
-# target's features), "target" (the target itself); None: no model
-DraftingModel = Literal["draft", "head", "target"]
+# target's features), "target" (the target itself), "mtp" (the target's own MTP layers, on its last hidden state);
+# None: no model
+DraftingModel = Literal["draft", "head", "target", "mtp"]
+# the drafting models that read the target's features, so cannot pre-draft during a verification
+FEATURE_MODELS: tuple[DraftingModel, ...] = ("head", "mtp")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("eagle3", "head", False, "an EAGLE-3 head (--draft DIR): one decoder layer on the target's own "
                 "features"),
     DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in"),
+    DrafterKind("mtp", "mtp", False, "the target's own multi-token-prediction (MTP) layer, on its last hidden "
+                "state (no draft model)", atlas=False),
+    DrafterKind("mtp-hybrid", "mtp", True, "the target's MTP layer's gated tree with retrieval grafted in",
+                atlas=False),
     DrafterKind("none", None, False, "nobody: the autoregressive baseline (one token a step)"),
 )}
 DRAFTER_KINDS: tuple[DrafterName, ...] = get_args(DrafterName)
@@ -60,11 +68,12 @@ if tuple(DRAFTERS) != DRAFTER_KINDS:
 # the kinds that draft
 DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model or d.retrieval)
 HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
+MTP_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "mtp")  # the target's MTP layer drafts
 # the kinds an atlas recorded with a draft model replays, and those one recorded with an EAGLE-3 head replays
 ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model != "head")
 HEAD_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("head", None))
 # the kinds the app offers with a draft model in the pair's draft slot, and with an EAGLE-3 head there
-MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k not in HEAD_KINDS)
+MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("draft", "target", None))
 HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", None))
 # the kinds that draft and that an atlas replays: hybrid and its two halves, the draft model and retrieval
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
@@ -219,7 +228,8 @@ KNOBS: tuple[Knob, ...] = (
          "hybrid = the draft model's gated tree with retrieval grafted in; model = the draft model alone; "
          "retrieval = retrieval from the text so far alone; layerskip = the target with some layers skipped "
          "(self-speculative, no second model); eagle3 = an EAGLE-3 head on the target's features (eagle3-hybrid: "
-         "with retrieval); none = nobody (the autoregressive baseline)",
+         "with retrieval); mtp = the target's own MTP layer (mtp-hybrid: with retrieval); "
+         "none = nobody (the autoregressive baseline)",
          choices=DRAFTER_KINDS, app="drafter", app_choices=DRAFTING_KINDS, label="Drafter", grid=True, explore=True),
     Knob("tree", "tree.mode", "choice", "adaptive", "TALON's gated tree, EAGLE-2's static tree, or a single chain",
          choices=TREE_MODES, said="tree mode", app="tree_mode", label="Tree", grid=True, explore=True),

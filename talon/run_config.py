@@ -20,6 +20,7 @@ from talon.knobs import (
     DRAFTER_KINDS,
     DRAFTERS,
     DRAFTING_KINDS,
+    FEATURE_MODELS,
     MAX_BUDGET,
     TREE_MODES,
     Admission,
@@ -157,6 +158,17 @@ class RunConfig:
     def needs_head(self) -> bool:
         """An EAGLE-3 head in the pair's draft slot drafts (``eagle3``, ``eagle3-hybrid``)."""
         return self.kind.model == "head"
+
+    @property
+    def needs_mtp(self) -> bool:
+        """The target's own MTP layer drafts (``mtp``, ``mtp-hybrid``)."""
+        return self.kind.model == "mtp"
+
+    @property
+    def reads_features(self) -> bool:
+        """The drafting module reads the target's features (an EAGLE-3 head, MTP layers), so it
+        cannot draft the next tree while this one is verified."""
+        return self.kind.model in FEATURE_MODELS
 
     @property
     def uses_draft_slot(self) -> bool:

@@ -45,7 +45,7 @@ class TreeRecord:
     depths: list[int]
     q_draft: list[float]
     path_conf: list[float]
-    sources: list[str]  # "root" | "model" | "head" (an EAGLE-3 head's) | "retrieval" | "both": TRACE_SOURCES
+    sources: list[str]  # "root" | "model" | "head" (an EAGLE-3 head's) | "mtp" (an MTP layer's) | "retrieval" | "both"
     gate_layer_max: list[float | None]
     gate_threshold: list[float | None]
     gate_passed: list[bool | None]  # None: the gate never looked at this node

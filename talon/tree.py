@@ -19,9 +19,12 @@ from typing import Literal, get_args
 
 NodeSource = Literal["root", "model", "retrieval", "both"]
 SOURCES: tuple[NodeSource, ...] = get_args(NodeSource)
-# a step's node sources as its trace records them: "model" is "head" where an EAGLE-3 head drafted
-TraceSource = Literal[NodeSource, "head"]
-TRACE_SOURCES: tuple[TraceSource, ...] = (*SOURCES, "head")
+# a step's node sources as its trace records them: "model" is "head" where an EAGLE-3 head drafted, "mtp" where
+# the target's own MTP layer did
+TraceSource = Literal[NodeSource, "head", "mtp"]
+TRACE_SOURCES: tuple[TraceSource, ...] = (*SOURCES, "head", "mtp")
+# the trace's name for model nodes, by which model drafted (``talon.knobs.DraftingModel``)
+MODEL_NODE_SOURCE: dict[str, TraceSource] = {"head": "head", "mtp": "mtp"}
 
 
 # Why a tree stopped growing (DraftTree.stop): the budget is full and no frontier node can place a

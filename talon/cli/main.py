@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         from talon.engine.build import build_engine  # torch: only a command that loads a model
         from talon.engine.engine import generate
 
-        # layerskip drafts with the target itself, retrieval with none
+        if cfg.needs_mtp:  # refused before any weight loads
+            from talon.models.mtp import check_mtp_spec
+
+            check_mtp_spec(args.target)
+
+        # layerskip and mtp draft with the target itself, retrieval with none
         engine = build_engine(pair_from_args(args, settings, args.draft if cfg.uses_draft_slot else "none"))
         summary, steps = generate(engine, prompt, cfg)
     except (ValueError, ModelLoadError, OSError) as err:  # ConfigError, PromptError, bad corpus

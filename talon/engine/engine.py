@@ -30,6 +30,7 @@ from talon.models import LoadedModel
 from talon.models.attention import resolve_fold, set_fold
 from talon.models.eagle3 import is_head
 from talon.models.head import head_rows
+from talon.models.mtp import mtp_refusal
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunModels, RunSummary, StepTrace
 
@@ -164,9 +165,13 @@ class Engine:
         if cfg.needs_head and not head:
             raise ConfigError(f"drafter {cfg.drafter!r} needs an EAGLE-3 head as the draft (--draft DIR, a "
                               "head's checkpoint: its config.json names draft_vocab_size)")
-        if cfg.needs_head and cfg.async_draft:
-            raise ConfigError("an EAGLE-3 head drafts from the features the target's verification returns, so it "
-                              "cannot draft the next tree during that verification: turn async_draft off")
+        if cfg.needs_mtp:
+            reason = mtp_refusal(self.target.model.config, None)
+            if reason is not None:
+                raise ConfigError(f"drafter {cfg.drafter!r}: {reason}")
+        if cfg.reads_features and cfg.async_draft:
+            raise ConfigError(f"drafter {cfg.drafter!r} drafts from the features the target's verification returns, "
+                              "so it cannot draft the next tree during that verification: turn async_draft off")
         vocab = head_rows(self.target.model)  # a shape: no device touched
         prompt_ids = encode_prompt(self.target.tokenizer, prompt, cfg.chat_template, vocab)
         limit = getattr(self.target.model.config, "max_position_embeddings", None)

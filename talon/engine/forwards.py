@@ -12,13 +12,14 @@ import threading
 from transformers import PreTrainedModel
 
 from talon.core.verify import TargetVerifier
-from talon.drafters.eagle3 import head_timer
 from talon.drafters.model import ModelSource
+from talon.drafters.pairs import pair_timer
 from talon.drafters.static_draft import StaticModelSource
 from talon.graphs.pool import StaticPool, StaticTimer, StaticVerifier, static_timer
 from talon.graphs.static import COMPILED_UPTO, resolve_forward, spans_devices
 from talon.models import LoadedModel
 from talon.models.eagle3 import is_head
+from talon.models.mtp import is_mtp, mtp_layer_count, mtp_refusal
 from talon.run_config import ConfigError, RunConfig
 
 
@@ -42,6 +43,8 @@ class Forwards:
         if self.forward != "dynamic":
             head = draft is not None and is_head(draft.model)  # then every target forward keeps its features
             layers = draft.model.cfg.layers_for(int(target.model.config.num_hidden_layers)) if head else ()
+            if not head and mtp_layer_count(target.model.config) and mtp_refusal(target.model.config, None) is None:
+                layers = (int(target.model.config.get_text_config().num_hidden_layers),)  # its MTP layers' input
             self._target = StaticPool(target.model, self.graphs, feature_layers=layers)
             if draft is not None and not head:  # a head runs its own forward
                 self.pools_of(draft.model)
@@ -72,11 +75,11 @@ class Forwards:
         return pools
 
     def timers(self, model: PreTrainedModel | None) -> tuple[StaticTimer | None, StaticTimer | None]:
-        """The cost probe's timers on this forward: the target's, the drafting model's (a head's
-        own forward, whatever the target's)."""
+        """The cost probe's timers on this forward: the target's, the drafting model's (a head's or
+        MTP layers' own forward, whatever the target's)."""
         target = static_timer(self._target) if self._target is not None else None
-        if model is not None and is_head(model):
-            return target, head_timer
+        if model is not None and (is_head(model) or is_mtp(model)):
+            return target, pair_timer
         if self._target is None:
             return None, None
         return target, static_timer(self.pools_of(model)[0]) if model is not None else None

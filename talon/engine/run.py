@@ -32,7 +32,7 @@ from talon.trace import (
     VerdictRecord,
     summarize_steps,
 )
-from talon.tree import DraftTree
+from talon.tree import MODEL_NODE_SOURCE, DraftTree
 
 
 class CostKeeper(Protocol):
@@ -105,7 +105,7 @@ class Run:
         self.generated: list[int] = []
         self.steps: list[StepTrace] = []
         self.summary: RunSummary | None = None
-        self.model_node_source = "head" if cfg.kind.model == "head" else "model"  # what the trace calls model nodes
+        self.model_node_source = MODEL_NODE_SOURCE.get(cfg.kind.model or "", "model")  # the trace's model nodes
 
     @property
     def fixed_costs(self) -> bool:

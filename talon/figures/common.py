@@ -17,6 +17,7 @@ SOURCE_COLORS: dict[str, str] = {
     "root": "#6b6b6b",
     "model": "#0072B2",
     "head": "#0072B2",  # an EAGLE-3 head drafts where a draft model would: never both in one run
+    "mtp": "#332288",  # the target's own MTP layer: its own hue (Tol's indigo), apart from a draft model's blue
     "retrieval": "#E69F00",
     "both": "#CC79A7",
     "bonus": "#009E73",
@@ -26,6 +27,7 @@ SOURCE_NAMES: dict[str, str] = {
     "root": "root (last committed)",
     "model": "draft model",
     "head": "EAGLE-3 head",
+    "mtp": "MTP layer",
     "retrieval": "retrieval",
     "both": "model + retrieval",
     "bonus": "target bonus token",

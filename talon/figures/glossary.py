@@ -17,6 +17,8 @@ GLOSSARY: dict[str, str] = {
     "path confidence": "c: the product of the draft's q along the node's path from the root",
     "bonus": "the target's own token after the accepted path: every step commits at least one token",
     "graft": "retrieval's continuation joined into the draft model's tree",
+    "MTP layer": "multi-token prediction: a layer the model ships to predict past its next token; it drafts "
+                 "from the target's last hidden state, with no second model",
     "frontier width": "the nodes one draft layer expands together",
     "atlas": "the draft's proposals around one prompt's greedy text, recorded once and replayed with no model",
     "Pareto": "the settings that no other setting beats on both MAT and step time",

@@ -26,7 +26,8 @@ from talon.trace import StepTrace
 # Run-level figures
 # ---------------------------------------------------------------------------------------------
 
-COMMIT_SOURCES = ("bonus", "resampled", "model", "head", "retrieval", "both")
+COMMIT_SOURCES = ("bonus", "resampled", "model", "head", "mtp", "retrieval", "both")
+MODEL_SLOTS = ("model", "head", "mtp")  # who drafted a run's model nodes: one of them per run
 
 
 def committed_sources(step: StepTrace) -> dict[str, int]:
@@ -43,10 +44,10 @@ def accepted_per_step_figure(steps: Sequence[StepTrace], selected: int | None = 
         return empty_figure("No steps yet.")
     x = [st.step for st in steps]
     per_step = [committed_sources(st) for st in steps]
-    head = any(c["head"] for c in per_step)  # an EAGLE-3 head drafted in the draft model's place
+    slot = next((s for s in MODEL_SLOTS if any(c[s] for c in per_step)), "model")  # an EAGLE-3 head, MTP layer
     traces: list[Trace] = [
         dict(type="bar", x=x, y=[c[s] for c in per_step], name=SOURCE_NAMES[s], marker=dict(color=SOURCE_COLORS[s]))
-        for s in COMMIT_SOURCES if s not in (("model",) if head else ("head",))
+        for s in COMMIT_SOURCES if s == slot or s not in MODEL_SLOTS
     ]
     totals = [sum(c.values()) for c in per_step]
     running = [sum(totals[: i + 1]) / (i + 1) for i in range(len(totals))]

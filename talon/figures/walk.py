@@ -46,8 +46,9 @@ def _tree(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str
     if n == 0:
         return (f"At step {i} nothing was drafted ({esc(st.model_skipped or st.tree_stop or 'no proposal')}): "
                 "the target wrote one token alone, as plain decoding does. Pick a step with a tree on the slider.")
-    by_source = {s: st.sources[1:].count(s) for s in ("model", "head", "retrieval", "both")}
-    whence = {"model": "the draft model", "head": "the EAGLE-3 head", "both": "both sources"}
+    by_source = {s: st.sources[1:].count(s) for s in ("model", "head", "mtp", "retrieval", "both")}
+    whence = {"model": "the draft model", "head": "the EAGLE-3 head", "mtp": "the target's MTP layer",
+              "both": "both sources"}
     kinds = ", ".join(f"{v} from {whence.get(k, k)}" for k, v in by_source.items() if v)
     kids = _children(st)
     fork = max(range(len(kids)), key=lambda node: len(kids[node]))
@@ -187,7 +188,7 @@ def _cost(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str
 def _run(summary: RunSummary | None, steps: Sequence[StepTrace], i: int) -> str:
     tokens = sum(len(st.new_tokens) for st in steps)
     mat = tokens / len(steps) if steps else 0.0
-    sources = {s: 0 for s in ("model", "head", "retrieval", "both", "target")}
+    sources = {s: 0 for s in ("model", "head", "mtp", "retrieval", "both", "target")}
     for st in steps:
         for tok in committed_tokens(st):
             sources[tok.source if tok.source in sources else "target"] += 1

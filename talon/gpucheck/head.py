@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from talon.core.forward import additive_mask
-from talon.drafters.eagle3 import head_timer
+from talon.drafters.pairs import pair_timer
 from talon.models import LoadedModel
 from talon.models.eagle3 import Eagle3Head
 from talon.models.head_config import HeadConfig
@@ -141,7 +141,7 @@ def _loss(head: Eagle3Head, features: torch.Tensor, tokens: torch.Tensor, wanted
 def time_head(head: Eagle3Head, prefix: int = 256, sizes: tuple[int, ...] = TIMED_NODES, reps: int = 10) -> dict:
     """Milliseconds of one head forward of ``size`` tree nodes over ``prefix`` committed pairs
     (best of ``reps``, the layer's top-k copied back as a draft forward reads it)."""
-    timer = head_timer(head, prefix, head.cfg.vocab, max(sizes))
+    timer = pair_timer(head, prefix, head.cfg.vocab, max(sizes))
     for size in sizes:  # warm-up: kernels chosen, allocator primed
         timer(size)
     return {str(size): round(1000 * min(timer(size) for _ in range(reps)), 3) for size in sizes}

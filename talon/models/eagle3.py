@@ -69,6 +69,15 @@ class Eagle3Head(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def feature_width(self) -> int:
+        """The width of the target features it reads: three layers' hidden states."""
+        return 3 * self.cfg.target_hidden
+
+    @property
+    def vocab(self) -> int:
+        return self.cfg.vocab
+
     def forward(self, g: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """g: (T, 3H) target features or (T, h) a parent's output; ids, positions: (T,) long;

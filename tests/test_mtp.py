@@ -1,0 +1,291 @@
+"""A target's own MTP layers as Talon's drafter (``talon.models.mtp``, ``talon.drafters.mtp``), on
+the tiny checkpoints of ``data/mtp_parity`` (``python -m scripts.mtp_fixtures``): DeepSeek-V3's
+classes (MLA, a routed MoE) in its ``model.layers.{N}.*`` naming, and Mellum's (dense, grouped
+queries) in its ``mtp.*`` naming, each MTP layer trained briefly on its target's text.
+
+* Lossless: greedy float32 equals the target's ``generate`` on every tree mode and both CPU
+  forwards, with drafts accepted; the command line's ``--drafter mtp`` too.
+* Parity with transformers' ``MTPCandidateGenerator`` (``generate(use_mtp=True)``): on a chain of
+  one, Talon's draft and its logits equal the reference's at every step (float32, 1e-5); a hidden
+  state fed one position late and the concatenation swapped each break it.
+* Refusals before any weight loads: a Gated DeltaNet target, a checkpoint without MTP weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig
+from transformers.modeling_layers import MtpModel
+
+from talon.drafters.mtp import MtpSource, attach_mtp, mtp_layers_of
+from talon.engine.engine import Engine, generate
+from talon.gpucheck.mtp import random_mtp
+from talon.models import LoadedModel, ModelLoadError
+from talon.models.mtp import MtpLayers, check_mtp_spec, load_mtp, mtp_refusal
+from talon.run_config import ConfigError, RunConfig, TreeConfig
+from tests.tiny import REPO, byte_tokenizer
+
+FIXTURES = REPO / "data" / "mtp_parity"
+MTP_FAMILIES = ("deepseek_v3", "mellum")
+PARITY_TOL = 1e-5
+PROMPT = "def add(a, b):"
+TOKENS = 40
+
+
+def loaded(family: str) -> LoadedModel:
+    path = FIXTURES / family
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return LoadedModel(model, byte_tokenizer(), str(path), torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", params=MTP_FAMILIES)
+def family(request: pytest.FixtureRequest) -> tuple[str, LoadedModel]:
+    return request.param, loaded(request.param)
+
+
+def prompt_ids(target: LoadedModel, prompt: str = PROMPT) -> list[int]:
+    return target.tokenizer(prompt)["input_ids"]
+
+
+def greedy(target: LoadedModel, ids: list[int], tokens: int = TOKENS, **kwargs: object) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=tokens,
+                                    **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def test_the_loader_reads_both_namings_onto_transformers_mtp_layers(family: tuple[str, LoadedModel]) -> None:
+    name, target = family
+    layers = mtp_layers_of(target.model, target.name)
+    assert isinstance(layers, MtpLayers) and layers.layers == 1
+    assert layers.feature_layers == (target.model.config.num_hidden_layers,)
+    names = json.loads((FIXTURES / name / "training.json").read_text(encoding="utf-8"))["naming"]
+    assert names == {"deepseek_v3": "layers", "mellum": "mtp"}[name]
+    block = layers.mtp.layers[0].mtp_block
+    assert type(block) is type(target.model.get_decoder().layers[-1])  # the target's own layer class
+    assert layers.mtp.shared_head is target.model.lm_head  # the target's head, shared
+
+
+@pytest.mark.parametrize("forward", ["dynamic", "static"])
+@pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
+def test_mtp_decodes_the_targets_own_greedy_text(family: tuple[str, LoadedModel], tree: str, forward: str) -> None:
+    _, target = family
+    engine = Engine(target, None, forward=forward)
+    ids = prompt_ids(target)
+    want = greedy(target, ids)
+    for drafter in ("mtp", "mtp-hybrid"):
+        cfg = RunConfig(drafter=drafter, max_new_tokens=TOKENS, chat_template=False,
+                        tree=TreeConfig(mode=tree, budget=12, cost_aware=False, min_conf=0.0))
+        summary, steps = generate(engine, ids, cfg)
+        assert summary.token_ids == want, (drafter, tree, forward)
+        assert summary.mean_accepted_tokens >= 1.5, (drafter, tree, forward, summary.mean_accepted_tokens)
+        assert any(s.sources[n] == "mtp" for s in steps for n in s.accepted[1:])  # the MTP layer's drafts, accepted
+
+
+def test_an_unseen_prompt_is_lossless_with_drafts_rejected(family: tuple[str, LoadedModel]) -> None:
+    """A prompt the layer never trained on: many drafts rejected, the text still the target's."""
+    _, target = family
+    ids = prompt_ids(target, "zebra quartz 42")
+    cfg = RunConfig(drafter="mtp", max_new_tokens=TOKENS, chat_template=False,
+                    tree=TreeConfig(mode="adaptive", budget=16, cost_aware=False, min_conf=0.0))
+    summary, steps = generate(Engine(target, None), ids, cfg)
+    assert summary.token_ids == greedy(target, ids)
+    assert sum(len(s.tokens) - 1 - s.accept_len for s in steps) > 0  # drafted nodes rejected
+
+
+Drafts = dict[int, tuple[int, torch.Tensor]]  # the root's position -> the token drafted after it, and its logits
+
+
+def reference_drafts(target: LoadedModel, ids: list[int]) -> tuple[list[int], Drafts]:
+    """``generate(use_mtp=True)``'s text, and per MTP call the root's position (its last input's),
+    the drafted token and its logits (a forward hook on transformers' ``MtpModel``: its logic untouched)."""
+    calls: Drafts = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: tuple) -> None:
+        if isinstance(module, MtpModel):
+            calls[int(kwargs["position_ids"][0, -1])] = int(out[0][0, -1]), out[1][0, -1].float().clone()
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+    try:
+        n = int(target.model.config.num_hidden_layers)  # the class's own pattern names DeepSeek-V3's 61 layers
+        target.model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n}\..*", r"^mtp\."]
+        text = greedy(target, ids, use_mtp=True)
+    finally:
+        handle.remove()
+    return text, calls
+
+
+def talon_drafts(target: LoadedModel, ids: list[int], source: type[MtpSource] = MtpSource,
+                 swap: bool = False) -> tuple[list[int], Drafts]:
+    """Talon's text on a chain of one node a step, and per step the root's position, its draft and logits."""
+    layers = load_mtp(target.model, target.name)
+    layers.mtp.config.mtp_hidden_states_first = swap  # planted: the projection reads [hidden, embedding]
+    attach_mtp(target.model, layers)
+    calls: Drafts = {}
+
+    def hook(module: torch.nn.Module, args: tuple, out: tuple) -> None:
+        calls[int(args[2][-1])] = int(out[1][-1].argmax()), out[1][-1].detach().clone()
+
+    handle = layers.register_forward_hook(hook)
+    import talon.drafters.mtp as mtp_module
+
+    made = mtp_module.MtpSource
+    mtp_module.MtpSource = source
+    try:
+        cfg = RunConfig(drafter="mtp", max_new_tokens=TOKENS, chat_template=False,
+                        tree=TreeConfig(mode="chain", budget=1, cost_aware=False, min_conf=0.0))
+        summary, _ = generate(Engine(target, None), ids, cfg)
+    finally:
+        mtp_module.MtpSource = made
+        handle.remove()
+        mtp_module.LOADED.pop(target.model, None)
+    return summary.token_ids, calls
+
+
+def parity_gap(family: tuple[str, LoadedModel], **planted: object) -> float:
+    """The largest logit gap between Talon's MTP drafts and the reference's, step by step (inf
+    where a drafted token differs). The reference's first step is the target's alone (its MTP
+    needs a hidden state first); Talon drafts from its first step, so its prompt carries the
+    target's first token, and both then draft from the same root at every step."""
+    _, target = family
+    ids = prompt_ids(target)
+    ref_text, ref = reference_drafts(target, ids)
+    text, got = talon_drafts(target, ids + ref_text[:1], **planted)
+    assert text[:len(ref_text) - 1] == ref_text[1:] and ref_text == greedy(target, ids)  # lossless either way
+    assert len(ref) >= 10 and set(ref) <= set(got) | {max(ref)}, (sorted(ref), sorted(got))
+    gap = 0.0
+    for pos in sorted(set(got) & set(ref)):
+        (tok, logits), (ref_tok, ref_logits) = got[pos], ref[pos]
+        if tok != ref_tok:
+            return float("inf")
+        gap = max(gap, float((logits - ref_logits).abs().max()))
+    return gap
+
+
+def test_mtp_drafts_and_logits_equal_transformers_mtp_candidate_generator(family: tuple[str, LoadedModel]) -> None:
+    assert parity_gap(family) < PARITY_TOL
+
+
+class OneLate(MtpSource):
+    """Planted: each pair gets the hidden state one position late (h_{t+1} with token t + 1)."""
+
+    def add_features(self, features: torch.Tensor) -> None:
+        if not self.features:
+            features = features[1:]
+        super().add_features(features)
+
+    def _feed_context(self) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.features) < len(self.context) - 1:
+            self.features.append(self.features[-1])
+        return super()._feed_context()
+
+
+@pytest.mark.parametrize("planted", ["one position late", "concatenation swapped"])
+def test_parity_catches_a_planted_bug(family: tuple[str, LoadedModel], planted: str) -> None:
+    kwargs = {"source": OneLate} if planted == "one position late" else {"swap": True}
+    assert parity_gap(family, **kwargs) > 1e-3
+
+
+def test_the_command_line_decodes_with_mtp_as_generate_does(family: tuple[str, LoadedModel], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """``python -m talon generate --target DIR --drafter mtp --dtype float32 --json``, in process."""
+    from talon.cli.main import main
+
+    name, target = family
+    monkeypatch.setenv("TALON_PREPACK", "0")
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
+    argv = ["generate", "--target", str(FIXTURES / name), "--drafter", "mtp", "--dtype", "float32", "--json",
+            "--no-chat-template", "--prompt", PROMPT, "--max-new-tokens", str(TOKENS)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["token_ids"] == greedy(target, prompt_ids(target))
+    assert summary["mean_accepted_tokens"] >= 1.5
+    assert summary["config"]["drafter"] == "mtp"
+
+
+def write_config(path: Path, config: object) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)  # type: ignore[attr-defined]
+    return path
+
+
+def test_a_gated_deltanet_target_is_refused_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from transformers import Qwen3_5TextConfig
+
+    from talon.cli.main import main
+
+    cfg = Qwen3_5TextConfig(vocab_size=258, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=128, mtp_num_hidden_layers=1)
+    path = write_config(tmp_path / "qwen35", cfg)  # a config alone: nothing to load, the refusal comes first
+    assert main(["generate", "--target", str(path), "--drafter", "mtp", "--prompt", "x"]) == 2  # no exception
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0] and "linear_attention" in errors[0], errors
+
+
+def test_a_checkpoint_without_mtp_weights_is_refused(tmp_path: Path) -> None:
+    config = DeepseekV3Config(vocab_size=258, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path / "plain")
+    with pytest.raises(ModelLoadError, match="holds no MTP weights"):
+        check_mtp_spec(str(tmp_path / "plain"))
+    with pytest.raises(ModelLoadError, match="ships no MTP layers"):
+        check_mtp_spec("embedded:qwen2.5-coder-1.5b-instruct")
+    assert mtp_refusal(config, None) is None  # its config declares one: only its tensors tell
+
+
+def test_a_target_without_mtp_layers_refuses_the_mtp_kinds_at_once() -> None:
+    from tests.tiny import tiny_loaded
+
+    engine = Engine(tiny_loaded("llama", 0), None)
+    with pytest.raises(ConfigError, match="declares no MTP layers"):
+        engine.prepare("abc", RunConfig(drafter="mtp", chat_template=False))
+
+
+def test_sampled_mtp_runs_keep_the_targets_distribution() -> None:
+    """Sampling with an MTP layer (random, on a tiny dense Mellum target over six ids): the first
+    two tokens are distributed as the target's, with drafts accepted."""
+    from talon.core.accept import warp_probs
+    from talon.run_config import SamplingConfig
+
+    vocab, sampling = 6, SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0)
+    config = MellumConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, mlp_layer_types=["dense"] * 2,
+                          num_nextn_predict_layers=1, mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["dense"],
+                          pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(21)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    target = LoadedModel(model, byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
+    attach_mtp(model, random_mtp(model, seed=22))
+    prompt = [1, 4, 2, 0, 3]
+    with torch.inference_mode():
+        p1 = warp_probs(model(torch.tensor([prompt])).logits[0, -1][None], 0.7, 4, 0.9)[0]
+        exact = {}
+        for x in range(vocab):
+            p2 = warp_probs(model(torch.tensor([prompt + [x]])).logits[0, -1][None], 0.7, 4, 0.9)[0]
+            exact.update({(x, y): float(p1[x] * p2[y]) for y in range(vocab)})
+    engine = Engine(target, None)
+    tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3, cost_aware=False)
+    n, counts, accepted = 1200, {}, 0
+    for seed in range(n):
+        run = engine.run(prompt, RunConfig(drafter="mtp", tree=tree, max_new_tokens=2,
+                                           sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed})))
+        accepted += sum(step.accept_len for step in run)
+        key = tuple(run.summary.token_ids[:2])
+        counts[key] = counts.get(key, 0.0) + 1.0 / n
+    assert accepted > n // 4, "drafts must be accepted, not only bonus tokens"
+    keys = set(counts) | set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0.0) - exact.get(k, 0.0)) for k in keys)
+    rng = torch.Generator().manual_seed(0)
+    probs = torch.tensor([exact[k] for k in sorted(exact)])
+    nulls = sorted(0.5 * float((torch.bincount(torch.multinomial(probs, n, replacement=True, generator=rng),
+                                               minlength=len(probs)) / n - probs).abs().sum()) for _ in range(400))
+    bound = nulls[int(0.999 * len(nulls))]
+    assert bound < 0.1, "n too small to tell a biased sampler (the naive rule's bias: over 0.1)"
+    assert tv < bound, (tv, bound)
