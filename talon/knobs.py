@@ -57,9 +57,8 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
                 "features"),
     DrafterKind("eagle3-hybrid", "head", True, "an EAGLE-3 head's gated tree with retrieval grafted in"),
     DrafterKind("mtp", "mtp", False, "the target's own multi-token-prediction (MTP) layer, on its last hidden "
-                "state (no draft model)", atlas=False),
-    DrafterKind("mtp-hybrid", "mtp", True, "the target's MTP layer's gated tree with retrieval grafted in",
-                atlas=False),
+                "state (no draft model)"),
+    DrafterKind("mtp-hybrid", "mtp", True, "the target's MTP layer's gated tree with retrieval grafted in"),
     DrafterKind("none", None, False, "nobody: the autoregressive baseline (one token a step)"),
 )}
 DRAFTER_KINDS: tuple[DrafterName, ...] = get_args(DrafterName)
@@ -70,8 +69,13 @@ DRAFTING_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.mode
 HEAD_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "head")  # an EAGLE-3 head drafts
 MTP_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.model == "mtp")  # the target's MTP layer drafts
 # the kinds an atlas recorded with a draft model replays, and those one recorded with an EAGLE-3 head replays
-ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model != "head")
+ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("draft", None))
 HEAD_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("head", None))
+# and one recorded with the target's MTP layer drafting: mtp, mtp-hybrid, retrieval and none
+MTP_ATLAS_KINDS: tuple[str, ...] = tuple(k for k, d in DRAFTERS.items() if d.atlas and d.model in ("mtp", None))
+# a drafter kind's counterpart on an MTP atlas (the draft model's and a head's kinds map to the MTP layer's)
+MTP_COUNTERPART: dict[str, str] = {"hybrid": "mtp-hybrid", "model": "mtp", "eagle3-hybrid": "mtp-hybrid",
+                                   "eagle3": "mtp"}
 # the kinds the app offers with a draft model in the pair's draft slot, and with an EAGLE-3 head there
 MODEL_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("draft", "target", None))
 HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k].model in ("head", "target", None))

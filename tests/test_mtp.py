@@ -289,3 +289,52 @@ def test_sampled_mtp_runs_keep_the_targets_distribution() -> None:
     bound = nulls[int(0.999 * len(nulls))]
     assert bound < 0.1, "n too small to tell a biased sampler (the naive rule's bias: over 0.1)"
     assert tv < bound, (tv, bound)
+
+
+@pytest.fixture(scope="module")
+def mtp_atlas() -> tuple[Engine, list[int], object]:
+    """An atlas recorded with the DeepSeek-V3 fixture's MTP layer drafting."""
+    from talon.atlas.record import record_atlas
+    from talon.cost.model import synthetic_costs
+
+    target = loaded("deepseek_v3")
+    engine = Engine(target, None, costs=synthetic_costs({1: 0.1, 16: 0.14, 64: 0.3}, {1: 0.004, 16: 0.006}))
+    ids = prompt_ids(target)
+    atlas = record_atlas(engine, ids, RunConfig(drafter="mtp-hybrid", max_new_tokens=TOKENS, chat_template=False))
+    return engine, ids, atlas
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "mtp-hybrid"])
+def test_replays_of_an_mtp_atlas_equal_the_real_runs(mtp_atlas: tuple, drafter: str) -> None:
+    from talon.atlas.data import parse_atlas
+    from talon.atlas.replay import compare_runs
+    from talon.atlas.replaying import replay
+
+    engine, ids, atlas = mtp_atlas
+    atlas = parse_atlas(json.loads(json.dumps(atlas.to_dict())))  # as a file reads back
+    assert atlas.draft_kind == "mtp" and atlas.reads_features
+    for mode in ("adaptive", "static", "chain"):
+        cfg = RunConfig(drafter=drafter, max_new_tokens=TOKENS, chat_template=False, cost_model="fixed",
+                        tree=TreeConfig(mode=mode, budget=12, cost_aware=False))
+        summary, steps = generate(engine, ids, cfg)
+        result = replay(atlas, cfg)
+        assert result.summary.token_ids == summary.token_ids == atlas.output
+        agreement = compare_runs(steps, result.steps, coverage=result.coverage)
+        assert agreement.equal and [s.tokens for s in steps] == [s.tokens for s in result.steps], agreement.reason
+        assert summary.mean_accepted_tokens >= 1.5
+
+
+def test_the_engines_mtp_rules_sweep_an_mtp_atlas(mtp_atlas: tuple, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from talon.cli.main import main
+
+    _, _, atlas = mtp_atlas
+    path = tmp_path / "mtp.atlas.json"
+    path.write_text(json.dumps(atlas.to_dict()), encoding="utf-8")
+    assert main(["atlas", "sweep", str(path), "--grid", "drafter=mtp,mtp-hybrid", "--grid", "budget=4,12"]) == 0
+    out = capsys.readouterr().out
+    assert "mtp-hybrid | 12" in out and "exact" in out
+    for engine, word in (("vllm", "vLLM mtp, k="), ("sglang", "SGLang NEXTN, topk=")):
+        assert main(["atlas", "sweep", str(path), "--engine", engine]) == 0
+        assert word in capsys.readouterr().out
+    assert main(["atlas", "sweep", str(path), "--engine", "llamacpp"]) == 2  # not replayed yet: said, not guessed

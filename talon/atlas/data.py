@@ -39,6 +39,8 @@ from talon.trace import MAX_TREE_NODES, MAX_UPLOAD_BYTES, TraceFileError, is_num
 ATLAS_FORMAT = "talon-atlas/1"
 MAX_ATLAS_ENTRIES = 400_000
 MAX_ATLAS_TOKENS = 100_000
+DRAFT_KINDS = ("draft", "head", "mtp")  # what drafted an atlas's model nodes: a draft model, an EAGLE-3 head, MTP
+FEATURE_DRAFT_KINDS = ("head", "mtp")  # those that read the target's features: no node shares a key
 
 Key = tuple[int, tuple[int, ...]]  # (generated tokens committed, drafted path below the root)
 
@@ -124,13 +126,18 @@ class Atlas:
 
     @property
     def draft_kind(self) -> str:
-        """What drafted in the draft slot: "draft" (a draft model) or "head" (an EAGLE-3 head)."""
+        """What drafted: "draft" (a draft model), "head" (an EAGLE-3 head) or "mtp" (the target's MTP layer)."""
         return str(self.models.get("draft_kind", "draft"))
+
+    @property
+    def reads_features(self) -> bool:
+        """Its drafter read the target's features (a head, an MTP layer): every node has its own entry."""
+        return self.draft_kind in FEATURE_DRAFT_KINDS
 
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
         """The node's key: the prefix of ``path`` that agrees with the greedy text moved into
         ``p``, except in a head's atlas, where every node has its own entry."""
-        return canonical_key(self.output, p, path, shared=self.draft_kind != "head")
+        return canonical_key(self.output, p, path, shared=not self.reads_features)
 
     def off_text(self, p: int, path: tuple[int, ...]) -> bool:
         """Whether the node's path leaves the greedy text."""
@@ -225,8 +232,9 @@ def parse_atlas(data: Any) -> Atlas:
     meta = {k: data.get(k) for k in ("models", "record")}
     if not all(isinstance(v, dict) or v is None for v in meta.values()):
         raise TraceFileError("'models' and 'record' must be JSON objects")
-    if (meta["models"] or {}).get("draft_kind", "draft") not in ("draft", "head"):
-        raise TraceFileError("'models.draft_kind' must be \"draft\" (a draft model) or \"head\" (an EAGLE-3 head)")
+    if (meta["models"] or {}).get("draft_kind", "draft") not in DRAFT_KINDS:
+        raise TraceFileError("'models.draft_kind' must be \"draft\" (a draft model), \"head\" (an EAGLE-3 head) or "
+                             "\"mtp\" (the target's MTP layer)")
     for name in ("prompt", "suite", "stop_reason"):
         if not isinstance(data.get(name, ""), str):
             raise TraceFileError(f"'{name}' must be a string")

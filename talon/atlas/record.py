@@ -33,11 +33,13 @@ from talon.core.contracts import Children
 from talon.core.forward import additive_mask, forward_features, forward_hidden
 from talon.core.kv import gather_entries
 from talon.drafters.model import ModelSource
+from talon.drafters.mtp import mtp_layers_of
 from talon.drafters.retrieval import Retriever
 from talon.engine.engine import Engine, generate
 from talon.engine.prompt import eos_ids
-from talon.models.eagle3 import Eagle3Head, is_head
+from talon.models.eagle3 import is_head
 from talon.models.head import lm_logits
+from talon.models.mtp import is_mtp
 from talon.models.prepack import is_prepacked
 from talon.run_config import ConfigError, RunConfig, SamplingConfig
 
@@ -70,10 +72,13 @@ def record_atlas(
     configuration of ``cover``, the nodes its replay asks for that the superset lacks, until each
     of them replays exactly (the lesson atlases cover the trees their lessons replay)."""
     spec = spec or AtlasSpec()
-    if engine.draft is None:
+    mtp = cfg.needs_mtp
+    if engine.draft is None and not mtp:
         raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
     report = progress or (lambda fraction, what: None)
-    head = is_head(engine.draft.model)
+    head = not mtp and is_head(engine.draft.model)
+    kind = "mtp" if mtp else "head" if head else "draft"
+    drafting = mtp_layers_of(engine.target.model, engine.target.name) if mtp else engine.draft.model
     if head and cfg.kind.model == "draft":  # the draft slot holds a head: it drafts the reference run
         cfg = cfg.replace(drafter="eagle3-hybrid" if cfg.uses_retrieval else "eagle3")
     run_cfg = cfg.replace(
@@ -86,10 +91,10 @@ def record_atlas(
     run_s = time.perf_counter() - t0
     prompt_ids, output = summary.prompt_token_ids, summary.token_ids
     report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
-    costs = engine.cost_snapshot(cfg.draft_vocab)  # what replays plan and time on, the cover's too
+    costs = engine.cost_snapshot(cfg.draft_vocab, drafting if mtp else None)  # what replays plan and time on
     t1 = time.perf_counter()
-    if head:
-        recorder: _Recorder = _HeadRecorder(engine, prompt_ids, output, spec)
+    if mtp or head:
+        recorder: _Recorder = _PairRecorder(engine.target.model, drafting, prompt_ids, output, spec)
     else:
         target_vocab = engine.target.model.get_input_embeddings().weight.shape[0]
         recorder = _Recorder(ModelSource(engine.draft.model, cfg.draft_vocab, target_vocab), prompt_ids, output, spec)
@@ -97,7 +102,7 @@ def record_atlas(
     if cover:
         recorder.cover(Atlas(prompt_ids=prompt_ids, output=output, children=recorder.children, spec=spec,
                              eos=sorted(eos_ids(engine.target)),
-                             models={"draft_vocab": cfg.draft_vocab, "draft_kind": "head" if head else "draft"},
+                             models={"draft_vocab": cfg.draft_vocab, "draft_kind": kind},
                              costs=costs.to_dict()), cover)
     atlas_s = time.perf_counter() - t1
     tokens = set(prompt_ids) | set(output) | {t for kids in recorder.children.values() for t, _ in kids}
@@ -110,13 +115,13 @@ def record_atlas(
         stop_reason=summary.stop_reason,
         eos=sorted(eos_ids(engine.target)),
         token_texts={t: engine.token_text(t) for t in sorted(tokens)},
-        models={"target": engine.target.name, "draft": engine.draft.name, "draft_kind": "head" if head else "draft",
+        models={"target": engine.target.name, "draft_kind": kind,
+                "draft": getattr(drafting, "talon_name", "mtp") if mtp else engine.draft.name,
                 "dtype": str(engine.target.dtype).removeprefix("torch."),
-                "draft_dtype": str(engine.draft.dtype).removeprefix("torch."),
+                "draft_dtype": str(drafting.dtype).removeprefix("torch."),
                 "device": str(engine.target.device), "draft_vocab": cfg.draft_vocab,
                 # the draft's quantization (a prepacked draft is its float32 weights, laid out for oneDNN)
-                "draft_quant": ("none" if is_prepacked(engine.draft.model)
-                                else getattr(engine.draft.model, "talon_quant", "none")),
+                "draft_quant": ("none" if is_prepacked(drafting) else getattr(drafting, "talon_quant", "none")),
                 "chat_template": cfg.chat_template},
         costs=costs.to_dict(),
         record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),
@@ -366,22 +371,36 @@ class _Recorder:
                            f"{self.rows} drafted in {self.forwards} forwards")
 
 
-class _HeadRecorder(_Recorder):
-    """The recorder for an EAGLE-3 head in the draft slot (``talon.drafters.eagle3``): its cache
-    holds the committed (target feature j, token j + 1) pairs of the text, from the target's one
-    forward over it; a node below a root feeds its parent's output with its own token. A node's
-    children depend on where its root is, so every node is keyed by its own ``(p, path)``, and
-    each layer of nodes is one forward (a node needs its parent's output)."""
+class _PairRecorder(_Recorder):
+    """The recorder for a module drafting on the target's features (``talon.drafters.pairs``: an
+    EAGLE-3 head in the draft slot, the target's MTP layer): its cache holds the committed (feature
+    j, token j + 1) pairs of the text, from the target's one forward over it, at position
+    j + ``position_lead``; a node below a root feeds its parent's output with its own token. A
+    node's children depend on where its root is, so every node is keyed by its own ``(p, path)``,
+    and each layer of nodes is one forward (a node needs its parent's output)."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], output: list[int], spec: AtlasSpec) -> None:
+    def __init__(self, target: torch.nn.Module, module: torch.nn.Module, prompt_ids: list[int], output: list[int],
+                 spec: AtlasSpec) -> None:
         super().__init__(None, prompt_ids, output, spec)
+        mtp = is_mtp(module)
         if len(prompt_ids) < 2:
-            raise ConfigError("an EAGLE-3 head needs a prompt of at least two tokens")
-        self.target = engine.target.model
-        self.head: Eagle3Head = engine.draft.model
+            raise ConfigError(f"{'an MTP layer' if mtp else 'an EAGLE-3 head'} needs a prompt of at least two tokens")
+        self.target = target
+        self.head = module
+        self.layers = (module.feature_layers if mtp
+                       else module.cfg.layers_for(int(target.config.num_hidden_layers)))
+        self.lead = 1 if mtp else 0  # pair j sits at position j + lead (MtpSource, HeadSource)
+        self.window = module.window if mtp else 0
         self.prefix = len(self.seq) - 1  # pair j = (feature j, token j + 1)
         self.outs: dict[Key, torch.Tensor] = {}  # fed nodes' outputs (h,), this chunk only
         self.root_outs = torch.empty(0)
+
+    def _seen(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """(T, width) bool: the committed pairs rows at positions ``rows`` see (a sliding window)."""
+        seen = torch.ones(rows.shape[0], width, dtype=torch.bool)
+        if self.window:
+            seen &= rows[:, None] - (torch.arange(width) + self.lead)[None, :] < self.window
+        return seen
 
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
         return p, path
@@ -399,21 +418,21 @@ class _HeadRecorder(_Recorder):
 
     def _topk(self, logits: torch.Tensor, keys: list[Key]) -> None:  # the head's forward returns logits
         q, ids = torch.softmax(logits, dim=-1).topk(self._widest(), dim=-1)  # (T, k)
-        tokens = ids + self.head.d2t[ids]  # draft id -> target id
+        tokens = ids + self.head.d2t[ids] if is_head(self.head) else ids  # a head's draft id -> target id
         for key, toks, qs in zip(keys, tokens.tolist(), q.tolist()):
             self.children[key] = list(zip(toks, qs))[: self._k(key)]
 
     @torch.inference_mode()
     def _prefill(self) -> None:
         """The target's features over the text, then the head over every pair: the roots' children."""
-        layers = self.head.cfg.layers_for(int(self.target.config.num_hidden_layers))
         ids = torch.tensor(self.seq)
         _, features = forward_features(self.target, DynamicCache(config=self.target.config), ids,
-                                       torch.arange(len(ids)), None, layers)  # (S, 3H)
+                                       torch.arange(len(ids)), None, self.layers)  # (S, F)
         n = self.prefix
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        out, logits = self.head(features[:n], ids[1:], torch.arange(n), self.cache,
-                                additive_mask(causal, self.head.dtype))  # (S - 1, h), (S - 1, Vd)
+        positions = torch.arange(n) + self.lead
+        causal = torch.ones(n, n, dtype=torch.bool).tril() & self._seen(positions, n)
+        out, logits = self.head(features[:n], ids[1:], positions, self.cache,
+                                additive_mask(causal, self.head.dtype))  # (S - 1, h), (S - 1, V)
         self.forwards += 2
         self.root_outs = out
         first = self.root_index - 1  # the pair of the root at p = 0
@@ -434,13 +453,14 @@ class _HeadRecorder(_Recorder):
         g, positions = [], []
         for row, (p, path) in enumerate(batch):
             root_pair = self.root_index + p - 1
-            visible[row, : root_pair + 1] = True
+            where = torch.tensor([root_pair + len(path) + self.lead])
+            visible[row, : root_pair + 1] = self._seen(where, root_pair + 1)[0]
             for i in range(1, len(path)):
                 visible[row, self.slots[(p, path[:i])]] = True
             visible[row, old + row] = True
             self.slots[(p, path)] = old + row
             g.append(self.root_outs[root_pair] if len(path) == 1 else self.outs[(p, path[:-1])])
-            positions.append(root_pair + len(path))
+            positions.append(root_pair + len(path) + self.lead)
         out, logits = self.head(torch.stack(g), torch.tensor([path[-1] for _, path in batch]),
                                 torch.tensor(positions), self.cache, additive_mask(visible, self.head.dtype))
         for row, key in enumerate(batch):

@@ -84,7 +84,7 @@ class AtlasModel(DraftLedger):
     def commit(self, tree: DraftTree, accepted: list[int], new_tokens: list[int]) -> None:
         kept = 0
         # a head feeds its accepted tokens again, with their features (talon.drafters.eagle3): none kept
-        for node in accepted[1:] if self.atlas.draft_kind != "head" else ():
+        for node in accepted[1:] if not self.atlas.reads_features else ():
             if tuple(tree.tokens[n] for n in tree.path(node)[1:]) not in self.slots:
                 break
             kept += 1

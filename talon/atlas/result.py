@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.knobs import ATLAS_KINDS, HEAD_ATLAS_KINDS, slot_kind
+from talon.knobs import ATLAS_KINDS, HEAD_ATLAS_KINDS, MTP_ATLAS_KINDS, MTP_COUNTERPART, slot_kind
 from talon.run_config import ConfigError, RunConfig
 from talon.trace import RunSummary, StepTrace
 
@@ -56,7 +56,7 @@ class ReplayResult:
 
 def replayable_kinds(atlas: Atlas) -> tuple[str, ...]:
     """The drafter kinds ``atlas`` replays: those of the model that drafted in its draft slot."""
-    return HEAD_ATLAS_KINDS if atlas.draft_kind == "head" else ATLAS_KINDS
+    return {"head": HEAD_ATLAS_KINDS, "mtp": MTP_ATLAS_KINDS}.get(atlas.draft_kind, ATLAS_KINDS)
 
 
 def for_slot(atlas: Atlas, cfg: RunConfig) -> RunConfig:
@@ -65,6 +65,8 @@ def for_slot(atlas: Atlas, cfg: RunConfig) -> RunConfig:
     kinds = replayable_kinds(atlas)
     if cfg.drafter in kinds:
         return cfg
+    if atlas.draft_kind == "mtp":
+        return cfg.replace(drafter=MTP_COUNTERPART.get(cfg.drafter, kinds[0]))
     return cfg.replace(drafter=slot_kind(atlas.draft_kind == "head", kinds, cfg.drafter))
 
 
@@ -77,7 +79,7 @@ def check_replayable(atlas: Atlas, cfg: RunConfig) -> None:
         raise ConfigError("replay reads retrieval from the prompt and the text only: remove the corpus")
     kinds = replayable_kinds(atlas)
     if cfg.drafter not in kinds:
-        slot = "an EAGLE-3 head" if atlas.draft_kind == "head" else "a draft model"
+        slot = {"head": "an EAGLE-3 head", "mtp": "the target's MTP layer"}.get(atlas.draft_kind, "a draft model")
         raise ConfigError(f"this atlas records {slot}'s and retrieval's children, so it replays the drafters "
                           f"{', '.join(kinds)}, not {cfg.drafter!r}" + ("" if cfg.kind.atlas else ": run it for real"))
     if cfg.draft_vocab != atlas.models.get("draft_vocab", cfg.draft_vocab):

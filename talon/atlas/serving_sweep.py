@@ -21,6 +21,8 @@ from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
     SERVINGS,
+    SGLANG_ALGORITHM,
+    VLLM_METHOD,
     Serving,
     ServingPolicy,
     ServingRun,
@@ -91,20 +93,22 @@ def serving_policies(serving: Serving, grid: dict[str, list[Any]],
     num_steps + 1; a draft-token count above the tree's candidates is capped); ones it would
     refuse (prompt_lookup_min above max) are left out; duplicates once; llama.cpp's plain decoding
     always comes first, as the baseline. ``draft_kind``: what the
-    atlases' draft slot held ("draft" or "head", ``Atlas.draft_kind``), so which of vLLM's
-    ``draft_model`` / ``eagle3`` and SGLang's ``STANDALONE`` / ``EAGLE3`` drafts."""
+    atlases' model nodes came from ("draft", "head" or "mtp", ``Atlas.draft_kind``), so which of vLLM's
+    ``draft_model`` / ``eagle3`` / ``mtp`` and SGLang's ``STANDALONE`` / ``EAGLE3`` / ``NEXTN`` drafts."""
+    if serving == "llamacpp" and draft_kind == "mtp":
+        raise ConfigError("llama.cpp's draft-mtp is not replayed yet: sweep an MTP atlas with --engine vllm or sglang")
     out: dict[str, tuple[dict[str, Any], ServingPolicy]] = {}
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
         knobs = dict(zip(keys, combo))
         try:
-            found = _policy(serving, knobs, draft_kind == "head")
+            found = _policy(serving, knobs, draft_kind)
         except ConfigError:
             continue
         if found is not None:
             out.setdefault(found[1].label(), found)
     if serving == "llamacpp" and out:  # plain decoding is always the baseline a setting has to beat
-        plain = _policy(serving, {**{k: v[0] for k, v in grid.items()}, "type": "none"}, False)
+        plain = _policy(serving, {**{k: v[0] for k, v in grid.items()}, "type": "none"}, "draft")
         if plain is not None:
             out = {plain[1].label(): plain, **out}
     if not out:
@@ -112,7 +116,8 @@ def serving_policies(serving: Serving, grid: dict[str, list[Any]],
     return list(out.values())
 
 
-def _policy(serving: Serving, knobs: dict[str, Any], head: bool) -> tuple[dict[str, Any], ServingPolicy] | None:
+def _policy(serving: Serving, knobs: dict[str, Any], draft_kind: str) -> tuple[dict[str, Any], ServingPolicy] | None:
+    head = draft_kind == "head"
     if serving == "llamacpp":
         kind = "draft-simple" if knobs["type"] == "draft-eagle3" else knobs["type"]
         own = {"type": ("draft-eagle3" if head else "draft-simple") if kind == "draft-simple" else kind}
@@ -120,7 +125,7 @@ def _policy(serving: Serving, knobs: dict[str, Any], head: bool) -> tuple[dict[s
         return own, llamacpp_policy(own, head)
     if serving == "vllm":
         if knobs["method"] in CHAIN_METHODS:
-            method = "eagle3" if head else "draft_model"
+            method = VLLM_METHOD[draft_kind]
             return {"method": method, "k": knobs["k"]}, VllmDraftModel(knobs["k"], method=method)
         lo, hi = knobs["prompt_lookup_min"], knobs["prompt_lookup_max"]
         if lo > hi:
@@ -131,7 +136,7 @@ def _policy(serving: Serving, knobs: dict[str, Any], head: bool) -> tuple[dict[s
     most = topk + (steps - 1) * topk ** 2
     tokens = steps + 1 if topk == 1 else min(knobs["num_draft_tokens"], most + 1)
     return ({"topk": topk, "num_steps": steps, "num_draft_tokens": tokens},
-            SglangStandalone(topk, steps, tokens, algorithm="EAGLE3" if head else "STANDALONE"))
+            SglangStandalone(topk, steps, tokens, algorithm=SGLANG_ALGORITHM[draft_kind]))
 
 
 @dataclass

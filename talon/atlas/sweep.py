@@ -20,7 +20,7 @@ from typing import Any
 from talon.atlas.data import Atlas
 from talon.atlas.replaying import replay
 from talon.atlas.result import ReplayResult
-from talon.knobs import ATLAS_KINDS, GRID_KNOBS, HEAD_ATLAS_KINDS, ON_OFF
+from talon.knobs import ATLAS_KINDS, GRID_KNOBS, HEAD_ATLAS_KINDS, MTP_ATLAS_KINDS, ON_OFF
 from talon.run_config import ConfigError, RunConfig
 
 
@@ -37,7 +37,8 @@ class GridKey:
 GRID: dict[str, GridKey] = {
     k.name: GridKey({"int": int, "float": float}.get(k.kind, str),
                     ON_OFF if k.kind == "bool"
-                    else tuple(c for c in k.choices if k.name != "drafter" or c in ATLAS_KINDS + HEAD_ATLAS_KINDS))
+                    else tuple(c for c in k.choices
+                               if k.name != "drafter" or c in ATLAS_KINDS + HEAD_ATLAS_KINDS + MTP_ATLAS_KINDS))
     for k in GRID_KNOBS
 }
 GRID_KEYS: tuple[str, ...] = tuple(GRID)

@@ -92,7 +92,11 @@ def record_command(args: argparse.Namespace, settings: Settings) -> int:
         from talon.atlas.record import record_atlas  # torch: only the command that loads a model
         from talon.engine.build import build_engine
 
-        engine = build_engine(pair_from_args(args, settings))
+        if cfg.needs_mtp:  # the target's own MTP layer drafts: refused before any weight loads, no draft model
+            from talon.models.mtp import check_mtp_spec
+
+            check_mtp_spec(args.target)
+        engine = build_engine(pair_from_args(args, settings, "none" if cfg.needs_mtp else args.draft))
         for name, text, suite in prompts:
             atlas = record_atlas(engine, text, cfg, spec, suite=suite,
                                  progress=lambda f, what: logger.info("%3.0f%% %s", 100 * f, what))
