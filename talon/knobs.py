@@ -83,6 +83,8 @@ HEAD_PAIR_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if DRAFTERS[k
 ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in ATLAS_KINDS)
 # the same for an atlas recorded with an EAGLE-3 head: eagle3, eagle3-hybrid and retrieval
 HEAD_ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in HEAD_ATLAS_KINDS)
+# and for an atlas recorded with the target's MTP layer: mtp, mtp-hybrid and retrieval
+MTP_ATLAS_DRAFTING_KINDS: tuple[str, ...] = tuple(k for k in DRAFTING_KINDS if k in MTP_ATLAS_KINDS)
 # a drafter kind's counterpart when the draft slot holds an EAGLE-3 head instead of a draft model
 HEAD_COUNTERPART: dict[str, str] = {"hybrid": "eagle3-hybrid", "model": "eagle3"}
 

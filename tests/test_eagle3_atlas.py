@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from talon.atlas.data import Atlas, canonical_key, parse_atlas
-from talon.atlas.record import _PairRecorder, _Recorder, record_atlas
+from talon.atlas.record import PairRecorder, record_atlas
 from talon.atlas.replay import compare_runs
 from talon.atlas.replaying import replay
 from talon.atlas.result import check_replayable
 from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, replay_serving
 from talon.atlas.serving_sweep import DEFAULT_GRIDS, serving_policies
+from talon.atlas.superset import SupersetRecorder
 from talon.cli.main import main
 from talon.cost.model import synthetic_costs
 from talon.engine.engine import Engine, generate
@@ -84,7 +85,7 @@ def test_replay_of_a_head_atlas_equals_the_real_run(head_engine: Engine, head_at
 def test_a_head_atlas_keys_every_node_by_its_own_position(head_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: the head's atlas recorded and read with a draft model's shared keys (a node on the
     text taken for the root one position later): the replays part from the real runs."""
-    monkeypatch.setattr(_PairRecorder, "canonical", _Recorder.canonical)
+    monkeypatch.setattr(PairRecorder, "canonical", SupersetRecorder.canonical)
     monkeypatch.setattr(Atlas, "canonical", lambda self, p, path: canonical_key(self.output, p, path))
     recorded = RunConfig(drafter="eagle3-hybrid", max_new_tokens=HEAD_TOKENS, chat_template=False)
     shared = [record_atlas(head_engine, ids, recorded) for ids in prompts(head_engine)]

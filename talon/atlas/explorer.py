@@ -16,7 +16,15 @@ from talon.atlas.data import Atlas
 from talon.atlas.replaying import replay
 from talon.atlas.result import ReplayResult
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
-from talon.knobs import ATLAS_DRAFTING_KINDS, EXPLORER_KNOBS, HEAD_ATLAS_DRAFTING_KINDS, default, slot_kind
+from talon.knobs import (
+    ATLAS_DRAFTING_KINDS,
+    EXPLORER_KNOBS,
+    HEAD_ATLAS_DRAFTING_KINDS,
+    MTP_ATLAS_DRAFTING_KINDS,
+    MTP_COUNTERPART,
+    default,
+    slot_kind,
+)
 from talon.run_config import ConfigError, RunConfig
 
 # the grids drawn around the knobs: the ladder values nearest to the knob's, and the knob's own
@@ -29,7 +37,8 @@ K_GRID_SIDE = 4  # K x k: 4 x 4
 MAX_MEMO = 20_000  # replayed configurations kept per session
 NO_ATLAS = "no atlas yet: record one for the prompt, or upload one"
 # what the explorer replays: a draft model's atlas its kinds, an EAGLE-3 head's its own
-EXPLORER_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys((*ATLAS_DRAFTING_KINDS, *HEAD_ATLAS_DRAFTING_KINDS)))
+EXPLORER_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys((*ATLAS_DRAFTING_KINDS, *HEAD_ATLAS_DRAFTING_KINDS,
+                                                           *MTP_ATLAS_DRAFTING_KINDS)))
 
 
 
@@ -56,6 +65,8 @@ def drafters_of(atlas: Atlas | None) -> tuple[str, ...]:
     replays (an EAGLE-3 head's: eagle3, eagle3-hybrid, retrieval), a draft model's without one."""
     if atlas is not None and atlas.draft_kind == "head":
         return HEAD_ATLAS_DRAFTING_KINDS
+    if atlas is not None and atlas.draft_kind == "mtp":
+        return MTP_ATLAS_DRAFTING_KINDS
     return ATLAS_DRAFTING_KINDS
 
 
@@ -63,6 +74,9 @@ def _for_atlas(self: Any, atlas: Atlas | None) -> Any:
     """These knobs with a drafter ``atlas`` replays: the drafter where it does, else its
     counterpart (hybrid and eagle3-hybrid, model and eagle3), else retrieval."""
     kinds = drafters_of(atlas)
+    if atlas is not None and atlas.draft_kind == "mtp":
+        mtp = self.drafter if self.drafter in kinds else MTP_COUNTERPART.get(self.drafter, kinds[0])
+        return dataclasses.replace(self, drafter=mtp)
     head = atlas is not None and atlas.draft_kind == "head"
     return dataclasses.replace(self, drafter=slot_kind(head, kinds, self.drafter))
 
