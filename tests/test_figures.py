@@ -187,7 +187,8 @@ def test_committed_tokens_follow_new_tokens_and_sources() -> None:
     assert [c.source for c in F.committed_tokens(st)] == ["retrieval", "retrieval", "bonus"]
     st.new_tokens = [11]  # a stop string cut the step after one token
     assert [c.text for c in F.committed_tokens(st)] == [" add"]
-    assert F.committed_sources(st) == {"bonus": 0, "resampled": 0, "model": 0, "head": 0, "mtp": 0, "retrieval": 1, "both": 0}
+    assert F.committed_sources(st) == {"bonus": 0, "resampled": 0, "model": 0, "head": 0, "mtp": 0, "retrieval": 1,
+                                       "both": 0}
 
 
 def test_run_level_aggregates() -> None:

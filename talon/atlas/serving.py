@@ -173,19 +173,19 @@ def tree_shape(tree: TreeConfig) -> TreeShape:
     return TreeShape(steps, topk, min(tree.budget, candidates) + 1)
 
 
-def _model_half(cfg: RunConfig, draft: str, head: bool = False) -> _Half:
-    """A separate draft model: SGLang STANDALONE (tree), vLLM draft_model (chain); an EAGLE-3
-    head (``head``): SGLang EAGLE3 (the same tree worker over the head), vLLM eagle3 (chain)."""
-    tree, shape = cfg.tree, tree_shape(cfg.tree)
-    flags = [
-        "--speculative-algorithm", "EAGLE3" if head else "STANDALONE",
-        "--speculative-draft-model-path", draft,
-        "--speculative-num-steps", str(shape.steps),
-        "--speculative-eagle-topk", str(shape.topk),
-        "--speculative-num-draft-tokens", str(shape.draft_tokens),
-    ]
-    vllm = {"method": "eagle3" if head else "draft_model", "model": draft, "num_speculative_tokens": shape.chain_len}
+def _model_half(cfg: RunConfig, draft: str | None, head: bool = False) -> _Half:
+    """A separate draft model: SGLang STANDALONE (tree), vLLM draft_model (chain); an EAGLE-3 head
+    (``head``): EAGLE3 and eagle3; the target's MTP layer (``cfg.needs_mtp``): NEXTN and mtp."""
+    tree, shape, mtp = cfg.tree, tree_shape(cfg.tree), cfg.needs_mtp
+    flags = [  # an MTP layer ships in the target's checkpoint: no draft path
+        "--speculative-algorithm", "NEXTN" if mtp else "EAGLE3" if head else "STANDALONE",
+        *([] if mtp else ["--speculative-draft-model-path", str(draft)]), "--speculative-num-steps", str(shape.steps),
+        "--speculative-eagle-topk", str(shape.topk), "--speculative-num-draft-tokens", str(shape.draft_tokens)]
+    vllm = {"method": "mtp" if mtp else "eagle3" if head else "draft_model", **({} if mtp else {"model": draft}),
+            "num_speculative_tokens": shape.chain_len}
     notes = [
+        "the target's MTP layer -> SGLang NEXTN (the EAGLE-2 tree worker over the checkpoint's own MTP layer) and "
+        "vLLM method mtp (a chain, the layer reused at every depth)" if mtp else
         "EAGLE-3 head -> SGLang --speculative-algorithm EAGLE3 (the EAGLE-2 tree worker over the head, on "
         "the target's features) and vLLM method eagle3 (a chain)" if head else
         "draft model -> SGLang --speculative-algorithm STANDALONE (a separate small LM drafting "
@@ -306,7 +306,7 @@ def _retrieval_half(cfg: RunConfig) -> _Half:
     return _Half(flags, vllm, notes, gaps)
 
 
-def _hybrid_half(cfg: RunConfig, draft: str, head: bool = False) -> _Half:
+def _hybrid_half(cfg: RunConfig, draft: str | None, head: bool = False) -> _Half:
     """The draft-model (or head) half; the graft of retrieval into its tree has no equivalent."""
     model, retrieval = _model_half(cfg, draft, head), _retrieval_half(cfg)
     graft = (
@@ -328,7 +328,7 @@ def _draft_half(cfg: RunConfig, draft: str | None) -> _Half:
     if cfg.kind.model == "target":
         return _Half([], {}, [f"drafter {cfg.drafter}: self-speculation by layer skipping has no SGLang or vLLM "
                               "method; no speculation flags (a draft model or EAGLE head is their nearest)"])
-    if draft is None:
+    if draft is None and not cfg.needs_mtp:
         raise ConfigError(f"drafter {cfg.drafter!r} needs a draft model; pass one or use retrieval")
     return (_hybrid_half if cfg.uses_retrieval else _model_half)(cfg, draft, cfg.needs_head)
 
@@ -378,11 +378,12 @@ def _llamacpp_half(cfg: RunConfig, target: str, draft: str | None) -> tuple[list
     if draft is not None:
         file, draft_notes = gguf_file(draft)
         flags, notes = [*flags, "-md", file], [*notes, *draft_notes]
-    head = cfg.needs_head
-    flags += ["--spec-type", "draft-eagle3" if head else "draft-simple", "--spec-draft-n-max", str(shape.chain_len),
-              "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-    notes.append(f"{'EAGLE-3 head -> llama.cpp draft-eagle3' if head else 'draft model -> llama.cpp draft-simple'}: "
-                 f"one greedy chain of --spec-draft-n-max {shape.chain_len} = the longest path of Talon's tree")
+    whom, chain = (("the target's MTP layer", "draft-mtp") if cfg.needs_mtp else ("EAGLE-3 head", "draft-eagle3")
+                   if cfg.needs_head else ("draft model", "draft-simple"))
+    flags += ["--spec-type", chain, "--spec-draft-n-max", str(shape.chain_len), "--spec-draft-n-min", "0",
+              "--spec-draft-p-min", "0"]
+    notes.append(f"{whom} -> llama.cpp {chain}: one greedy chain of --spec-draft-n-max {shape.chain_len} = the "
+                 "longest path of Talon's tree")
     gaps.append("llama.cpp: the tree and its gate (it drafts one chain; its own stop is --spec-draft-p-min, the top "
                 "token's probability over the top 10: sweep it with `talon atlas sweep --engine llamacpp` on "
                 "atlases recorded with --chain-depth)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.llamacpp import LLAMACPP_TYPES, llamacpp_policy, replay_llamacpp
+from talon.atlas.llamacpp import LLAMACPP_CHAIN, LLAMACPP_TYPES, llamacpp_policy, replay_llamacpp
 from talon.atlas.serving_costs import StepCosts, TalonCurves, predicted_seconds
 from talon.atlas.serving_replay import (
     CHAIN_METHODS,
@@ -47,6 +47,7 @@ DEFAULT_GRIDS: dict[str, dict[str, list[Any]]] = {
 # the knobs each llama.cpp type reads (the others are dropped from its row)
 LLAMACPP_KNOBS: dict[str, tuple[str, ...]] = {
     "none": (), "draft-simple": ("n_max", "n_min", "p_min"), "draft-eagle3": ("n_max", "n_min", "p_min"),
+    "draft-mtp": ("n_max", "n_min", "p_min"),
     "ngram-simple": ("size_n", "size_m"), "ngram-mod": ("n_match", "ngram_n_min", "ngram_n_max"),
 }
 KNOB_TYPES: dict[str, dict[str, type]] = {
@@ -95,8 +96,6 @@ def serving_policies(serving: Serving, grid: dict[str, list[Any]],
     always comes first, as the baseline. ``draft_kind``: what the
     atlases' model nodes came from ("draft", "head" or "mtp", ``Atlas.draft_kind``), so which of vLLM's
     ``draft_model`` / ``eagle3`` / ``mtp`` and SGLang's ``STANDALONE`` / ``EAGLE3`` / ``NEXTN`` drafts."""
-    if serving == "llamacpp" and draft_kind == "mtp":
-        raise ConfigError("llama.cpp's draft-mtp is not replayed yet: sweep an MTP atlas with --engine vllm or sglang")
     out: dict[str, tuple[dict[str, Any], ServingPolicy]] = {}
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
@@ -117,12 +116,11 @@ def serving_policies(serving: Serving, grid: dict[str, list[Any]],
 
 
 def _policy(serving: Serving, knobs: dict[str, Any], draft_kind: str) -> tuple[dict[str, Any], ServingPolicy] | None:
-    head = draft_kind == "head"
     if serving == "llamacpp":
-        kind = "draft-simple" if knobs["type"] == "draft-eagle3" else knobs["type"]
-        own = {"type": ("draft-eagle3" if head else "draft-simple") if kind == "draft-simple" else kind}
+        kind = "draft-simple" if knobs["type"] in LLAMACPP_CHAIN.values() else knobs["type"]
+        own = {"type": LLAMACPP_CHAIN[draft_kind] if kind == "draft-simple" else kind}
         own.update({k: knobs[k] for k in LLAMACPP_KNOBS[kind]})
-        return own, llamacpp_policy(own, head)
+        return own, llamacpp_policy(own, draft_kind)
     if serving == "vllm":
         if knobs["method"] in CHAIN_METHODS:
             method = VLLM_METHOD[draft_kind]
