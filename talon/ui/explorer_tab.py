@@ -354,7 +354,7 @@ def atlas_words(atlas: Atlas | None) -> str:
     record = atlas.record
     took = f", recorded in {record['run_s'] + record['atlas_s']:.1f} s" if {"run_s", "atlas_s"} <= set(record) else ""
     prompt = atlas.prompt if len(atlas.prompt) <= 80 else atlas.prompt[:79] + "…"
-    slot = "the EAGLE-3 head" if atlas.draft_kind == "head" else "the draft model"
+    slot = {"head": "the EAGLE-3 head", "mtp": "its own MTP layer"}.get(atlas.draft_kind, "the draft model")
     return (f'<div class="talon-atlas-held">Atlas of “{F.esc(prompt)}”: {len(atlas.output)} tokens of the target\'s '
             f"greedy text, {len(atlas.children):,} draft nodes (up to N {atlas.spec.n_nodes}, K {atlas.spec.root_k}, "
             f"k {atlas.spec.top_k}, depth {atlas.spec.max_depth}){took}; "

@@ -27,6 +27,7 @@ HEADER = define(_HEADER)
 TEXT_LEGEND = """
 <div class="talon-legend">
   <span class="tk src-model">draft model</span>
+  <span class="tk src-mtp">MTP layer</span>
   <span class="tk src-retrieval">retrieval</span>
   <span class="tk src-both">model + retrieval</span>
   <span class="tk src-bonus">target's bonus token</span>
@@ -39,7 +40,7 @@ TEXT_LEGEND = """
 _EXPLAIN: dict[str, str] = {
     "tree": (
         "**Draft tree.** Left to right = tokens ahead of the text. Colour: who drafted the token "
-        "(blue model, orange retrieval, purple both). **Bold ring**: accepted by the target. "
+        "(blue model, indigo the target's MTP layer, orange retrieval, purple both). **Bold ring**: accepted by the target. "
         "**Faded**: rejected, or never reached because an ancestor was rejected. **⊗**: gated out, "
         "too unsure to expand. **★**: the bonus token the target adds after a fully accepted path; "
         "**◆**: the token it puts in place of a rejected draft (resampled). Hover a node for q "
