@@ -295,3 +295,13 @@ def model_atlas_file(tiny_head_pair: tuple, tmp_path_factory: pytest.TempPathFac
     target, _ = tiny_head_pair
     path = tmp_path_factory.mktemp("model-atlas") / "model.atlas.json"
     return _record(target, noisy(target, 0.15, 3), "hybrid", path)
+
+
+@pytest.fixture(scope="session")
+def mtp_atlas_file(tiny_head_pair: tuple, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same prompt's atlas recorded with an MTP layer drafting: a copy of the tiny target that
+    declares one, trained briefly on the target's text (``tests.tiny.mtp_target``)."""
+    from tests.tiny import mtp_target
+
+    target, _ = tiny_head_pair
+    return _record(mtp_target(target), None, "mtp-hybrid", tmp_path_factory.mktemp("mtp-atlas") / "mtp.atlas.json")

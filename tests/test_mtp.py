@@ -350,3 +350,26 @@ def test_serve_it_gives_each_engines_mtp_flags() -> None:
     assert "--speculative-draft-model-path" not in out.sglang_flags  # the MTP layer is in the target's checkpoint
     assert out.vllm_config == {"method": "mtp", "num_speculative_tokens": 3}
     assert out.llamacpp_flags[out.llamacpp_flags.index("--spec-type") + 1] == "draft-mtp"
+
+
+def test_the_lesson_lines_up_mtp_eagle3_and_a_draft_model(mtp_atlas_file: Path, head_atlas_file: Path,
+                                                          model_atlas_file: Path) -> None:
+    """Three atlases of one prompt on the tiny target (its MTP layer, an EAGLE-3 head, a noisy
+    draft model): each replayed alone; the per-depth acceptance is the replays' own, and the
+    words rank the drafters as their MAT does."""
+    from talon.atlas.data import load_atlases
+    from talon.figures.lessons import mtp_lineup_figure, mtp_lineup_words
+    from talon.lessons.mtp import depth_acceptance, lineups_of, mtp_lineup
+
+    atlases = load_atlases([mtp_atlas_file, head_atlas_file, model_atlas_file])
+    [group] = lineups_of(atlases)
+    lesson = mtp_lineup(group, budget=16)
+    assert lesson.kinds == ("mtp", "head", "draft")
+    assert all(lesson.mat[k] > 1.0 for k in lesson.kinds), lesson.mat
+    assert depth_acceptance([0, 1, 3, 3]) == [0.75, 2 / 3, 1.0, 0.0, None, None]
+    assert len(mtp_lineup_figure(lesson).data) == 3
+    words = mtp_lineup_words(lesson)
+    ranked = sorted(lesson.kinds, key=lambda k: -lesson.mat[k])
+    names = {"mtp": "MTP layer", "head": "EAGLE-3 head", "draft": "draft model"}
+    assert [words.index(names[k]) for k in ranked] == sorted(words.index(names[k]) for k in ranked)
+    assert lineups_of(atlases[1:]) == []  # no MTP atlas: nothing to line up

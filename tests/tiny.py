@@ -181,6 +181,20 @@ def trained_pair() -> tuple[LoadedModel, LoadedModel]:
     return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
 
 
+def mtp_target(target: LoadedModel, steps: int = 200) -> LoadedModel:
+    """A copy of ``target`` that declares one MTP layer, the layer trained on the target's greedy
+    text of ``HEAD_PROMPTS`` (``talon.gpucheck.mtp``) and attached (the same weights, so the same text)."""
+    from talon.drafters.mtp import attach_mtp
+    from talon.gpucheck.mtp import random_mtp, train_mtp
+
+    model = copy.deepcopy(target.model)
+    model.config.num_mtp_layers = 1
+    layers = random_mtp(model, seed=7)
+    train_mtp(layers, model, [greedy_text(target, p, 64) for p in HEAD_PROMPTS], steps=steps)
+    attach_mtp(model, layers)
+    return dataclasses.replace(target, model=model, name=f"{target.name}-mtp")
+
+
 PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 4, 5,", "hello hello hello"]
 
 

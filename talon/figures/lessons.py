@@ -26,9 +26,13 @@ from talon.lessons.asynchrony import AsyncBound, AsyncLesson
 from talon.lessons.exercises import Exercise
 from talon.lessons.head import DEEP, ROLES, HeadVsModel
 from talon.lessons.hybrid import COMPARED, HybridLesson, RetrievalExample, carried_shares
+from talon.lessons.mtp import NAMES as DRAFTER_NAMES
+from talon.lessons.mtp import DrafterLineup
 
 CARRIER_COLORS = {**SOURCE_COLORS, "none": "#9a9a9a"}
 HEAD_VS_MODEL_COLOR = "#D55E00"  # Okabe-Ito vermillion
+# the MTP lesson's drafters: the MTP layer its own indigo, the head vermillion (as above), the draft model blue
+LINEUP_COLORS = {"mtp": SOURCE_COLORS["mtp"], "head": HEAD_VS_MODEL_COLOR, "draft": SOURCE_COLORS["model"]}
 CARRIER_NAMES = {"model": "draft model", "retrieval": "retrieval", "both": "both", "none": "bonus token only"}
 
 
@@ -345,3 +349,48 @@ def head_words(lesson: HeadVsModel) -> str:
             f"on the head's atlas and {model_ms:.1f} ms on the draft model's (each atlas's own cost curves){cost}. "
             f"Predicted tokens/s: head {lesson.tokens_per_s['eagle3']:.1f}, draft model "
             f"{lesson.tokens_per_s['model']:.1f} ({lesson.tokens} tokens of the target's text).")
+
+
+def mtp_lineup_figure(lesson: DrafterLineup) -> go.Figure:
+    """Per depth, how often each drafter's token is accepted once the depth above it was (MAT and
+    predicted tokens/s in the legend)."""
+    traces: list[Trace] = []
+    for kind in lesson.kinds:
+        rates = lesson.depth_accept[kind]
+        name = f"{DRAFTER_NAMES[kind]}: MAT {lesson.mat[kind]:.2f}, {lesson.tokens_per_s[kind]:.1f} tok/s"
+        traces.append(dict(type="scatter", mode="lines+markers", name=name, x=list(range(1, len(rates) + 1)),
+                           y=[None if r is None else 100 * r for r in rates], line=dict(color=LINEUP_COLORS[kind]),
+                           hovertemplate=DRAFTER_NAMES[kind] + " depth %{x}: %{y:.0f} % accepted<extra></extra>"))
+    layout = base_layout(f"Accepted at each depth, once the depth above was (N = {lesson.budget}, each drafter alone)",
+                         320, xaxis=axis_style("depth (drafted tokens ahead)", dtick=1),
+                         yaxis=axis_style("accepted (%)", range=[0, 105]))
+    return make_figure(traces, layout)
+
+
+def _deep_rate(rates: Sequence[float | None]) -> float | None:
+    """The mean acceptance from depth 3 on, where defined."""
+    deep = [r for r in rates[2:] if r is not None]
+    return sum(deep) / len(deep) if deep else None
+
+
+def mtp_lineup_words(lesson: DrafterLineup) -> str:
+    """The lineup in words, every figure from the replays."""
+    ranked = sorted(lesson.kinds, key=lambda k: -lesson.mat[k])
+    order = ", then ".join(f"the {DRAFTER_NAMES[k]} ({lesson.mat[k]:.2f})" for k in ranked)
+    parts = [f"On this prompt at N = {lesson.budget}, tokens kept per step: {order}."]
+    for kind in lesson.kinds:
+        first, deep = lesson.depth_accept[kind][0], _deep_rate(lesson.depth_accept[kind])
+        if first is None:
+            continue
+        trend = ("" if deep is None else f", {100 * deep:.0f} % from depth 3 on"
+                 + (" (it falls as the draft goes deeper)" if deep < first - 0.05 else
+                    " (it holds as the draft goes deeper)" if deep <= first + 0.05 else " (it rises deeper)"))
+        reuse = " - one block fed its own output at every depth" if kind == "mtp" else ""
+        parts.append(f"The {DRAFTER_NAMES[kind]}'s first token is accepted {100 * first:.0f} % of the steps"
+                     f"{trend}{reuse}.")
+    costs = ", ".join(f"{DRAFTER_NAMES[k]} {lesson.draft_ms[k]:.1f} ms" for k in lesson.kinds)
+    fastest = max(lesson.kinds, key=lambda k: lesson.tokens_per_s[k])
+    parts.append(f"A draft forward of one node costs {costs} (each atlas's own cost curves); predicted tokens/s "
+                 f"favour the {DRAFTER_NAMES[fastest]} ({lesson.tokens_per_s[fastest]:.1f}; {lesson.tokens} tokens of "
+                 "the target's text).")
+    return " ".join(parts)

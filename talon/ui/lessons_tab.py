@@ -18,11 +18,12 @@ from talon import figures as F
 from talon.atlas.data import Atlas
 from talon.atlas.explorer import AtlasSession
 from talon.figures.export import export_html, show_lessons
-from talon.figures.lessons import head_figure, head_words
+from talon.figures.lessons import head_figure, head_words, mtp_lineup_figure, mtp_lineup_words
 from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
 from talon.lessons.asynchrony import AsyncBound, bound_of
 from talon.lessons.head import head_vs_model, pairs_of
+from talon.lessons.mtp import lineups_of, mtp_lineup
 from talon.trace import TraceFileError
 from talon.ui.files import read_atlas, write_lesson
 from talon.ui.recording import load_recording
@@ -194,6 +195,13 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
                              file_types=[".json"], height=150, elem_id="talon-lesson-head-files", scale=1)
         head_text = gr.HTML(head_missing([]), elem_id="talon-lesson-head-text", scale=2)
     head_plot = gr.Plot(elem_id="talon-lesson-head", show_label=False, visible=False)
+    gr.Markdown("### MTP against EAGLE-3 against a draft model: the drafter the model ships")
+    with gr.Row():
+        mtp_files = gr.File(label="Atlases of one prompt: the MTP layer's and a head's or a draft model's",
+                            file_count="multiple", file_types=[".json"], height=150, elem_id="talon-lesson-mtp-files",
+                            scale=1)
+        mtp_text = gr.HTML(mtp_missing([]), elem_id="talon-lesson-mtp-text", scale=2)
+    mtp_plot = gr.Plot(elem_id="talon-lesson-mtp", show_label=False, visible=False)
     gr.Markdown("### Try it: predict, then check (each answer is a replay of this prompt)")
     tasks = gr.HTML(elem_id="talon-lesson-exercises")
     with gr.Row():
@@ -208,6 +216,9 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
                        show_progress="hidden")
     for event in (head_files.change, budget.change):
         event(compare_head, [head_files, budget, atlas_state], [head_text, head_plot], api_visibility="private",
+              show_progress="hidden")
+    for event in (mtp_files.change, budget.change):
+        event(compare_mtp, [mtp_files, budget, atlas_state], [mtp_text, mtp_plot], api_visibility="private",
               show_progress="hidden")
     return view
 
@@ -238,3 +249,32 @@ def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
     n = int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
     lesson = head_vs_model(*found[0], budget=n)
     return _words(head_words(lesson)), gr.update(value=head_figure(lesson), visible=True)
+
+
+def mtp_missing(atlases: list[Atlas]) -> str:
+    """What the MTP lineup still needs, said from the atlases at hand."""
+    kinds = {a.draft_kind for a in atlases}
+    if "mtp" not in kinds:
+        need = ("an atlas recorded with the target's MTP layer (talon atlas record --drafter mtp --target DIR, or the "
+                "Threshold explorer on a target that ships one) and one of the same prompt with an EAGLE-3 head or a "
+                "draft model")
+    elif kinds == {"mtp"}:
+        need = "an atlas of the same prompt and target recorded with an EAGLE-3 head or a draft model"
+    else:
+        need = "atlases of the same prompt and target (these differ in prompt or text)"
+    return _words(f"Upload {need} (the Threshold explorer's atlas counts as one): each drafter is replayed alone "
+                  "here at the same knobs, with no model.")
+
+
+def compare_mtp(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
+    """The MTP layer against a head and a draft model on the first prompt with an MTP atlas and
+    another (uploads and the explorer's), at the lessons' budget."""
+    atlases = [read_atlas(f) for f in (files or [])]
+    if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
+        atlases.append(atlas_state.atlas)
+    found = lineups_of(atlases)
+    if not found:
+        return mtp_missing(atlases), gr.update(visible=False)
+    n = int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
+    lesson = mtp_lineup(found[0], budget=n)
+    return _words(mtp_lineup_words(lesson)), gr.update(value=mtp_lineup_figure(lesson), visible=True)

@@ -40,7 +40,8 @@ TEXT_LEGEND = """
 _EXPLAIN: dict[str, str] = {
     "tree": (
         "**Draft tree.** Left to right = tokens ahead of the text. Colour: who drafted the token "
-        "(blue model, indigo the target's MTP layer, orange retrieval, purple both). **Bold ring**: accepted by the target. "
+        "(blue model, indigo the target's MTP layer, orange retrieval, purple both). **Bold ring**: accepted by "
+        "the target. "
         "**Faded**: rejected, or never reached because an ancestor was rejected. **⊗**: gated out, "
         "too unsure to expand. **★**: the bonus token the target adds after a fully accepted path; "
         "**◆**: the token it puts in place of a rejected draft (resampled). Hover a node for q "
