@@ -237,16 +237,21 @@ def head_missing(atlases: list[Atlas]) -> str:
                   "same knobs, with no model.")
 
 
-def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
-    """The head against the draft model on the first prompt with both atlases (uploads and the
-    explorer's), at the lessons' budget."""
+def at_hand(files: Any, budget: Any, atlas_state: Any) -> tuple[list[Atlas], int]:
+    """The uploaded atlases and the explorer's, and the lessons' budget (its first where it is none)."""
     atlases = [read_atlas(f) for f in (files or [])]
     if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
         atlases.append(atlas_state.atlas)
+    return atlases, int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
+
+
+def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
+    """The head against the draft model on the first prompt with both atlases (uploads and the
+    explorer's), at the lessons' budget."""
+    atlases, n = at_hand(files, budget, atlas_state)
     found = pairs_of(atlases)
     if not found:
         return head_missing(atlases), gr.update(visible=False)
-    n = int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
     lesson = head_vs_model(*found[0], budget=n)
     return _words(head_words(lesson)), gr.update(value=head_figure(lesson), visible=True)
 
@@ -269,12 +274,9 @@ def mtp_missing(atlases: list[Atlas]) -> str:
 def compare_mtp(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
     """The MTP layer against a head and a draft model on the first prompt with an MTP atlas and
     another (uploads and the explorer's), at the lessons' budget."""
-    atlases = [read_atlas(f) for f in (files or [])]
-    if isinstance(atlas_state, AtlasSession) and atlas_state.atlas is not None:
-        atlases.append(atlas_state.atlas)
+    atlases, n = at_hand(files, budget, atlas_state)
     found = lineups_of(atlases)
     if not found:
         return mtp_missing(atlases), gr.update(visible=False)
-    n = int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
     lesson = mtp_lineup(found[0], budget=n)
     return _words(mtp_lineup_words(lesson)), gr.update(value=mtp_lineup_figure(lesson), visible=True)
