@@ -373,3 +373,45 @@ def test_the_lesson_lines_up_mtp_eagle3_and_a_draft_model(mtp_atlas_file: Path, 
     names = {"mtp": "MTP layer", "head": "EAGLE-3 head", "draft": "draft model"}
     assert [words.index(names[k]) for k in ranked] == sorted(words.index(names[k]) for k in ranked)
     assert lineups_of(atlases[1:]) == []  # no MTP atlas: nothing to line up
+
+
+def test_a_sliding_mtp_layer_sees_only_the_pairs_inside_its_window() -> None:
+    """A sliding MTP layer (Mellum2's) with a window of 3: each committed pair at position j + 1
+    and each tree node sees only the committed pairs fewer than 3 positions behind it, plus its
+    ancestors and itself (the masks a ``PairSource`` hands its module)."""
+    from transformers import DynamicCache
+
+    from talon.drafters.pairs import PairSource
+    from talon.tree import DraftTree
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    class Probe:  # records each forward's positions and mask, appends one cache entry a row
+        dtype = torch.float32
+
+        def __call__(self, g: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+                     mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            seen.append((positions.clone(), mask[0, 0] == 0))
+            cache.update(torch.zeros(1, 1, len(ids), 2), torch.zeros(1, 1, len(ids), 2), 0)
+            return torch.zeros(len(ids), 4), torch.linspace(0, 1, 5).repeat(len(ids), 1)
+
+    class Sliding(PairSource):
+        position_lead = 1
+
+    source = Sliding(Probe(), (2,), window=3)  # type: ignore[arg-type]
+    source.reset(list(range(8)))
+    source.add_features(torch.zeros(7, 4))
+    tree = DraftTree.with_root(7)
+    child = tree.add(0, source.expand(tree, [0], 2)[0][0][0], 0.9, "model")
+    source.expand(tree, [child], 2)
+    (pair_pos, pairs), (node_pos, node) = seen
+    assert pair_pos.tolist() == list(range(1, 8))
+    want = torch.tensor([[c <= r and r - c < 3 for c in range(7)] for r in range(7)])
+    assert torch.equal(pairs, want)
+    assert node_pos.tolist() == [8] and node[0].tolist() == [False] * 5 + [True, True, True]  # pairs at 6, 7; itself
+    seen.clear()
+    source.window = 0  # planted: the window ignored
+    source.reset(list(range(8)))
+    source.add_features(torch.zeros(7, 4))
+    source.expand(DraftTree.with_root(7), [0], 2)
+    assert not torch.equal(seen[0][1], want)

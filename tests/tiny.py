@@ -181,7 +181,7 @@ def trained_pair() -> tuple[LoadedModel, LoadedModel]:
     return target, LoadedModel(head, target.tokenizer, "tiny-head", torch.float32, torch.device("cpu"))
 
 
-def mtp_target(target: LoadedModel, steps: int = 200) -> LoadedModel:
+def mtp_target(target: LoadedModel, steps: int = 120) -> LoadedModel:
     """A copy of ``target`` that declares one MTP layer, the layer trained on the target's greedy
     text of ``HEAD_PROMPTS`` (``talon.gpucheck.mtp``) and attached (the same weights, so the same text)."""
     from talon.drafters.mtp import attach_mtp

@@ -17,7 +17,7 @@ from talon.run_config import ConfigError, RunConfig, TreeConfig
 # an atlas's drafter (``Atlas.draft_kind``) -> the drafter kind that replays it alone, and its name
 ALONE: dict[str, str] = {"mtp": "mtp", "head": "eagle3", "draft": "model"}
 NAMES: dict[str, str] = {"mtp": "MTP layer", "head": "EAGLE-3 head", "draft": "draft model"}
-DEPTHS = 6  # the depths whose acceptance the lesson reports
+LINEUP_DEPTHS = 6  # the depths whose acceptance the lesson reports
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DrafterLineup:
     kinds: tuple[str, ...]  # the atlases' drafters, "mtp" first
     mat: dict[str, float]  # drafter -> MAT
     tokens_per_s: dict[str, float]  # drafter -> predicted, on its own atlas's cost curves
-    depth_accept: dict[str, list[float | None]]  # drafter -> P(depth d accepted | depth d - 1 was), d = 1..DEPTHS
+    depth_accept: dict[str, list[float | None]]  # drafter -> P(depth d accepted | d - 1 was), d = 1..LINEUP_DEPTHS
     draft_ms: dict[str, float]  # drafter -> one draft forward of one node, on its atlas's curves
 
 
@@ -50,7 +50,7 @@ def lineups_of(atlases: Sequence[Atlas]) -> list[dict[str, Atlas]]:
     return found
 
 
-def depth_acceptance(accept_lens: Sequence[int], depths: int = DEPTHS) -> list[float | None]:
+def depth_acceptance(accept_lens: Sequence[int], depths: int = LINEUP_DEPTHS) -> list[float | None]:
     """Per depth d = 1..``depths``: of the steps that accepted d - 1 drafted tokens or more, the
     share that accepted d or more (None where no step got that far)."""
     out: list[float | None] = []

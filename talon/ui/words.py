@@ -27,7 +27,6 @@ HEADER = define(_HEADER)
 TEXT_LEGEND = """
 <div class="talon-legend">
   <span class="tk src-model">draft model</span>
-  <span class="tk src-mtp">MTP layer</span>
   <span class="tk src-retrieval">retrieval</span>
   <span class="tk src-both">model + retrieval</span>
   <span class="tk src-bonus">target's bonus token</span>
