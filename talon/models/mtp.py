@@ -225,7 +225,11 @@ def load_mtp(target: PreTrainedModel, path: str | Path) -> MtpLayers:
         raise ModelLoadError(f"--drafter mtp: {path}'s MTP layers lack {missing[:4]} "
                              "(a checkpoint naming Talon does not read)")
     mtp.tie_with_main_model(target)
-    drafter = MtpLayers(mtp.to(device=device, dtype=target.dtype).eval(), target)
+    # only its own modules move: the embedding, head and rotary are the target's (a packed head keeps its layout)
+    for own in (mtp.layers, getattr(mtp, "shared_post_norm", None)):
+        if own is not None:
+            own.to(device=device, dtype=target.dtype)
+    drafter = MtpLayers(mtp.eval(), target)
     drafter.talon_name = f"{path.name}:mtp"
     logger.info("MTP layers of %s: %d, drafting every depth with layer 0, window %s", path, count,
                 drafter.window or "none")
