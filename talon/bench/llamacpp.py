@@ -28,7 +28,8 @@ from talon.settings import Settings
 
 LLAMACPP_METHODS: tuple[str, ...] = ("llamacpp", "llamacpp-spec")
 BUILD_COMMAND = "bash scripts/llamacpp_build.sh"
-# The best setting measured on the embedded Q4_K_M pair (docs/runs/2026-11-28-llamacpp-check.md).
+# The setting the replay predicted fastest on the embedded Q4_K_M pair; measured, plain decoding was faster
+# (docs/runs/2026-11-28-llamacpp-check.md).
 BEST_SETTING: dict[str, Any] = {"type": "ngram-mod", "n_match": 24, "ngram_n_min": 48, "ngram_n_max": 64}
 
 
