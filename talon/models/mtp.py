@@ -257,8 +257,27 @@ def checkpoint_dir(spec: str) -> Path:
 
 def check_mtp_spec(spec: str) -> None:
     """Refuse, in one line and before any weight loads, a target spec whose model cannot draft with
-    its own MTP layers (``mtp_refusal``); the embedded pair's target has none."""
+    its own MTP layers (``mtp_refusal``); the embedded pair's target has none. A Hub id is read from
+    its config and its safetensors headers (``get_safetensors_metadata``: no weights fetched)."""
     if spec.strip().startswith("embedded:") or spec.strip().lower().endswith(".gguf"):
         raise ModelLoadError(f"--drafter mtp: {spec} ships no MTP layers (GGUF weights of a model without them); "
                              "give --target a checkpoint with MTP layers (docs/cli.md)")
-    check_mtp_target(checkpoint_dir(spec))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        check_mtp_target(path)
+        return
+    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(Path(hf_hub_download(spec, "config.json")).parent))
+    except Exception as error:  # noqa: BLE001 - offline, no such repository
+        raise ModelLoadError(f"--drafter mtp: {spec} is not a local checkpoint and its config could not be read "
+                             f"({type(error).__name__})") from error
+    try:
+        names: list[str] | None = list(get_safetensors_metadata(spec).weight_map)
+    except Exception:  # noqa: BLE001 - offline: the tensors are checked when the layers load
+        names = None
+    reason = mtp_refusal(config, names)
+    if reason is not None:
+        raise ModelLoadError(f"--drafter mtp: {reason}")
