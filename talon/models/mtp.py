@@ -152,19 +152,19 @@ class MtpLayers(nn.Module):
         return self.mtp.layers[0].eh_proj.weight.dtype
 
     def forward(self, g: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-                mask: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """g: (T, H) the target's last hidden states, or parents' outputs; ids, positions: (T,) long
         (each pair's next token, at that token's position); mask: (1, 1, T, S + T) additive over
-        the cache and the new entries. Appends T entries to ``cache``'s layer ``layer``; returns
+        the cache and the new entries. Layer 0 drafts (every depth reuses it); appends T entries to ``cache``; returns
         ``out`` (T, H), fed to children, and (T, V) float32 logits."""
         device = self.device
         embeds = self.mtp.embed_tokens(ids.to(self.mtp.embed_tokens.weight.device)[None]).to(device, self.dtype)
         pos = positions.to(device)[None]  # (1, T)
         rope: dict[str, Any] = {}
         if self.mtp.has_per_layer_rope:
-            rope["layer_type"] = self.mtp.config.layer_types[layer]
+            rope["layer_type"] = self.mtp.config.layer_types[0]
         cos_sin = self.mtp.rotary_emb(embeds, position_ids=pos, **rope) if self.mtp.rotary_emb is not None else None
-        out = self.mtp.layers[layer](embeds, g.to(device, self.dtype)[None], position_embeddings=cos_sin,
+        out = self.mtp.layers[0](embeds, g.to(device, self.dtype)[None], position_embeddings=cos_sin,
                                      attention_mask=mask.to(device, self.dtype), position_ids=pos,
                                      past_key_values=cache)
         if self.mtp.use_shared_post_norm:
