@@ -46,10 +46,12 @@ class Flood:
     def refused(self) -> int:
         return sum(1 for job in self.jobs if job.done() and "Queue is full" in str(_error(job)))
 
-    def full_now(self, tries: int = 3, timeout: float = 10.0) -> bool:
+    def full_now(self, tries: int = 10, timeout: float = 3.0) -> bool:
         """A run submitted now is turned away (the queue is full at this moment). A run that ends
         frees its place for the instant the flood takes to refill it, so a probe that lands in
-        that instant is admitted: one refusal in ``tries`` probes shows the queue is kept full."""
+        that instant is admitted (on two busy cores that instant can recur several times): one
+        refusal in ``tries`` probes shows the queue is kept full. A refusal answers at once, so a
+        probe still waiting after ``timeout`` seconds was admitted."""
         for _ in range(tries):
             job = self.client.submit("one more", **RUN)
             deadline = time.monotonic() + timeout

@@ -40,6 +40,10 @@ ATLAS_FORMAT = "talon-atlas/1"
 MAX_ATLAS_ENTRIES = 400_000
 MAX_ATLAS_TOKENS = 100_000
 DRAFT_KINDS = ("draft", "head", "mtp")  # what drafted an atlas's model nodes: a draft model, an EAGLE-3 head, MTP
+# why an int8 draft's atlas is approximate, in words (``Atlas.batch_dependent``)
+QUANTIZED_DRAFT = ("the draft is int8 with one activation scale per forward (fbgemm's dynamic quantization), so "
+                   "its q depends on which rows share the forward: the prompt's prefill in the atlas, one row at "
+                   "a time in a run; record with --draft-quant none for an exact atlas")
 FEATURE_DRAFT_KINDS = ("head", "mtp")  # those that read the target's features: no node shares a key
 
 Key = tuple[int, tuple[int, ...]]  # (generated tokens committed, drafted path below the root)
@@ -133,6 +137,11 @@ class Atlas:
     def reads_features(self) -> bool:
         """Its drafter read the target's features (a head, an MTP layer): every node has its own entry."""
         return self.draft_kind in FEATURE_DRAFT_KINDS
+
+    @property
+    def batch_dependent(self) -> bool:
+        """Its draft's q depends on its batch (``QUANTIZED_DRAFT``): replayed trees approximate real ones."""
+        return self.models.get("draft_quant") == "int8"
 
     def canonical(self, p: int, path: tuple[int, ...]) -> Key:
         """The node's key: the prefix of ``path`` that agrees with the greedy text moved into

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import DynamicCache
 
-from talon.atlas.data import Atlas, AtlasSpec, Key
+from talon.atlas.data import QUANTIZED_DRAFT, Atlas, AtlasSpec, Key
 from talon.atlas.superset import MAX_ROWS, Progress, Superset, SupersetRecorder
 from talon.core.forward import additive_mask, forward_features
 from talon.drafters.model import ModelSource
@@ -114,6 +114,8 @@ def record_atlas(
                 "entries": len(recorder.children), "rows": recorder.rows, "forwards": recorder.forwards},
         suite=suite,
     )
+    if atlas.batch_dependent:
+        logger.warning("this atlas is approximate: %s", QUANTIZED_DRAFT)
     report(1.0, f"atlas recorded: {len(atlas.children)} nodes in {atlas_s:.1f} s (the run took {run_s:.1f} s)")
     return atlas
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from talon.atlas.data import Atlas
+from talon.atlas.data import QUANTIZED_DRAFT, Atlas
 from talon.atlas.result import Coverage, check_replayable
 from talon.core.accept import accept_greedy
 from talon.core.contracts import Verdict
@@ -158,6 +158,7 @@ class Agreement:
     near_tie: bool = False  # that difference is a floating-point near-tie of the draft's q
     reason: str = ""
     outside: bool = False  # the replay asked the atlas for nodes it does not hold (see its coverage)
+    quantized: bool = False  # the draft's q depends on its batch (an int8 draft): the atlas is approximate
 
 
 def _nodes(step: StepTrace) -> dict[tuple[int, ...], tuple[float, float]]:
@@ -169,11 +170,12 @@ def _nodes(step: StepTrace) -> dict[tuple[int, ...], tuple[float, float]]:
 
 
 def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 1e-4,
-                 coverage: Coverage | None = None) -> Agreement:
+                 coverage: Coverage | None = None, quantized: bool = False) -> Agreement:
     """Compare a replay with the real run step by step. Where they part, name why: the replay
     asked for nodes outside the atlas (``coverage``), or the draft's q in the real run and in the
     atlas differ (batched forwards round differently) and a decision (gate, rank, top-k order)
-    rests on a gap no larger than that: a near-tie."""
+    rests on a gap no larger than that: a near-tie; or (``quantized``: ``Atlas.batch_dependent``)
+    the draft's q depends on which rows share its forward, so the atlas only approximates it."""
     for i, (a, b) in enumerate(zip(real, replayed)):
         if a.new_tokens == b.new_tokens and a.tokens == b.tokens and a.parents == b.parents:
             continue
@@ -193,6 +195,8 @@ def compare_runs(real: list[StepTrace], replayed: list[StepTrace], tol: float = 
         if coverage is not None and coverage.misses:
             return Agreement(False, i, False, f"{what}; the replay asked for nodes outside the atlas "
                              f"({coverage.misses} of {coverage.requests}: {coverage.first_miss})", outside=True)
+        if quantized:
+            return Agreement(False, i, near, f"{what}; {QUANTIZED_DRAFT}", quantized=True)
         return Agreement(False, i, near, what + (" (a near-tie)" if near else ""))
     if [s.new_tokens for s in real] != [s.new_tokens for s in replayed]:
         return Agreement(False, min(len(real), len(replayed)), False, "the runs have different lengths")
