@@ -56,7 +56,8 @@ def add_atlas_parser(a: argparse.ArgumentParser, settings: Settings) -> None:
     s = verbs.add_parser("sweep", help="replay a grid of configurations on atlases, no model needed")
     s.add_argument("atlases", nargs="+", type=Path, help="atlas files or folders of them")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help=f"repeatable; KEY one of {', '.join(GRID_KEYS)}")
+                   help=f"repeatable; KEY one of {', '.join(GRID_KEYS)}; or rule=talon,fixed,hf-heuristic,... "
+                   "and the rules' own knobs (docs/atlas.md: adaptive draft length)")
     s.add_argument("--json", action="store_true", help="print every row (configuration, MAT, ...) as JSON")
     s.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
     s.add_argument("--costs", type=Path, default=None,
@@ -132,6 +133,8 @@ def sweep_command(args: argparse.Namespace) -> int:
                 atlas.costs = costs
         if args.engine:
             return serving_sweep_command(args, atlases, serving_costs)
+        if any(g.startswith("rule=") for g in args.grid):
+            return rule_sweep_command(args, atlases)
         configs = grid_configs(args, parse_grid(args.grid), config_from_args)
     except (ConfigError, TraceFileError, OSError) as err:
         logger.error("%s", err)
@@ -152,6 +155,27 @@ def sweep_command(args: argparse.Namespace) -> int:
         print(f"\nbest by predicted tokens/s: {best.values or 'the base command'} "
               f"(MAT {best.mat:.2f}, {best.tokens_per_s:.2f} tok/s predicted)")
     logger.info("%d configurations x %d atlases replayed in %.1f s", len(rows), len(atlases), seconds)
+    return 0
+
+
+def rule_sweep_command(args: argparse.Namespace, atlases: list[Atlas]) -> int:
+    """``--grid rule=...``: the adaptive draft-length rules beside TALON's gate, on the atlases
+    in the order given (one server's requests), ranked by predicted tokens/s."""
+    from talon.atlas.adaptive_sweep import parse_rule_grid, rule_table, sweep_rules
+
+    try:
+        points = parse_rule_grid(args.grid)
+        base = config_from_args(args)
+    except ConfigError as err:
+        logger.error("%s", err)
+        return 2
+    rows = sweep_rules(atlases, points, base)
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows]}))
+    else:
+        print(rule_table(rows))
+        print(f"\nbest by predicted tokens/s: {rows[0].label()} (MAT {rows[0].mat:.2f}, "
+              f"{rows[0].tokens_per_s:.2f} tok/s predicted on {atlases[0].cost_model().provenance.describe()})")
     return 0
 
 
