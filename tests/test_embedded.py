@@ -85,8 +85,10 @@ def test_greedy_equals_target_generate(embedded_engine: Engine, gpu_planned_engi
     want = target_greedy(embedded_engine.target.model, summary.prompt_token_ids, 24)
     assert summary.token_ids == want
     assert summary.steps == len(steps) < 24  # speculation paid: fewer target forwards than tokens
-    if drafter != "retrieval":  # the int8 draft's proposals were read: only the draft is quantized, and
-        assert summary.draft_forwards > 0  # the accepted output is still the target's
+    # the int8 draft's proposals were read (only the draft is quantized, and the accepted output is
+    # still the target's); the cost-aware hybrid may rightly draft from retrieval alone on these prompts
+    if drafter != "retrieval" and not cost_aware:
+        assert summary.draft_forwards > 0
 
 
 def test_cli_json_reproduces_target_greedy(embedded_engine: Engine, embedded_pair, tmp_path: Path) -> None:
