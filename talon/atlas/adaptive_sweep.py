@@ -11,6 +11,7 @@ llama.cpp streak) see the atlases in the order given, as one server's requests.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ RULE_KNOBS: dict[str, dict[str, Callable[[str], Any]]] = {
 }
 RULES: tuple[str, ...] = tuple(RULE_KNOBS)
 RULE_GRID_KEYS: tuple[str, ...] = ("rule", *dict.fromkeys(k for knobs in RULE_KNOBS.values() for k in knobs))
+HF_ARGS = {"confidence": "assistant_confidence_threshold"}  # a knob -> transformers' own name for it
 HF_SCHEDULE = {"hf-heuristic": "heuristic", "hf-heuristic-transient": "heuristic_transient",
                "hf-confidence": "constant"}
 
@@ -114,6 +116,7 @@ class RuleRow:
     accepted: int = 0
     misses: int = 0
     near_ties: int = 0
+    setting: dict[str, Any] = field(default_factory=dict)  # the knobs as given to ``make_rule`` (the rest default)
     lengths: list[list[int]] = field(default_factory=list)  # per atlas: the length each step drafted
     oracle: list[list[int]] = field(default_factory=list)  # per atlas: what the target would accept each step
 
@@ -136,11 +139,11 @@ class RuleRow:
                 "near_ties": self.near_ties}
 
 
-def talon_row(atlases: Sequence[Atlas], base: RunConfig) -> RuleRow:
-    """TALON's gate over the draft alone (the atlas's kind: model, eagle3 or mtp), planned fixed."""
+def talon_row(atlases: Sequence[Atlas], cfg: RunConfig) -> RuleRow:
+    """TALON at ``cfg`` (its drafter as the atlas replays it), planned fixed, over the recorded text."""
     row = RuleRow("talon", {}, 0, 0, 0.0)
     for atlas in atlases:
-        cfg = for_slot(atlas, base.replace(drafter="model", max_new_tokens=len(atlas.output), cost_model="fixed"))
+        cfg = for_slot(atlas, cfg.replace(max_new_tokens=len(atlas.output), cost_model="fixed"))
         result = replay(atlas, cfg)
         steps = result.steps
         row.tokens += sum(len(s.new_tokens) for s in steps)
@@ -157,7 +160,7 @@ def talon_row(atlases: Sequence[Atlas], base: RunConfig) -> RuleRow:
 def chain_row(atlases: Sequence[Atlas], name: str, knobs: dict[str, Any]) -> RuleRow:
     rule = make_rule(name, knobs)
     runs: list[LengthRun] = replay_requests(atlases, rule)
-    row = RuleRow(name, {**rule.knobs(), **knobs} if knobs else rule.knobs(), 0, 0, 0.0)
+    row = RuleRow(name, rule.knobs(), 0, 0, 0.0, setting=dict(knobs))
     for run in runs:
         row.tokens += sum(s.new_tokens for s in run.steps)
         row.steps += len(run.steps)
@@ -174,8 +177,8 @@ def chain_row(atlases: Sequence[Atlas], name: str, knobs: dict[str, Any]) -> Rul
 def sweep_rules(atlases: Sequence[Atlas], points: Sequence[tuple[str, dict[str, Any]]],
                 base: RunConfig | None = None) -> list[RuleRow]:
     """Every point on every atlas, best predicted tokens/s first."""
-    base = base or RunConfig()
-    rows = [talon_row(atlases, base) if name == "talon" else chain_row(atlases, name, knobs) for name, knobs in points]
+    alone = (base or RunConfig()).replace(drafter="model")  # TALON over the draft alone, as the chains draft
+    rows = [talon_row(atlases, alone) if name == "talon" else chain_row(atlases, name, knobs) for name, knobs in points]
     return sorted(rows, key=lambda r: -r.tokens_per_s)
 
 
@@ -187,3 +190,88 @@ def rule_table(rows: Sequence[RuleRow]) -> str:
                                  str(r.accepted), "exact" if not r.misses else f"{r.misses} miss(es)",
                                  str(r.near_ties)]))
     return "\n".join(lines)
+
+
+# each rule's small grid, searched for its best setting (the explorer's table, the lesson, the run file)
+BEST_GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "fixed": {"k": (1, 2, 3, 4, 5, 6, 8)},
+    "hf-heuristic": {"num_assistant_tokens": (2, 5, 10, 20), "confidence": (0.0, 0.2, 0.4, 0.6)},
+    "hf-heuristic-transient": {"num_assistant_tokens": (2, 5, 10, 20), "confidence": (0.0, 0.2, 0.4, 0.6)},
+    "hf-confidence": {"num_assistant_tokens": (2, 5, 10, 20), "confidence": (0.0, 0.2, 0.4, 0.6)},
+    "sglang-adaptive": {"candidate_steps": ((1, 3, 7), (1, 2, 4), (2, 4, 8), (1, 3, 5, 7)),
+                        "ema_alpha": (0.2, 0.5), "down_hysteresis": (-0.25, 0.0)},
+    "vllm-dsd": {"k": (1, 2, 3, 4, 5, 6, 8)},
+    "llamacpp-streak": {"n_max": (4, 8, 16), "threshold_n": (2, 5, 11)},
+}
+
+
+def grid_points(name: str) -> list[dict[str, Any]]:
+    grid = BEST_GRIDS.get(name, {})
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+@dataclass
+class RuleBest:
+    """One rule at its defaults and at its best setting on the atlases."""
+
+    rule: str
+    defaults: RuleRow
+    best: RuleRow
+
+
+def best_per_rule(atlases: Sequence[Atlas], base: RunConfig | None = None,
+                  rules: Sequence[str] = RULES) -> list[RuleBest]:
+    """Every rule at its defaults and at the best point of its grid (predicted tokens/s), best
+    first; ``talon`` is replayed at ``base`` only (the knobs at hand; the draft alone by default)."""
+    out = []
+    for name in rules:
+        if name == "talon":
+            row = talon_row(atlases, base or RunConfig(drafter="model"))
+            out.append(RuleBest(name, row, row))
+            continue
+        defaults = chain_row(atlases, name, {})
+        tried = [defaults] + [chain_row(atlases, name, knobs) for knobs in grid_points(name)]
+        out.append(RuleBest(name, defaults, max(tried, key=lambda r: r.tokens_per_s)))
+    return sorted(out, key=lambda b: -b.best.tokens_per_s)
+
+
+def adaptive_advice(atlases: Sequence[Atlas], talon_rate: float | None = None) -> list[str]:
+    """Serve it's lines on adaptive draft length: each engine's adaptive setting where it beats
+    that engine's best fixed length on the atlases, and plainly where a fixed length (or TALON's
+    gate, at ``talon_rate`` tokens/s) wins instead."""
+    bests = {b.rule: b for b in best_per_rule(atlases, rules=RULES[1:])}
+    fixed = bests["fixed"].best
+    k = fixed.setting.get("k", FixedChain().k)
+
+    def versus(row: RuleRow) -> str:
+        return f"{row.tokens_per_s:.2f} against {fixed.tokens_per_s:.2f} tok/s for a fixed {k}"
+
+    lines = []
+    sg = bests["sglang-adaptive"].best
+    if sg.tokens_per_s > fixed.tokens_per_s:
+        config = {key: list(v) if isinstance(v, tuple) else v for key, v in sg.setting.items()}
+        lines.append(f"SGLang: `--speculative-adaptive --speculative-adaptive-config adaptive.json` with "
+                     f"`{json.dumps(config or {'candidate_steps': [1, 3, 7]})}` ({versus(sg)} draft tokens)")
+    else:
+        how = "does as well" if sg.tokens_per_s == fixed.tokens_per_s else "wins"
+        lines.append(f"SGLang: leave `--speculative-adaptive` off; `--speculative-num-steps {k}` with topk 1 {how} "
+                     f"({fixed.tokens_per_s:.2f} against {sg.tokens_per_s:.2f} tok/s at the adaptive rule's best)")
+    hf = max((bests[n].best for n in HF_SCHEDULE), key=lambda r: r.tokens_per_s)
+    if hf.tokens_per_s > fixed.tokens_per_s:
+        schedule = HF_SCHEDULE[hf.rule]
+        knobs = ", ".join(f"{HF_ARGS.get(key, key)}={v}" for key, v in hf.setting.items())
+        lines.append(f"transformers: `num_assistant_tokens_schedule=\"{schedule}\"`"
+                     + (f" with {knobs}" if knobs else "") + f" ({versus(hf)})")
+    else:
+        lines.append(f"transformers: a constant `num_assistant_tokens={k}` with `assistant_confidence_threshold=0` "
+                     f"wins ({fixed.tokens_per_s:.2f} against {hf.tokens_per_s:.2f} tok/s for its adaptive rules)")
+    lines.append(f"vLLM: `num_speculative_tokens_per_batch_size` picks K by batch size only, so at one request it "
+                 f"is a fixed K: {k} is best here")
+    lines.append("llama.cpp: nothing merged adapts the draft length at the pinned version (the open proposal "
+                 f"#25726 would give {bests['llamacpp-streak'].best.tokens_per_s:.2f} tok/s here at its best)")
+    if talon_rate is not None:
+        top = max([fixed, sg, hf], key=lambda r: r.tokens_per_s)
+        lines.append(f"TALON's gate at the controls: {talon_rate:.2f} tok/s, "
+                     + ("ahead of every engine's rule here" if talon_rate >= top.tokens_per_s
+                        else f"behind {top.label()} here"))
+    return lines

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from talon.atlas.adaptive import LengthRun, replay_requests
+from talon.atlas.adaptive_sweep import RULES, RuleBest, best_per_rule, make_rule, talon_row
 from talon.atlas.data import Atlas
 from talon.atlas.replaying import replay
 from talon.atlas.result import ReplayResult
@@ -144,9 +146,25 @@ class AtlasSession:
     download: str | None = None
     rows: dict[Knobs, SweepRow] = field(default_factory=dict)
     result: ReplayResult | None = None  # the knobs' replay: the steps the step view shows
+    rules: list[RuleBest] | None = None  # the chain rules at their defaults and best, on this atlas
+    rule: str = "hf-heuristic"  # the adaptive rule the explorer draws
 
     def load(self, atlas: Atlas, download: str | None) -> None:
-        self.atlas, self.download, self.rows, self.result = atlas, download, {}, None
+        self.atlas, self.download, self.rows, self.result, self.rules = atlas, download, {}, None, None
+
+    def adaptive(self, rule: str, knobs: Knobs) -> tuple[LengthRun | None, list[RuleBest]]:
+        """``rule``'s replay on the atlas at its best setting, and every rule at its defaults and
+        best beside TALON at ``knobs`` (the chain rules searched once an atlas)."""
+        if self.atlas is None:
+            return None, []
+        if self.rules is None:
+            self.rules = best_per_rule([self.atlas], rules=RULES[1:])
+        talon = talon_row([self.atlas], knobs.config(self.atlas))
+        bests = sorted([*self.rules, RuleBest("talon", talon, talon)], key=lambda b: -b.best.tokens_per_s)
+        chosen = next((b for b in self.rules if b.rule == rule), None)
+        if chosen is None:
+            return None, bests
+        return replay_requests([self.atlas], make_rule(rule, chosen.best.setting))[0], bests
 
     def score(self, knobs: Knobs, result: ReplayResult | None = None) -> SweepRow:
         """The replay of ``knobs`` (``result`` when already replayed), remembered (a replay is

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from talon.atlas.adaptive_sweep import adaptive_advice
 from talon.atlas.data import Atlas
 from talon.atlas.llamacpp import DRAFT_TOP_K, LLAMACPP_CHAIN, llamacpp_policy
 from talon.atlas.replaying import replay
@@ -58,6 +59,7 @@ class Forecast:
     best: dict[str, str] = field(default_factory=dict)  # engine -> one line on its best settings
     note: str = ""
     talon_as: str = ""  # the drafter Talon's row replays where the controls' is the other slot's counterpart
+    adaptive: list[str] = field(default_factory=list)  # each engine's adaptive draft length on the atlas
 
     def markdown(self) -> str:
         if self.note:
@@ -78,6 +80,9 @@ class Forecast:
                          f"{row.tokens_per_s:.2f} |")
         lines += ["", "**Best engine settings on this atlas**", ""]
         lines += [f"- {line}" for line in self.best.values()]
+        if self.adaptive:
+            lines += ["", "**Adaptive draft length on this atlas** (each rule at its best, the draft's chain)", ""]
+            lines += [f"- {line}" for line in self.adaptive]
         lines += ["", DEFINITIONS]
         return "\n".join(lines)
 
@@ -154,4 +159,5 @@ def forecast(atlas: Atlas | None, cfg: RunConfig, result: ServingConfig) -> Fore
     if len(llamacpp_grid(atlas)["p_min"]) == 1:
         best["llamacpp"] += "; p_min not swept: record the atlas with --chain-depth 16 to replay it"
     return Forecast(talon_mat, talon_rate, exported, best,
-                    talon_as=mine_cfg.drafter if mine_cfg.drafter != cfg.drafter else "")
+                    talon_as=mine_cfg.drafter if mine_cfg.drafter != cfg.drafter else "",
+                    adaptive=adaptive_advice([atlas], talon_rate))

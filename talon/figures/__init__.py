@@ -19,6 +19,7 @@ The package, one job per module:
 * ``atlas``: the atlas explorer: heatmaps and a Pareto chart of replayed configurations, their score;
 * ``markup``: HTML: the streamed text, the step caption, the run summary;
 * ``cost``: the cost view (measured cost curves, the run's steps, goodput by tree size);
+* ``adaptive``: the adaptive draft-length rules: one rule's lengths against the oracle, every rule's best;
 * ``accept``: the acceptance rule drawn for one node (p, q, what was kept; the textbook rule's bridge);
 * ``predict``: HTML: a question whose verdict shows once an answer is pressed (the walk's, the exercises);
 * ``glossary``: each term a newcomer meets, defined at its first use in a text (``define``);
@@ -35,6 +36,13 @@ works.
 from __future__ import annotations
 
 from talon.figures.accept import RULE_WORDS, acceptance_figure
+from talon.figures.adaptive import (
+    RULE_SOURCES,
+    length_lesson_figure,
+    length_lesson_words,
+    lengths_figure,
+    rules_table_html,
+)
 from talon.figures.atlas import (
     ATLAS_METRICS,
     KNOB_NAMES,
@@ -122,6 +130,11 @@ from talon.figures.tree import (
 from talon.figures.walk import WALK, WalkStop, walk_html
 
 __all__ = [
+    "RULE_SOURCES",
+    "length_lesson_figure",
+    "length_lesson_words",
+    "lengths_figure",
+    "rules_table_html",
     "GLOSSARY",
     "define",
     "fold",

@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
+from talon.atlas.adaptive_sweep import RULES
 from talon.atlas.data import Atlas
 from talon.atlas.explorer import AtlasSession, Knobs, best_knobs, drafters_of, explore
 from talon.knobs import ATLAS_DRAFTING_KINDS, KNOB, default
@@ -28,6 +29,15 @@ from talon.ui.measure_panel import build_measure_panel
 from talon.ui.panel import ControlPanel, control, run_on_click
 from talon.ui.session import sessionless
 from talon.ui.words import EXPLAIN
+
+DEFAULT_RULE = "hf-heuristic"
+ADAPTIVE_WORDS = (
+    "#### Adaptive draft length: each engine's own rule on this atlas\n"
+    "Engines now choose how many tokens to draft from the acceptance history: transformers' heuristic (+2 when "
+    "a whole draft is accepted, −1 otherwise) and its moving confidence threshold, SGLang's adaptive steps, "
+    "vLLM's K by batch size. The chart shows what one rule drafted at every step and what the target would "
+    "have accepted there (the oracle, known from the atlas); the table ranks every rule at its defaults and at "
+    "its best setting on this atlas, beside TALON's confidence gate at the knobs above.")
 
 # ---------------------------------------------------------------------------------------------
 # Layout and wiring
@@ -78,6 +88,11 @@ def explorer_panel() -> ExplorerView:
         k_mat = gr.Plot(show_label=False, elem_id="talon-atlas-k-mat")
         k_speed = gr.Plot(show_label=False, elem_id="talon-atlas-k-speed")
     pareto_plot = gr.Plot(show_label=False, elem_id="talon-atlas-pareto")
+    gr.Markdown(ADAPTIVE_WORDS, elem_classes=["talon-explain"])
+    rule = gr.Radio(list(RULES[1:]), value=DEFAULT_RULE, label="Adaptive rule (drawn at its best setting)",
+                    elem_id="talon-atlas-rule")
+    lengths = gr.Plot(show_label=False, elem_id="talon-atlas-lengths")
+    rules_table = gr.HTML(F.rules_table_html([]), elem_id="talon-atlas-rules")
     gr.Markdown("#### A replayed step of the knobs' configuration")
     step = gr.Slider(0, 1, value=0, step=1, label="Replayed step", elem_id="talon-atlas-step")
     caption = gr.HTML(F.step_caption_html([], 0), elem_id="talon-atlas-caption")
@@ -87,7 +102,8 @@ def explorer_panel() -> ExplorerView:
     return ExplorerView(record=record, upload=upload, download=download, note=note, status=status, knobs=knobs,
                         score=score, to_best=to_best, apply_knobs=apply_knobs, apply_best=apply_best, mu_mat=mu_mat,
                         mu_speed=mu_speed, k_mat=k_mat, k_speed=k_speed, pareto=pareto_plot, step=step,
-                        caption=caption, tree=tree, gates=gates, state=gr.State(AtlasSession()))
+                        caption=caption, tree=tree, gates=gates, rule=rule, lengths=lengths, rules_table=rules_table,
+                        state=gr.State(AtlasSession()))
 
 
 def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = None) -> None:
@@ -99,6 +115,8 @@ def wire_explorer(view: ExplorerView, components: dict[str, Any], prompt: Any = 
     for name, component in view.knobs.items():
         component.input(rescore, inputs_kwargs={**knob_inputs, "step": view.step}, outputs=view.score_outputs(),
                         trigger_mode="always_last", api_visibility="private", **quick)  # the API: /load_atlas
+    view.rule.input(make_rule_choice(view), inputs_kwargs={**knob_inputs, "rule": view.rule},
+                    outputs=[view.lengths, view.rules_table, view.state], api_visibility="private", **quick)
     view.step.input(make_show_replayed_step(view), [view.step, view.state],
                     [view.step, view.caption, view.tree, view.gates],
                     trigger_mode="always_last", api_visibility="private", **quick)
@@ -156,11 +174,14 @@ class ExplorerView:
     caption: gr.HTML
     tree: gr.Plot
     gates: gr.Plot
+    rule: gr.Radio
+    lengths: gr.Plot
+    rules_table: gr.HTML
     state: gr.State
 
     def score_outputs(self) -> list[Any]:
         return [self.score, self.mu_mat, self.mu_speed, self.k_mat, self.k_speed, self.pareto,
-                self.step, self.caption, self.tree, self.gates, self.state]
+                self.step, self.caption, self.tree, self.gates, self.lengths, self.rules_table, self.state]
 
     def all_outputs(self) -> list[Any]:
         return [self.status, self.download, *self.knobs.values(), *self.score_outputs()]
@@ -186,7 +207,7 @@ class ExplorerView:
             empty = F.empty_figure("Record or load an atlas first.")
             return {self.score: F.atlas_score_html(None, note=note), self.mu_mat: empty, self.mu_speed: empty,
                     self.k_mat: empty, self.k_speed: empty, self.pareto: empty, **self.step_updates(session, 0),
-                    self.state: session}
+                    **self.adaptive_updates(session, knobs), self.state: session}
         try:
             found = explore(session, knobs)
         except ConfigError as error:
@@ -200,8 +221,18 @@ class ExplorerView:
             self.k_speed: F.atlas_heatmap(found.root_top, "top_k", "root_k", "tokens_per_s", best, current),
             self.pareto: F.pareto_figure(found.rows, found.front, best, current),
             **self.step_updates(session, index),
+            **self.adaptive_updates(session, knobs),
             self.state: session,
         }
+
+    def adaptive_updates(self, session: AtlasSession, knobs: Knobs) -> dict[Any, Any]:
+        """The session's adaptive rule on its atlas against the oracle, and every rule's best."""
+        run, bests = session.adaptive(session.rule, knobs)
+        best = next((b.best for b in bests if b.rule == session.rule), None)
+        label = best.label() if best is not None else session.rule
+        note = ("predicted on the atlas's cost curves; TALON at the knobs above, the chain rules on the draft alone"
+                if bests else "")
+        return {self.lengths: F.lengths_figure(run, label), self.rules_table: F.rules_table_html(bests, note)}
 
     def knob_updates(self, knobs: Knobs, atlas: Atlas | None = None) -> dict[Any, Any]:
         """The knobs shown as ``knobs``; with an ``atlas``, the drafter offers what it replays (an
@@ -277,6 +308,17 @@ def make_rescore(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
         return view.score_updates(atlas_state, knobs_of(knob_values), step)
 
     return rescore
+
+
+def make_rule_choice(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    def choose_rule(atlas_state: AtlasSession, rule: str = DEFAULT_RULE, **knob_values: Any) -> dict[Any, Any]:
+        """Draw another adaptive rule's lengths on the atlas (no model)."""
+        if rule not in RULES[1:]:
+            raise user_error(f"the adaptive rule is one of {', '.join(RULES[1:])}, not {rule!r}")
+        atlas_state.rule = rule
+        return {**view.adaptive_updates(atlas_state, knobs_of(knob_values)), view.state: atlas_state}
+
+    return choose_rule
 
 
 def make_show_replayed_step(view: ExplorerView) -> Callable[[Any, AtlasSession], dict[Any, Any]]:

@@ -23,6 +23,7 @@ from talon.lessons import bundled_atlases
 from talon.lessons.adaptive import BUDGETS, AdaptiveLesson, adaptive_lesson
 from talon.lessons.asynchrony import AsyncBound, bound_of
 from talon.lessons.head import head_vs_model, pairs_of
+from talon.lessons.lengths import length_lesson, lesson_totals
 from talon.lessons.mtp import lineups_of, mtp_lineup
 from talon.trace import TraceFileError
 from talon.ui.files import read_atlas, write_lesson
@@ -67,10 +68,13 @@ class LessonsView:
     exercises: gr.HTML
     export: gr.Button
     download: gr.File
+    lengths_text: gr.HTML
+    lengths: gr.Plot
 
     def outputs(self) -> list[Any]:
         return [self.adaptive_text, self.depth, self.funnel, self.hybrid_text, self.drafters, self.carried,
-                self.async_text, self.timeline, self.calibration, self.calibration_text, self.exercises]
+                self.async_text, self.timeline, self.calibration, self.calibration_text, self.exercises,
+                self.lengths_text, self.lengths]
 
 
 OWN = -1  # the dropdown's value for the session's own atlas (Threshold explorer)
@@ -125,14 +129,22 @@ def make_show() -> Callable[..., tuple[Any, ...]]:
         picked = pick(index, budget, atlas_state)
         if picked is None:
             empty = F.empty_figure("The lesson atlases are not installed (data/lessons).")
-            return ("", empty, empty, "", empty, "", "", empty, empty, "", "")
+            return ("", empty, empty, "", empty, "", "", empty, empty, "", "", "", empty)
         shown = show_lessons(picked.atlas, picked.lessons, picked.index, measured_bound(session))
+        lengths = length_lesson(picked.atlas, int(picked.lessons[picked.index].budget))
         return (_words(shown.adaptive_words or ""), shown.depth, shown.funnel, _words(shown.hybrid_words),
                 shown.drafters, shown.carried, _words(shown.async_words), shown.timeline,
                 shown.calibration or F.empty_figure("No adaptive lessons to bin."), _words(shown.calibration_words),
-                f'<div class="talon-exercises">{F.define(shown.exercises)}</div>')
+                f'<div class="talon-exercises">{F.define(shown.exercises)}</div>',
+                _words(F.length_lesson_words(lengths, length_totals(lengths.budget))), F.length_lesson_figure(lengths))
 
     return show
+
+
+@functools.cache
+def length_totals(budget: int) -> dict[str, tuple[int, int, float]]:
+    """The adaptive-length lesson's totals over the bundled prompts, once per budget."""
+    return lesson_totals(lesson_atlases(), budget)
 
 
 def make_refresh() -> Callable[..., tuple[Any, ...]]:
@@ -189,6 +201,9 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
     gr.Markdown("### Why async? Drafting hidden behind verification")
     async_text = gr.HTML(elem_id="talon-lesson-async")
     timeline = gr.Plot(elem_id="talon-lesson-timeline", show_label=False)
+    gr.Markdown("### Who adapts better, the tree's confidence or the acceptance history?")
+    lengths_text = gr.HTML(elem_id="talon-lesson-lengths-text")
+    lengths = gr.Plot(elem_id="talon-lesson-lengths", show_label=False)
     gr.Markdown("### A head against a draft model: the drafter TALON's claims are made on")
     with gr.Row():
         head_files = gr.File(label="Atlases of one prompt: a head's and a draft model's", file_count="multiple",
@@ -210,7 +225,8 @@ def build_lessons_tab(atlas_state: gr.State, run_state: gr.State) -> LessonsView
         download = gr.File(label="The lesson, offline (open it in any browser)", elem_id="talon-lesson-download",
                            interactive=False)
     view = LessonsView(prompt, budget, adaptive_text, depth, funnel_plot, hybrid_text, drafters, carried,
-                       async_text, timeline, calibration, calibration_text, tasks, export, download)
+                       async_text, timeline, calibration, calibration_text, tasks, export, download, lengths_text,
+                       lengths)
     for control in (prompt, budget):
         control.change(make_show(), [prompt, budget, atlas_state, run_state], view.outputs(), api_visibility="private",
                        show_progress="hidden")
