@@ -1,5 +1,5 @@
 """transformers' adaptive assisted generation, run for real on the embedded pair, against Talon's
-replay of the same rules on atlases of the same prompts (``talon.atlas.adaptive.HfAssisted``).
+replay of the same rules on atlases of the same prompts (``talon.atlas.adaptive_hf.HfAssisted``).
 
 For every prompt it records a lean atlas (the draft's greedy chain from every position, on and off
 the text, float32 draft), then runs ``target.generate(assistant_model=draft, do_sample=False)``
@@ -9,8 +9,8 @@ the candidate generator's ``update_candidate_strategy`` records each step's draf
 counts (it calls the original; nothing of its logic is changed). A request is *equal* when its
 counts are the replay's step for step; only a request whose text equals the atlas's can be.
 
-    .venv/bin/python scripts/hf_adaptive_check.py                      # 12 prompts, 2 a suite: the fixture
-    .venv/bin/python scripts/hf_adaptive_check.py --prompt-file p.txt  # any prompt, no fixture written
+    .venv/bin/python -m scripts.hf_adaptive_check                      # 12 prompts, 2 a suite: the fixture
+    .venv/bin/python -m scripts.hf_adaptive_check --prompt-file p.txt  # any prompt, no fixture written
 
 The last line reads ``equal K of N requests``. The fixture (``data/hf_adaptive/``: the atlases
 and ``counts.json``) is what ``tests/test_hf_adaptive.py`` replays.
@@ -22,13 +22,11 @@ import argparse
 import contextlib
 import gzip
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SUITES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
 FIXTURE = ROOT / "data" / "hf_adaptive"
@@ -80,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=FIXTURE)
     args = parser.parse_args(argv)
 
-    from talon.atlas.adaptive import HfAssisted, replay_requests
+    from talon.atlas.adaptive import replay_requests
+    from talon.atlas.adaptive_hf import HfAssisted
     from talon.atlas.data import AtlasSpec
     from talon.atlas.record import record_atlas
     from talon.engine.engine import Engine

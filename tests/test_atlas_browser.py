@@ -79,6 +79,16 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     page.locator("#talon-atlas-mu-mat").scroll_into_view_if_needed()
     page.screenshot(path=SCREENSHOT, full_page=True)
 
+    # adaptive draft length: every rule ranked beside TALON, one rule drawn against the oracle
+    rules = page.locator("#talon-atlas-rules").text_content() or ""
+    assert all(name in rules for name in ("talon", "fixed", "hf-heuristic", "sglang-adaptive", "vllm-dsd")), rules
+    page.locator("#talon-atlas-rule label", has_text="sglang-adaptive").click()
+    page.wait_for_function("document.querySelector('#talon-atlas-lengths .gtitle').textContent"
+                           ".startsWith('sglang-adaptive')")
+    assert page.locator("#talon-atlas-lengths .legendtext", has_text="oracle").count() == 1
+    page.locator("#talon-atlas-lengths").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "atlas-adaptive.png"), full_page=False)
+
     # Serve it: the engines' own drafting replayed on this atlas, beside Talon's MAT
     page.get_by_role("tab", name="Serve it").click()
     page.click("#talon-serve-run")
@@ -88,6 +98,7 @@ def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
     assert "vLLM draft_model, k=" in forecast and "mean acceptance length" in forecast
     assert "SGLang STANDALONE" in forecast and "spec_accept_length" in forecast
     assert "Reading the numbers" in forecast
+    assert "Adaptive draft length on this atlas" in forecast and "speculative-adaptive" in forecast
     page.locator("#talon-serve-forecast").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "serve-forecast.png"), full_page=False)
 

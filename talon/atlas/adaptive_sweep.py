@@ -18,7 +18,6 @@ from typing import Any
 
 from talon.atlas.adaptive import (
     FixedChain,
-    HfAssisted,
     LengthRule,
     LengthRun,
     LlamaCppStreak,
@@ -26,6 +25,7 @@ from talon.atlas.adaptive import (
     VllmDynamicK,
     replay_requests,
 )
+from talon.atlas.adaptive_hf import HfAssisted
 from talon.atlas.data import Atlas
 from talon.atlas.replaying import replay
 from talon.atlas.result import for_slot

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from talon.atlas.adaptive import HfAssisted, LengthRule, SglangAdaptive, oracle, replay_lengths
+from talon.atlas.adaptive import LengthRule, SglangAdaptive, oracle, replay_lengths
+from talon.atlas.adaptive_hf import HfAssisted
 from talon.atlas.data import Atlas
 from talon.atlas.replaying import replay
 from talon.atlas.result import for_slot
