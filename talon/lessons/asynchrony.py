@@ -16,6 +16,7 @@ forward is a third of a verification.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,19 +81,24 @@ class AsyncLesson:
     prompt: str
     host: AsyncBound
     gpu: AsyncBound
+    reads_features: bool = False  # an EAGLE-3 head or an MTP layer drafted: it cannot pre-draft
 
 
 def async_lesson(atlas: Atlas, base: RunConfig | None = None) -> AsyncLesson:
     """The default configuration replayed on ``atlas`` under its own curves and under ``GPU_COSTS``
-    (where the planner, which plans on the curves, may draft more)."""
+    (where the planner, which plans on the curves, may draft more). A head or an MTP layer drafts
+    from the target's feature of the last committed token, which only the verification gives: it
+    cannot draft the next tree during it, so nothing overlaps (the bound is 1x)."""
     cfg = for_slot(atlas, (base or RunConfig()).replace(max_new_tokens=len(atlas.output), cost_model="fixed",
                                         draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab))))
     host = replay(atlas, cfg)
     gpu_atlas = Atlas(**{**atlas.__dict__, "costs": gpu_costs().to_dict()})
     gpu = replay(gpu_atlas, cfg)
-    return AsyncLesson(atlas.suite, atlas.prompt,
-                       bound_of("this host's measured curves", host.steps, len(host.summary.token_ids)),
-                       bound_of(GPU_LABEL, gpu.steps, len(gpu.summary.token_ids)))
+    bounds = [bound_of("this host's measured curves", host.steps, len(host.summary.token_ids)),
+              bound_of(GPU_LABEL, gpu.steps, len(gpu.summary.token_ids))]
+    if atlas.reads_features:
+        bounds = [dataclasses.replace(b, overlap_s=0.0) for b in bounds]
+    return AsyncLesson(atlas.suite, atlas.prompt, *bounds, reads_features=atlas.reads_features)
 
 
 def async_table(lessons: list[AsyncLesson]) -> str:

@@ -1,0 +1,39 @@
+"""Every adaptive draft-length rule at its defaults and at its best on a set of atlases, beside
+TALON's gate, as a markdown table (the run files under docs/runs/):
+
+    .venv/bin/python -m scripts.adaptive_table ATLAS_OR_DIR ... [--budget 16]
+
+Atlases are read in the order given (rules with state carry it from one to the next, as a
+server's requests); times are predicted on each atlas's own cost curves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from talon.atlas.adaptive_sweep import best_per_rule
+from talon.atlas.data import load_atlases
+from talon.run_config import RunConfig, TreeConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("atlases", nargs="+", type=Path)
+    parser.add_argument("--budget", type=int, default=16, help="TALON's node budget N (default: %(default)s)")
+    args = parser.parse_args(argv)
+    atlases = load_atlases(args.atlases)
+    base = RunConfig(drafter="model", tree=TreeConfig(budget=args.budget))
+    bests = best_per_rule(atlases, base)
+    print(f"{len(atlases)} atlases, {sum(len(a.output) for a in atlases)} tokens; TALON at N = {args.budget}, "
+          f"the draft alone; costs: {atlases[0].cost_model().provenance.describe()}\n")
+    print("| rule | MAT, defaults | tok/s, defaults | best setting | MAT, best | tok/s, best | outside the atlas |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    for b in bests:
+        changed = ", ".join(f"{k}={v}" for k, v in b.best.setting.items()) or "its defaults"
+        print(f"| {b.rule} | {b.defaults.mat:.2f} | {b.defaults.tokens_per_s:.2f} | {changed} | {b.best.mat:.2f} | "
+              f"{b.best.tokens_per_s:.2f} | {b.best.misses} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
