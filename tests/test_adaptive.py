@@ -153,3 +153,14 @@ def test_sweep_by_rule_ranks_the_rules_and_refuses_a_bad_one(capsys) -> None:  #
     assert {r["rule"] for r in rows} == {"talon", "fixed", "hf-heuristic", "sglang-adaptive", "vllm-dsd"}
     assert main(["atlas", "sweep", atlas, "--grid", "rule=fixed,eagle-magic"]) == 2
     assert main(["atlas", "sweep", atlas, "--grid", "rule=fixed", "--grid", "k=0"]) == 2
+
+
+def test_the_explorers_knobs_are_the_knob_tables() -> None:
+    import dataclasses
+
+    from talon.atlas.explorer import Knobs
+    from talon.knobs import EXPLORER_KNOBS
+
+    fields = dataclasses.fields(Knobs)
+    assert [f.name for f in fields] == [k.name for k in EXPLORER_KNOBS]
+    assert [f.default for f in fields] == [k.default for k in EXPLORER_KNOBS]

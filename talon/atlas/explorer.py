@@ -49,19 +49,6 @@ EXPLORER_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys((*ATLAS_DRAFTING_KINDS,
 # ---------------------------------------------------------------------------------------------
 
 
-def _from_ui(cls: type, **values: Any) -> Any:
-    """Knobs from the UI or API (sliders send floats; ``talon.knobs.Knob.read``); ConfigError for
-    a bad value, or for a drafter an atlas does not record."""
-    out = {}
-    for knob in EXPLORER_KNOBS:
-        value = knob.read(values.get(knob.name, knob.default), app=True)
-        out[knob.name] = round(value, 6) if knob.kind == "float" else value  # one memo key per slider stop
-    if out["drafter"] not in EXPLORER_DRAFTERS:
-        raise ConfigError(f"an atlas records the draft slot's and retrieval's children: the explorer replays the "
-                          f"drafters {', '.join(EXPLORER_DRAFTERS)}, not {out['drafter']!r}")
-    return cls(**out)
-
-
 def drafters_of(atlas: Atlas | None) -> tuple[str, ...]:
     """The drafter kinds the explorer offers for ``atlas``: those its draft slot's recording
     replays (an EAGLE-3 head's: eagle3, eagle3-hybrid, retrieval), a draft model's without one."""
@@ -72,46 +59,65 @@ def drafters_of(atlas: Atlas | None) -> tuple[str, ...]:
     return ATLAS_DRAFTING_KINDS
 
 
-def _for_atlas(self: Any, atlas: Atlas | None) -> Any:
-    """These knobs with a drafter ``atlas`` replays: the drafter where it does, else its
-    counterpart (hybrid and eagle3-hybrid, model and eagle3), else retrieval."""
-    kinds = drafters_of(atlas)
-    if atlas is not None and atlas.draft_kind == "mtp":
-        mtp = self.drafter if self.drafter in kinds else MTP_COUNTERPART.get(self.drafter, kinds[0])
-        return dataclasses.replace(self, drafter=mtp)
-    head = atlas is not None and atlas.draft_kind == "head"
-    return dataclasses.replace(self, drafter=slot_kind(head, kinds, self.drafter))
+@dataclass(frozen=True)
+class Knobs:
+    """One greedy configuration the explorer replays, named as the knob table names it: its fields
+    are ``talon.knobs.EXPLORER_KNOBS``, in order, with their defaults (a test holds them equal)."""
 
+    drafter: str = default("drafter")
+    tree: str = default("tree.mode")
+    budget: int = default("tree.budget")
+    root_k: int = default("tree.root_k")
+    top_k: int = default("tree.top_k")
+    mu: float = default("tree.mu")
+    max_depth: int = default("tree.max_depth")
+    min_conf: float = default("tree.min_conf")
+    cost_aware: bool = default("tree.cost_aware")
+    retrieval_min_match: int = default("retrieval.min_match")
+    graft_threshold: int = default("retrieval.graft_threshold")
 
-def _from_controls(cls: type, controls: Any, min_match: int = default("retrieval.min_match")) -> Any:
-    """The knobs of the left panel's controls (a ``talon.server.request.Controls``, which has no
-    min_match: it is kept)."""
-    values = {k.name: getattr(controls, k.app) for k in EXPLORER_KNOBS if k.app}
-    return cls.from_ui(**values, retrieval_min_match=min_match)
+    @classmethod
+    def from_ui(cls, **values: Any) -> "Knobs":
+        """Knobs from the UI or API (sliders send floats; ``talon.knobs.Knob.read``); ConfigError
+        for a bad value, or for a drafter an atlas does not record."""
+        out = {}
+        for knob in EXPLORER_KNOBS:
+            value = knob.read(values.get(knob.name, knob.default), app=True)
+            out[knob.name] = round(value, 6) if knob.kind == "float" else value  # one memo key per slider stop
+        if out["drafter"] not in EXPLORER_DRAFTERS:
+            raise ConfigError(f"an atlas records the draft slot's and retrieval's children: the explorer replays "
+                              f"the drafters {', '.join(EXPLORER_DRAFTERS)}, not {out['drafter']!r}")
+        return cls(**out)
 
+    @classmethod
+    def from_controls(cls, controls: Any, min_match: int = default("retrieval.min_match")) -> "Knobs":
+        """The knobs of the left panel's controls (a ``talon.server.request.Controls``, which has no
+        min_match: it is kept)."""
+        values = {k.name: getattr(controls, k.app) for k in EXPLORER_KNOBS if k.app}
+        return cls.from_ui(**values, retrieval_min_match=min_match)
 
-def _values(self: Any) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    def values(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
+    def config(self, atlas: Atlas) -> RunConfig:
+        """The greedy RunConfig replayed over ``atlas`` (its draft vocabulary, to its end)."""
+        base = RunConfig(max_new_tokens=max(1, len(atlas.output)),
+                         draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
+        return base.with_knobs(self.values())
 
-def _config(self: Any, atlas: Atlas) -> RunConfig:
-    """The greedy RunConfig replayed over ``atlas`` (its draft vocabulary, to its end)."""
-    base = RunConfig(max_new_tokens=max(1, len(atlas.output)),
-                     draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab)))
-    return base.with_knobs(self.values())
+    def controls(self) -> dict[str, Any]:
+        """The left panel's controls (``Controls`` fields, the app's names) that run this configuration."""
+        return {k.app: getattr(self, k.name) for k in EXPLORER_KNOBS if k.app}
 
-
-def _controls(self: Any) -> dict[str, Any]:
-    """The left panel's controls (``Controls`` fields, the app's names) that run this configuration."""
-    return {k.app: getattr(self, k.name) for k in EXPLORER_KNOBS if k.app}
-
-
-# What the explorer varies: the knob table's explorer knobs, under their one name (talon.knobs)
-Knobs = dataclasses.make_dataclass(
-    "Knobs", [(k.name, Any, k.default) for k in EXPLORER_KNOBS], frozen=True,
-    namespace={"__doc__": "One greedy configuration the explorer replays, named as the knob table names it.",
-               "from_ui": classmethod(_from_ui), "from_controls": classmethod(_from_controls), "values": _values,
-               "config": _config, "controls": _controls, "for_atlas": _for_atlas})
+    def for_atlas(self, atlas: Atlas | None) -> "Knobs":
+        """These knobs with a drafter ``atlas`` replays: the drafter where it does, else its
+        counterpart (hybrid and eagle3-hybrid, model and eagle3), else retrieval."""
+        kinds = drafters_of(atlas)
+        if atlas is not None and atlas.draft_kind == "mtp":
+            mtp = self.drafter if self.drafter in kinds else MTP_COUNTERPART.get(self.drafter, kinds[0])
+            return dataclasses.replace(self, drafter=mtp)
+        head = atlas is not None and atlas.draft_kind == "head"
+        return dataclasses.replace(self, drafter=slot_kind(head, kinds, self.drafter))
 
 
 def around(ladder: Sequence[Any], value: Any, count: int) -> list[Any]:
