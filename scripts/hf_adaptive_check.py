@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--chars", type=int, default=600, help="each bundled prompt's first CHARS characters")
     parser.add_argument("--out", type=Path, default=FIXTURE)
+    parser.add_argument("--counts-from", type=Path, help="transformers' counters from an earlier run's counts.json "
+                        "(the same prompts and length): record the atlases and compare, without running it again")
     args = parser.parse_args(argv)
 
     from talon.atlas.adaptive import replay_requests
@@ -99,19 +101,28 @@ def main(argv: list[str] | None = None) -> int:
     n = args.max_new_tokens
     spec = AtlasSpec(n_nodes=1, root_k=2, top_k=2, max_depth=1, beam=1, chain_depth=min(n, 64), chain_k=2,
                      retrieval=RetrievalConfig(min_match=1, max_continuation=1, max_branches=1))
+    # the full vocabulary: transformers' assistant takes its softmax over every token (Talon's default
+    # draft_vocab would renormalize q over the first 32768 ids)
     cfg = RunConfig(drafter="model", tree=TreeConfig(mode="chain", cost_aware=False), max_new_tokens=n,
-                    chat_template=False)
+                    chat_template=False, draft_vocab=0)
     atlases = []
     for suite, text in texts:
         atlases.append(record_atlas(engine, text, cfg, spec, suite=suite))
         print(f"atlas {len(atlases)}/{len(texts)} ({suite}): {len(atlases[-1].output)} tokens, "
               f"{len(atlases[-1].children)} nodes", flush=True)
+    if not args.prompt_file:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for i, atlas in enumerate(atlases):
+            with gzip.open(args.out / f"{i:02d}-{atlas.suite}.json.gz", "wt", encoding="utf-8") as fh:
+                json.dump(atlas.to_dict(), fh)
     eos = atlases[0].eos
     prompts = [a.prompt_ids for a in atlases]
+    earlier = json.loads(args.counts_from.read_text(encoding="utf-8"))["schedules"] if args.counts_from else {}
     counts: dict[str, list[dict]] = {}
     equal = total = 0
     for schedule in SCHEDULES:
-        counts[schedule] = run_hf(target.model, draft.model, prompts, schedule, n, eos)
+        counts[schedule] = ([{"output": h["output"], "steps": h["steps"]} for h in earlier[schedule]]
+                            if schedule in earlier else run_hf(target.model, draft.model, prompts, schedule, n, eos))
         runs = replay_requests(atlases, HfAssisted(schedule), n)
         same = 0
         for atlas, hf, run in zip(atlases, counts[schedule], runs):
@@ -123,10 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{schedule}: equal {same} of {len(runs)} requests ({texts_equal} texts equal the atlas's)", flush=True)
         equal, total = equal + same, total + len(runs)
     if not args.prompt_file:
-        args.out.mkdir(parents=True, exist_ok=True)
-        for i, atlas in enumerate(atlases):
-            with gzip.open(args.out / f"{i:02d}-{atlas.suite}.json.gz", "wt", encoding="utf-8") as fh:
-                json.dump(atlas.to_dict(), fh)
         import torch
         import transformers
         (args.out / "counts.json").write_text(json.dumps({
