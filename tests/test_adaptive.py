@@ -112,7 +112,7 @@ def test_fixed_chain_and_the_oracle_and_eos() -> None:
     text = list(range(10, 30)) + [LENGTH_EOS]
     run = replay_lengths(length_atlas(text, good=set(range(22))), FixedChain(4))
     assert [s.new_tokens for s in run.steps] == [5, 5, 5, 5] and run.tokens == len(text)  # the LENGTH_EOS ends it
-    assert run.steps[0].oracle == len(text) - 1 and run.mat == 5.0
+    assert run.steps[0].oracle == len(text) - 1 and run.mat == len(text) / 4  # the prefill's token counted
     runs = replay_requests([length_atlas(text, good=set())] * 2, FixedChain(2))
     assert all(s.accepted == 0 and s.oracle == 0 for r in runs for s in r.steps)
 
@@ -164,3 +164,18 @@ def test_the_explorers_knobs_are_the_knob_tables() -> None:
     fields = dataclasses.fields(Knobs)
     assert [f.name for f in fields] == [k.name for k in EXPLORER_KNOBS]
     assert [f.default for f in fields] == [k.default for k in EXPLORER_KNOBS]
+
+
+def test_talon_replays_at_the_atlass_own_draft_vocabulary() -> None:
+    """The transformers fixture's atlases are recorded over the full vocabulary (draft_vocab 0)."""
+    from pathlib import Path
+
+    from talon.atlas.adaptive_sweep import talon_row
+    from talon.atlas.data import load_atlases
+    from talon.lessons.lengths import length_lesson
+    from talon.run_config import RunConfig
+
+    atlas = load_atlases([Path(__file__).resolve().parents[1] / "data" / "hf_adaptive" / "02-humaneval.json.gz"])[0]
+    assert atlas.models["draft_vocab"] == 0
+    assert talon_row([atlas], RunConfig(drafter="model")).steps > 0
+    assert all(t.tokens == len(atlas.output) for t in length_lesson(atlas).tracks)

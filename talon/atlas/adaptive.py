@@ -82,8 +82,9 @@ class LengthRun:
 
     @property
     def mat(self) -> float:
-        """Tokens a verify step, as Talon counts (the accepted drafts plus the target's own)."""
-        return sum(s.new_tokens for s in self.steps) / len(self.steps) if self.steps else 0.0
+        """Tokens a verify step, as Talon's run summary counts them (every generated token, the
+        prefill's first one included, over the verify steps)."""
+        return self.tokens / len(self.steps) if self.steps else 0.0
 
     @property
     def misses(self) -> int:

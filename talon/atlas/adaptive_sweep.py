@@ -140,13 +140,15 @@ class RuleRow:
 
 
 def talon_row(atlases: Sequence[Atlas], cfg: RunConfig) -> RuleRow:
-    """TALON at ``cfg`` (its drafter as the atlas replays it), planned fixed, over the recorded text."""
+    """TALON at ``cfg`` (its drafter as the atlas replays it, at the atlas's draft vocabulary),
+    planned fixed, over the recorded text."""
     row = RuleRow("talon", {}, 0, 0, 0.0)
     for atlas in atlases:
-        cfg = for_slot(atlas, cfg.replace(max_new_tokens=len(atlas.output), cost_model="fixed"))
-        result = replay(atlas, cfg)
+        result = replay(atlas, for_slot(atlas, cfg.replace(
+            max_new_tokens=len(atlas.output), cost_model="fixed",
+            draft_vocab=int(atlas.models.get("draft_vocab", cfg.draft_vocab)))))
         steps = result.steps
-        row.tokens += sum(len(s.new_tokens) for s in steps)
+        row.tokens += len(result.summary.token_ids)
         row.steps += len(steps)
         row.predicted_s += result.predicted_s
         row.misses += result.coverage.misses
@@ -162,7 +164,7 @@ def chain_row(atlases: Sequence[Atlas], name: str, knobs: dict[str, Any]) -> Rul
     runs: list[LengthRun] = replay_requests(atlases, rule)
     row = RuleRow(name, rule.knobs(), 0, 0, 0.0, setting=dict(knobs))
     for run in runs:
-        row.tokens += sum(s.new_tokens for s in run.steps)
+        row.tokens += run.tokens
         row.steps += len(run.steps)
         row.predicted_s += run.predicted_s
         row.drafted += run.drafted

@@ -78,14 +78,15 @@ def _chain_track(atlas: Atlas, rule: LengthRule, name: str) -> RuleTrack:
     run = replay_lengths(atlas, rule)
     steps = run.steps
     return RuleTrack(name, [s.p for s in steps], [s.drafted for s in steps], [s.accepted for s in steps],
-                     [s.oracle for s in steps], sum(s.new_tokens for s in steps),
-                     sum(s.new_tokens for s in steps) / run.predicted_s if run.predicted_s > 0 else 0.0)
+                     [s.oracle for s in steps], run.tokens,
+                     run.tokens / run.predicted_s if run.predicted_s > 0 else 0.0)
 
 
 def talon_track(atlas: Atlas, budget: int) -> RuleTrack:
     """TALON's gate over the draft alone at N = ``budget``; its oracle is the chain's at each step's root."""
     cfg = for_slot(atlas, RunConfig(drafter="model", max_new_tokens=len(atlas.output), cost_model="fixed",
-                                    tree=TreeConfig(budget=budget, cost_aware=False)))
+                                    tree=TreeConfig(budget=budget, cost_aware=False),
+                                    draft_vocab=int(atlas.models.get("draft_vocab", RunConfig.draft_vocab))))
     result = replay(atlas, cfg)
     p, drafted, accepted, orc, confident = [], [], [], [], 0
     at = 1
@@ -98,8 +99,8 @@ def talon_track(atlas: Atlas, budget: int) -> RuleTrack:
         confident += sum(1 for n in range(1, len(step.tokens))
                          if n not in kept and step.parents[n] in kept and step.q_draft[n] >= CONFIDENT)
         at += len(step.new_tokens)
-    tokens = sum(len(s.new_tokens) for s in result.steps)
-    return RuleTrack("TALON's gate", p, drafted, accepted, orc, tokens, result.tokens_per_s, confident)
+    return RuleTrack("TALON's gate", p, drafted, accepted, orc, len(result.summary.token_ids), result.tokens_per_s,
+                     confident)
 
 
 def length_lesson(atlas: Atlas, budget: int = 16) -> LengthLesson:
