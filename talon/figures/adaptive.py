@@ -60,7 +60,7 @@ def lengths_figure(run: LengthRun | None, label: str = "") -> go.Figure:
     wasted = sum(s.drafted - s.accepted for s in run.steps)
     missed = sum(max(s.oracle - s.drafted, 0) for s in run.steps)
     layout = base_layout(
-        f"{label or run.rule}: {wasted} drafted tokens rejected, {missed} acceptable tokens not drafted", 340,
+        f"{label or run.rule}: {wasted} drafted tokens rejected, {missed} acceptable not drafted", 360,
         xaxis=axis_style("tokens generated before the step"), yaxis=axis_style("tokens"),
         legend=legend_top(), barmode="overlay",
     )

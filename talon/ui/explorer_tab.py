@@ -228,8 +228,7 @@ class ExplorerView:
     def adaptive_updates(self, session: AtlasSession, knobs: Knobs) -> dict[Any, Any]:
         """The session's adaptive rule on its atlas against the oracle, and every rule's best."""
         run, bests = session.adaptive(session.rule, knobs)
-        best = next((b.best for b in bests if b.rule == session.rule), None)
-        label = best.label() if best is not None else session.rule
+        label = f"{session.rule} at its best setting (in the table)"
         note = ("predicted on the atlas's cost curves; TALON at the knobs above, the chain rules on the draft alone"
                 if bests else "")
         return {self.lengths: F.lengths_figure(run, label), self.rules_table: F.rules_table_html(bests, note)}
