@@ -103,6 +103,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_MAX_PROMPT_TOKENS": ("4096", "Prompts longer than this (in tokens) are refused."),
     "TALON_QUEUE_CONCURRENCY": ("1", "Model runs at once per device; further requests wait in the queue."),
     "TALON_QUEUE_SIZE": ("16", "Requests the queue holds; beyond that new requests are turned away."),
+    "TALON_LIGHT_LIMIT": (
+        "1",
+        "Model-free calls (atlas, trace and sweep replays, anyone's) at once; one more is refused at once "
+        "(talon/atlas/budget.py). While a model runs, each keeps at most a tenth of the time.",
+    ),
+    "TALON_LIGHT_CPU_S": ("20", "CPU seconds one model-free call may take (ten times that in wall time)."),
     "TALON_PRESETS": (
         "",
         "Comma-separated preset keys the Models menu offers (empty: on a GPU the presets the Space "
@@ -235,6 +241,8 @@ class Settings:
     max_prompt_tokens: int = 4096
     queue_concurrency: int = 1
     queue_max_size: int = 16
+    light_limit: int = 1
+    light_cpu_s: int = 20
     presets: str = ""  # comma-separated keys; "" = the default offer, "all" = every preset that fits
     preset: str = ""  # the preset held from start; "" = the startup default
     preset_switch: str = "auto"
@@ -302,6 +310,8 @@ class Settings:
             ),
             queue_concurrency=_parse_int("TALON_QUEUE_CONCURRENCY", _get(env, "TALON_QUEUE_CONCURRENCY"), 1),
             queue_max_size=_parse_int("TALON_QUEUE_SIZE", _get(env, "TALON_QUEUE_SIZE"), 1),
+            light_limit=_parse_int("TALON_LIGHT_LIMIT", _get(env, "TALON_LIGHT_LIMIT"), 1),
+            light_cpu_s=_parse_int("TALON_LIGHT_CPU_S", _get(env, "TALON_LIGHT_CPU_S"), 1),
             presets=_get(env, "TALON_PRESETS").strip().lower(),
             preset=_get(env, "TALON_PRESET").strip().lower(),
             preset_switch=_get(env, "TALON_PRESET_SWITCH").strip().lower(),

@@ -426,12 +426,17 @@ def parse_summary(data: Any, steps: list[StepTrace]) -> RunSummary:
     return RunSummary(**base)
 
 
-def parse_trace(data: Any) -> tuple[RunSummary, list[StepTrace]]:
-    """Validate a talon-trace/1 document (already JSON-parsed) and rebuild its records."""
+def parse_trace(data: Any, tick: Callable[[], None] | None = None) -> tuple[RunSummary, list[StepTrace]]:
+    """Validate a talon-trace/1 document (already JSON-parsed) and rebuild its records; ``tick``
+    is called before each step (a model-free call's ``talon.atlas.budget.checkpoint``)."""
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise TraceFileError(f'not a Talon trace: expected a JSON object with "format": "{TRACE_FORMAT}"')
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list) or not 1 <= len(raw_steps) <= MAX_TRACE_STEPS:
         raise TraceFileError(f"'steps' must be a list of 1 to {MAX_TRACE_STEPS} steps")
-    steps = [parse_step(s, i) for i, s in enumerate(raw_steps)]
+    steps = []
+    for i, s in enumerate(raw_steps):
+        if tick is not None:
+            tick()
+        steps.append(parse_step(s, i))
     return parse_summary(data.get("summary"), steps), steps

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from talon.atlas.budget import checkpoint
 from talon.atlas.data import Atlas
 from talon.atlas.serving import LLAMACPP_VERSION
 from talon.atlas.serving_replay import NEAR_TIE, check_int, could_swap
@@ -337,6 +338,7 @@ def replay_lengths(atlas: Atlas, rule: LengthRule, limit: int | None = None,
     seconds = 0.0
     done = limit <= p or (p == 1 and output[0] in eos)
     while not done:
+        checkpoint()
         allowed = rule.length()
         cap = max(min(allowed, limit - p - 1), 0)
         tokens, probs, missing, near = draft_chain(atlas, p, cap, rule, eos) if cap else ([], [], "", "")

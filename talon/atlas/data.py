@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from talon.atlas.budget import checkpoint
 from talon.core.contracts import Children
 from talon.cost.model import CostModel
 from talon.run_config import ConfigError, RetrievalConfig
@@ -202,6 +203,7 @@ def _ints(value: Any, name: str, limit: int = MAX_ATLAS_TOKENS) -> list[int]:
 
 def _entry(row: Any, i: int, output_len: int) -> tuple[Key, Children]:
     where = f"children[{i}]"
+    checkpoint()
     if not isinstance(row, list) or len(row) != 4:
         raise TraceFileError(f"{where} must be [p, path, tokens, q]")
     p, path, tokens, q = row

@@ -4,6 +4,7 @@ with the real drafter classes (``talon.atlas.replay``) loads on the first replay
 
 from __future__ import annotations
 
+from talon.atlas.budget import checkpoint
 from talon.atlas.data import Atlas
 from talon.atlas.result import ReplayResult
 from talon.run_config import RunConfig
@@ -16,6 +17,6 @@ def replay(atlas: Atlas, cfg: RunConfig) -> ReplayResult:
 
     run, coverage = replay_run(atlas, cfg)
     for _ in run:
-        pass
+        checkpoint()  # a step: within a model-free call, its budget and the runs' share (talon.atlas.budget)
     assert run.summary is not None
     return ReplayResult(run.summary, run.steps, coverage)

@@ -44,6 +44,7 @@ from typing import Literal, Protocol, get_args
 
 import numpy as np
 
+from talon.atlas.budget import checkpoint
 from talon.atlas.data import Atlas
 from talon.run_config import ConfigError
 
@@ -403,6 +404,7 @@ def replay_serving(atlas: Atlas, policy: ServingPolicy, max_tokens: int | None =
     p = 1  # the prefill's token
     done = limit <= 1 or output[0] in eos
     while not done:
+        checkpoint()
         draft = policy.propose(atlas, p)
         accepted, unknown = accept_on_text(draft, output, p)
         steps.append(ServingStep(p, len(draft), accepted, draft.missing or unknown, draft.near_tie))

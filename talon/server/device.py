@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from talon.atlas.budget import GATE
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
 from talon.cost.model import CostModel
@@ -207,21 +208,22 @@ class DeviceAction:
         items = decode_on_device(  # looked up at the call: ZeroGPU's wrapper replaces it
             self.settings, self.jobs, cancel_id)
         stop_seen = False
-        try:
-            for item in items:
-                if isinstance(item, Learned):
-                    if zerogpu.active():  # elsewhere the call ran in this process: its engine has learned
-                        adopt_learned(item)
-                elif isinstance(item[1], RunSummary):
-                    yield item
-                elif stop_seen:  # a run that cannot see the flag (ZeroGPU worker) ends when closed
-                    break
-                else:
-                    stop_seen = self.cancel.is_set()
-                    yield item
-        finally:
-            items.close()
-            CANCELS.drop(cancel_id)
+        with GATE.model_work():  # model-free calls yield to the run while it streams (talon.atlas.budget)
+            try:
+                for item in items:
+                    if isinstance(item, Learned):
+                        if zerogpu.active():  # elsewhere the call ran in this process: its engine has learned
+                            adopt_learned(item)
+                    elif isinstance(item[1], RunSummary):
+                        yield item
+                    elif stop_seen:  # a run that cannot see the flag (ZeroGPU worker) ends when closed
+                        break
+                    else:
+                        stop_seen = self.cancel.is_set()
+                        yield item
+            finally:
+                items.close()
+                CANCELS.drop(cancel_id)
 
 
 def pair_wait(settings: Settings, preset_key: str, cancel: threading.Event) -> Iterator[str]:
@@ -285,7 +287,7 @@ def record_on_device(
 
     def work() -> None:
         try:
-            with out_of_memory_as_error(cfg):
+            with out_of_memory_as_error(cfg), GATE.model_work():
                 engine = pairs.load_engine(settings, preset)
                 events.put(record_atlas(engine, prompt, cfg, progress=lambda f, what: events.put((f, what))))
         except BaseException as error:  # handed to the caller's thread, raised there

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
+from talon.atlas.budget import checkpoint
 from talon.figures.opening import RECORDING, SAMPLED_RECORDING, opening_step
 from talon.run_config import ConfigError
 from talon.server.facade import Controls, RunRequest, decode_all, start_status, user_error, wait_for_pair
@@ -20,7 +21,7 @@ from talon.trace import StepTrace, TraceFileError, parse_trace, read_json_upload
 from talon.ui.decode_view import DecodeView, step_vocab
 from talon.ui.files import upload_path, write_trace
 from talon.ui.recording import RECORDING_NOTE, SAMPLED_NOTE, load_recording
-from talon.ui.session import Session
+from talon.ui.session import Session, bounded
 from talon.ui.stream import stream_run
 
 AUTOREGRESSIVE = {"drafter": "none", "async_draft": False}  # the baseline: one target forward per token
@@ -86,12 +87,13 @@ def final_updates(view: DecodeView, session: Session, write: bool = True) -> dic
 
 
 def make_replay(view: DecodeView) -> Callable[[Any, Session], dict[Any, Any]]:
+    @bounded("replaying the trace")
     def replay(trace_file: Any, session: Session) -> dict[Any, Any]:
         """Load a downloaded trace (talon-trace/1 JSON) and re-plot every figure, no model needed."""
         if not trace_file:
             raise gr.Error("no file: upload a trace JSON downloaded from this app")
         try:
-            summary, steps = parse_trace(read_json_upload(upload_path(trace_file)))
+            summary, steps = parse_trace(read_json_upload(upload_path(trace_file)), tick=checkpoint)
         except (TraceFileError, OSError) as error:
             raise user_error(f"cannot replay this trace: {error}") from error
         session.begin(step_through=False, cancel=None)

@@ -27,7 +27,7 @@ from talon.settings import Settings
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.measure_panel import build_measure_panel
 from talon.ui.panel import ControlPanel, control, run_on_click
-from talon.ui.session import sessionless
+from talon.ui.session import bounded, sessionless
 from talon.ui.words import EXPLAIN
 
 DEFAULT_RULE = "hf-heuristic"
@@ -278,6 +278,7 @@ def make_record(view: ExplorerView, settings: Settings) -> Callable[..., Iterato
 
 
 def make_upload(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    @bounded("loading the atlas")
     def upload_atlas(upload: Any, atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
         """Load an atlas file (``talon-atlas/1``) and score the knobs from it, no model needed."""
         atlas = read_atlas(upload)
@@ -302,6 +303,7 @@ def checked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def make_rescore(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    @bounded("replaying the knobs")
     def rescore(atlas_state: AtlasSession, step: Any = 0, **knob_values: Any) -> dict[Any, Any]:
         """Replay the knobs' configuration from the session's atlas (no model) and redraw."""
         return view.score_updates(atlas_state, knobs_of(knob_values), step)
@@ -310,6 +312,7 @@ def make_rescore(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
 
 
 def make_rule_choice(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    @bounded("replaying the adaptive rules")
     def choose_rule(atlas_state: AtlasSession, rule: str = DEFAULT_RULE, **knob_values: Any) -> dict[Any, Any]:
         """Draw another adaptive rule's lengths on the atlas (no model)."""
         if rule not in RULES[1:]:
@@ -328,6 +331,7 @@ def make_show_replayed_step(view: ExplorerView) -> Callable[[Any, AtlasSession],
 
 
 def make_to_best(view: ExplorerView) -> Callable[..., dict[Any, Any]]:
+    @bounded("searching the best knobs")
     def to_best(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
         """Move the knobs to the best configuration found around them (press again to climb on)."""
         best = checked(best_knobs, atlas_state, knobs_of(knob_values))
@@ -354,6 +358,7 @@ def apply_controls(knobs: Knobs, components: dict[str, Any], atlas: Atlas | None
 
 def make_apply(view: ExplorerView, components: dict[str, Any], best: bool,
                prompt: Any = None) -> Callable[..., dict[Any, Any]]:
+    @bounded("searching the best knobs")
     def apply(atlas_state: AtlasSession, **knob_values: Any) -> dict[Any, Any]:
         """Set the controls on the left to the knobs' configuration (or to the best one found)."""
         knobs = knobs_of(knob_values)

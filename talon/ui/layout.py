@@ -4,7 +4,9 @@ tabs, each built and wired by its own module (``build_<tab>_tab``: ``decode_tab`
 span the page: Stop, which stops whatever the session runs, and the opening recording. Every event
 that runs no model skips the queue (``outside_queue``): Gradio counts every waiting event against
 the queue's size, so otherwise a queue full of runs would turn away page loads, the slider, the
-walk and Stop."""
+walk and Stop. What may work for a while among them (an atlas, a trace or a sweep replayed, every
+public endpoint) is held to the model-free limit and budget (``talon.ui.session.bounded``,
+``talon.atlas.budget``), so that callers who need no model cannot take the host from the runs."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from talon import figures as F
+from talon.atlas.budget import GATE
 from talon.server.facade import load_examples, pair_status, server_notices
 from talon.settings import Settings
 from talon.ui.compare_tab import build_compare_tab
@@ -26,7 +29,7 @@ from talon.ui.lessons_tab import build_lessons_tab, make_export, make_refresh
 from talon.ui.panel import MODEL_CONCURRENCY_ID, build_controls
 from talon.ui.recording import recording_controls
 from talon.ui.serve_tab import build_serve_tab
-from talon.ui.session import Session, stop
+from talon.ui.session import Session, refused_slowly, stop
 from talon.ui.words import HEADER
 
 
@@ -90,6 +93,7 @@ def build_ui(settings: Settings) -> gr.Blocks:
         # every open page hears what the models are doing: loading, ready, switched by a visitor
         demo.load(models_status, None, models, api_visibility="private", show_progress="hidden")
         gr.Timer(STATUS_EVERY_S).tick(models_status, None, models, api_visibility="private", show_progress="hidden")
+    GATE.configure(settings.light_limit, settings.light_cpu_s)
     outside_queue(demo)
     return demo
 
@@ -103,10 +107,15 @@ def models_status() -> str:
 
 def outside_queue(demo: gr.Blocks) -> None:
     """Take every event that runs no model out of the queue (they answer at once, while runs
-    wait). Only the queue streams a generator, so one outside the model group is a wiring error."""
+    wait). Only the queue streams a generator, so one outside the model group is a wiring error; so
+    is a public endpoint (anyone may call it in a loop) not held to the model-free limit."""
     for fn in demo.fns.values():
         if fn.concurrency_id == MODEL_CONCURRENCY_ID or fn.fn is None:
             continue
         if inspect.isgeneratorfunction(fn.fn):
             raise TypeError(f"{fn.name} streams, so it needs the queue: give it the model group or stop its yields")
+        if getattr(fn.fn, "bounded", None):
+            fn.fn = refused_slowly(fn.fn)
+        elif fn.api_visibility == "public":
+            raise TypeError(f"{fn.name} is public and runs no model: hold it to the limit (talon.ui.session.bounded)")
         fn.queue = False

@@ -28,7 +28,7 @@ from talon.lessons.mtp import lineups_of, mtp_lineup
 from talon.trace import TraceFileError
 from talon.ui.files import read_atlas, write_lesson
 from talon.ui.recording import load_recording
-from talon.ui.session import Session
+from talon.ui.session import Session, bounded
 from talon.ui.words import EXPLAIN
 
 
@@ -124,6 +124,7 @@ def _words(text: str) -> str:
 
 
 def make_show() -> Callable[..., tuple[Any, ...]]:
+    @bounded("computing the lessons")
     def show(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
         """The three lessons on the picked atlas at budget N (``session``: the Decode tab's run)."""
         picked = pick(index, budget, atlas_state)
@@ -158,6 +159,7 @@ def make_refresh() -> Callable[..., tuple[Any, ...]]:
 
 
 def make_export() -> Callable[[Any, Any, Any, Any], str]:
+    @bounded("exporting the lessons")
     def export(session: Any, index: Any, budget: Any, atlas_state: Any) -> str:
         """The Decode tab's run (or the opening recording) with the shown lessons, as one HTML file."""
         steps = list(session.steps) if isinstance(session, Session) and session.steps else []
@@ -261,6 +263,7 @@ def at_hand(files: Any, budget: Any, atlas_state: Any) -> tuple[list[Atlas], int
     return atlases, int(budget) if str(budget).isdigit() and int(budget) in BUDGETS else BUDGETS[0]
 
 
+@bounded("comparing the head")
 def compare_head(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
     """The head against the draft model on the first prompt with both atlases (uploads and the
     explorer's), at the lessons' budget."""
@@ -287,6 +290,7 @@ def mtp_missing(atlases: list[Atlas]) -> str:
                   "here at the same knobs, with no model.")
 
 
+@bounded("comparing the MTP layer")
 def compare_mtp(files: Any, budget: Any, atlas_state: Any) -> tuple[str, Any]:
     """The MTP layer against a head and a draft model on the first prompt with an MTP atlas and
     another (uploads and the explorer's), at the lessons' budget."""

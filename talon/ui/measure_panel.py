@@ -18,6 +18,7 @@ from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.files import upload_path
 from talon.ui.panel import ControlPanel, run_on_click
+from talon.ui.session import bounded
 from talon.ui.stream import run_variants
 from talon.ui.words import EXPLAIN
 
@@ -125,6 +126,7 @@ def make_measure(view: MeasureView, settings: Settings) -> Callable[..., Iterato
 
 
 def make_load_results(view: MeasureView) -> Callable[[Any], dict[Any, Any]]:
+    @bounded("loading the sweep")
     def load_sweep(results_file: Any) -> dict[Any, Any]:
         """Show a ``python -m talon.bench --sweep`` results.json as heatmaps."""
         if not results_file:
@@ -139,6 +141,7 @@ def make_load_results(view: MeasureView) -> Callable[[Any], dict[Any, Any]]:
 
 
 def make_filter_results(view: MeasureView) -> Callable[[str, str, Any], dict[Any, Any]]:
+    @bounded("drawing the sweep")
     def filter_sweep(suite: str, method: str, rows: Any) -> dict[Any, Any]:
         return measure_updates(view, list(rows or []), suite, method, "") if rows else {}
 

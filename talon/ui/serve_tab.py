@@ -18,10 +18,12 @@ from talon.run_config import ConfigError
 from talon.server.facade import NO_DRAFT, Controls, find_preset, user_error
 from talon.settings import Settings
 from talon.ui.panel import ControlPanel
+from talon.ui.session import bounded
 from talon.ui.words import EXPLAIN
 
 
 def make_serving_config(settings: Settings) -> Callable[..., tuple[str, dict[str, Any], str]]:
+    @bounded("forecasting the engines")
     def translate(atlas_state: AtlasSession | None = None, **controls: Any) -> tuple[str, dict[str, Any], str]:
         """The controls as server flags: markdown for the panel, the same as JSON for the API, and
         the engines' forecast on the explorer's atlas (this session's, if any)."""

@@ -1,18 +1,24 @@
 """Per-session data, kept in ``gr.State``: the traces of a browser session's run (``Session``)
-and of its comparison (``CompareSession``), ``stop``, which sets their Stop flags, and
-``sessionless``, a handler as an API endpoint with a fresh state per call."""
+and of its comparison (``CompareSession``), ``stop``, which sets their Stop flags,
+``sessionless``, a handler as an API endpoint with a fresh state per call, and ``bounded``, a
+handler that runs no model held to the model-free limit and budget (``talon.atlas.budget``)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import gradio as gr
 
+from talon.atlas.budget import GATE, Busy, OverBudget
 from talon.trace import RunSummary, StepTrace
+from talon.ui.door import REFUSAL_DELAY_S
 
 
 @dataclass
@@ -106,4 +112,43 @@ def sessionless(handler: Callable[..., dict[Any, Any]], fresh: Callable[[], Any]
 
     call.__signature__ = signature.replace(parameters=[params[0], *params[2:]])  # type: ignore[attr-defined]
     call.__doc__, call.__name__ = handler.__doc__, handler.__name__
+    call.bounded = getattr(handler, "bounded", None)  # type: ignore[attr-defined]
     return call
+
+
+def bounded(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A handler that runs no model but may work for a while (an atlas, a trace or a sweep
+    replayed), held to ``talon.atlas.budget.GATE``: refused at once past the limit, stopped past its
+    budget, yielding to model runs; the caller reads why. ``what`` names the work in the message."""
+
+    def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(handler)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                with GATE.call(what):
+                    return handler(*args, **kwargs)
+            except (Busy, OverBudget) as error:
+                raise gr.Error(str(error), print_exception=False) from None
+
+        call.bounded = what  # type: ignore[attr-defined] - the layout checks every light endpoint has it
+        return call
+
+    return wrap
+
+
+def refused_slowly(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` (``bounded``) as the server calls it: while the limit's calls run, the refusal
+    answers after ``REFUSAL_DELAY_S`` without holding a thread, so that callers retrying in a loop
+    cannot make the refusals themselves the load (each request costs the server a few
+    milliseconds of the interpreter before any handler runs); otherwise the handler runs in a
+    worker thread, as Gradio runs any other."""
+
+    @functools.wraps(handler)
+    async def front(*args: Any, **kwargs: Any) -> Any:
+        if GATE.full:
+            refusal = GATE.busy()
+            await asyncio.sleep(REFUSAL_DELAY_S)
+            raise gr.Error(str(refusal), print_exception=False)
+        return await anyio.to_thread.run_sync(functools.partial(handler, *args, **kwargs))
+
+    return front
