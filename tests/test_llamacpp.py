@@ -158,15 +158,78 @@ def test_ngram_mod_follows_its_table_and_needs_n_min_tokens() -> None:
     assert replay_llamacpp(fresh, LlamaCppNgramMod(n_match=2, n_min=1, n_max=4), 6).num_draft_tokens == 0
 
 
-def test_ngram_mod_empties_its_table_after_five_poor_drafts() -> None:
-    policy = LlamaCppNgramMod(n_match=1, n_min=1, n_max=4)
+def poor_drafts(policy: LlamaCppNgramMod, accepted: list[int], drafted: int = 4) -> None:
+    """Tell ``policy`` of drafts of ``drafted`` tokens with ``accepted`` of each taken."""
+    for taken in accepted:
+        policy._last_len = drafted
+        policy.accepted(ServingDraft(), taken)
+
+
+def test_ngram_mod_empties_its_table_after_five_drafts_in_a_row_under_a_quarter() -> None:
+    """``accept`` in common/speculative.cpp: under 0.25 of a draft accepted counts one; five in a
+    row empty the table and clear ``i_last``; a draft at 0.25 or more ends the streak."""
     atlas = Atlas(prompt_ids=[1, 2, 1, 3], output=[1, 4, 1, 5], children={(0, ()): [(1, 1.0)]})
+    policy = LlamaCppNgramMod(n_match=1, n_min=1, n_max=4)
     policy.start(atlas)
-    assert policy._mod is not None and policy._mod.used > 0
-    for _ in range(5):
-        policy._last_len = 4
-        policy.accepted(ServingDraft(), 0)
-    assert policy._mod.used == 0
+    assert policy._mod is not None and policy._mod.used > 0 and policy._i_last == 3
+    poor_drafts(policy, [0, 0, 0, 0, 1, 0, 0, 0, 0])  # 1 of 4 is a quarter: not poor, the streak restarts
+    assert policy._mod.used > 0 and policy._low == 4
+    poor_drafts(policy, [0])
+    assert policy._mod.used == 0 and policy._i_last == 0 and policy._low == 0
+    policy.start(atlas)
+    poor_drafts(policy, [0, 0, 0], drafted=2)  # 0 of 2, three times; then 1 of 2 is a half
+    poor_drafts(policy, [1], drafted=2)
+    assert policy._mod.used > 0 and policy._low == 0
+
+
+def test_after_a_reset_the_next_draft_feeds_the_whole_text_again() -> None:
+    """The reset clears ``i_last``: the next draft adds every n-gram from the text's start, the
+    prompt's included, so the table drafts again at once."""
+    prompt = [7, 8, 9, 10, 11, 12] * 8  # 48 tokens: the prompt alone fills the table
+    atlas = Atlas(prompt_ids=prompt, output=[7, 8, 9, 10], children={(0, ()): [(1, 1.0)]})
+    policy = LlamaCppNgramMod(n_match=2, n_min=1, n_max=3)
+    policy.start(atlas)
+    assert policy.propose(atlas, 2, 8).tokens == [9, 10, 11]
+    poor_drafts(policy, [0] * 5)
+    assert policy._mod is not None and policy._mod.used == 0
+    assert policy.propose(atlas, 2, 8).tokens == [9, 10, 11]  # fed from token 0: 48 > 0 + 32
+
+
+def test_ngram_mod_feeds_the_generated_text_in_chunks_of_32() -> None:
+    """New n-grams join the table only once more than 32 tokens wait past ``i_last``: a pattern
+    (1, 2, 3) first generated at token 20 drafts when it comes again only if the text has grown
+    past i_last + 32 by then."""
+    prompt = list(range(100, 110))  # no repeats: the prompt drafts nothing; i_last = 10 - 2
+
+    def draft_at_repeat(gap: int) -> tuple[list[int], int]:
+        output = [*range(200, 220), 1, 2, 3, *range(300, 300 + gap), 1, 2, 3, 4]
+        atlas = Atlas(prompt_ids=prompt, output=output, children={(0, ()): [(1, 1.0)]})
+        policy = LlamaCppNgramMod(n_match=2, n_min=1, n_max=1)
+        policy.start(atlas)
+        p = 23 + gap + 2  # the server's text ends on the second 1; the sampled token is its 2
+        return policy.propose(atlas, p, 4).tokens, policy._i_last
+
+    assert draft_at_repeat(6) == ([], 8)  # 10 + 30 tokens: 32 wait past i_last, not more
+    assert draft_at_repeat(8) == ([3], 10 + 32 - 2)  # 10 + 32: fed up to the text's last n-gram
+
+
+def test_ngram_mod_drafts_only_n_min_tokens_or_more() -> None:
+    """The table's chain from (2, 3) runs 4, 9, 2 and ends ((9, 2) was never followed): a draft
+    needs n_min of it, and n_max cuts it."""
+    atlas = Atlas(prompt_ids=[1, 2, 3, 4, 9, 2], output=[3, 5], children={(0, ()): [(1, 1.0)]})
+    for n_min, n_max, drafted in ((1, 6, [4, 9, 2]), (3, 6, [4, 9, 2]), (4, 6, []), (4, 2, [4, 9])):
+        policy = LlamaCppNgramMod(n_match=2, n_min=n_min, n_max=n_max)
+        policy.start(atlas)
+        assert policy.propose(atlas, 1, 8).tokens == drafted, (n_min, n_max)
+
+
+def test_two_n_grams_in_one_slot_the_later_one_wins() -> None:
+    table = NgramMod(1, slots=4)
+    table.add([3, 42])
+    table.add([7, 43])  # 7 and 3 share slot 3
+    assert table.get([3]) == table.get([7]) == 43
+    table.add([11, 44])  # and 11
+    assert table.get([3]) == 44 and table.used == 1
 
 
 # ------------------------------------------------------------------------------- costs and sweeps
