@@ -105,8 +105,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "TALON_QUEUE_SIZE": ("16", "Requests the queue holds; beyond that new requests are turned away."),
     "TALON_LIGHT_LIMIT": (
         "1",
-        "Model-free calls (atlas, trace and sweep replays, anyone's) at once; one more is refused at once "
-        "(talon/atlas/budget.py). While a model runs, each keeps at most a tenth of the time.",
+        "Model-free calls (atlas, trace and sweep replays, anyone's) at once; past it a call is refused with a "
+        "clear message (talon/atlas/budget.py). While a model runs, each keeps at most 5 % of the time.",
     ),
     "TALON_LIGHT_CPU_S": ("20", "CPU seconds one model-free call may take (ten times that in wall time)."),
     "TALON_PRESETS": (

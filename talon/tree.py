@@ -56,6 +56,10 @@ class DraftTree:
     gates: list[Gate | None] = field(default_factory=lambda: [None])
     depths: list[int] = field(default_factory=lambda: [0])
     stop: TreeStop | Literal[""] = ""  # why the builder stopped growing it ("": still growing)
+    # node -> its children, indexed as nodes are appended (``children``: the builder asks it for
+    # every node it admits; a scan of ``parents`` each time made a wide tree's build quadratic)
+    _kids: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _indexed: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
 
     @staticmethod
     def with_root(root_token: int) -> "DraftTree":
@@ -91,7 +95,15 @@ class DraftTree:
         return None
 
     def children(self, node: int) -> list[int]:
-        return [i for i, p in enumerate(self.parents) if p == node]
+        """``node``'s children, in node order."""
+        parents = self.parents
+        seen_list, seen = self._indexed
+        if seen_list != id(parents) or seen > len(parents):  # a new parents list: index it again
+            self._kids, seen = {}, 0
+        for i in range(seen, len(parents)):
+            self._kids.setdefault(parents[i], []).append(i)
+        self._indexed = (id(parents), len(parents))
+        return list(self._kids.get(node, ()))
 
     def path(self, node: int) -> list[int]:
         """Node ids from the root to ``node``, both included."""

@@ -209,7 +209,7 @@ def test_an_unusable_gpu_is_a_banner_and_a_log_line(monkeypatch: pytest.MonkeyPa
     demo = build_ui(Settings(device="cpu"))
     assert any(getattr(b, "value", None) and "driver 535.104.05" in str(b.value) for b in demo.blocks.values())
     monkeypatch.setattr(app, "start_models", lambda settings: None)
-    monkeypatch.setattr(app, "build_app", lambda settings: SimpleNamespace(launch=lambda **kw: None))
+    monkeypatch.setattr(app, "build_app", lambda settings: SimpleNamespace(launch=lambda **kw: None, fns={}))
     with caplog.at_level("WARNING"):
         app.main()
     assert "driver 535.104.05" in caplog.text

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 LIGHT_LIMIT = 1  # model-free calls at once (TALON_LIGHT_LIMIT)
 LIGHT_CPU_S = 20.0  # CPU seconds one call may take (TALON_LIGHT_CPU_S)
 LIGHT_SHARE = 0.05  # of the time, per call, while a model runs
-IDLE_SHARE = 0.5  # of the time, while none runs: page loads, the slider and the queue need the interpreter
+IDLE_SHARE = 0.5  # of the time, while none runs: page loads, the slider and the queue need the interpreter too
 SLICE_S = 0.002  # work between two sleeps: well under Python's switch interval (5 ms), so no one waits long on the GIL
 
 

@@ -151,6 +151,7 @@ def length_totals(budget: int) -> dict[str, tuple[int, int, float]]:
 def make_refresh() -> Callable[..., tuple[Any, ...]]:
     show = make_show()
 
+    @bounded("computing the lessons")
     def refresh(index: Any, budget: Any, atlas_state: Any, session: Any = None) -> tuple[Any, ...]:
         """On opening the tab: the prompts (the session's own atlas joins them), then the lessons."""
         return (gr.update(choices=prompt_choices(atlas_state)), *show(index, budget, atlas_state, session))

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,6 @@ import gradio as gr
 
 from talon.atlas.budget import GATE, Busy, OverBudget
 from talon.trace import RunSummary, StepTrace
-from talon.ui.door import REFUSAL_DELAY_S
 
 
 @dataclass
@@ -116,10 +116,15 @@ def sessionless(handler: Callable[..., dict[Any, Any]], fresh: Callable[[], Any]
     return call
 
 
+class BusyError(gr.Error):
+    """A model-free call refused because the limit's calls are running (``talon.atlas.budget.Busy``)."""
+
+
 def bounded(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A handler that runs no model but may work for a while (an atlas, a trace or a sweep
-    replayed), held to ``talon.atlas.budget.GATE``: refused at once past the limit, stopped past its
-    budget, yielding to model runs; the caller reads why. ``what`` names the work in the message."""
+    replayed), held to ``talon.atlas.budget.GATE``: refused past the limit (``BusyError``), stopped
+    past its budget, yielding to model runs; the caller reads why. ``what`` names the work in the
+    message."""
 
     def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(handler)
@@ -127,7 +132,9 @@ def bounded(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             try:
                 with GATE.call(what):
                     return handler(*args, **kwargs)
-            except (Busy, OverBudget) as error:
+            except Busy as error:
+                raise BusyError(str(error), print_exception=False) from None
+            except OverBudget as error:
                 raise gr.Error(str(error), print_exception=False) from None
 
         call.bounded = what  # type: ignore[attr-defined] - the layout checks every light endpoint has it
@@ -136,19 +143,30 @@ def bounded(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return wrap
 
 
+WAIT_FOR_SLOT_S = 60.0  # a page's own events overlap (the Lessons' first replays, an upload): they wait this long
+
+
 def refused_slowly(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """``handler`` (``bounded``) as the server calls it: while the limit's calls run, the refusal
-    answers after ``REFUSAL_DELAY_S`` without holding a thread, so that callers retrying in a loop
-    cannot make the refusals themselves the load (each request costs the server a few
-    milliseconds of the interpreter before any handler runs); otherwise the handler runs in a
-    worker thread, as Gradio runs any other."""
+    """``handler`` (``bounded``) as the server calls it: while the limit's calls run it waits for a
+    slot without holding a thread, up to ``WAIT_FOR_SLOT_S`` (one page's events overlap: opening
+    the Lessons while an upload replays), then is refused; so callers retrying in a loop cannot make
+    the refusals themselves the load (each request costs the server a few milliseconds of the
+    interpreter before any handler runs). The public endpoints' plain route is refused sooner, at
+    its door (``talon.ui.door``). With a slot free, the handler runs in a worker thread, as Gradio
+    runs any other."""
 
     @functools.wraps(handler)
     async def front(*args: Any, **kwargs: Any) -> Any:
-        if GATE.full:
-            refusal = GATE.busy()
-            await asyncio.sleep(REFUSAL_DELAY_S)
-            raise gr.Error(str(refusal), print_exception=False)
-        return await anyio.to_thread.run_sync(functools.partial(handler, *args, **kwargs))
+        deadline = time.monotonic() + WAIT_FOR_SLOT_S
+        while True:
+            while GATE.full and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if GATE.full:
+                raise BusyError(str(GATE.busy()), print_exception=False)
+            try:
+                return await anyio.to_thread.run_sync(functools.partial(handler, *args, **kwargs))
+            except BusyError:  # another call took the free slot first
+                if time.monotonic() >= deadline:
+                    raise
 
     return front
