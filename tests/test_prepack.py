@@ -5,6 +5,7 @@ any width from two rows up, and a prepacked target decoding token for token its 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -20,6 +21,7 @@ from talon.models.head import head_rows, lm_logits
 from talon.models.prepack import (
     PREPACKED,
     PrepackedLinear,
+    decide,
     is_prepacked,
     pays,
     prepack,
@@ -131,20 +133,39 @@ def test_the_setting() -> None:
 
 def test_auto_follows_the_hosts_measurement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    """``TALON_PREPACK=auto`` prepacks where the timed check of one layer says it pays, and that
-    check says it in the log, with its figures."""
+    """``TALON_PREPACK=auto`` prepacks where the timed check of one layer says it pays; the check
+    says it in the log, with its figures, and its verdict is kept for the host's next start."""
     target_dir, draft_dir = save_tiny_pair(tmp_path)
     for measured, packed in ((True, True), (False, False)):
         monkeypatch.setattr(talon.models.prepack, "prepack_pays", lambda measured=measured: measured)
         t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=None)
         assert is_prepacked(t.model) == packed and is_prepacked(d.model) == packed
     monkeypatch.undo()
+    monkeypatch.setenv("TALON_CACHE", str(tmp_path / "cache"))
     talon.models.prepack.prepack_pays.cache_clear()
     with caplog.at_level(logging.INFO, logger="talon.models.prepack"):
         choice = talon.models.prepack.prepack_pays()
     line = next(r.getMessage() for r in caplog.records if "CPU layout check" in r.getMessage())
-    assert re.search(r"1 rows [\d.]+ / [\d.]+ ms .*16 rows [\d.]+ / [\d.]+ ms", line), line
+    assert re.search(r"3 rounds: 1 rows [\d.]+ / [\d.]+ ms .*16 rows [\d.]+ / [\d.]+ ms", line), line
     assert line.endswith("auto = " + ("on" if choice else "off"))
+    kept = list((tmp_path / "cache" / "prepack").glob("verdict-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["on"] == choice
+    caplog.clear()
+    talon.models.prepack.prepack_pays.cache_clear()  # a new start on the same host: the kept verdict
+    with caplog.at_level(logging.INFO, logger="talon.models.prepack"):
+        assert talon.models.prepack.prepack_pays() == choice
+    assert any("verdict kept in" in r.getMessage() for r in caplog.records)
+    assert not any("CPU layout check" in r.getMessage() for r in caplog.records)
+    talon.models.prepack.prepack_pays.cache_clear()
+
+
+def test_a_verdict_inside_the_noise_is_off() -> None:
+    pays_clearly = {1: (1.0, 0.7), 16: (2.0, 1.0)}
+    slower = {1: (1.0, 1.2), 16: (2.0, 1.0)}
+    assert decide([pays_clearly] * 3) == (True, pytest.approx(1.05 / 0.7))  # the one-row allowance is the nearer
+    on, least = decide([pays_clearly, slower, pays_clearly])  # one round of three misses: noise, so off
+    assert not on and least == pytest.approx(1.05 / 1.2)
+    assert decide([slower] * 3)[0] is False
 
 
 def test_the_rule_takes_a_tree_speedup_and_no_one_row_slowdown() -> None:

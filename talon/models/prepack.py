@@ -18,7 +18,9 @@ row takes oneDNN's other path, as it takes MKL's gemv without prepacking.
 
 On a 2-core AMD EPYC the same layout took one token's forward to 0.51x and a 16-token one to
 0.43x: hosts differ, so ``TALON_PREPACK=auto`` (the default) prepacks where ``prepack_pays``, a
-timed check of one layer at start-up, says it pays here (docs/runs/2026-11-27-cpu-prepack-ab.md).
+timed check of one layer, says it pays here (docs/runs/2026-11-27-cpu-prepack-ab.md). The check
+runs three times, once per host, CPU and torch, and its verdict is kept in the cache: a one-off
+check flipped with the host's load from one start to the next (0.26x to 2.71x at one row).
 
 bfloat16 is left to torch (on a host with avx512_bf16 it already goes to oneDNN; unmeasured
 here), and so is every device but the CPU.
@@ -27,12 +29,19 @@ here), and so is every device but the CPU.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import os
+import platform
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from talon.models.cache import resolve_cache_dir
 from talon.models.quant import replace_linears
 from talon.models.rng import generator_for
 
@@ -115,19 +124,79 @@ def pays(times: dict[int, tuple[float, float]]) -> bool:
     return tree_plain / tree_packed >= MIN_TREE_SPEEDUP and row_packed / row_plain <= MAX_ROW_SLOWDOWN
 
 
+VERDICT_ROUNDS = 3  # the check, repeated: "on" only where every round clears the rule
+
+
+def host_key() -> dict[str, object]:
+    """What the verdict depends on: the CPU, its cores, torch's version and threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def margin(times: dict[int, tuple[float, float]]) -> float:
+    """How far these times clear the rule (over 1) or miss it (under 1): the smaller of the tree's
+    speedup over its need and the one-row allowance over its slowdown."""
+    (row_plain, row_packed), (tree_plain, tree_packed) = times[CHECK_ROWS[0]], times[CHECK_ROWS[1]]
+    return min(tree_plain / tree_packed / MIN_TREE_SPEEDUP, MAX_ROW_SLOWDOWN / (row_packed / row_plain))
+
+
+def decide(rounds: list[dict[int, tuple[float, float]]]) -> tuple[bool, float]:
+    """On where every round pays, with the smallest round's margin; rounds that disagree are inside
+    the noise, and that means off."""
+    margins = [margin(times) for times in rounds]
+    return all(pays(times) for times in rounds), min(margins)
+
+
+def verdict_path(cache_dir: Path, key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / "prepack" / f"verdict-{digest}.json"
+
+
+def read_verdict(path: Path, key: dict[str, object]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("on"), bool) else None
+
+
 @functools.cache
 def prepack_pays() -> bool:
-    """Measured once per process, as the CPU's dtype is (``talon.models.device``): whether this
-    host's oneDNN layout beats torch's default float32 matmul (MKL's sgemm re-lays a weight out at
-    every call of a few rows on some hosts, not on others), logged with its figures."""
+    """Decided once per host (``host_key``: CPU, cores, torch) and kept in ``TALON_CACHE/prepack``
+    with its figures, so that every start of the app on a host decides alike: whether this host's
+    oneDNN layout beats torch's default float32 matmul (MKL's sgemm re-lays a weight out at every
+    call of a few rows on some hosts, not on others). The check runs ``VERDICT_ROUNDS`` times; a
+    verdict the rounds disagree on is inside the noise, and that is off. Logged either way."""
     if not prepack_supported():
         return False
-    times = {rows: time_layer(rows) for rows in CHECK_ROWS}
-    choice = pays(times)
-    logger.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked: %s (need %.2fx at "
-                "%d rows, at most %.2fx slower at %d) -> TALON_PREPACK auto = %s",
-                ", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)" for r, (p, q) in times.items()),
-                MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], "on" if choice else "off")
+    key = host_key()
+    path = verdict_path(resolve_cache_dir(None), key)
+    if (kept := read_verdict(path, key)) is not None:
+        logger.info("CPU layout verdict kept in %s (decided %s, margin %.2fx): TALON_PREPACK auto = %s", path,
+                    kept.get("decided", "?"), float(kept.get("margin", 0.0)), "on" if kept["on"] else "off")
+        return kept["on"]
+    rounds = [{rows: time_layer(rows) for rows in CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
+    choice, least = decide(rounds)
+    paid = sum(pays(times) for times in rounds)
+    logger.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked, %d rounds: %s (need "
+                "%.2fx at %d rows, at most %.2fx slower at %d; %d of %d rounds pay, margin %.2fx%s) -> TALON_PREPACK "
+                "auto = %s", VERDICT_ROUNDS,
+                "; ".join(", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)"
+                                    for r, (p, q) in times.items()) for times in rounds),
+                MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], paid, VERDICT_ROUNDS, least,
+                ": inside the noise" if 0 < paid < VERDICT_ROUNDS else "", "on" if choice else "off")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "on": choice, "margin": round(least, 4), "decided": time.strftime(
+            "%Y-%m-%d"), "rounds": [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds]}), encoding="utf-8")
+    except OSError as error:  # a read-only cache: decide again next start
+        logger.warning("CPU layout verdict not kept (%s): the next start checks again", error)
     return choice
 
 
