@@ -102,7 +102,9 @@ def test_a_prepacked_target_decodes_its_own_greedy_generate(drafter: str, tree: 
     assert_decodes_own_generate(target, None if drafter == "layerskip" else draft, drafter, tree)
 
 
-def test_what_gets_prepacked() -> None:
+def test_what_gets_prepacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TALON_CACHE", str(tmp_path))  # the host's verdict is kept in the cache: not the user's
+    talon.models.prepack.prepack_pays.cache_clear()
     lm = tiny_loaded("llama", 0)
     assert should_prepack(lm.model) and not should_prepack(lm.model, enabled=False)
     assert should_prepack(lm.model, enabled=None) == talon.models.prepack.prepack_pays()
