@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from talon.atlas.data import AtlasSpec
+from talon.atlas.loop import compare_runs
 from talon.atlas.record import record_atlas
-from talon.atlas.replay import compare_runs
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.engine.engine import Engine, generate
 from talon.models import load_pair
 from talon.run_config import RetrievalConfig, RunConfig, TreeConfig

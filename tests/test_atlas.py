@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from talon.atlas.data import Atlas, AtlasSpec, parse_atlas
+from talon.atlas.loop import compare_runs
 from talon.atlas.record import record_atlas
-from talon.atlas.replay import compare_runs
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.sweep import best_row, pareto, run_sweep
 from talon.cli.main import main
 from talon.cost.model import synthetic_costs

@@ -26,7 +26,7 @@ from talon.atlas.explorer import (
     mu_budget_grid,
     root_top_grid,
 )
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.sweep import best_row, pareto
 from talon.figures.atlas import knob_text
 from talon.run_config import ConfigError

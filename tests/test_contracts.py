@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talon.atlas.replay import AtlasModel, TextVerifier
+from talon.atlas.loop import AtlasModel, TextVerifier
 from talon.core.contracts import Drafter, DraftSource, Verifier
 from talon.core.verify import TargetVerifier
 from talon.cost.model import synthetic_costs

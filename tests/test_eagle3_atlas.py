@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from talon.atlas.data import Atlas, canonical_key, parse_atlas
+from talon.atlas.loop import compare_runs
 from talon.atlas.record import PairRecorder, record_atlas
-from talon.atlas.replay import compare_runs
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import check_replayable
 from talon.atlas.serving_replay import SglangStandalone, VllmDraftModel, replay_serving
 from talon.atlas.serving_sweep import DEFAULT_GRIDS, serving_policies

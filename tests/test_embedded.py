@@ -128,9 +128,9 @@ def test_atlas_replays_equal_real_runs(embedded_engine: Engine) -> None:
     trees are proven on float32 pairs (``tests/test_atlas.py``). The cost-aware row plans on the
     engine's snapshot, which the atlas stores."""
     from talon.atlas.data import AtlasSpec
+    from talon.atlas.loop import compare_runs
     from talon.atlas.record import record_atlas
-    from talon.atlas.replay import compare_runs
-    from talon.atlas.replaying import replay
+    from talon.atlas.replay import replay
 
     costs = embedded_engine.cost_snapshot(RunConfig().draft_vocab).to_dict()
     prompt = first_prompt("humaneval")

@@ -15,7 +15,7 @@ import torch
 from talon.atlas.data import Atlas, parse_atlas
 from talon.atlas.forecast import forecast
 from talon.atlas.record import record_atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.serving import serving_config
 from talon.atlas.serving_costs import (
     ServingCosts,

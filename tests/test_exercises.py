@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.figures.lessons import adaptive_words, calibration_figure, calibration_words, exercises_html
 from talon.lessons import exercises as E
 from talon.lessons.adaptive import AdaptiveLesson, adaptive_config, by_confidence, calibration

@@ -13,7 +13,7 @@ import pytest
 
 from talon.atlas.data import Atlas, AtlasSpec, load_atlases
 from talon.atlas.record import record_atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.cli.main import main
 from talon.lessons import LESSONS_DIR, lesson_configs
 from talon.lessons.adaptive import (

@@ -12,7 +12,7 @@ import pytest
 
 from talon.atlas.data import Atlas, parse_atlas
 from talon.atlas.explorer import AtlasSession
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.figures.lessons import head_words
 from talon.lessons.head import ROLES, head_vs_model, pairs_of
 from talon.lessons.hybrid import hybrid_lesson

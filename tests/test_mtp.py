@@ -308,8 +308,8 @@ def mtp_atlas() -> tuple[Engine, list[int], object]:
 @pytest.mark.parametrize("drafter", ["mtp", "mtp-hybrid"])
 def test_replays_of_an_mtp_atlas_equal_the_real_runs(mtp_atlas: tuple, drafter: str) -> None:
     from talon.atlas.data import parse_atlas
-    from talon.atlas.replay import compare_runs
-    from talon.atlas.replaying import replay
+    from talon.atlas.loop import compare_runs
+    from talon.atlas.replay import replay
 
     engine, ids, atlas = mtp_atlas
     atlas = parse_atlas(json.loads(json.dumps(atlas.to_dict())))  # as a file reads back

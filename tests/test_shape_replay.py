@@ -8,7 +8,7 @@ import pytest
 
 from talon.atlas.data import Atlas
 from talon.atlas.record import record_atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.shape import shape_replay, shape_run
 from talon.cost.model import synthetic_costs
 from talon.engine.engine import Engine

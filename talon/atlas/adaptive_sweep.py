@@ -27,7 +27,7 @@ from talon.atlas.adaptive import (
 )
 from talon.atlas.adaptive_hf import HfAssisted
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import for_slot
 from talon.run_config import ConfigError, RunConfig
 

@@ -1,6 +1,6 @@
 """The Threshold explorer's model, free of Gradio: the knobs (one greedy configuration, named as
 ``talon generate``'s flags), the grids drawn around them, a browser session's atlas with every
-configuration replayed on it (``talon.atlas.replay``, remembered: a replay is deterministic), the
+configuration replayed on it (``talon.atlas.loop``, remembered: a replay is deterministic), the
 exploration of the knobs (score, heatmaps, Pareto front, best). ``talon.ui.explorer_tab`` puts
 it on the page, in the words of ``talon.ui.explorer_tab``; ``talon.server.device`` records and
 reads atlas files. Nothing here imports Gradio or builds HTML."""
@@ -15,7 +15,7 @@ from typing import Any
 from talon.atlas.adaptive import LengthRun, replay_requests
 from talon.atlas.adaptive_sweep import RULES, RuleBest, best_per_rule, make_rule, talon_row
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import ReplayResult
 from talon.atlas.sweep import SweepRow, best_row, pareto, replay_one, result_of
 from talon.knobs import (

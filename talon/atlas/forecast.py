@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from talon.atlas.adaptive_sweep import adaptive_advice
 from talon.atlas.data import Atlas
 from talon.atlas.llamacpp import DRAFT_TOP_K, LLAMACPP_CHAIN, llamacpp_policy
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import for_slot
 from talon.atlas.serving import ServingConfig, prompt_lookup_config
 from talon.atlas.serving_replay import (

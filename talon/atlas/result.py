@@ -1,7 +1,7 @@
 """A replay's records, free of torch: ``Coverage`` (how many draft expansions the atlas
 answered), ``ReplayResult`` (a replayed run), and which drafter kinds an atlas replays
 (``replayable_kinds``, ``for_slot``, ``check_replayable``). The replay itself:
-``talon.atlas.replaying.replay``, over the step loop of ``talon.atlas.replay``."""
+``talon.atlas.replay.replay``, over the step loop of ``talon.atlas.loop``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 An engine's models (random weights at a preset's shapes, on a GPU) run every forward, bucket,
 graph replay, cache move and host decision of a real run, but what a forward *says* comes from a
-recorded draft atlas (``talon.atlas.replay``): each draft forward's children are the atlas's top-k
+recorded draft atlas (``talon.atlas.loop``): each draft forward's children are the atlas's top-k
 at that node, each verification's verdict the atlas's greedy text. So the builder, the gates and
 the planner grow the trees the embedded pair's real acceptance grows and accept its paths, while
 the clock times this device's own step: tokens/s measured, not predicted, with real acceptance.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.replay import AtlasModel, TextVerifier
-from talon.atlas.replaying import replay
+from talon.atlas.loop import AtlasModel, TextVerifier
+from talon.atlas.replay import replay
 from talon.atlas.result import Coverage, check_replayable
 from talon.core.contracts import DraftSource, Verdict, Verifier
 from talon.drafters import SOURCE_MAKERS

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from talon.atlas.data import Atlas, AtlasSpec, Key, canonical_key
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.core.contracts import Children
 from talon.core.forward import forward_hidden
 from talon.core.kv import gather_entries

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import ReplayResult
 from talon.knobs import ATLAS_KINDS, GRID_KNOBS, HEAD_ATLAS_KINDS, MTP_ATLAS_KINDS, ON_OFF
 from talon.run_config import ConfigError, RunConfig

@@ -7,11 +7,11 @@ cuts that path at a stop (``StopCheck``) before both sides commit it.
 * ``Drafter`` proposes a step's tree (``draft`` -> ``Draft``) and learns from the verdict
   (``commit``). ``talon.drafters.tree_drafter.TreeDrafter`` is the one implementation; its
   model half is any ``DraftSource`` (``ModelSource`` runs a real model,
-  ``talon.atlas.replay.AtlasModel`` answers from a recording). A ``PreDrafter`` can also draft
+  ``talon.atlas.loop.AtlasModel`` answers from a recording). A ``PreDrafter`` can also draft
   the next tree while the target verifies; it needs a ``ForkableSource``.
 * ``Verifier`` scores a tree in one target forward and accepts a path (``verify`` -> ``Verdict``),
   and keeps the accepted path's KV (``commit``). ``talon.core.verify.TargetVerifier`` runs the target,
-  ``talon.graphs.pool.StaticVerifier`` its static-shape forward, ``talon.atlas.replay.TextVerifier``
+  ``talon.graphs.pool.StaticVerifier`` its static-shape forward, ``talon.atlas.loop.TextVerifier``
   matches a recorded greedy text.
 * ``AcceptanceModel``: P(node accepted | parent accepted), what the builder ranks nodes by and the
   planner prices layers with (``talon.cost.plan.CalibratedAcceptance`` learns it per run).

@@ -65,7 +65,7 @@ class StepResult:
 @dataclass
 class RunParts:
     """Everything a run needs besides its configuration: built by ``Engine.run`` around the real
-    models, or by ``talon.atlas.replay`` around a recorded draft atlas and the target's text."""
+    models, or by ``talon.atlas.loop`` around a recorded draft atlas and the target's text."""
 
     prompt_ids: list[int]
     prompt_text: str

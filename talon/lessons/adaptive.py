@@ -1,7 +1,7 @@
 """Why adaptive? TALON's claim, replayed exactly on atlases: the static depth dilemma, the
 acceptance funnel, and the adaptive tree against EAGLE-3's default static tree and against the
 best fixed depth chosen with hindsight, all at equal budgets. No model: every number is a replay
-(``talon.atlas.replay``) of the draft model's own proposals.
+(``talon.atlas.loop``) of the draft model's own proposals.
 
 * **Static trees over depths**: EAGLE-2/3's static tree (``tree=static``: the root's K children,
   then the k best of each layer expand k children each, the best N kept by path confidence) at
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import ReplayResult, for_slot
 from talon.run_config import RunConfig, TreeConfig
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import for_slot
 from talon.cost.model import CostModel
 from talon.run_config import RunConfig

@@ -1,5 +1,5 @@
 """Exercises: a question about what one knob will do on one lesson prompt, answered by replaying
-it (``talon.atlas.replay``) with the knob moved, so the data, not the text, decides the answer:
+it (``talon.atlas.loop``) with the knob moved, so the data, not the text, decides the answer:
 
 * **The gate**: raise μ from its default to 0.5: do the adaptive trees grow deeper or wider?
 * **The budget**: give the adaptive tree EAGLE-3's N = 59 instead of 16: how much more does a
@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import ReplayResult
 from talon.lessons.adaptive import AdaptiveLesson, adaptive_config
 from talon.lessons.hybrid import HybridLesson

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import ReplayResult, for_slot
 from talon.drafters.suffix import SuffixIndex
 from talon.knobs import ATLAS_DRAFTING_KINDS

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from talon.atlas.adaptive import LengthRule, SglangAdaptive, oracle, replay_lengths
 from talon.atlas.adaptive_hf import HfAssisted
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.atlas.result import for_slot
 from talon.run_config import RunConfig, TreeConfig
 

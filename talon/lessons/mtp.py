@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talon.atlas.data import Atlas
-from talon.atlas.replaying import replay
+from talon.atlas.replay import replay
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 
 # an atlas's drafter (``Atlas.draft_kind``) -> the drafter kind that replays it alone, and its name
