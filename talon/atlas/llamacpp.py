@@ -55,7 +55,6 @@ from talon.atlas.serving_replay import (
     ServingStep,
     accept_on_text,
     check_int,
-    could_swap,
 )
 from talon.run_config import ConfigError
 
@@ -115,19 +114,13 @@ class LlamaCppDraft(LlamaCppPolicyBase):
         cap = self.n_max if self.type in CUT_AFTER else min(self.n_max, room)  # eagle3 and mtp truncate after
         while True:
             if self.p_min == 0 and path and atlas.off_text(p, path):  # rejected here; only the length counts
-                depth = len(path)
-                draft.tokens += [-1] * (cap - depth)  # drafted all the same, never compared
-                draft.parents += list(range(depth - 1, cap - 1))
-                draft.forwards += cap - depth - 1
+                draft.pad_rejected(len(path), cap)
+                draft.forwards += cap - len(path) - 1
                 break
-            kids = atlas.children.get(atlas.canonical(p, path))
+            kids = draft.chain_children(atlas, p, path)
             if not kids:
-                draft.missing = f"at token {p}, depth {len(path)}: the draft's children are not in the atlas"
                 break
-            token, _ = kids[0]
-            if len(kids) > 1 and could_swap(kids[0][1], kids[1][1]) and not draft.near_tie:
-                draft.near_tie = (f"at token {p}, depth {len(path) + 1}: the draft's top two tokens have "
-                                  f"probabilities {kids[0][1]:.6f} and {kids[1][1]:.6f}")
+            token = kids[0][0]
             if self.p_min > 0:
                 if len(kids) < DRAFT_TOP_K:
                     draft.missing = (f"at token {p}, depth {len(path)}: p_min needs the draft's top {DRAFT_TOP_K} "

@@ -77,6 +77,25 @@ class ServingDraft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def chain_children(self, atlas: Atlas, p: int, path: tuple[int, ...]) -> list[tuple[int, float]]:
+        """A greedy chain's next choice, the draft's children after ``path`` at ``p`` (top first):
+        [] where the atlas holds none (said in ``missing``); a near-tie of the top two is noted once.
+        Every engine's chain walks the atlas this way (vLLM, llama.cpp)."""
+        kids = atlas.children.get(atlas.canonical(p, path))
+        if not kids:
+            self.missing = f"at token {p}, depth {len(path)}: the draft's children are not in the atlas"
+            return []
+        if len(kids) > 1 and could_swap(kids[0][1], kids[1][1]) and not self.near_tie:
+            self.near_tie = (f"at token {p}, depth {len(path) + 1}: the draft's top two tokens have "
+                             f"probabilities {kids[0][1]:.6f} and {kids[1][1]:.6f}")
+        return kids
+
+    def pad_rejected(self, depth: int, cap: int) -> None:
+        """A chain ``depth`` deep has left the text: the engine still drafts it to ``cap`` tokens,
+        never compared (-1), each the child of the one before."""
+        self.tokens += [-1] * (cap - depth)
+        self.parents += list(range(depth - 1, cap - 1))
+
 
 class ServingPolicy(Protocol):
     serving: Serving
@@ -142,20 +161,14 @@ class VllmDraftModel:
         draft = ServingDraft()
         path: tuple[int, ...] = ()
         for depth in range(self.k):
-            kids = atlas.children.get(atlas.canonical(p, path))
+            kids = draft.chain_children(atlas, p, path)
             if not kids:
-                draft.missing = f"at token {p}, depth {depth}: the draft's children are not in the atlas"
                 break
-            token, q = kids[0]
-            if len(kids) > 1 and could_swap(kids[0][1], kids[1][1]) and not draft.near_tie:
-                draft.near_tie = (f"at token {p}, depth {depth + 1}: the draft's top two tokens have "
-                                  f"probabilities {kids[0][1]:.6f} and {kids[1][1]:.6f}")
-            draft.tokens.append(token)
+            draft.tokens.append(kids[0][0])
             draft.parents.append(depth - 1)
-            path += (token,)
+            path += (kids[0][0],)
             if atlas.off_text(p, path):  # off the text: rejected here, the rest cannot matter
-                draft.tokens += [-1] * (self.k - depth - 1)  # drafted all the same, never compared
-                draft.parents += list(range(depth, self.k - 1))
+                draft.pad_rejected(len(path), self.k)
                 break
         return draft
 
