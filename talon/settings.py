@@ -358,6 +358,7 @@ class PairKey:
     chain: bool = False  # talon.graphs.chain: adaptive trees grown on the draft model's device
     prepack: bool | None = None  # talon.models.prepack: float32 weights on a CPU laid out for oneDNN (None: auto)
     fold: bool | None = None  # talon.models.attention: GQA folded (None: the device's proven default)
+    aux_layers: tuple[int, ...] = ()  # an EAGLE-3 head's feature layers over its config's (--aux-layers)
 
     def describe(self) -> str:
         return f"{self.target} + {self.draft}"

@@ -137,20 +137,20 @@ def test_serving_config_endpoint_takes_the_run_controls(client: Client) -> None:
         client.predict(budget=2.5, api_name="/serving_config")
 
 
-def readme_api_example() -> str:
-    """The README's Python example, as a user copies it."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+def api_example() -> str:
+    """docs/app.md's Python example against a Space, as a user copies it (the README links to it)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "app.md").read_text(encoding="utf-8")
     after = text.split("From Python, against a Space", 1)[1]
     return after.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_api_example_runs_against_a_local_server(app_url: str) -> None:
+def test_the_documented_api_example_runs_against_a_local_server(app_url: str) -> None:
     """Both kinds of call: a run through gradio_client (queued) and a light call on the plain
     HTTP route (not queued), the Space id swapped for the local server's address."""
-    code = readme_api_example()
+    code = api_example()
     assert 'Client("USER/SPACE")' in code and "/gradio_api/run/serving_config" in code
     scope: dict = {}
-    exec(compile(code.replace('"USER/SPACE"', repr(app_url)), "README.md", "exec"), scope)  # noqa: S102
+    exec(compile(code.replace('"USER/SPACE"', repr(app_url)), "docs/app.md", "exec"), scope)  # noqa: S102
     assert isinstance(scope["text"], str) and scope["text"]
     assert scope["flags"]["sglang_command"] and scope["flags"]["vllm_command"] and "SGLang" in scope["markdown"]
     assert "Record or upload" in scope["forecast"]

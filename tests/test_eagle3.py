@@ -17,11 +17,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache
 
+from talon.cli.main import main as cli_main
 from talon.core.forward import additive_mask
 from talon.drafters.eagle3 import HeadSource
 from talon.engine.engine import Engine, generate
 from talon.gpucheck.head import features_of
-from talon.models import LoadedModel, ModelLoadError
+from talon.models import LoadedModel, ModelLoadError, load_pair
 from talon.models.eagle3 import Eagle3Head, load_head
 from talon.models.head_config import read_head_config
 from talon.run_config import ConfigError, RunConfig, TreeConfig
@@ -204,6 +205,37 @@ def test_a_head_that_does_not_fit_the_target_is_refused(head_pair: tuple[LoadedM
     path = save_head(head.model, tmp_path / "h", "eagle", **change)
     with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_head(path, target.model, torch.float32, torch.device("cpu"))
+
+
+def test_aux_layers_set_the_hidden_states_a_head_reads(head_pair: tuple[LoadedModel, LoadedModel],
+                                                        tmp_path: Path) -> None:
+    """A config whose ids read a layer early (a SpecForge list taken as written, as vLLM's runner
+    takes it) drafts other logits; ``--aux-layers`` with the trained layers gives the head's own
+    back, and is checked against the target like the config's ids."""
+    target, head = head_pair
+    trained = head.model.cfg.layers_for(LAYERS)
+    early = tuple(i - 1 for i in trained)
+    path = save_head(head.model, tmp_path / "h", "speculators", eagle_aux_hidden_state_layer_ids=list(early))
+    cpu = torch.device("cpu")
+    as_written = load_head(path, target.model, torch.float32, cpu)
+    assert as_written.cfg.layers_for(LAYERS) == early
+    assert not torch.allclose(head_logits(as_written, target), head_logits(head.model, target), atol=1e-4)
+    fixed = load_head(path, target.model, torch.float32, cpu, aux_layers=trained)
+    assert fixed.cfg.layers_for(LAYERS) == trained and "--aux-layers" in fixed.cfg.aux_rule
+    assert torch.equal(head_logits(fixed, target), head_logits(head.model, target))
+    with pytest.raises(ModelLoadError, match="the target has 6"):
+        load_head(path, target.model, torch.float32, cpu, aux_layers=(2, 3, 9))
+
+
+def test_aux_layers_are_refused_without_a_head_and_when_malformed(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Before any weight loads: the target named here does not exist."""
+    with pytest.raises(ModelLoadError, match="is not an EAGLE-3 head"):
+        load_pair(str(tmp_path / "no-such-target"), "none", aux_layers=(2, 3, 4))
+    for bad, why in (("2,x,4", "a comma list of integers"), ("-1,2", "indices of at least 0")):
+        with pytest.raises(SystemExit):
+            cli_main(["generate", "--prompt", "a", f"--aux-layers={bad}"])
+        assert why in capsys.readouterr().err
 
 
 def test_a_head_is_refused_where_it_cannot_draft(head_pair: tuple[LoadedModel, LoadedModel]) -> None:

@@ -55,10 +55,56 @@ def test_specforges_default_ids_are_read_as_sglang_reads_them(layers: int, tmp_p
     (speculators(eagle_aux_hidden_state_layer_ids=[1, 15, 28]), (1, 15, 28)),  # vLLM: as written
     (speculators(eagle_aux_hidden_state_layer_ids=None), (2, 16, 29)),  # Red Hat's heads write null
     (specforge(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 46, 90]}), (2, 47, 91)),  # SpecForge's Qwen3-235B
-    (specforge(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}), (2, 16, 29)),  # SGLang: not from 1
+    (specforge(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}), (3, 17, 30)),  # layer outputs too
 ])
 def test_each_layout_reads_its_ids_its_engines_way(config: dict, want: tuple[int, ...], tmp_path: Path) -> None:
-    assert read_head_config(written(tmp_path, config)).layers_for(32) == want
+    """SpecForge captures ``hidden_states[i + 1]`` for its id i whatever the list (its capture test
+    and SGLang's Llama and Qwen models, which add 1 to every id), so a nested list is read + 1
+    even where it does not start at 1."""
+    cfg = read_head_config(written(tmp_path, config))
+    assert cfg.layers_for(32) == want
+    assert cfg.overridden((4, 5, 6)).layers_for(32) == (4, 5, 6)  # --aux-layers, whatever the config says
+    assert "--aux-layers 4,5,6" in cfg.overridden((4, 5, 6)).aux_rule
+
+
+def specforge_export(source: Path, out: Path) -> Path:
+    """``config.json`` written as SpecForge's exporter writes it (sgl-project/SpecForge a6b6b02,
+    ``specforge/export/to_sglang.py``): the training run's draft config read by
+    ``AutoDraftModelConfig.from_file`` (untied embeddings, ``draft_vocab_size`` defaulting to the
+    vocabulary) into the registered ``LlamaConfig``, saved by ``save_pretrained``, then
+    ``apply_legacy_rope_scaling`` (``export/checkpoint_io.py``) mirroring ``rope_theta`` to the
+    top level and rewriting the file sorted, indented by 2."""
+    from transformers import LlamaConfig
+
+    config = json.loads(source.read_text(encoding="utf-8"))
+    if "tie_word_embeddings" in config:
+        config["tie_word_embeddings"] = False
+    if config.get("draft_vocab_size") is None:
+        config["draft_vocab_size"] = config.get("vocab_size")
+    LlamaConfig.from_dict(config).save_pretrained(out)
+    written_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    rope = written_config.get("rope_parameters") or {}
+    if "rope_theta" in rope and written_config.get("rope_theta") != rope["rope_theta"]:
+        written_config["rope_theta"] = rope["rope_theta"]
+        (out / "config.json").write_text(json.dumps(written_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def test_specforges_exported_config_reads_the_hidden_states_it_trained_on(tmp_path: Path) -> None:
+    """SpecForge's Qwen3-235B-A22B draft config (``configs/qwen3-235B-A22B-eagle3.json``, ids
+    ``[1, 46, 90]`` on 94 layers), exported the way SpecForge exports it: the committed
+    ``config.json`` is what that export writes, and it reads the hidden states SpecForge
+    captured in training (``hidden_states[i + 1]``: 2, 47, 91), not the ids as written."""
+    folder = CONFIGS / "specforge-qwen3-235b"
+    exported = json.loads((specforge_export(folder / "source.json", tmp_path) / "config.json").read_text())
+    committed = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    assert {k: v for k, v in exported.items() if k != "transformers_version"} == \
+        {k: v for k, v in committed.items() if k != "transformers_version"}
+    cfg = read_head_config(folder)
+    assert cfg.layers_for(94) == (2, 47, 91) and "SpecForge" in cfg.aux_rule
+    assert (cfg.layout, cfg.hidden, cfg.target_hidden, cfg.heads, cfg.kv_heads, cfg.head_dim) == \
+        ("eagle", 4096, 4096, 64, 4, 128)
+    assert (cfg.vocab, cfg.draft_vocab, cfg.rope_theta, cfg.rope_scaling) == (151936, 32000, 1e6, None)
 
 
 @pytest.mark.parametrize("folder", ["eagle-llama3.1-8b", "speculators-llama3.1-8b"])

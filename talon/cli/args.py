@@ -27,6 +27,22 @@ def add_model_args(p: argparse.ArgumentParser, settings: Settings) -> None:
                    help="target weights: dense (--dtype as loaded; auto is the same) or int4 (CPU only: int4 "
                    "weights in groups of 32, a GGUF's own Q4_K blocks where it has them, bf16 activations). "
                    "The packed module is the target: the output is its own greedy text (default: %(default)s)")
+    p.add_argument("--aux-layers", type=aux_layers_arg, default=(), metavar="I,J,K",
+                   help="with an EAGLE-3 head as --draft: the target's hidden states it reads, as HF "
+                   "output_hidden_states indices (0 the embedding, i the input of layer i; vLLM's and speculators' "
+                   "ids; a SpecForge id is one less), over what its config says (docs/design.md: EAGLE-3 heads)")
+
+
+def aux_layers_arg(text: str) -> tuple[int, ...]:
+    """``--aux-layers``: a comma list of hidden-state indices, each at least 0, in the order the
+    head concatenates them."""
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma list of integers, e.g. 2,14,25; got {text!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"indices of at least 0, e.g. 2,14,25; got {text!r}")
+    return ids
 
 
 def pair_from_args(args: argparse.Namespace, settings: Settings, draft: str | None = None) -> PairKey:
@@ -35,7 +51,7 @@ def pair_from_args(args: argparse.Namespace, settings: Settings, draft: str | No
     ``--draft`` (``none`` for a drafter that needs no draft model)."""
     return PairKey.from_settings(settings, target=args.target, draft=args.draft if draft is None else draft,
                                  dtype=args.dtype, device=args.device, draft_quant=args.draft_quant,
-                                 target_weights=args.target_weights)
+                                 target_weights=args.target_weights, aux_layers=args.aux_layers)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ def build_engine(key: PairKey, precompile: bool = True) -> Engine:
         raise ConfigError("TALON_FORWARD=compiled: ZeroGPU does not support torch.compile; use auto (CUDA graphs)")
     draft = None if key.draft.strip().lower() == "none" else key.draft
     target_lm, draft_lm = load_pair(key.target, draft, key.dtype, key.device, key.allow_remote_code,
-                                    key.cache_dir, key.draft_quant, key.target_weights, key.prepack)
+                                    key.cache_dir, key.draft_quant, key.target_weights, key.prepack, key.aux_layers)
     cost_cache = Path(key.cost_cache) if key.cost_cache else None
     engine = Engine(target_lm, draft_lm, forward=key.forward, cost_cache=cost_cache,
                     chain=key.chain, fold=key.fold)

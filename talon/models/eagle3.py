@@ -127,13 +127,17 @@ def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
     raise ModelLoadError(f"{path}: an EAGLE-3 config but no model.safetensors or pytorch_model.bin beside it")
 
 
-def load_head(path: str | Path, target: nn.Module, dtype: torch.dtype, device: torch.device) -> Eagle3Head:
+def load_head(path: str | Path, target: nn.Module, dtype: torch.dtype, device: torch.device,
+              aux_layers: tuple[int, ...] = ()) -> Eagle3Head:
     """The EAGLE-3 head at ``path`` on ``target`` (ModelLoadError if it does not fit the target:
-    its feature width, vocabulary or feature layers)."""
+    its feature width, vocabulary or feature layers). ``aux_layers``: the target's hidden states
+    it reads (HF indices), over what its config says (``--aux-layers``)."""
     path = Path(path)
     cfg = read_head_config(path)
     if cfg is None:
         raise ModelLoadError(f"{path} is not an EAGLE-3 head (no draft_vocab_size or speculators_model_type eagle3)")
+    if aux_layers:
+        cfg = cfg.overridden(aux_layers)
     tcfg = target.config
     layers = int(tcfg.num_hidden_layers)
     problems = []

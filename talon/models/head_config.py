@@ -6,6 +6,7 @@ directory holds a head (``talon.server.policy.holds_head``). The head itself: ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ class HeadConfig:
                           num_hidden_layers=1, vocab_size=self.vocab, hidden_act="silu", rope_parameters=rope,
                           attention_bias=False, mlp_bias=False, attn_implementation="sdpa")
         return cfg
+
+    def overridden(self, aux_layers: tuple[int, ...]) -> HeadConfig:
+        """This config reading ``aux_layers`` (HF hidden-state indices) whatever its own ids say
+        (``--aux-layers``)."""
+        return dataclasses.replace(self, aux_layers=tuple(aux_layers),
+                                   aux_rule=f"--aux-layers {','.join(map(str, aux_layers))} (HF hidden-state indices)")
 
     def layers_for(self, target_layers: int) -> tuple[int, ...]:
         """The target's hidden states the head reads (HF ``output_hidden_states`` indices)."""
@@ -98,24 +105,29 @@ def read_head_config(path: Path) -> HeadConfig | None:
 
 def read_feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
     """The target's hidden states a head reads (HF ``output_hidden_states`` indices: 0 is the
-    embedding, i the output of layer i - 1), as the serving engines read the checkpoint's ids:
+    embedding, i the output of layer i - 1), as the head's trainer captured them:
 
-    * top-level ``eagle_aux_hidden_state_layer_ids`` (speculators, vLLM): the index as written;
-    * nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge, SGLang): SGLang's
-      ``set_eagle3_layers_to_capture`` as of sglang PR #25454 (main, 2026-05): ids whose first is 1
-      are "the output of layer i" (SpecForge's default ``[1, N//2-1, N-4]``), read as i + 1; any
-      other list is already an index. (SGLang before it added 1 always; vLLM reads nested ids as
-      written, one layer early for SpecForge's.)
-    * none: 2, N//2 and N-3, every engine's default."""
+    * top-level ``eagle_aux_hidden_state_layer_ids`` (speculators, vLLM): the index as written.
+      vLLM 0.33.0 captures the residual stream entering layer i (``models/llama.py`` with
+      ``interfaces.py``'s ``_maybe_add_hidden_state``), and speculators trains on vLLM's capture.
+    * nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge): "the output of layer
+      i", read as i + 1. SpecForge (sgl-project/SpecForge a6b6b02) captures
+      ``hidden_states[i + 1]`` for id i (its ``set_capture_layers`` hands the ids to SGLang, whose
+      Llama and Qwen models capture before layer i + 1: ``layers_to_capture = [val + 1 ...]`` in
+      ``srt/models/llama.py``, sglang 0.5.23). SpecForge never writes the key itself: an exported
+      config carries it only where the draft config it trained from did (its default, where
+      absent, is ``[1, N//2-1, N-4]``, the hidden states 2, N//2, N-3).
+    * none: 2, N//2 and N-3, every engine's default.
+
+    Where an engine reads them otherwise (vLLM's runner takes nested ids as written, a layer
+    early; SGLang's DeepSeek-V2 and GLM-4-MoE-Lite models add 1 only to a list starting at 1),
+    ``--aux-layers`` sets the indices outright (``HeadConfig.overridden``)."""
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     if top:
         return tuple(int(i) for i in top), "top-level ids, as written (speculators, vLLM)"
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if nested:
-        ids = [int(i) for i in nested]
-        if ids[0] == 1:
-            return tuple(i + 1 for i in ids), "eagle_config ids as layer outputs, each + 1 (SpecForge, SGLang)"
-        return tuple(ids), "eagle_config ids as written (SGLang: a list not starting at 1)"
+        return tuple(int(i) + 1 for i in nested), "eagle_config ids as layer outputs, each + 1 (SpecForge, SGLang)"
     return None, "none written: 2, N//2, N-3 (every engine's default)"
 
 

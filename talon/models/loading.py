@@ -229,6 +229,7 @@ def load_pair(
     draft_quant: str = "none",
     target_weights: str = "dense",
     prepack: bool | None = None,
+    aux_layers: tuple[int, ...] = (),
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the target and (unless ``draft`` is None or "none") a draft sharing its tokenizer.
     ``draft_quant``: none, int8 or auto (int8 on a CPU). ``target_weights``: dense (``dtype`` as
@@ -237,7 +238,12 @@ def load_pair(
     the packed module is the target, so the output stays its own greedy ``generate``.
     ``prepack``: float32 weights on a CPU (a dense target, a draft not in int8) laid out once for
     oneDNN (:mod:`talon.models.prepack`): the same weights, faster trees on some hosts; None (auto)
-    where this host's timed check says it pays."""
+    where this host's timed check says it pays. ``aux_layers``: the hidden states an EAGLE-3 head
+    draft reads, over its config's ids (``--aux-layers``; refused for any other draft)."""
+    head = None if draft is None or draft.strip().lower() in NO_DRAFT else _head_checkpoint(draft.strip())
+    if aux_layers and head is None:  # before any weight loads
+        raise ModelLoadError(f"--aux-layers names the target's hidden states an EAGLE-3 head reads; the draft {draft} "
+                             "is not an EAGLE-3 head")
     weights = "dense" if target_weights == "dense" else resolve_target_weights(target_weights, resolve_device(device))
     if weights == "dense":  # auto resolves here too
         target_lm = load_model(target, dtype, device, allow_remote_code, cache_dir, spread=True)
@@ -251,10 +257,9 @@ def load_pair(
         own_weights(target_lm.model)
     if draft is None or draft.strip().lower() in NO_DRAFT:
         return target_lm, None
-    head = _head_checkpoint(draft.strip())
     if head is not None:  # an EAGLE-3 head: it drafts on the target's features, in the target's dtype
         start = time.perf_counter()
-        module = load_head(head, target_lm.model, target_lm.dtype, target_lm.device)
+        module = load_head(head, target_lm.model, target_lm.dtype, target_lm.device, aux_layers)
         logger.info("Loaded the EAGLE-3 head %s (%s layout) in %.1f s", head, module.cfg.layout,
                     time.perf_counter() - start)
         return target_lm, LoadedModel(module, target_lm.tokenizer, str(head), target_lm.dtype, target_lm.device)
