@@ -105,6 +105,20 @@ def test_the_atlas_is_the_reference_run(recording_engine: Engine, recorded_atlas
         assert atlas.record["entries"] == len(atlas.children) > len(atlas.output)
 
 
+def test_a_recording_reports_every_step_of_its_run(recording_engine: Engine) -> None:
+    """Progress at every step of the greedy run, then the cost curves, then the drafting, never
+    going back: a slow forward is seen moving (the app's progress bar, the command's log)."""
+    events: list[tuple[float, str]] = []
+    atlas = record_atlas(recording_engine, ATLAS_PROMPTS[0], RunConfig(max_new_tokens=16, draft_vocab=0),
+                         progress=lambda f, what: events.append((f, what)))
+    running = [what for _, what in events if what.startswith("running the target for its greedy text:")]
+    assert len(running) == len(atlas.record["run_accept_lens"]) > 1
+    assert running[-1].startswith(f"running the target for its greedy text: {len(atlas.output)} of at most 16")
+    fractions = [f for f, _ in events]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("cost curves" in what for _, what in events)
+
+
 def test_predicted_time_is_the_cost_model(recorded_atlases: list[Atlas]) -> None:
     atlas = recorded_atlases[0]
     costs = atlas.cost_model()

@@ -32,7 +32,7 @@ from talon.atlas.superset import MAX_ROWS, Progress, Superset, SupersetRecorder
 from talon.core.forward import additive_mask, forward_features
 from talon.drafters.model import ModelSource
 from talon.drafters.mtp import mtp_layers_of
-from talon.engine.engine import Engine, generate
+from talon.engine.engine import Engine
 from talon.engine.prompt import eos_ids
 from talon.models.eagle3 import is_head
 from talon.models.mtp import is_mtp
@@ -70,11 +70,18 @@ def record_atlas(
     )
     report(0.0, "running the target for its greedy text")
     t0 = time.perf_counter()
-    summary, steps = generate(engine, prompt, run_cfg)
+    run, made = engine.run(prompt, run_cfg), 0
+    for step in run:  # a word every step: a slow forward is seen moving, never a silent minute
+        made += len(step.accepted)
+        report(0.25 * min(1.0, made / max(1, cfg.max_new_tokens)),
+               f"running the target for its greedy text: {made} of at most {cfg.max_new_tokens} tokens")
+    summary = run.summary
+    assert summary is not None
     run_s = time.perf_counter() - t0
     prompt_ids, output = summary.prompt_token_ids, summary.token_ids
-    report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
+    report(0.25, f"{len(output)} tokens in {run_s:.1f} s; the pair's cost curves (timed once per pair, then cached)")
     costs = engine.cost_snapshot(cfg.draft_vocab, drafting if mtp else None)  # what replays plan and time on
+    report(0.25, f"{len(output)} tokens in {run_s:.1f} s; drafting the atlas")
     t1 = time.perf_counter()
     if mtp or head:
         recorder: SupersetRecorder = PairRecorder(engine.target.model, drafting, prompt_ids, output, spec)
@@ -110,7 +117,7 @@ def record_atlas(
         costs=costs.to_dict(),
         record={"run_s": round(run_s, 3), "atlas_s": round(atlas_s, 3), "ratio": round((run_s + atlas_s) / run_s, 3),
                 "run_config": run_cfg.to_dict(), "run_mat": summary.mean_accepted_tokens,
-                "run_accept_lens": [len(s.accepted) for s in steps],
+                "run_accept_lens": [len(s.accepted) for s in run.steps],
                 "entries": len(recorder.children), "rows": recorder.rows, "forwards": recorder.forwards},
         suite=suite,
     )
