@@ -72,8 +72,8 @@ def record_atlas(
     t0 = time.perf_counter()
     run, made = engine.run(prompt, run_cfg), 0
     for step in run:  # a word every step: a slow forward is seen moving, never a silent minute
-        made += len(step.accepted)
-        report(0.25 * min(1.0, made / max(1, cfg.max_new_tokens)),
+        made = min(made + len(step.accepted), cfg.max_new_tokens)  # a last step's bonus may pass the limit
+        report(0.25 * made / max(1, cfg.max_new_tokens),
                f"running the target for its greedy text: {made} of at most {cfg.max_new_tokens} tokens")
     summary = run.summary
     assert summary is not None
