@@ -27,6 +27,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,6 +39,23 @@ from talon.settings import DRAFT_QUANTS, INT8_REFUSED, TARGET_WEIGHTS
 
 logger = logging.getLogger(__name__)
 _HEAD_LOCK = threading.Lock()
+
+
+def has_vnni() -> bool:
+    """Does this CPU multiply int8 into int32 in one instruction (AVX512-VNNI or AVX-VNNI)? Without
+    it, fbgemm sums pairs of u8 x s8 products in int16, which saturates on 8-bit activations."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+# 7-bit activations where the kernel would saturate on 8 (PyTorch's own fbgemm default): on an
+# AVX2 host without VNNI, 8-bit activations put a third of a row's largest output in error
+REDUCE_RANGE = not has_vnni()
+LOUD = 4.0  # a row this many times its batch's median absolute peak is quantized on its own
+LOUD_ROWS = 32  # in calls of at least this many rows (a prefill, an atlas's batches)
 
 
 class Int8Linear(nn.Module):
@@ -57,8 +75,27 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(), self.packed)
-        return y.reshape(*shape[:-1], self.out_features)
+        rows = x.reshape(-1, shape[-1]).float().contiguous()  # (T, in)
+        return self.rows(rows).reshape(*shape[:-1], self.out_features)
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """(T, in) -> (T, out). fbgemm quantizes a call's activations with one scale, the largest
+        row's. In a prefill, a row ``LOUD`` times its batch's median (the first token's massive
+        activations reach 100x in Qwen2.5) would leave the others a bit or two, so each such row
+        goes alone. A tree step's few rows (under ``LOUD_ROWS``) keep one call: the check would
+        cost it 10-20 %."""
+        if rows.shape[0] >= LOUD_ROWS:
+            peak = rows.abs().amax(dim=1)  # (T,)
+            loud = peak > LOUD * peak.median()
+            if bool(loud.any()):
+                out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype)
+                quiet = ~loud
+                if bool(quiet.any()):
+                    out[quiet] = torch.ops.quantized.linear_dynamic(rows[quiet].contiguous(), self.packed, REDUCE_RANGE)
+                for i in loud.nonzero().flatten().tolist():
+                    out[i:i + 1] = torch.ops.quantized.linear_dynamic(rows[i:i + 1], self.packed, REDUCE_RANGE)
+                return out
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, REDUCE_RANGE)
 
 
 def int8_supported() -> bool:
