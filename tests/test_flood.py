@@ -154,7 +154,9 @@ def run_directly(url: str, client: Client, name: str, files: dict[str, Path], **
             data.append({"path": path, "meta": {"_type": "gradio.FileData"}})
         else:
             data.append(values.get(p["parameter_name"], p["parameter_default"]))
-    answer = httpx.post(f"{base}/run/{name}", json={"data": data}, timeout=30)
+    # a light call keeps 5 % of the time while runs go (talon.atlas.budget): a head atlas's replays
+    # take tens of seconds then, on a busy two-core host
+    answer = httpx.post(f"{base}/run/{name}", json={"data": data}, timeout=90)
     assert answer.status_code == 200, (name, answer.status_code, answer.text[:300])
     return answer.json()["data"]
 
@@ -181,7 +183,7 @@ def test_an_api_caller_is_answered_outside_the_queue_while_runs_wait(flooded, he
     assert "EAGLE-3 head" in atlas[0] and "best found" in atlas[1] and atlas[-1]["value"] == "eagle3-hybrid"
     swept = run_directly(url, client, "load_sweep", {"results_file": sweep})
     assert swept and "qa" in json.dumps(swept)
-    assert time.monotonic() - start < 60 and flood.full_now(), "answered while the queue stayed full"
+    assert time.monotonic() - start < 180 and flood.full_now(), "answered while the queue stayed full"
     # a model run cannot take the same route past the queue: it is told to join it
     refused = httpx.post(url.rstrip("/") + "/gradio_api/run/generate", json={"data": ["hello"]}, timeout=30)
     assert refused.status_code == 404 and "join the queue" in refused.text, refused.text[:300]

@@ -509,7 +509,8 @@ def test_remote_code_is_off_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> N
     seen: list[bool] = []
 
     def fake_load_pair(target: str, draft: str, dtype: str, device: str, allow_remote_code: bool, cache_dir: str,
-                       draft_quant: str = "auto", target_weights: str = "dense", prepack: bool | None = None):
+                       draft_quant: str = "auto", target_weights: str = "dense", prepack: bool | None = None,
+                       aux_layers: tuple[int, ...] = ()):
         seen.append(allow_remote_code)
         return SimpleNamespace(), None
 
