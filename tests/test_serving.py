@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,18 @@ def test_suffix_names_the_arctic_inference_version_and_metrics_are_mapped() -> N
     assert any("no tree for draft_model, ngram or suffix" in g for g in tree.not_carried)
     adaptive = serving_config(RunConfig(drafter="model"), TARGET, DRAFT)
     assert any("approximation of its limits, not the same tree" in g for g in adaptive.not_carried)
+
+
+def test_serve_it_tells_vllm_users_of_specforges_numbering(tmp_path: Path) -> None:
+    """A local head whose config names its layers only in SpecForge's ``eagle_config`` (the output
+    of layer i): SGLang reads them so, vLLM a layer early, so the notes give vLLM's ids (+ 1)."""
+    head = tmp_path / "head"
+    head.mkdir()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 46, 90]}}
+    (head / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    out = serving_config(RunConfig(drafter="eagle3"), TARGET, str(head))
+    assert any("a layer early" in n and "[2, 47, 91]" in n for n in out.notes), out.notes
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 47, 91]  # vLLM's own field written: nothing to say
+    (head / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert not any("a layer early" in n for n in serving_config(RunConfig(drafter="eagle3"), TARGET, str(head)).notes)

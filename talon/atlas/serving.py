@@ -38,6 +38,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from talon.models.head_config import specforge_ids_note
 from talon.models.memory import KNOWN_SHAPES
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from talon.settings import EMBEDDED_DRAFT, EMBEDDED_TARGET, LLAMACPP_PACKAGE
@@ -120,11 +121,9 @@ class ServingConfig:
 
 @dataclass(frozen=True)
 class TreeShape:
-    """The fixed tree a server drafts every step, in SGLang's terms.
-
-    steps: draft forwards = tree depth; topk: children per expanded node, every layer;
-    draft_tokens: verified tokens per step, the root (last committed token) included.
-    """
+    """The fixed tree a server drafts every step, in SGLang's terms. steps: draft forwards = tree
+    depth; topk: children per expanded node, every layer; draft_tokens: verified tokens per step,
+    the root (last committed token) included."""
 
     steps: int
     topk: int
@@ -200,6 +199,7 @@ def _model_half(cfg: RunConfig, draft: str | None, head: bool = False) -> _Half:
         + (f"; capped at the {shape.draft_tokens - 1} candidates this tree proposes"
            if shape.topk > 1 and shape.draft_tokens - 1 < tree.budget else ""),
         f"vLLM num_speculative_tokens {shape.chain_len} = the longest path of Talon's tree",
+        *(specforge_ids_note(draft) if head and draft else []),
     ]
     return _Half(flags, vllm, notes, _model_gaps(cfg, shape))
 

@@ -131,6 +131,22 @@ def read_feature_layers(raw: dict) -> tuple[tuple[int, ...] | None, str]:
     return None, "none written: 2, N//2, N-3 (every engine's default)"
 
 
+def specforge_ids_note(head: str) -> list[str]:
+    """What vLLM makes of a local head whose config names its layers only in SpecForge's numbering
+    (nested ``eagle_config`` ids, "the output of layer i"; ``read_feature_layers``): a note, or none."""
+    try:
+        raw = json.loads((Path(head) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") if isinstance(raw, dict) else None
+    if not nested or raw.get("eagle_aux_hidden_state_layer_ids"):
+        return []
+    ids = [int(i) for i in nested]
+    return [f"the head names its layers in SpecForge's numbering (eagle_config ids {ids}: the output of layer i), "
+            "which SGLang reads so; vLLM 0.33 reads them as written, a layer early: before serving it with vLLM, "
+            f"add \"eagle_aux_hidden_state_layer_ids\": {[i + 1 for i in ids]} at the top level of its config.json"]
+
+
 UNSUPPORTED_TENSORS = {"q_norm": "q/k norms in its attention", "k_norm": "q/k norms in its attention",
                        "q_proj.bias": "attention biases", "fc.bias": "a bias on fc"}
 
