@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.browser import SCREENSHOTS, TINY_PROMPT, wait_for_recording
+from tests.tiny import app_log_tail
 
 pytestmark = pytest.mark.browser
 logger = logging.getLogger(__name__)
@@ -20,6 +21,12 @@ RECORD_TIMEOUT_MS = 240_000  # tiny models on a loaded 2-core CPU
 SCORE = "#talon-atlas-score"
 STAT = f"{SCORE} .stat .v"
 PLOT = "document.querySelector('#talon-atlas-{}-mat .js-plotly-plot')"
+WATCH_PROGRESS = """() => {
+  const status = document.querySelector('#talon-atlas-status');
+  window.talonProgressSeen = false;
+  new MutationObserver(() => { window.talonProgressSeen ||= status.querySelector('.talon-progress') !== null; })
+    .observe(status, {childList: true, subtree: true, characterData: true});
+}"""
 
 
 def score(page) -> list[str]:
@@ -32,15 +39,25 @@ def slider(page, elem_id: str):
 
 
 def test_record_explore_find_the_best_apply_and_view_a_step(page) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     wait_for_recording(page)  # the controls are set from the recording (48 new tokens)
     page.fill("#talon-prompt textarea", TINY_PROMPT)
     page.get_by_role("tab", name="Threshold explorer").click()
     assert "No atlas yet" in (page.locator("#talon-atlas-status").text_content() or "")
 
+    # progress streams: seen by an observer of every change to the status (a poll may miss a short
+    # recording's bar, or come after it)
+    page.evaluate(WATCH_PROGRESS)
     page.click("#talon-atlas-record")
-    page.wait_for_selector("#talon-atlas-status .talon-progress")  # progress streams
-    page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('Atlas of')",
-                           timeout=RECORD_TIMEOUT_MS)
+    try:
+        page.wait_for_function("document.querySelector('#talon-atlas-status').textContent.includes('Atlas of')",
+                               timeout=RECORD_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        status = page.locator("#talon-atlas-status").text_content()
+        pytest.fail(f"no atlas after {RECORD_TIMEOUT_MS / 1000:.0f} s; the status says {status!r}; the app's log "
+                    f"ends:\n{app_log_tail(page.url)}")
+    assert page.evaluate("window.talonProgressSeen"), "the recording streamed no progress bar"
     page.wait_for_function(f"document.querySelectorAll('{STAT}').length === 5")
     assert page.locator("#talon-atlas-download a").count() >= 1, "the atlas downloads"
     before = score(page)

@@ -280,6 +280,17 @@ def save_tiny_pair(root: Path) -> tuple[Path, Path]:
     return dirs[0], dirs[1]
 
 
+APP_LOGS: dict[str, Path] = {}  # a served app's URL -> its log (what a failing browser test shows)
+
+
+def app_log_tail(url: str, lines: int = 40) -> str:
+    """The last ``lines`` of the log of the app served at ``url`` (a page's URL)."""
+    log = next((path for served, path in APP_LOGS.items() if url.startswith(served)), None)
+    if log is None or not log.is_file():
+        return f"(no log of the app at {url})"
+    return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
 @contextlib.contextmanager
 def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
     """``python app.py`` on 127.0.0.1 with ``env`` over the test defaults; yields its URL;
@@ -289,6 +300,7 @@ def serve(root: Path, env: dict[str, str]) -> Iterator[str]:
     defaults = {"TALON_CACHE": str(root / "cache"), "TALON_DEVICE": "cpu", "TALON_DTYPE": "float32",
                 "TALON_PREPACK": "0"}
     with serve_app({**os.environ, **defaults, **env}, root / "app.log", START_TIMEOUT_S) as url:
+        APP_LOGS[url] = root / "app.log"
         yield url
 
 
