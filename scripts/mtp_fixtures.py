@@ -1,9 +1,11 @@
-"""Write the tiny MTP checkpoints the tests read (``data/mtp_parity/``): two tiny targets with one
-MTP layer each, trained briefly on the target's own greedy text (``talon.gpucheck.mtp``), saved
-with ``save_pretrained`` and the MTP tensors in their family's naming.
+"""Write the tiny MTP checkpoints the tests read (``data/mtp_parity/``): tiny targets with their
+MTP layers, trained briefly on the target's own greedy text (``talon.gpucheck.mtp``), saved with
+``save_pretrained`` and the MTP tensors in their family's naming.
 
 * ``deepseek_v3``: DeepSeek-V3's classes (MLA attention, a routed MoE with a shared expert),
-  ``model.layers.{N}.*`` naming;
+  ``model.layers.{N}.*`` naming, one MTP layer;
+* ``deepseek_v3_chained``: the same classes with three MTP layers, trained chained (layer k drafts
+  depth k + 1, as transformers runs them);
 * ``mellum``: Mellum's classes, dense MLPs and grouped-query attention (its MTP layer on full
   attention: transformers builds a sliding MTP layer's rotary only beside sliding target layers),
   ``mtp.*`` naming.
@@ -28,12 +30,19 @@ PROMPTS = ["def add(a, b):", "abc abc abc abd", "one two three, one", "for i in 
 COMMON = dict(vocab_size=258, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=512, eos_token_id=256, pad_token_id=257, bos_token_id=None,
               tie_word_embeddings=False, num_nextn_predict_layers=1)
+
+
+def deepseek_v3(mtp_layers: int) -> DeepseekV3Config:
+    """A tiny DeepSeek-V3: MLA attention, a routed MoE with a shared expert, ``mtp_layers`` MTP layers."""
+    return DeepseekV3Config(**{**COMMON, "num_nextn_predict_layers": mtp_layers}, num_key_value_heads=4,
+                            moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                            first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                            qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
+
+
 FAMILIES = {
-    "deepseek_v3": (lambda: DeepseekV3Config(**COMMON, num_key_value_heads=4, moe_intermediate_size=32,
-                                             n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-                                             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
-                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
-                                             topk_group=1), "layers"),
+    "deepseek_v3": (lambda: deepseek_v3(1), "layers"),
+    "deepseek_v3_chained": (lambda: deepseek_v3(3), "layers"),  # three layers: chained, layer k drafts depth k + 1
     "mellum": (lambda: MellumConfig(**COMMON, num_key_value_heads=2, head_dim=16,
                                     mlp_layer_types=["dense", "dense"], mtp_layer_types=["full_attention"],
                                     mtp_mlp_layer_types=["dense"]), "mtp"),
@@ -54,9 +63,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("data/mtp_parity"))
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--only", choices=sorted(FAMILIES), help="write this family's checkpoint alone")
     args = parser.parse_args()
     tokenizer = byte_tokenizer()
     for family, (make_config, naming) in FAMILIES.items():
+        if args.only and family != args.only:
+            continue
         target = tiny_target(make_config(), seed=11)
         texts = []
         for prompt in PROMPTS:
@@ -65,7 +77,8 @@ def main() -> None:
                 texts.append(target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=72)[0].tolist())
         layers = random_mtp(target, seed=3)
-        report = train_mtp(layers, target, texts, steps=args.steps)
+        chained = layers.layers > 1
+        report = train_mtp(layers, target, texts, steps=args.steps, levels=max(2, layers.layers), chained=chained)
         out = args.out / family
         shutil.rmtree(out, ignore_errors=True)
         write_mtp_checkpoint(target, layers, out, naming, tokenizer)

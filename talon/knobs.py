@@ -118,6 +118,8 @@ KnobKind = Literal["int", "float", "bool", "choice", "texts", "path"]
 # how the command line sets it: value | on_off | negate (--flag sets False) | pair (--flag / --no-flag; unset: the
 # front end decides) | append
 KnobCli = Literal["value", "on_off", "negate", "pair", "append"]
+MtpLayerRule = Literal["reuse", "chained"]
+MTP_LAYER_RULES: tuple[MtpLayerRule, ...] = ("reuse", "chained")  # which MTP layer drafts which depth
 ON_OFF: tuple[str, ...] = ("on", "off")
 MAX_BUDGET = 256  # draft nodes one verification may hold
 BAR = "\\|"  # a | inside a markdown table
@@ -300,6 +302,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("async_draft", "async_draft", "bool", False, "pre-draft the next tree on a second thread while the "
          f"target verifies (default off on every device: {ASYNC_OFF_WHY})", flag="--async",
          cli="pair", app="async_draft", label="Async drafting (draft the next tree while verifying)"),
+    Knob("mtp_layers", "mtp_layers", "choice", "reuse", "mtp: which of the target's MTP layers drafts which "
+         "depth. reuse = layer 0 at every depth (vLLM V1's and SGLang's rule); chained = layer k drafts depth "
+         "k + 1 on layer k - 1's output, as transformers and vLLM V2 run a checkpoint of several layers (the tree "
+         "is then at most that many levels deep)", choices=MTP_LAYER_RULES, metavar="RULE"),
     Knob("draft_vocab", "draft_vocab", "int", 32768, "draft logits over the first V token ids only (BPE ids are "
          "roughly frequency-ranked; 0 = the full vocabulary)", 0, 10_000_000, metavar="V"),
 )

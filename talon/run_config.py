@@ -28,6 +28,7 @@ from talon.knobs import (
     CostMode,
     DrafterKind,
     DrafterName,
+    MtpLayerRule,
     TreeMode,
     check_record,
     default,
@@ -133,6 +134,7 @@ class RunConfig:
     chat_template: bool = default("chat_template")
     async_draft: bool = default("async_draft")
     draft_vocab: int = default("draft_vocab")
+    mtp_layers: MtpLayerRule = default("mtp_layers")
     cost_model: CostMode = default("cost_model")
     skip_layers: float = default("skip_layers")
 

@@ -21,11 +21,11 @@ import torch
 from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig
 from transformers.modeling_layers import MtpModel
 
-from talon.drafters.mtp import MtpSource, attach_mtp, mtp_layers_of
+from talon.drafters.mtp import MtpChainSource, MtpSource, attach_mtp, mtp_layers_of
 from talon.engine.engine import Engine, generate
 from talon.gpucheck.mtp import random_mtp
 from talon.models import LoadedModel, ModelLoadError
-from talon.models.mtp import MtpLayers, check_mtp_spec, load_mtp, mtp_refusal
+from talon.models.mtp import MtpLayers, check_mtp_spec, load_mtp, mtp_layer_count, mtp_refusal
 from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.tiny import REPO, byte_tokenizer
 
@@ -98,22 +98,27 @@ def test_an_unseen_prompt_is_lossless_with_drafts_rejected(family: tuple[str, Lo
     assert sum(len(s.tokens) - 1 - s.accept_len for s in steps) > 0  # drafted nodes rejected
 
 
-Drafts = dict[int, tuple[int, torch.Tensor]]  # the root's position -> the token drafted after it, and its logits
+Drafts = dict[tuple[int, int], tuple[int, torch.Tensor]]  # (depth - 1, the root's position) -> token drafted, logits
 
 
 def reference_drafts(target: LoadedModel, ids: list[int]) -> tuple[list[int], Drafts]:
-    """``generate(use_mtp=True)``'s text, and per MTP call the root's position (its last input's),
-    the drafted token and its logits (a forward hook on transformers' ``MtpModel``: its logic untouched)."""
+    """``generate(use_mtp=True)``'s text, and per MTP call and depth the root's position (its
+    last input's), the drafted token and its logits (a forward hook on transformers' ``MtpModel``:
+    its logic untouched; with several layers it chains layer k at depth k + 1)."""
     calls: Drafts = {}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: tuple) -> None:
         if isinstance(module, MtpModel):
-            calls[int(kwargs["position_ids"][0, -1])] = int(out[0][0, -1]), out[1][0, -1].float().clone()
+            root = int(kwargs["position_ids"][0, -1])
+            for depth, (token, logits) in enumerate(zip(out[0][0].tolist(), out[1][0])):
+                calls[(depth, root)] = token, logits.float().clone()
 
     handle = torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
     try:
-        n = int(target.model.config.num_hidden_layers)  # the class's own pattern names DeepSeek-V3's 61 layers
-        target.model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n}\..*", r"^mtp\."]
+        n, layers = int(target.model.config.num_hidden_layers), mtp_layer_count(target.model.config)
+        # the class's own pattern names DeepSeek-V3's 61 layers: name this checkpoint's
+        target.model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\..*" for k in range(layers)]
+        target.model._keys_to_ignore_on_load_unexpected.append(r"^mtp\.")
         text = greedy(target, ids, use_mtp=True)
     finally:
         handle.remove()
@@ -122,48 +127,73 @@ def reference_drafts(target: LoadedModel, ids: list[int]) -> tuple[list[int], Dr
 
 def talon_drafts(target: LoadedModel, ids: list[int], source: type[MtpSource] = MtpSource,
                  swap: bool = False) -> tuple[list[int], Drafts]:
-    """Talon's text on a chain of one node a step, and per step the root's position, its draft and logits."""
+    """Talon's text on a chain of one node a step per MTP layer, and per step and depth the root's
+    position, its draft and logits (``source``: the rule; an MtpChainSource chains the layers)."""
     layers = load_mtp(target.model, target.name)
     layers.mtp.config.mtp_hidden_states_first = swap  # planted: the projection reads [hidden, embedding]
     attach_mtp(target.model, layers)
     calls: Drafts = {}
 
-    def hook(module: torch.nn.Module, args: tuple, out: tuple) -> None:
-        calls[int(args[2][-1])] = int(out[1][-1].argmax()), out[1][-1].detach().clone()
+    def hook(module: torch.nn.Module, args: tuple, out: tuple) -> None:  # a one-layer chain: the root's drafts
+        calls[(0, int(args[2][-1]))] = int(out[1][-1].argmax()), out[1][-1].detach().clone()
 
-    handle = layers.register_forward_hook(hook)
+    chained = issubclass(source, MtpChainSource)
+    handle = None if chained else layers.register_forward_hook(hook)
     import talon.drafters.mtp as mtp_module
 
-    made = mtp_module.MtpSource
-    mtp_module.MtpSource = source
+    made, chain_made = mtp_module.MtpSource, mtp_module.MtpChainSource
+    mtp_module.MtpChainSource = recording_drafts(source, calls) if chained else chain_made
+    mtp_module.MtpSource = made if chained else source
     try:
         cfg = RunConfig(drafter="mtp", max_new_tokens=TOKENS, chat_template=False,
-                        tree=TreeConfig(mode="chain", budget=1, cost_aware=False, min_conf=0.0))
+                        mtp_layers="chained" if chained else "reuse",
+                        tree=TreeConfig(mode="chain", budget=layers.layers, cost_aware=False, min_conf=0.0))
         summary, _ = generate(Engine(target, None), ids, cfg)
     finally:
-        mtp_module.MtpSource = made
-        handle.remove()
+        mtp_module.MtpSource, mtp_module.MtpChainSource = made, chain_made
+        if handle is not None:
+            handle.remove()
         mtp_module.LOADED.pop(target.model, None)
     return summary.token_ids, calls
 
 
+def recording_drafts(source: type[MtpChainSource], calls: Drafts) -> type[MtpChainSource]:
+    """``source`` recording each draft's logits under (depth - 1, the root's position)."""
+
+    class Recording(source):  # type: ignore[misc, valid-type]
+        def _feed_committed(self) -> tuple[int, torch.Tensor]:
+            rows, logits = super()._feed_committed()
+            calls[(0, len(self.context) - 1)] = int(logits[-1].argmax()), logits[-1].detach().clone()
+            return rows, logits
+
+        def _feed_tree(self, tree: object, nodes: list[int]) -> tuple[int, torch.Tensor]:
+            rows, logits = super()._feed_tree(tree, nodes)
+            for node, row in zip(nodes, logits):
+                calls[(tree.depths[node], len(self.context) - 1)] = int(row.argmax()), row.detach().clone()
+            return rows, logits
+
+    return Recording
+
+
 def parity_gap(family: tuple[str, LoadedModel], **planted: object) -> float:
-    """The largest logit gap between Talon's MTP drafts and the reference's, step by step (inf
-    where a drafted token differs). The reference's first step is the target's alone (its MTP
-    needs a hidden state first); Talon drafts from its first step, so its prompt carries the
-    target's first token, and both then draft from the same root at every step."""
+    """The largest logit gap between Talon's MTP drafts and the reference's, step by step and
+    depth by depth (inf where a drafted token differs). The reference's first step is the target's
+    alone (its MTP needs a hidden state first); Talon drafts from its first step, so its prompt
+    carries the target's first token, and both then draft from the same root at every step."""
     _, target = family
     ids = prompt_ids(target)
     ref_text, ref = reference_drafts(target, ids)
     text, got = talon_drafts(target, ids + ref_text[:1], **planted)
     assert text[:len(ref_text) - 1] == ref_text[1:] and ref_text == greedy(target, ids)  # lossless either way
-    assert len(ref) >= 10 and set(ref) <= set(got) | {max(ref)}, (sorted(ref), sorted(got))
+    depths = mtp_layer_count(target.model.config)
+    last = max(root for _, root in ref)  # the reference's last call drafts past the text's end
+    compared = [key for key in ref if key[1] < last]
+    assert len(compared) >= 9 * depths and {key[0] for key in compared} == set(range(depths)), sorted(ref)
     gap = 0.0
-    for pos in sorted(set(got) & set(ref)):
-        (tok, logits), (ref_tok, ref_logits) = got[pos], ref[pos]
-        if tok != ref_tok:
+    for key in compared:
+        if key not in got or got[key][0] != ref[key][0]:
             return float("inf")
-        gap = max(gap, float((logits - ref_logits).abs().max()))
+        gap = max(gap, float((got[key][1] - ref[key][1]).abs().max()))
     return gap
 
 
@@ -191,23 +221,95 @@ def test_parity_catches_a_planted_bug(family: tuple[str, LoadedModel], planted: 
     assert parity_gap(family, **kwargs) > 1e-3
 
 
+CHAINED = "deepseek_v3_chained"  # three MTP layers, trained chained
+
+
+@pytest.fixture(scope="module")
+def chained() -> tuple[str, LoadedModel]:
+    return CHAINED, loaded(CHAINED)
+
+
+@pytest.mark.parametrize("forward", ["dynamic", "static"])
+@pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
+def test_chained_layers_decode_the_targets_greedy_text(chained: tuple[str, LoadedModel], tree: str,
+                                                       forward: str) -> None:
+    """``--mtp-layers chained``: layer k drafts depth k + 1, so the tree is at most three deep,
+    and the third layer's drafts are accepted."""
+    _, target = chained
+    ids = prompt_ids(target)
+    want = greedy(target, ids)
+    for drafter in ("mtp", "mtp-hybrid"):
+        cfg = RunConfig(drafter=drafter, max_new_tokens=TOKENS, chat_template=False, mtp_layers="chained",
+                        tree=TreeConfig(mode=tree, budget=12, cost_aware=False, min_conf=0.0))
+        summary, steps = generate(Engine(target, None, forward=forward), ids, cfg)
+        assert summary.token_ids == want, (drafter, tree, forward)
+        assert summary.mean_accepted_tokens >= 2.5, (drafter, tree, forward, summary.mean_accepted_tokens)
+        assert max(d for s in steps for d, src in zip(s.depths, s.sources) if src == "mtp") == 3
+        assert any(s.accept_len >= 3 and s.sources[s.accepted[3]] in ("mtp", "both") for s in steps)
+
+
+def test_chained_drafts_and_logits_equal_transformers_at_every_depth(chained: tuple[str, LoadedModel]) -> None:
+    """transformers' ``MTPCandidateGenerator`` chains a three-layer checkpoint's layers; on a chain
+    of three, Talon's drafts and logits at depths 1, 2 and 3 equal its own, every step."""
+    assert parity_gap(chained, source=MtpChainSource) < PARITY_TOL
+
+
+class UnseenAncestors(MtpChainSource):
+    """Planted: a node's entry in a deeper layer sees the committed pairs and itself, not its
+    ancestors' entries there (the entries whose tokens are drafts)."""
+
+    def _attended(self, tree: object, node: int) -> list[int]:
+        return [node]
+
+
+class NodesOneLate(MtpChainSource):
+    """Planted: the tree's entries (past the root) sit one position late (a whole layer shifted
+    would not show: rotary attention sees relative positions)."""
+
+    def _run(self, layer: int, g: torch.Tensor, ids: list[int], positions: torch.Tensor,
+             visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super()._run(layer, g, ids, positions + (positions >= len(self.context)), visible)
+
+
+@pytest.mark.parametrize("planted", [MtpSource, UnseenAncestors, NodesOneLate],
+                         ids=["layer 0 at every depth", "ancestors unseen", "tree entries one late"])
+def test_chained_parity_catches_a_planted_bug(chained: tuple[str, LoadedModel], planted: type) -> None:
+    assert parity_gap(chained, source=planted) > 1e-3
+
+
 def test_the_command_line_decodes_with_mtp_as_generate_does(family: tuple[str, LoadedModel], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture) -> None:
     """``python -m talon generate --target DIR --drafter mtp --dtype float32 --json``, in process."""
+    name, target = family
+    summary = cli_summary(name, [], tmp_path, monkeypatch, capsys)
+    assert summary["token_ids"] == greedy(target, prompt_ids(target))
+    assert summary["mean_accepted_tokens"] >= 1.5
+    assert summary["config"]["drafter"] == "mtp"
+
+
+def test_the_command_line_chains_the_layers_as_generate_with_mtp_does(chained: tuple[str, LoadedModel],
+                                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """``--tree chain --mtp-layers chained`` on three layers: ``generate(use_mtp=True)``'s text."""
+    name, target = chained
+    summary = cli_summary(name, ["--tree", "chain", "--mtp-layers", "chained"], tmp_path, monkeypatch, capsys)
+    assert summary["token_ids"] == reference_drafts(target, prompt_ids(target))[0]
+    assert summary["mean_accepted_tokens"] >= 2.5 and summary["config"]["mtp_layers"] == "chained"
+
+
+def cli_summary(name: str, extra: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture) -> dict:
+    """``python -m talon generate --target FIXTURE --drafter mtp ... --json``'s summary, run in process."""
     from talon.cli.main import main
 
-    name, target = family
     monkeypatch.setenv("TALON_PREPACK", "0")
     monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
     argv = ["generate", "--target", str(FIXTURES / name), "--drafter", "mtp", "--dtype", "float32", "--json",
             "--no-chat-template", "--prompt", PROMPT, "--max-new-tokens", str(TOKENS),
-            "--cost-aware", "off"]  # planning on a probe taken while the suite runs would vary the trees
+            "--cost-aware", "off", *extra]  # planning on a probe taken while the suite runs would vary the trees
     assert main(argv) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["token_ids"] == greedy(target, prompt_ids(target))
-    assert summary["mean_accepted_tokens"] >= 1.5
-    assert summary["config"]["drafter"] == "mtp"
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def write_config(path: Path, config: object) -> Path:
@@ -249,17 +351,24 @@ def test_a_target_without_mtp_layers_refuses_the_mtp_kinds_at_once() -> None:
         engine.prepare("abc", RunConfig(drafter="mtp", chat_template=False))
 
 
-def test_sampled_mtp_runs_keep_the_targets_distribution() -> None:
-    """Sampling with an MTP layer (random, on a tiny dense Mellum target over six ids): the first
-    two tokens are distributed as the target's, with drafts accepted."""
+@pytest.mark.parametrize("rule", ["reuse", "chained"])
+def test_sampled_mtp_runs_keep_the_targets_distribution(rule: str) -> None:
+    """Sampling with MTP layers (random, over six ids: a tiny dense Mellum target's one layer
+    reused, a tiny DeepSeek-V3's two layers chained): the first two tokens are distributed as the
+    target's, with drafts accepted."""
     from talon.core.accept import warp_probs
     from talon.run_config import SamplingConfig
 
     vocab, sampling = 6, SamplingConfig(temperature=0.7, top_k=4, top_p=0.9, seed=0)
-    config = MellumConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, mlp_layer_types=["dense"] * 2,
-                          num_nextn_predict_layers=1, mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["dense"],
-                          pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    config = (MellumConfig(**common, num_key_value_heads=1, head_dim=16, mlp_layer_types=["dense"] * 2,
+                           num_nextn_predict_layers=1, mtp_layer_types=["full_attention"],
+                           mtp_mlp_layer_types=["dense"])
+              if rule == "reuse" else
+              DeepseekV3Config(**common, num_key_value_heads=2, num_nextn_predict_layers=2, moe_intermediate_size=16,
+                               n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1, kv_lora_rank=8,
+                               q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16))
     torch.manual_seed(21)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     target = LoadedModel(model, byte_tokenizer(), "t", torch.float32, torch.device("cpu"))
@@ -275,7 +384,7 @@ def test_sampled_mtp_runs_keep_the_targets_distribution() -> None:
     tree = TreeConfig(mode="adaptive", budget=4, root_k=3, top_k=2, mu=0.0, max_depth=3, cost_aware=False)
     n, counts, accepted = 1200, {}, 0
     for seed in range(n):
-        run = engine.run(prompt, RunConfig(drafter="mtp", tree=tree, max_new_tokens=2,
+        run = engine.run(prompt, RunConfig(drafter="mtp", tree=tree, max_new_tokens=2, mtp_layers=rule,
                                            sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed})))
         accepted += sum(step.accept_len for step in run)
         key = tuple(run.summary.token_ids[:2])
@@ -303,6 +412,15 @@ def mtp_atlas() -> tuple[Engine, list[int], object]:
     ids = prompt_ids(target)
     atlas = record_atlas(engine, ids, RunConfig(drafter="mtp-hybrid", max_new_tokens=TOKENS, chat_template=False))
     return engine, ids, atlas
+
+
+def test_an_atlas_of_the_chained_layers_is_refused(chained: tuple[str, LoadedModel]) -> None:
+    from talon.atlas.record import record_atlas
+
+    _, target = chained
+    cfg = RunConfig(drafter="mtp", mtp_layers="chained", max_new_tokens=4, chat_template=False)
+    with pytest.raises(ConfigError, match="records MTP layer 0"):
+        record_atlas(Engine(target, None), PROMPT, cfg)
 
 
 @pytest.mark.parametrize("drafter", ["mtp", "mtp-hybrid"])

@@ -58,6 +58,9 @@ def record_atlas(
     mtp = cfg.needs_mtp
     if engine.draft is None and not mtp:
         raise ConfigError("recording an atlas needs the draft model: load a draft, or replay retrieval-only runs")
+    if mtp and cfg.mtp_layers != "reuse":
+        raise ConfigError("an atlas records MTP layer 0 drafting every depth (--mtp-layers reuse); the chained "
+                          "layers draft only in runs (generate, bench)")
     report = progress or (lambda fraction, what: None)
     head = not mtp and is_head(engine.draft.model)
     kind = "mtp" if mtp else "head" if head else "draft"

@@ -61,11 +61,13 @@ def last_hidden(target: PreTrainedModel, ids: list[int]) -> torch.Tensor:
 
 
 def train_mtp(layers: MtpLayers, target: PreTrainedModel, texts: list[list[int]], steps: int = MTP_STEPS,
-              seconds: float = float("inf"), levels: int = 2) -> dict:
-    """Fit the MTP layer on ``texts`` (the target's greedy text) with Adam: level 0 predicts token
+              seconds: float = float("inf"), levels: int = 2, chained: bool = False) -> dict:
+    """Fit the MTP layers on ``texts`` (the target's greedy text) with Adam: level 0 predicts token
     t + 2 from (h_t, token t + 1) at position t + 1; level k feeds level k - 1's output at t with
-    token t + k + 1, at position t + k + 1, seeing level 0 up to t and its own chain (the drafter's
-    chain with layer 0 reused). Only the MTP layers train; the target's embedding and head stay."""
+    token t + k + 1, at position t + k + 1. Reused (``chained`` off): layer 0 at every level, seeing
+    level 0 up to t and its own chain (the drafter's rule). ``chained``: layer k at level k, causal
+    over its own level, as transformers trains and drafts (``levels``: the layers). Only the MTP
+    layers train; the target's embedding and head stay."""
     trained = [p for n, p in layers.mtp.named_parameters() if not n.startswith(("embed_tokens.", "shared_head."))]
     frozen = [p for p in target.parameters()]
     for param in frozen:
@@ -77,7 +79,7 @@ def train_mtp(layers: MtpLayers, target: PreTrainedModel, texts: list[list[int]]
     start, done, loss = time.perf_counter(), 0, torch.zeros(())
     layers.train()
     while done < steps and time.perf_counter() - start < seconds:
-        loss = sum(_loss(layers, hidden, ids, levels) for hidden, ids in batches)
+        loss = sum(_loss(layers, hidden, ids, levels, chained) for hidden, ids in batches)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -85,20 +87,22 @@ def train_mtp(layers: MtpLayers, target: PreTrainedModel, texts: list[list[int]]
     for param in trained:
         param.requires_grad_(False)
     layers.eval()
-    return {"steps": done, "seconds": round(time.perf_counter() - start, 1), "levels": levels,
+    return {"steps": done, "seconds": round(time.perf_counter() - start, 1), "levels": levels, "chained": chained,
             "loss": round(float(loss.detach()), 4), "texts": len(texts)}
 
 
-def _loss(layers: MtpLayers, hidden: torch.Tensor, ids: torch.Tensor, levels: int) -> torch.Tensor:
+def _loss(layers: MtpLayers, hidden: torch.Tensor, ids: torch.Tensor, levels: int, chained: bool) -> torch.Tensor:
     """The summed cross-entropy of every level over one text."""
     n = ids.shape[0] - 1 - levels  # rows t = 0 .. n - 1 have a target at every level
     device = hidden.device
     causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
     cache, out, loss = DynamicCache(), hidden[:n], torch.zeros((), device=device)
     for k in range(levels):
-        visible = torch.cat([causal] + [torch.eye(n, dtype=torch.bool, device=device)] * k, dim=1)  # (n, (k+1) n)
+        # chained: layer k's own part of the cache, causal; reused: layer 0's, level 0 and the chain so far
+        visible = causal if chained else torch.cat([causal] + [torch.eye(n, dtype=torch.bool, device=device)] * k,
+                                                   dim=1)  # (n, n) or (n, (k+1) n)
         out, logits = layers(out, ids[k + 1:k + 1 + n], torch.arange(k + 1, k + 1 + n, device=device), cache,
-                             additive_mask(visible, torch.float32))
+                             additive_mask(visible, torch.float32), layer=k if chained else 0)
         loss = loss + torch.nn.functional.cross_entropy(logits, ids[k + 2:k + 2 + n])
     return loss
 

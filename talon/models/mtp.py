@@ -127,8 +127,8 @@ def check_mtp_target(path: str | Path) -> None:
 
 class MtpLayers(nn.Module):
     """A target's MTP layers (transformers' ``MtpModel``) as a draft module: one forward of tree
-    nodes on a KV cache of its own under a 4D mask. ``depth_rule``: which layer drafts level d
-    (``reuse``: layer 0 at every depth, as vLLM and SGLang run a one-layer checkpoint)."""
+    nodes on a KV cache of its own under a 4D mask, through any one of its layers (which layer
+    drafts which depth is the source's rule: ``talon.drafters.mtp``)."""
 
     def __init__(self, mtp: nn.Module, target: PreTrainedModel) -> None:
         super().__init__()
@@ -140,7 +140,9 @@ class MtpLayers(nn.Module):
         self.feature_layers = (int(text.num_hidden_layers),)  # hidden_states[N]: the last, after the final norm
         mtp_types = getattr(mtp.config, "layer_types", None) or ["full_attention"] * self.layers
         window = getattr(mtp.config, "sliding_window", None)
-        self.window = int(window) if window and mtp_types[0] == "sliding_attention" else 0
+        # per MTP layer: its sliding window (0: full attention)
+        self.windows = tuple(int(window) if window and kind == "sliding_attention" else 0 for kind in mtp_types)
+        self.window = self.windows[0]
         self.talon_name = "mtp"
 
     @property
@@ -152,19 +154,20 @@ class MtpLayers(nn.Module):
         return self.mtp.layers[0].eh_proj.weight.dtype
 
     def forward(self, g: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """g: (T, H) the target's last hidden states, or parents' outputs; ids, positions: (T,) long
         (each pair's next token, at that token's position); mask: (1, 1, T, S + T) additive over
-        the cache and the new entries. Layer 0 drafts (every depth reuses it); appends T entries to ``cache``; returns
-        ``out`` (T, H), fed to children, and (T, V) float32 logits."""
+        layer ``layer``'s cache entries and the new ones. MTP layer ``layer`` drafts (0 unless a
+        source chains layer k at depth k + 1); appends T entries to that layer's part of ``cache``
+        (its block's own layer index); returns ``out`` (T, H), fed to children, and (T, V) float32 logits."""
         device = self.device
         embeds = self.mtp.embed_tokens(ids.to(self.mtp.embed_tokens.weight.device)[None]).to(device, self.dtype)
         pos = positions.to(device)[None]  # (1, T)
         rope: dict[str, Any] = {}
         if self.mtp.has_per_layer_rope:
-            rope["layer_type"] = self.mtp.config.layer_types[0]
+            rope["layer_type"] = self.mtp.config.layer_types[layer]
         cos_sin = self.mtp.rotary_emb(embeds, position_ids=pos, **rope) if self.mtp.rotary_emb is not None else None
-        out = self.mtp.layers[0](embeds, g.to(device, self.dtype)[None], position_embeddings=cos_sin,
+        out = self.mtp.layers[layer](embeds, g.to(device, self.dtype)[None], position_embeddings=cos_sin,
                                      attention_mask=mask.to(device, self.dtype), position_ids=pos,
                                      past_key_values=cache)
         if self.mtp.use_shared_post_norm:
