@@ -82,8 +82,9 @@ def build_ui(settings: Settings) -> gr.Blocks:
                 with gr.Tab("Lessons", id="lessons") as lessons_tab:
                     lessons = build_lessons_tab(explorer.state, decode.state)
         lesson_inputs = [lessons.prompt, lessons.budget, explorer.state]
+        # the first opening computes every lesson (seconds): its figures show that they are coming
         lessons_tab.select(make_refresh(), [*lesson_inputs, decode.state], [lessons.prompt, *lessons.outputs()],
-                           api_visibility="private", show_progress="hidden")
+                           api_visibility="private", show_progress="minimal")
         lessons.export.click(make_export(), [decode.state, *lesson_inputs], lessons.download,
                              api_visibility="private", concurrency_limit=2)
         panel.stop.click(stop, [decode.state, compare.state], None, concurrency_limit=None, api_visibility="private")
