@@ -234,7 +234,7 @@ def load_mtp(target: PreTrainedModel, path: str | Path) -> MtpLayers:
             own.to(device=device, dtype=target.dtype)
     drafter = MtpLayers(mtp.eval(), target)
     drafter.talon_name = f"{path.name}:mtp"
-    logger.info("MTP layers of %s: %d, drafting every depth with layer 0, window %s", path, count,
+    logger.info("MTP layers of %s: %d (the source picks which drafts which depth), window %s", path, count,
                 drafter.window or "none")
     return drafter
 
