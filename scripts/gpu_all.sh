@@ -12,10 +12,11 @@
 # The compiled step is not in it (its buckets compile for minutes): `python -m experiments.gpu_compile` times it.
 # With a head preset (HEAD, default llama-3.1-8b-eagle3; "" for none), after step 1 its head is trained on
 # the device on its random target's text and checked lossless on every path, its forward timed, and the
-# planted bugs of step 2 run on both pairs.
-#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR] [HEAD]
+# planted bugs of step 2 run on both pairs. With an MTP preset (MTP, default glm-4.7-flash-mtp; "" for none),
+# its target's own classes at its widths (4 layers), its MTP layer trained on the device, checked the same way.
+#   bash .gpu/run.sh bash scripts/gpu_all.sh OUT_DIR [BUDGET] [PAIR] [HEAD] [MTP]
 set -u
-out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}; head=${4-llama-3.1-8b-eagle3}
+out=${1:?out dir}; budget=${2:-540}; pair=${3:-qwen2.5-7b}; head=${4-llama-3.1-8b-eagle3}; mtp=${5-glm-4.7-flash-mtp}
 mkdir -p "$out/costs"
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
@@ -37,7 +38,12 @@ if [ -n "$head" ] && [ "$(left)" -gt 150 ]; then  # the head preset: trained her
     --stream "$out/head.jsonl" --out "$out/head.json" > "$out/head.log" 2>&1
   took "head preset $head" $?; grep -E "^\| $head" "$out/head.log"
 fi
-for p in $pair $head; do  # one pair a call: each takes two to three minutes, both at once outran the cap
+if [ -n "$mtp" ] && [ "$(left)" -gt 150 ]; then  # the MTP preset: its layer trained here, lossless on every path
+  timeout "$(cap 180)" python3 -m talon.gpucheck --pairs "$mtp" --checks lossless,steps,sampling \
+    --stream "$out/mtp.jsonl" --out "$out/mtp.json" > "$out/mtp.log" 2>&1
+  took "MTP preset $mtp" $?; grep -E "^\| $mtp" "$out/mtp.log"
+fi
+for p in $pair $head $mtp; do  # one pair a call: each takes two to three minutes, both at once outran the cap
   for bug in mask position; do
     if [ "$(left)" -gt 120 ]; then
       timeout "$(cap 180)" python3 -m talon.gpucheck --pairs "$p" --checks lossless,steps \

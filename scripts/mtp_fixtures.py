@@ -6,6 +6,9 @@ MTP layers, trained briefly on the target's own greedy text (``talon.gpucheck.mt
   ``model.layers.{N}.*`` naming, one MTP layer;
 * ``deepseek_v3_chained``: the same classes with three MTP layers, trained chained (layer k drafts
   depth k + 1, as transformers runs them);
+* ``glm4_moe_lite``: GLM-4.7-Flash's classes (MLA in every layer, a dense first layer then a
+  routed MoE with a shared expert), ``model.layers.{N}.*`` naming, one MTP layer; its config
+  declares the layer as GLM-4.7-Flash's does, ``num_nextn_predict_layers`` alone;
 * ``mellum``: Mellum's classes, dense MLPs and grouped-query attention (its MTP layer on full
   attention: transformers builds a sliding MTP layer's rotary only beside sliding target layers),
   ``mtp.*`` naming.
@@ -21,7 +24,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, Glm4MoeLiteConfig, MellumConfig
 
 from talon.gpucheck.mtp import random_mtp, train_mtp, write_mtp_checkpoint
 from tests.tiny import byte_tokenizer
@@ -40,9 +43,20 @@ def deepseek_v3(mtp_layers: int) -> DeepseekV3Config:
                             qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
 
 
+def glm4_moe_lite() -> Glm4MoeLiteConfig:
+    """A tiny GLM-4.7-Flash: MLA in every layer, a dense first layer, then a routed MoE."""
+    return Glm4MoeLiteConfig(**COMMON, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+                             num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=24,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
+
+
+# fields transformers' MtpModel needs that GLM-4.7-Flash's config.json lacks (talon.models.mtp.declare_mtp_layers)
+DERIVED = ("num_mtp_layers", "mtp_mlp_layer_types")
+
 FAMILIES = {
     "deepseek_v3": (lambda: deepseek_v3(1), "layers"),
     "deepseek_v3_chained": (lambda: deepseek_v3(3), "layers"),  # three layers: chained, layer k drafts depth k + 1
+    "glm4_moe_lite": (glm4_moe_lite, "layers"),
     "mellum": (lambda: MellumConfig(**COMMON, num_key_value_heads=2, head_dim=16,
                                     mlp_layer_types=["dense", "dense"], mtp_layer_types=["full_attention"],
                                     mtp_mlp_layer_types=["dense"]), "mtp"),
@@ -82,6 +96,9 @@ def main() -> None:
         out = args.out / family
         shutil.rmtree(out, ignore_errors=True)
         write_mtp_checkpoint(target, layers, out, naming, tokenizer)
+        written, own = json.loads((out / "config.json").read_text(encoding="utf-8")), make_config().to_dict()
+        written = {k: v for k, v in written.items() if k in own or k not in DERIVED}  # as the family ships it
+        (out / "config.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
         (out / "training.json").write_text(json.dumps({**report, "naming": naming, "prompts": PROMPTS}, indent=1)
                                            + "\n", encoding="utf-8")
         print(family, naming, report)

@@ -485,3 +485,59 @@ def test_a_drafting_configuration_that_accepted_nothing_is_named_unread() -> Non
     assert named["2026-11-28-h200-check-paths.jsonl"] == []  # the 7B pair: every drafting row accepted drafts
     assert named["2026-11-28-h200-head-check-trained.jsonl"] and all(
         "retrieval" in k.split("/") for k in named["2026-11-28-h200-head-check-trained.jsonl"])
+
+
+MTP_PAIR = "glm-4.7-flash-mtp"
+
+
+@pytest.fixture(scope="module")
+def mtp_trained_once() -> Iterator[None]:
+    """The MTP preset's tests train the same layer on the same target and texts: the first trains
+    it, the others load its weights."""
+    pairs = part("pairs")
+    real, trained = pairs.train_mtp, {}
+
+    def once(layers, target, texts, **kwargs):  # noqa: ANN001, ANN003, ANN202 - train_mtp's own
+        key = (tuple(tuple(ids) for ids in texts), tuple(sorted(kwargs.items())))
+        if key not in trained:
+            training = real(layers, target, texts, **kwargs)
+            trained[key] = ({k: v.clone() for k, v in layers.mtp.layers.state_dict().items()}, training)
+        weights, training = trained[key]
+        layers.mtp.layers.load_state_dict(weights)
+        return dict(training)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pairs, "train_mtp", once)
+        yield
+
+
+def test_the_mtp_preset_is_checked_with_its_targets_classes_and_a_trained_mtp_layer(
+        gpu_check, mtp_trained_once, tmp_path: Path) -> None:  # noqa: ANN001
+    """GLM-4.7-Flash's classes at tiny widths (latent attention, a dense layer then a routed MoE),
+    its MTP layer trained on the random target's greedy text: lossless on the default path and
+    every other path, the MTP kinds accepted at depth, the sampler's first token the target's."""
+    assert MTP_PAIR not in {s.key for s in gpu_check.pair_specs(True, set())}  # a plain --tiny: draft models only
+    spec = next(s for s in gpu_check.pair_specs(False, set()) if s.key == MTP_PAIR)  # a GPU run: at its widths
+    assert spec.slot == "mtp" and spec.mtp["hidden_size"] == 2048 and spec.mtp["n_routed_experts"] == 64
+    out = tmp_path / "mtp.json"
+    assert gpu_check.main(["--tiny", "--no-app", "--pairs", MTP_PAIR, "--checks", "lossless,steps,sampling",
+                           "--out", str(out)]) == 0
+    checks = json.loads(out.read_text())["pairs"][MTP_PAIR]["checks"]
+    assert len(checks) == 3 and all(c["ok"] for c in checks)
+    lossless = checks[0]["detail"]
+    assert lossless["mtp_training"]["levels"] == 3 and lossless["mtp_training"]["loss"] < 0.1
+    mats = {k: v for k, v in {**lossless["mat"], **checks[2]["detail"]["mat"]}.items()
+            if any(p.startswith("mtp") for p in k.split("/"))}
+    assert len(mats) == 6 + 12 and min(mats.values()) >= 1.5, mats  # 2 kinds x 3 trees; 4 paths x 3 configurations
+
+
+@pytest.mark.parametrize("bug", ["position", "mask"])
+def test_the_mtp_presets_check_catches_the_plants_on_every_path(gpu_check, mtp_trained_once, bug: str,  # noqa: ANN001
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "plant.json"
+    assert gpu_check.main(["--tiny", "--no-app", "--pairs", MTP_PAIR, "--checks", "lossless,steps", "--out", str(out),
+                           "--plant", bug]) == 0
+    planted = json.loads(out.read_text())["planted"]
+    paths = planted["paths"][MTP_PAIR]
+    assert planted["missed"] == [] and set(paths) == {"dynamic+fold", *part("pair_checks").OTHER_PATHS["cpu"]}
+    assert all(any(c.startswith("mtp") for c in row["caught"]) for row in paths.values()), paths

@@ -289,9 +289,20 @@ MODEL_FREE_COMMANDS = ("import contextlib, io, sys\n"
                        "        assert main(argv) == 0, argv\n" + LOADED_TORCH)
 
 
+# the interpreter stops at the first import of torch: the answer is known, and importing torch and
+# transformers on a busy host took half a minute
+STOP_AT_TORCH = ("import os, sys\n"
+                 "class StopAtTorch:\n"
+                 "    def find_spec(self, name, path=None, target=None):\n"
+                 "        if name == 'torch':\n"
+                 "            print('torch loaded', flush=True)\n"
+                 "            os._exit(0)\n"
+                 "sys.meta_path.insert(0, StopAtTorch())\n")
+
+
 def loads_torch(code: str, root: Path = REPO, env: dict[str, str] | None = None) -> bool:
-    """Does ``code``, in a fresh interpreter over ``root``, put torch in sys.modules?"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+    """Does ``code``, in a fresh interpreter over ``root``, import torch?"""
+    out = subprocess.run([sys.executable, "-c", STOP_AT_TORCH + code], cwd=root, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().endswith("torch loaded")

@@ -92,10 +92,34 @@ def test_every_known_shape_counts_what_its_architecture_holds(name: str) -> None
     from talon.gpucheck.check_model import config_for
 
     shape = KNOWN_SHAPES[name]
+    if shape.counted:  # latent attention and a routed MoE (GLM-4.7-Flash): its own classes, its MTP layer too
+        assert shape.parameters == mla_moe_target_size(name)
+        return
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config_for(shape, shape.family))
     assert shape.parameters == sum(p.numel() for p in model.parameters())
     assert model.config.model_type == shape.family
+
+
+def mla_moe_target_size(name: str) -> int:
+    """Parameters of an MTP preset's target as transformers builds it from its published config
+    (on the meta device), with its MTP layers (``MtpModel``: the shared embedding and head not
+    counted twice) and the routers' score-correction biases (buffers, but checkpoint tensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    from talon.gpucheck.mtp import MTP_TARGETS
+    from talon.models.mtp import declare_mtp_layers, mtp_layer_count
+
+    kind, published = MTP_TARGETS[name]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **published))
+        declare_mtp_layers(model.config)
+        mtp = MtpModel(model, mtp_layer_count(model.config))
+    own = [p for n, p in mtp.named_parameters() if not n.startswith(("embed_tokens.", "shared_head."))]
+    biases = [b for n, b in [*model.named_buffers(), *mtp.named_buffers()] if n.endswith("e_score_correction_bias")]
+    return sum(t.numel() for t in [*model.parameters(), *own, *biases])
 
 
 def test_qwen3_shapes_match_the_model_cards() -> None:

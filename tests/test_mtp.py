@@ -1,6 +1,6 @@
 """A target's own MTP layers as Talon's drafter (``talon.models.mtp``, ``talon.drafters.mtp``), on
 the tiny checkpoints of ``data/mtp_parity`` (``python -m scripts.mtp_fixtures``): DeepSeek-V3's
-classes (MLA, a routed MoE) in its ``model.layers.{N}.*`` naming, and Mellum's (dense, grouped
+classes (MLA, a routed MoE) and GLM-4.7-Flash's in their ``model.layers.{N}.*`` naming, and Mellum's (dense, grouped
 queries) in its ``mtp.*`` naming, each MTP layer trained briefly on its target's text.
 
 * Lossless: greedy float32 equals the target's ``generate`` on every tree mode and both CPU
@@ -30,7 +30,10 @@ from talon.run_config import ConfigError, RunConfig, TreeConfig
 from tests.tiny import REPO, byte_tokenizer
 
 FIXTURES = REPO / "data" / "mtp_parity"
-MTP_FAMILIES = ("deepseek_v3", "mellum")
+MTP_FAMILIES = ("deepseek_v3", "mellum")  # those transformers' generate(use_mtp=True) runs: the parity tests'
+# and GLM-4.7-Flash's classes (MLA, a dense layer then a routed MoE), its config declaring the layer as the
+# published one does (num_nextn_predict_layers alone, which transformers 5.23 does not map for this family)
+DECODED_FAMILIES = (*MTP_FAMILIES, "glm4_moe_lite")
 PARITY_TOL = 1e-5
 PROMPT = "def add(a, b):"
 TOKENS = 40
@@ -47,6 +50,11 @@ def family(request: pytest.FixtureRequest) -> tuple[str, LoadedModel]:
     return request.param, loaded(request.param)
 
 
+@pytest.fixture(scope="module", params=DECODED_FAMILIES)
+def decoded(request: pytest.FixtureRequest) -> tuple[str, LoadedModel]:
+    return request.param, loaded(request.param)
+
+
 def prompt_ids(target: LoadedModel, prompt: str = PROMPT) -> list[int]:
     return target.tokenizer(prompt)["input_ids"]
 
@@ -59,22 +67,26 @@ def greedy(target: LoadedModel, ids: list[int], tokens: int = TOKENS, **kwargs: 
     return out[0, len(ids):].tolist()
 
 
-def test_the_loader_reads_both_namings_onto_transformers_mtp_layers(family: tuple[str, LoadedModel]) -> None:
-    name, target = family
+def test_the_loader_reads_both_namings_onto_transformers_mtp_layers(decoded: tuple[str, LoadedModel]) -> None:
+    name, target = decoded
+    written = json.loads((FIXTURES / name / "config.json").read_text(encoding="utf-8"))
+    if name == "glm4_moe_lite":  # as GLM-4.7-Flash's config declares its layer: transformers' own fields derived
+        assert written["num_nextn_predict_layers"] == 1 and not {"num_mtp_layers", "mtp_mlp_layer_types"} & set(written)
     layers = mtp_layers_of(target.model, target.name)
     assert isinstance(layers, MtpLayers) and layers.layers == 1
     assert layers.feature_layers == (target.model.config.num_hidden_layers,)
     names = json.loads((FIXTURES / name / "training.json").read_text(encoding="utf-8"))["naming"]
-    assert names == {"deepseek_v3": "layers", "mellum": "mtp"}[name]
+    assert names == {"deepseek_v3": "layers", "glm4_moe_lite": "layers", "mellum": "mtp"}[name]
     block = layers.mtp.layers[0].mtp_block
     assert type(block) is type(target.model.get_decoder().layers[-1])  # the target's own layer class
+    assert type(block.mlp).__name__.endswith("MoE") == (name != "mellum")  # a routed MoE, as transformers builds it
     assert layers.mtp.shared_head is target.model.lm_head  # the target's head, shared
 
 
 @pytest.mark.parametrize("forward", ["dynamic", "static"])
 @pytest.mark.parametrize("tree", ["adaptive", "static", "chain"])
-def test_mtp_decodes_the_targets_own_greedy_text(family: tuple[str, LoadedModel], tree: str, forward: str) -> None:
-    _, target = family
+def test_mtp_decodes_the_targets_own_greedy_text(decoded: tuple[str, LoadedModel], tree: str, forward: str) -> None:
+    _, target = decoded
     engine = Engine(target, None, forward=forward)
     ids = prompt_ids(target)
     want = greedy(target, ids)
@@ -277,11 +289,11 @@ def test_chained_parity_catches_a_planted_bug(chained: tuple[str, LoadedModel], 
     assert parity_gap(chained, source=planted) > 1e-3
 
 
-def test_the_command_line_decodes_with_mtp_as_generate_does(family: tuple[str, LoadedModel], tmp_path: Path,
+def test_the_command_line_decodes_with_mtp_as_generate_does(decoded: tuple[str, LoadedModel], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture) -> None:
     """``python -m talon generate --target DIR --drafter mtp --dtype float32 --json``, in process."""
-    name, target = family
+    name, target = decoded
     summary = cli_summary(name, [], tmp_path, monkeypatch, capsys)
     assert summary["token_ids"] == greedy(target, prompt_ids(target))
     assert summary["mean_accepted_tokens"] >= 1.5

@@ -36,12 +36,29 @@ def test_a_24_gb_gpu_is_not_offered_the_14b_pair_and_says_why(gpu) -> None:
     offered = [p.key for p in offer.presets(settings)]
     assert "qwen2.5-7b" in offered and "qwen3-8b" in offered and "qwen2.5-14b" not in offered
     refused = dict((p.key, why) for p, why in offer.unoffered(settings))
-    assert set(refused) == {"qwen2.5-14b"}
+    assert set(refused) == {"qwen2.5-14b", "glm-4.7-flash-mtp"}
     assert "needs about" in refused["qwen2.5-14b"] and "this GPU has 24 GiB" in refused["qwen2.5-14b"]
     with pytest.raises(ConfigError, match=r"cannot run on this server: needs about \d+ GiB"):
         offer.find_preset(settings, "qwen2.5-14b")
     gpu.size(80)
     assert "qwen2.5-14b" in [p.key for p in offer.presets(settings)] and offer.unoffered(settings) == []
+
+
+def test_the_mtp_preset_offers_its_targets_own_mtp_layer_and_no_draft_models_kinds(gpu) -> None:
+    """GLM-4.7-Flash drafts with its own MTP layer: no draft model in the slot (nothing to download
+    for it), the MTP kinds first, no kind that needs a draft model; an 80 GB card holds it."""
+    from talon.knobs import DRAFTERS, MTP_KINDS
+    from talon.server.presets import PRESETS
+
+    preset = next(p for p in PRESETS if p.mtp)
+    assert preset.key.endswith("-mtp") and preset.repos == ("zai-org/GLM-4.7-Flash",) and preset.gpu_gib == 80
+    settings = Settings(device="cuda", presets=preset.key, preset_switch="visitors")
+    assert offer.presets(settings) == []  # 24 GiB: refused, with the reason
+    gpu.size(80)
+    kinds, shown = offer.drafter_choices(settings, preset.key, "hybrid")
+    assert kinds[:len(MTP_KINDS)] == MTP_KINDS and shown == "mtp-hybrid"
+    assert not any(DRAFTERS[k].model == "draft" for k in kinds) and "retrieval" in kinds
+    assert offer.target_has_mtp(settings, preset)
 
 
 def test_a_gpu_space_offers_what_it_preloads_unless_the_owner_lists_more(gpu) -> None:

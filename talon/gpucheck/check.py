@@ -112,7 +112,7 @@ class PairCheck:
     fn: Callable[[PairRun], CheckOutcome]
     needs: tuple[Role, ...]
     peak: tuple[Role, ...] = ()
-    slots: tuple[str, ...] = ("model",)  # the pairs it runs on: a draft model's ("model"), a head's ("head")
+    slots: tuple[str, ...] = ("model",)  # the pairs it runs on (PairSpec.slot): a draft model's, a head's, an MTP's
 
 
 FP32_PAIR = (("target", F32), ("draft", F32))
@@ -122,15 +122,16 @@ BF16_PAIR = (("target", BF16), ("draft", BF16))
 # ends: see ``Stream``).
 PAIR_CHECKS: list[PairCheck] = [
     PairCheck("lossless", "lossless float32 (every drafter x tree x async)", lossless_fp32, FP32_PAIR,
-              slots=("model", "head")),
+              slots=("model", "head", "mtp")),
     PairCheck("async", "async drafting: same tokens as sync, pre-drafts reused", async_matches_sync,
               FP32_PAIR + (("small-target", F32),)),
     PairCheck("memory", "memory at the server's largest settings", memory_at_limits, ()),  # fits itself, at the limits
-    PairCheck("sampling", "sampling: first token distributed as the target's softmax", sampling_distribution,
-              FP32_PAIR),  # the draft is not used, but the next check needs it: kept, not rebuilt
+    # the draft is not used, but the next check needs it: kept, not rebuilt
+    PairCheck("sampling", "sampling: first token distributed as the target's softmax",
+              sampling_distribution, FP32_PAIR, slots=("model", "mtp")),
     PairCheck("steps", "the other steps (dynamic, static, graphs with the tree grown on the device; graphs are the "
               "default on CUDA): greedy equals generate()",
-              static_step_lossless, FP32_PAIR, slots=("model", "head")),
+              static_step_lossless, FP32_PAIR, slots=("model", "head", "mtp")),
     PairCheck("head", "the EAGLE-3 head's forward timed at the preset's width (bf16)", head_forward,
               (("target", F32), ("draft", F32)), slots=("head",)),
     PairCheck("bf16", "bf16: every token the target's choice (judge, target upcast in place)", bf16_judge, BF16_PAIR,
@@ -201,13 +202,16 @@ def run_pair_check(check: PairCheck, ctx: PairRun, stream: Stream | None = None)
     """``check`` with only the models it names alive, each gated first; skipped, before anything
     is allocated, when ``estimate_pair`` says they would not fit the device."""
 
+    # the target's MTP layer drafts: no draft model is held
+    needs = tuple(r for r in check.needs if ctx.spec.slot != "mtp" or r[0] == "target")
+
     def body() -> CheckOutcome:
-        need = max(ctx.models.bytes_needed(check.needs, FIT_TOKENS), ctx.models.bytes_needed(check.peak, FIT_TOKENS))
+        need = max(ctx.models.bytes_needed(needs, FIT_TOKENS), ctx.models.bytes_needed(check.peak, FIT_TOKENS))
         have = device_capacity(ctx.device)
         if need > have:
             raise Skipped(f"needs {need / GIB:.1f} GiB, the device has {have / GIB:.1f} GiB")
-        ctx.models.keep(check.needs)
-        gates = gate_models(ctx, check.needs)
+        ctx.models.keep(needs)
+        gates = gate_models(ctx, needs)
         ok, detail = check.fn(ctx)
         return ok, {**detail, **gates}
 
@@ -218,10 +222,9 @@ def run_pair(spec: PairSpec, device: torch.device, tiny: bool, stream: Stream | 
              checks: list[PairCheck] | None = None) -> list[Check]:
     """``checks``: the pair checks to run (every one, ``PAIR_CHECKS``, by default)."""
     ctx = PairRun(spec, device, tiny, PairModels(spec, device, 24 if tiny else 64))
-    slot = "head" if spec.head else "model"
     try:
         return [run_pair_check(check, ctx, stream) for check in (PAIR_CHECKS if checks is None else checks)
-                if slot in check.slots]
+                if spec.slot in check.slots]
     finally:
         ctx.models.keep(())
 

@@ -24,12 +24,70 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from talon.core.forward import additive_mask
-from talon.models.mtp import MtpLayers, mtp_layer_count
+from talon.models.memory import GLM_47_FLASH, ModelShape, mla_moe_parameters
+from talon.models.mtp import MtpLayers, declare_mtp_layers, mtp_layer_count
 
 Naming = Literal["layers", "mtp"]
 NAMINGS: tuple[Naming, ...] = ("layers", "mtp")
 MTP_STEPS = 300  # Adam steps the fixtures' layers train
 MTP_LR = 1e-2
+
+# An MTP preset's target: its transformers model type and config.json fields (``talon.models.memory``)
+MTP_TARGETS: dict[str, tuple[str, dict]] = {"zai-org/GLM-4.7-Flash": ("glm4_moe_lite", GLM_47_FLASH)}
+CHECK_LAYERS = 4  # the GPU check's target at a preset's widths: its dense first layer, three MoE layers
+TINY_SHRINK = {"hidden_size": 16, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+               "qk_rope_head_dim": 8, "intermediate_size": 128, "moe_intermediate_size": 48, "n_routed_experts": 16,
+               "num_experts_per_tok": 2, "num_attention_heads": 5}  # --tiny: each field divided by this
+
+
+MLA_SHARPEN = 16.0
+
+
+def check_config(target: str, tiny: bool, vocab: int) -> dict:
+    """The GPU check's config for an MTP preset's target (``MTP_TARGETS``): its widths, MLA and
+    MoE at ``CHECK_LAYERS`` layers (depth adds nothing a tree's positions or masks read: each
+    layer gets the same mask), or ``tiny``, every width shrunk (``TINY_SHRINK``); the vocabulary
+    ``vocab`` (the check's byte tokenizer's), no end-of-text token (every run decodes its length)."""
+    _, published = MTP_TARGETS[target]
+    config = {**published, "num_hidden_layers": CHECK_LAYERS, "vocab_size": vocab, "eos_token_id": None,
+              "bos_token_id": None, "pad_token_id": 0}
+    if tiny:
+        config.update({k: max(published[k] // f, 1) for k, f in TINY_SHRINK.items()})
+        config["num_key_value_heads"] = config["num_attention_heads"]
+    return config
+
+
+def config_shape(config: dict) -> ModelShape:
+    """The memory shape of an MLA and MoE target at ``config`` (its MTP layers counted), for the
+    check's fit test."""
+    heads, layers = config["num_attention_heads"], config["num_hidden_layers"] + config["num_nextn_predict_layers"]
+    return ModelShape(config["hidden_size"], layers, heads, heads, config["intermediate_size"], config["vocab_size"],
+                      bool(config.get("tie_word_embeddings")), explicit_head_dim=config["v_head_dim"],
+                      counted=mla_moe_parameters(config, config["num_nextn_predict_layers"]),
+                      cached_per_layer=heads * (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+                                                + config["v_head_dim"]))
+
+
+def check_target(target: str, config: dict, seed: int, dtype: torch.dtype, device: torch.device,
+                 sharpen: float = MLA_SHARPEN) -> PreTrainedModel:
+    """A random target of the MTP preset ``target``'s classes at ``config``, its LM head
+    sharpened (as the fixtures' are) so that its greedy text is decisive, and its latent
+    attention's queries and rotary keys by ``sharpen`` (the rotary logits by its square): at the
+    init's scale attention is near uniform, and a node one position off changes no token."""
+    from transformers import AutoConfig
+
+    kind, _ = MTP_TARGETS[target]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **config), attn_implementation="sdpa",
+                                             dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+        for layer in model.get_decoder().layers:
+            attention = layer.self_attn
+            (attention.q_b_proj if attention.q_b_proj is not None else attention.q_proj).weight.mul_(sharpen)
+            attention.kv_a_proj_with_mqa.weight.mul_(sharpen)  # its latent part is normed: the rotary keys' scale
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def random_mtp(target: PreTrainedModel, seed: int = 0) -> MtpLayers:
@@ -38,6 +96,7 @@ def random_mtp(target: PreTrainedModel, seed: int = 0) -> MtpLayers:
     from transformers.modeling_layers import MtpModel
 
     torch.manual_seed(seed)
+    declare_mtp_layers(target.config)
     mtp = MtpModel(target, mtp_layer_count(target.config))
     with torch.no_grad():
         for name, param in mtp.named_parameters():
@@ -109,6 +168,7 @@ def _loss(layers: MtpLayers, hidden: torch.Tensor, ids: torch.Tensor, levels: in
 
 def mtp_checkpoint_tensors(layers: MtpLayers, target: PreTrainedModel, naming: Naming) -> dict[str, torch.Tensor]:
     """The MTP layers' tensors under ``naming``, the blocks' as ``save_pretrained`` writes a layer."""
+    declare_mtp_layers(target.config)
     config = target.config.get_mtp_config()
     blocks = AutoModelForCausalLM.from_config(config)
     for k, layer in enumerate(layers.mtp.layers):

@@ -39,7 +39,8 @@ from talon.gpucheck.pairs import (
     reference,
     unread,
 )
-from talon.knobs import ATLAS_DRAFTING_KINDS, HEAD_ATLAS_DRAFTING_KINDS, HEAD_COUNTERPART
+from talon.knobs import ATLAS_DRAFTING_KINDS as MODEL_KINDS
+from talon.knobs import HEAD_ATLAS_DRAFTING_KINDS, HEAD_COUNTERPART, MTP_ATLAS_KINDS, MTP_COUNTERPART
 from talon.models import LoadedModel, ModelLoadError
 from talon.models.memory import GIB, KNOWN_SHAPES, estimate_pair
 from talon.run_config import MAX_BUDGET, RunConfig, SamplingConfig, TreeConfig
@@ -55,15 +56,23 @@ def plain(mode: str = "adaptive", **tree: Any) -> TreeConfig:
                          "min_conf": 0.0, "cost_aware": False, **tree})
 
 
-# A trained head is sure of its chain, so at plain()'s gates its trees are chains with a stray
-# sibling, where a mask that shows a node more than its ancestors changes no token; ungated and
-# wider, every accepted node follows many it must not see.
+# A trained head (or MTP layer) is sure of its chain, so at plain()'s gates its trees are chains with
+# a stray sibling, where a mask that shows a node more than its ancestors changes no token; ungated
+# and wider, every accepted node follows many it must not see.
 HEAD_TREE = {"budget": 64, "root_k": 8, "top_k": 4, "mu": 0.0}
 
 
 def tree_for(ctx: PairRun, mode: str) -> TreeConfig:
-    """The lossless checks' tree in ``mode``: ``plain`` for a draft model, ``HEAD_TREE`` for a head."""
-    return plain(mode, **(HEAD_TREE if ctx.spec.head else {}))
+    """The lossless checks' tree in ``mode``: ``plain`` for a draft model, else ``HEAD_TREE``."""
+    return plain(mode, **(HEAD_TREE if ctx.spec.slot != "model" else {}))
+
+
+SLOT_KINDS = {"model": MODEL_KINDS, "head": HEAD_ATLAS_DRAFTING_KINDS, "mtp": MTP_ATLAS_KINDS}
+SLOT_COUNTERPART = {"model": {}, "head": HEAD_COUNTERPART, "mtp": MTP_COUNTERPART}  # a draft model's kind -> the slot's
+
+
+def slot_draft(ctx: PairRun) -> LoadedModel | None:  # None: the target's MTP layer drafts, no draft model
+    return None if ctx.spec.slot == "mtp" else ctx.models.get("draft", F32)
 
 
 def greedy_cfg(drafter: str, tokens: int, **changes: Any) -> RunConfig:
@@ -75,16 +84,17 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
     """Greedy output equal to ``generate()`` for every drafter x tree mode x async on the default
     engine (the forward, fold and chain ``auto`` gives on this device), each configuration with
     drafts accepted at depth (``MAT_FLOOR``)."""
-    target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
+    target, draft = ctx.models.get("target", F32), slot_draft(ctx)
     engine = Engine(target, draft)
     prompts = check_prompts(ctx, target)
     wants = {name: reference(target, ids, ctx.tokens) for name, ids in prompts.items() if name != "chain"}
     failures, mats = [], {}
-    for drafter in HEAD_ATLAS_DRAFTING_KINDS if ctx.spec.head else ATLAS_DRAFTING_KINDS:
+    for drafter in SLOT_KINDS[ctx.spec.slot]:
         which = "echo" if drafter == "retrieval" else "random"
         ids, want = prompts[which], wants[which]
         for mode in MODES:
-            for async_draft in (False,) if ctx.spec.head else (False, True):  # a head needs this step's features
+            # a head and an MTP layer need this step's features
+            for async_draft in (False, True) if ctx.spec.slot == "model" else (False,):
                 cfg = greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode), async_draft=async_draft)
                 summary, _ = generate(engine, ids, cfg)
                 mats[f"{drafter}/{mode}/{'async' if async_draft else 'sync'}"] = round(summary.mean_accepted_tokens, 3)
@@ -92,7 +102,7 @@ def lossless_fp32(ctx: PairRun) -> CheckOutcome:
                     failures.append(f"{drafter}/{mode}/{'async' if async_draft else 'sync'}")
     vocab = [ctx.spec.target.vocab, ctx.spec.draft.vocab]
     low = below_floor(mats)
-    head = {"head_training": ctx.models.training} if ctx.spec.head else {}
+    head = {f"{ctx.spec.slot}_training": ctx.models.training} if ctx.spec.slot != "model" else {}
     return not failures and not low, {"runs": len(mats), "forward": engine.forward_path, "failures": failures,
                                       "vocab": vocab, "mat": mats, "mat_floor": MAT_FLOOR, "below_floor": low,
                                       "unread": unread(mats), **head}
@@ -109,7 +119,7 @@ def static_step_lossless(ctx: PairRun) -> CheckOutcome:
     ``generate()`` for each drafter, on the prompt where its drafts are accepted (each above
     ``MAT_FLOOR``), with the grouped-query fold switched the other way, the other steps, and the
     adaptive tree grown on the device (``+chain``: ``TALON_CHAIN``)."""
-    target, draft = ctx.models.get("target", F32), ctx.models.get("draft", F32)
+    target, draft = ctx.models.get("target", F32), slot_draft(ctx)
     steps = OTHER_PATHS["cuda" if ctx.device.type == "cuda" else "cpu"]
     start = time.perf_counter()
     prompts = check_prompts(ctx, target)
@@ -119,8 +129,8 @@ def static_step_lossless(ctx: PairRun) -> CheckOutcome:
             engine = path_engine(target, draft, step)
             for kind, mode, which in (("none", "chain", "random"), ("hybrid", "adaptive", "random"),
                                       ("model", "static", "random"), ("retrieval", "adaptive", "echo"),
-                                      ("model", "adaptive", "random" if ctx.spec.head else "chain")):
-                drafter = HEAD_COUNTERPART.get(kind, kind) if ctx.spec.head else kind  # a head's slot: its kinds
+                                      ("model", "adaptive", "chain" if ctx.spec.slot == "model" else "random")):
+                drafter = SLOT_COUNTERPART[ctx.spec.slot].get(kind, kind)  # a head's or MTP layer's slot: its kinds
                 want = reference(target, prompts[which], ctx.tokens)
                 summary, _ = generate(engine, prompts[which],
                                       greedy_cfg(drafter, ctx.tokens, tree=tree_for(ctx, mode)))
@@ -316,7 +326,7 @@ def bf16_judge(ctx: PairRun) -> CheckOutcome:
     would not fit an 80 GB GPU for the 14B pair."""
     ids = prompt_ids(ctx.spec.draft.vocab, 40, 9)
     engine = Engine(ctx.models.get("target", BF16), ctx.models.get("draft", BF16))
-    outputs = {d: generate(engine, ids, greedy_cfg(d, ctx.tokens))[0].token_ids for d in ATLAS_DRAFTING_KINDS}
+    outputs = {d: generate(engine, ids, greedy_cfg(d, ctx.tokens))[0].token_ids for d in MODEL_KINDS}
     del engine
     ctx.models.keep((("target", BF16),))
     target = ctx.models.take("target", BF16)

@@ -18,11 +18,14 @@ from transformers import PreTrainedTokenizerFast
 from talon.engine.engine import Engine
 from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
 from talon.gpucheck.head import frequent_tokens, head_config, random_head, train_head
+from talon.gpucheck.mtp import MTP_TARGETS, check_config, check_target, config_shape, random_mtp, train_mtp
 from talon.models import LoadedModel
 from talon.models.eagle3 import is_head
 from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
 from talon.models.rng import generator_for
 from talon.server.presets import PRESETS
+
+PRESETS_BY_KEY = {p.key: p for p in PRESETS}
 
 MODES = ("adaptive", "static", "chain")
 TINY_FACTOR = 16
@@ -71,8 +74,14 @@ class PairSpec:
     target: ModelShape
     draft: ModelShape
     gpu_gib: float | None
-    family: str  # "llama" | "qwen2" | "qwen3" (ModelShape.family)
+    family: str  # "llama" | "qwen2" | "qwen3" (ModelShape.family); an MTP preset's: its model type
     head: bool = False  # the draft slot holds an EAGLE-3 head (``draft``: its layer's shape, vocab its draft vocab)
+    mtp: dict[str, Any] | None = None  # an MTP preset's target config (``talon.gpucheck.mtp``); ``draft``: the target's
+
+    @property
+    def slot(self) -> str:
+        """What drafts: a draft model ("model"), an EAGLE-3 head ("head"), the target's MTP layer ("mtp")."""
+        return "mtp" if self.mtp is not None else "head" if self.head else "model"
 
 
 # ------------------------------------------------------------------------------------ models
@@ -84,11 +93,17 @@ def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
     (``PairModels``). ``tiny`` shrinks width, depth and the vocabulary but keeps the difference
     between a draft model pair's two vocabularies (a head's target keeps ``TINY_HEAD_LAYERS``, so
     its three feature layers are apart); a plain ``--tiny`` leaves the head presets out (the suite
-    names one)."""
+    names one). An MTP preset's target is its own classes at ``talon.gpucheck.mtp.check_config``
+    (``tiny`` too, and named as the head presets are), its MTP layer trained by the checks."""
     specs = []
     for p in PRESETS:
-        wanted = not (tiny and p.head) or p.key in only
+        wanted = not (tiny and (p.head or p.mtp)) or p.key in only
         if not p.needs_cuda or not wanted or (only and p.key not in only) or p.target not in KNOWN_SHAPES:
+            continue
+        if p.mtp:
+            config = check_config(p.target or "", tiny, TINY_VOCAB if tiny else KNOWN_SHAPES[p.target or ""].vocab)
+            shape = config_shape(config)
+            specs.append(PairSpec(p.key, shape, shape, p.gpu_gib, MTP_TARGETS[p.target or ""][0], mtp=config))
             continue
         target, draft = KNOWN_SHAPES[p.target], KNOWN_SHAPES[p.draft or ""]
         if tiny and p.head:
@@ -223,13 +238,19 @@ class PairModels:
         if (role, dtype) not in self.gates:
             lm = self.get(role, dtype)
             ids = prompt_ids(self.spec.draft.vocab, 48, 3)
-            self.gates[(role, dtype)] = (Conditioning(1, 0.0, None, 0.0, True, "a trained EAGLE-3 head")
-                                         if is_head(lm.model) else conditioning(lm.model, ids, bf16=dtype == BF16))
+            trained = ("a trained EAGLE-3 head" if is_head(lm.model)
+                       else "a target with its MTP layer trained" if self.spec.mtp is not None else "")
+            self.gates[(role, dtype)] = (Conditioning(1, 0.0, None, 0.0, True, trained) if trained
+                                         else conditioning(lm.model, ids, bf16=dtype == BF16))
         return self.gates[(role, dtype)]
 
     def _build(self, role: str, dtype: torch.dtype) -> LoadedModel:
         if role == "draft" and self.spec.head:
             return self._trained_head(dtype)
+        if self.spec.mtp is not None:
+            if role != "target":
+                raise ValueError(f"an MTP preset's check holds its target alone, not a {role!r} model")
+            return self._mtp_target(dtype)
         seed = {"target": 1, "draft": 2, "small-target": 4, "tied-draft": 2}[role]
         return random_model(self.shape(role), self.spec.family, seed, dtype, self.device, self.init,
                             chain_vocab=self.spec.draft.vocab, untie=role != "tied-draft")
@@ -247,6 +268,26 @@ class PairModels:
         head, self.training = train_head(head, target, texts, levels=HEAD_LEVELS)
         return LoadedModel(head.to(dtype=dtype), target.tokenizer, f"trained-head-{self.spec.key}", dtype,
                            self.device)
+
+    def _mtp_target(self, dtype: torch.dtype) -> LoadedModel:
+        """The MTP preset's target (its own classes, random weights) with its MTP layer trained
+        here (``talon.gpucheck.mtp``) on its greedy text of the prompts the lossless checks decode,
+        reused at every depth (the ``reuse`` rule's training), attached as its checkpoint's would be."""
+        from talon.drafters.mtp import attach_mtp
+
+        spec = self.spec
+        model = check_target(PRESETS_BY_KEY[spec.key].target or "", spec.mtp or {}, 1, F32, self.device)
+        lm = LoadedModel(model, byte_tokenizer(spec.target.vocab), f"random-{spec.family}-{spec.key}", F32,
+                         self.device)
+        vocab = spec.draft.vocab
+        texts = [ids + reference(lm, ids, self.tokens) for ids in (random_ids(vocab, 48, 3), prompt_ids(vocab, 48, 3))]
+        layers = random_mtp(model, seed=3)
+        self.training = train_mtp(layers, model, texts, levels=HEAD_LEVELS)
+        if dtype != F32:
+            model.to(dtype)
+            layers.to(dtype)
+        attach_mtp(model, layers)
+        return dataclasses.replace(lm, dtype=dtype)
 
     def keep(self, roles: tuple[Role, ...]) -> None:
         for key in [k for k in self.held if k not in roles]:

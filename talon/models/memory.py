@@ -37,6 +37,8 @@ class ModelShape:
     qkv_bias: bool = False  # Qwen2 has biases on q, k and v
     qk_norm: bool = False  # Qwen3 normalises q and k per head (and has no biases)
     explicit_head_dim: int = 0  # a config's own head_dim where it is not hidden // heads (Qwen3-0.6B)
+    counted: int = 0  # parameters counted from a config the fields above cannot describe (``mla_moe_parameters``)
+    cached_per_layer: int = 0  # elements a layer caches per token, where not keys and values of kv_heads x head_dim
 
     @property
     def head_dim(self) -> int:
@@ -49,6 +51,8 @@ class ModelShape:
 
     @property
     def parameters(self) -> int:
+        if self.counted:
+            return self.counted
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         attention = 2 * self.hidden * q + 2 * self.hidden * kv
         if self.qkv_bias:
@@ -60,6 +64,8 @@ class ModelShape:
         return self.layers * layer + embeddings + self.hidden
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        if self.cached_per_layer:
+            return self.layers * self.cached_per_layer * dtype_bytes
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def config_kwargs(self) -> dict[str, Any]:
@@ -83,6 +89,31 @@ class ModelShape:
         )
 
 
+def mla_moe_parameters(c: dict[str, Any], mtp_layers: int = 0) -> int:
+    """The parameters of a DeepSeek-V3-style model (latent attention in every layer, the first
+    ``first_k_dense_replace`` layers dense, the rest a routed MoE with shared experts), counted
+    from its ``config.json`` fields, with ``mtp_layers`` MTP layers (each an MoE layer, its
+    projection and three norms) as transformers builds them."""
+    h, heads, rope = c["hidden_size"], c["num_attention_heads"], c["qk_rope_head_dim"]
+    qk, q_lora, kv_lora = c["qk_nope_head_dim"] + rope, c.get("q_lora_rank"), c["kv_lora_rank"]
+    q = h * q_lora + q_lora + q_lora * heads * qk if q_lora else h * heads * qk
+    kv = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (c["qk_nope_head_dim"] + c["v_head_dim"])
+    attention = q + kv + heads * c["v_head_dim"] * h + 2 * h  # o_proj, and the layer's two norms
+    experts = c["n_routed_experts"]
+    moe = (experts + c["n_shared_experts"]) * 3 * h * c["moe_intermediate_size"] + experts * h + experts  # + router
+    dense, layers = c["first_k_dense_replace"], c["num_hidden_layers"]
+    body = layers * attention + dense * 3 * h * c["intermediate_size"] + (layers - dense) * moe
+    mtp = mtp_layers * (attention + moe + 2 * h * h + 3 * h)
+    return body + mtp + c["vocab_size"] * h * (1 if c.get("tie_word_embeddings") else 2) + h
+
+
+# GLM-4.7-Flash's config.json (zai-org/GLM-4.7-Flash, MIT): also transformers 5.23's Glm4MoeLiteConfig defaults
+GLM_47_FLASH = {"vocab_size": 154_880, "hidden_size": 2048, "intermediate_size": 10_240, "moe_intermediate_size": 1536,
+                "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
+                "n_shared_experts": 1, "n_routed_experts": 64, "num_experts_per_tok": 4, "kv_lora_rank": 512,
+                "q_lora_rank": 768, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "v_head_dim": 256,
+                "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "tie_word_embeddings": False}
+
 # Published config.json values (hidden, layers, heads, kv heads, intermediate, vocab, tied).
 _QWEN_05B = ModelShape(896, 24, 14, 2, 4864, 151_936, True, True)
 _QWEN_7B = ModelShape(3584, 28, 28, 4, 18_944, 152_064, False, True)
@@ -101,6 +132,11 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen3-0.6B": ModelShape(1024, 28, 16, 8, 3072, 151_936, True, qk_norm=True, explicit_head_dim=128),
     # the head counted as the Llama head above is: one layer at the target's width, a 32k draft vocabulary
     "RedHatAI/Qwen3-8B-speculator.eagle3": ModelShape(4096, 1, 32, 8, 12_288, 32_000, False),
+    # 47 layers and its MTP layer, each caching keys (qk 192 + 64) and values (256) of 20 heads: transformers
+    # caches latent attention decompressed; 30.0 B parameters counted with the MTP layer
+    "zai-org/GLM-4.7-Flash": ModelShape(2048, 48, 20, 20, 10_240, 154_880, False, explicit_head_dim=256,
+                                        counted=mla_moe_parameters(GLM_47_FLASH, mtp_layers=1),
+                                        cached_per_layer=20 * (256 + 256)),
 }
 
 

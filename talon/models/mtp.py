@@ -19,8 +19,9 @@ level feeds a parent's ``out`` as ``h`` with its own token (``talon.drafters.mtp
 Loading (``load_mtp``) reads only the MTP tensors of the target's own checkpoint, in its family's
 naming, and maps them onto ``MtpModel`` with transformers' own conversion mapping:
 
-* DeepSeek-V3 and GLM-4-MoE: ``model.layers.{N + k}.*`` (N the target's layer count; the block's
-  tensors beside ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``);
+* DeepSeek-V3, GLM-4-MoE and GLM-4-MoE-Lite (GLM-4.7-Flash): ``model.layers.{N + k}.*`` (N the
+  target's layer count; the block's tensors beside ``enorm``, ``hnorm``, ``eh_proj`` and
+  ``shared_head.norm``);
 * Mellum and Qwen3.5: ``mtp.*`` (``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
   ``mtp.pre_fc_norm_hidden``, ``mtp.norm`` and ``mtp.layers.0.*``).
 
@@ -58,6 +59,19 @@ def mtp_layer_count(config: PretrainedConfig) -> int:
     if count is None:
         count = getattr(text, "num_nextn_predict_layers", None)
     return int(count or 0)
+
+
+def declare_mtp_layers(config: PretrainedConfig) -> None:
+    """Give a config that declares its MTP layers only as its checkpoint does (GLM-4-MoE-Lite's
+    ``num_nextn_predict_layers``, which transformers 5.23 does not map) the fields transformers'
+    ``MtpModel`` reads: ``num_mtp_layers`` and, beside per-layer MLP types, the MTP layers' own
+    (a routed MoE: transformers builds every MTP layer so). A config that has them is left alone."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    count = mtp_layer_count(config)
+    if getattr(text, "num_mtp_layers", None) is None:
+        text.num_mtp_layers = count
+    if getattr(text, "mlp_layer_types", None) is not None and getattr(text, "mtp_mlp_layer_types", None) is None:
+        text.mtp_mlp_layer_types = ["sparse"] * count
 
 
 def is_mtp_key(name: str, layers: int, mtp_layers: int) -> bool:
@@ -217,6 +231,7 @@ def load_mtp(target: PreTrainedModel, path: str | Path) -> MtpLayers:
     count = mtp_layer_count(target.config)
     last = target.get_decoder().layers[-1]
     device = next(last.parameters()).device
+    declare_mtp_layers(target.config)
     mtp = MtpModel(target, count)
     state = mtp_tensors(path, int(text.num_hidden_layers), count)
     info, _ = convert_and_load_state_dict_in_model(

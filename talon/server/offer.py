@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from talon.knobs import HEAD_PAIR_KINDS, MODEL_PAIR_KINDS, MTP_COUNTERPART, MTP_KINDS, slot_kind
+from talon.knobs import DRAFTERS, HEAD_PAIR_KINDS, MODEL_PAIR_KINDS, MTP_COUNTERPART, MTP_KINDS, slot_kind
 from talon.models import zerogpu
 from talon.models.embedded import EMBEDDED_MODELS
 from talon.models.head_config import read_head_config
@@ -187,22 +187,23 @@ def holds_head(settings: Settings, preset: ModelPreset) -> bool:
 
 
 def target_has_mtp(settings: Settings, preset: ModelPreset) -> bool:
-    """Does ``preset``'s target ship MTP layers (the server's own pair with TALON_TARGET a
-    directory whose config declares them, on attention-only layers)?"""
-    return preset.target is None and bool(settings.target) and declares_mtp(settings.target)
+    """Does ``preset``'s target ship MTP layers (an MTP preset's, or the server's own pair with
+    TALON_TARGET a directory whose config declares them, on attention-only layers)?"""
+    return preset.mtp or (preset.target is None and bool(settings.target) and declares_mtp(settings.target))
 
 
 def drafter_choices(settings: Settings, key: str, current: str = "") -> tuple[tuple[str, ...], str]:
     """The drafter kinds the app offers for preset ``key`` (a head's kinds where the draft slot
-    holds one, a draft model's elsewhere; the MTP layer's first where the target ships one), and
-    the choice to show: ``current`` where offered, else its counterpart (hybrid and eagle3-hybrid,
-    model and eagle3; mtp-hybrid and mtp where the draft slot is empty), else the first."""
+    holds one, a draft model's elsewhere; the MTP layer's first where the target ships one, and no
+    draft model's where the slot is empty), and the choice to show: ``current`` where offered, else
+    its counterpart (hybrid and eagle3-hybrid, model and eagle3; mtp-hybrid and mtp where the draft
+    slot is empty), else the first."""
     preset = find_preset(settings, key)
     head = holds_head(settings, preset)
     offered = HEAD_PAIR_KINDS if head else MODEL_PAIR_KINDS
     if target_has_mtp(settings, preset):
-        offered = (*MTP_KINDS, *offered)
-        empty = (settings.draft or "none").strip().lower() in ("none", "")
+        empty = (preset.draft or settings.draft or "none").strip().lower() in ("none", "")
+        offered = (*MTP_KINDS, *(k for k in offered if not (empty and DRAFTERS[k].model == "draft")))
         if current not in offered or (empty and current in MTP_COUNTERPART):
             current = MTP_COUNTERPART.get(current, offered[0])
         return offered, current

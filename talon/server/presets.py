@@ -24,12 +24,14 @@ class ModelPreset:
     target_weights: str | None = None  # None: TALON_TARGET_WEIGHTS
     gpu_gib: float | None = None  # the GPU memory the pair is meant for (the memory guard names it)
     head: bool = False  # the draft is an EAGLE-3 head (drafter kinds eagle3, eagle3-hybrid)
+    mtp: bool = False  # the target's own MTP layers draft (kinds mtp, mtp-hybrid): no draft model (draft "none")
 
     @property
     def repos(self) -> tuple[str, ...]:
-        return tuple(name for name in (self.target, self.draft) if name is not None)
+        return tuple(name for name in (self.target, self.draft) if name not in (None, EMPTY_SLOT))
 
 
+EMPTY_SLOT = "none"  # a preset's draft slot left empty (its target drafts for itself: ``mtp``)
 DEFAULT_PRESET = "default"
 # The pair a CUDA machine selects and loads at start, unless TALON_TARGET/TALON_DRAFT name models.
 STARTUP_GPU_PRESET = "qwen2.5-7b"
@@ -92,6 +94,16 @@ PRESETS: tuple[ModelPreset, ...] = (
         dtype="bfloat16",
         gpu_gib=24,
         head=True,
+    ),
+    ModelPreset(
+        "glm-4.7-flash-mtp",
+        "GLM-4.7-Flash + its own MTP layer (GPU with 80 GB, bf16)",
+        "zai-org/GLM-4.7-Flash",  # MIT; 30 B parameters (3 B active), latent attention in all 47 layers
+        EMPTY_SLOT,
+        needs_cuda=True,
+        dtype="bfloat16",
+        gpu_gib=80,
+        mtp=True,
     ),
     ModelPreset(
         "qwen2.5-14b",
