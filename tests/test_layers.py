@@ -302,8 +302,8 @@ STOP_AT_TORCH = ("import os, sys\n"
 
 def loads_torch(code: str, root: Path = REPO, env: dict[str, str] | None = None) -> bool:
     """Does ``code``, in a fresh interpreter over ``root``, import torch?"""
-    out = subprocess.run([sys.executable, "-c", STOP_AT_TORCH + code], cwd=root, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
+    out = subprocess.run([sys.executable, "-c", STOP_AT_TORCH + code], cwd=root, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().endswith("torch loaded")
 
