@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from talon.core.forward import additive_mask
-from talon.models.memory import GLM_47_FLASH, ModelShape, mla_moe_parameters
+from talon.models.memory import GLM_47_FLASH
 from talon.models.mtp import MtpLayers, declare_mtp_layers, mtp_layer_count
 
 Naming = Literal["layers", "mtp"]
@@ -57,26 +57,15 @@ def check_config(target: str, tiny: bool, vocab: int) -> dict:
     return config
 
 
-def config_shape(config: dict) -> ModelShape:
-    """The memory shape of an MLA and MoE target at ``config`` (its MTP layers counted), for the
-    check's fit test."""
-    heads, layers = config["num_attention_heads"], config["num_hidden_layers"] + config["num_nextn_predict_layers"]
-    return ModelShape(config["hidden_size"], layers, heads, heads, config["intermediate_size"], config["vocab_size"],
-                      bool(config.get("tie_word_embeddings")), explicit_head_dim=config["v_head_dim"],
-                      counted=mla_moe_parameters(config, config["num_nextn_predict_layers"]),
-                      cached_per_layer=heads * (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
-                                                + config["v_head_dim"]))
-
-
-def check_target(target: str, config: dict, seed: int, dtype: torch.dtype, device: torch.device,
+def check_target(kind: str, config: dict, seed: int, dtype: torch.dtype, device: torch.device,
                  sharpen: float = MLA_SHARPEN) -> PreTrainedModel:
-    """A random target of the MTP preset ``target``'s classes at ``config``, its LM head
-    sharpened (as the fixtures' are) so that its greedy text is decisive, and its latent
-    attention's queries and rotary keys by ``sharpen`` (the rotary logits by its square): at the
-    init's scale attention is near uniform, and a node one position off changes no token."""
+    """A random target of transformers' model type ``kind`` (an MTP preset's, ``MTP_TARGETS``) at
+    ``config``, its LM head sharpened (as the fixtures' are) so that its greedy text is decisive,
+    and its latent attention's queries and rotary keys by ``sharpen`` (the rotary logits by its
+    square): at the init's scale attention is near uniform, and a node one position off changes
+    no token."""
     from transformers import AutoConfig
 
-    kind, _ = MTP_TARGETS[target]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **config), attn_implementation="sdpa",
                                              dtype=torch.float32)

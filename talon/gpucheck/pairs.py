@@ -18,14 +18,12 @@ from transformers import PreTrainedTokenizerFast
 from talon.engine.engine import Engine
 from talon.gpucheck.check_model import Conditioning, build_model, chain_prompt, conditioning
 from talon.gpucheck.head import frequent_tokens, head_config, random_head, train_head
-from talon.gpucheck.mtp import MTP_TARGETS, check_config, check_target, config_shape, random_mtp, train_mtp
+from talon.gpucheck.mtp import MTP_TARGETS, check_config, check_target, random_mtp, train_mtp
 from talon.models import LoadedModel
 from talon.models.eagle3 import is_head
-from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, scaled
+from talon.models.memory import KNOWN_SHAPES, ModelShape, estimate_pair, mla_moe_shape, scaled
 from talon.models.rng import generator_for
 from talon.server.presets import PRESETS
-
-PRESETS_BY_KEY = {p.key: p for p in PRESETS}
 
 MODES = ("adaptive", "static", "chain")
 TINY_FACTOR = 16
@@ -102,7 +100,7 @@ def pair_specs(tiny: bool, only: set[str]) -> list[PairSpec]:
             continue
         if p.mtp:
             config = check_config(p.target or "", tiny, TINY_VOCAB if tiny else KNOWN_SHAPES[p.target or ""].vocab)
-            shape = config_shape(config)
+            shape = mla_moe_shape(config)
             specs.append(PairSpec(p.key, shape, shape, p.gpu_gib, MTP_TARGETS[p.target or ""][0], mtp=config))
             continue
         target, draft = KNOWN_SHAPES[p.target], KNOWN_SHAPES[p.draft or ""]
@@ -276,7 +274,7 @@ class PairModels:
         from talon.drafters.mtp import attach_mtp
 
         spec = self.spec
-        model = check_target(PRESETS_BY_KEY[spec.key].target or "", spec.mtp or {}, 1, F32, self.device)
+        model = check_target(spec.family, spec.mtp or {}, 1, F32, self.device)
         lm = LoadedModel(model, byte_tokenizer(spec.target.vocab), f"random-{spec.family}-{spec.key}", F32,
                          self.device)
         vocab = spec.draft.vocab

@@ -107,6 +107,18 @@ def mla_moe_parameters(c: dict[str, Any], mtp_layers: int = 0) -> int:
     return body + mtp + c["vocab_size"] * h * (1 if c.get("tie_word_embeddings") else 2) + h
 
 
+def mla_moe_shape(config: dict[str, Any]) -> ModelShape:
+    """The memory shape of a DeepSeek-V3-style target at ``config``, its MTP layers counted (each
+    caches its keys and values as a target layer does: transformers caches latent attention
+    decompressed, keys of qk_nope + qk_rope and values of v_head_dim per head)."""
+    heads, layers = config["num_attention_heads"], config["num_hidden_layers"] + config["num_nextn_predict_layers"]
+    return ModelShape(config["hidden_size"], layers, heads, heads, config["intermediate_size"], config["vocab_size"],
+                      bool(config.get("tie_word_embeddings")), explicit_head_dim=config["v_head_dim"],
+                      counted=mla_moe_parameters(config, config["num_nextn_predict_layers"]),
+                      cached_per_layer=heads * (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+                                                + config["v_head_dim"]))
+
+
 # GLM-4.7-Flash's config.json (zai-org/GLM-4.7-Flash, MIT): also transformers 5.23's Glm4MoeLiteConfig defaults
 GLM_47_FLASH = {"vocab_size": 154_880, "hidden_size": 2048, "intermediate_size": 10_240, "moe_intermediate_size": 1536,
                 "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
@@ -132,11 +144,8 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen3-0.6B": ModelShape(1024, 28, 16, 8, 3072, 151_936, True, qk_norm=True, explicit_head_dim=128),
     # the head counted as the Llama head above is: one layer at the target's width, a 32k draft vocabulary
     "RedHatAI/Qwen3-8B-speculator.eagle3": ModelShape(4096, 1, 32, 8, 12_288, 32_000, False),
-    # 47 layers and its MTP layer, each caching keys (qk 192 + 64) and values (256) of 20 heads: transformers
-    # caches latent attention decompressed; 30.0 B parameters counted with the MTP layer
-    "zai-org/GLM-4.7-Flash": ModelShape(2048, 48, 20, 20, 10_240, 154_880, False, explicit_head_dim=256,
-                                        counted=mla_moe_parameters(GLM_47_FLASH, mtp_layers=1),
-                                        cached_per_layer=20 * (256 + 256)),
+    # 47 layers and its MTP layer, each caching keys (192 + 64) and values (256) of 20 heads; 30.6 B parameters
+    "zai-org/GLM-4.7-Flash": mla_moe_shape(GLM_47_FLASH),
 }
 
 
