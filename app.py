@@ -75,7 +75,7 @@ def main() -> None:
         head=head_html(),
         theme=ui.theme(),
         max_file_size=ui.MAX_UPLOAD_BYTES,
-        app_kwargs={"middleware": ui.light_door(demo)},  # the model-free endpoints' door (talon/ui/door.py)
+        app_kwargs={"middleware": ui.door_for(demo)},  # every request held to its bound (talon/ui/door.py)
     )
 
 

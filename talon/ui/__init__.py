@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from talon.server.facade import initial_preset, warm_up
 from talon.trace import MAX_UPLOAD_BYTES
-from talon.ui.door import light_door
+from talon.ui.door import door_for
 from talon.ui.layout import build_ui, theme
 from talon.ui.panel import queue_limits
 
-__all__ = ["MAX_UPLOAD_BYTES", "build_ui", "light_door", "initial_preset", "queue_limits", "theme", "warm_up"]
+__all__ = ["MAX_UPLOAD_BYTES", "build_ui", "door_for", "initial_preset", "queue_limits", "theme", "warm_up"]

@@ -6,7 +6,8 @@ that runs no model skips the queue (``outside_queue``): Gradio counts every wait
 the queue's size, so otherwise a queue full of runs would turn away page loads, the slider, the
 walk and Stop. What may work for a while among them (an atlas, a trace or a sweep replayed, every
 public endpoint) is held to the model-free limit and budget (``talon.ui.session.bounded``,
-``talon.atlas.budget``), so that callers who need no model cannot take the host from the runs."""
+``talon.atlas.budget``), and the door (``talon.ui.door``) paces the rest while a model runs, so that
+callers who need no model cannot take the host from the runs."""
 
 from __future__ import annotations
 
