@@ -53,7 +53,7 @@ HOLD_S = 1.0  # the longest one request holds the turn (a slow upload goes on wi
 WAIT_S = 10.0  # the longest a request waits for its turn
 REFUSAL_DELAY_S = 1.0
 MAX_BODY_BYTES = 1024 * 1024  # an event's inputs (a prompt of 4,096 tokens: 64 KB at most)
-PREFIX = "/gradio_api/"
+GRADIO_API = "/gradio_api/"
 DIRECT, QUEUED = ("run", "api"), ("queue", "call")
 PAGES = frozenset({"/", "/config", "/gradio_api/info", "/gradio_api/openapi.json", "/gradio_api/runs"})
 
@@ -259,9 +259,9 @@ def event_route(scope: Scope) -> tuple[str, str] | None:
     """(kind, name) of a POST to a route that calls an event: ``run``/``api`` (the plain HTTP
     route, ``name`` the event's API name) or ``queue``/``call`` (a queue entry); else None."""
     path = scope["path"]
-    if scope.get("method") != "POST" or not path.startswith(PREFIX):
+    if scope.get("method") != "POST" or not path.startswith(GRADIO_API):
         return None
-    parts = path[len(PREFIX):].strip("/").split("/")
+    parts = path[len(GRADIO_API):].strip("/").split("/")
     if parts[0] in DIRECT and len(parts) == 2:
         return parts[0], parts[1]
     if parts == ["queue", "join"]:
