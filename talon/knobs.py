@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -147,6 +147,7 @@ class Knob:
     grid: bool = False  # an atlas sweep may vary it
     explore: bool = False  # the Threshold explorer varies it
     bench: Any = None  # the benchmark's default, where it differs
+    read_by: str = ""  # which drafter kinds read it (a READERS key; "": every kind)
 
     @property
     def section(self) -> str:
@@ -273,20 +274,20 @@ KNOBS: tuple[Knob, ...] = (
          "host gives the same trees; learn = this run refines its own copy from its step timings (sampled runs "
          "always plan fixed; the benchmark's default is fixed)", choices=COST_MODES, bench="fixed"),
     Knob("retrieval_min_match", "retrieval.min_match", "int", 2, "retrieval: the shortest suffix match that "
-         "proposes at all", 1, 64, metavar="L", slider=(1, 16, 1), grid=True, explore=True),
+         "proposes at all", 1, 64, metavar="L", slider=(1, 16, 1), grid=True, explore=True, read_by="retrieval"),
     Knob("retrieval_max_continuation", "retrieval.max_continuation", "int", 16, "retrieval: the longest "
-         "continuation drafted from one match", 1, 128, metavar="L", grid=True),
+         "continuation drafted from one match", 1, 128, metavar="L", grid=True, read_by="retrieval"),
     Knob("graft_threshold", "retrieval.graft_threshold", "int", 3, "hybrid: graft the retrieval trie when its "
          "match has at least L tokens", 1, 64, metavar="L", app="retrieval_threshold", slider=(1, 16, 1),
-         label="Retrieval threshold (match length to graft)", grid=True, explore=True),
+         label="Retrieval threshold (match length to graft)", grid=True, explore=True, read_by="graft"),
     Knob("retrieval_branches", "retrieval.max_branches", "int", 2, "retrieval: continuations (distinct next "
-         "tokens) kept per trie node", 1, 16, metavar="B", grid=True),
+         "tokens) kept per trie node", 1, 16, metavar="B", grid=True, read_by="retrieval"),
     Knob("corpus", "retrieval.corpus", "path", None, "a static retrieval datastore: a .jsonl (fields turns, "
-         "text or prompt) or text file", metavar="PATH"),
+         "text or prompt) or text file", metavar="PATH", read_by="retrieval"),
     Knob("skip_layers", "skip_layers", "float", 0.3, "layerskip: the share of the target's layers its draft "
          "skips (one block in the middle of the depth; the first and last layers always run)", 0.05, 0.9,
          metavar="F", app="skip_layers", slider=(0.05, 0.9, 0.05), label="Layers skipped (layerskip drafter)",
-         grid=False),
+         grid=False, read_by="layerskip"),
     Knob("temperature", "sampling.temperature", "float", 0.0, "sampling temperature; 0 = greedy", 0.0, 10.0,
          metavar="T", app="temperature", slider=(0.0, 2.0, 0.05), label="Temperature (0 = greedy)"),
     Knob("top_p", "sampling.top_p", "float", 1.0, "sampling: nucleus top-p (1 = off)", 1e-6, 1.0, metavar="P",
@@ -305,7 +306,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("mtp_layers", "mtp_layers", "choice", "reuse", "mtp: which of the target's MTP layers drafts which "
          "depth. reuse = layer 0 at every depth (vLLM V1's and SGLang's rule); chained = layer k drafts depth "
          "k + 1 on layer k - 1's output, as transformers and vLLM V2 run a checkpoint of several layers (the tree "
-         "is then at most that many levels deep)", choices=MTP_LAYER_RULES, metavar="RULE"),
+         "is then at most that many levels deep)", choices=MTP_LAYER_RULES, metavar="RULE", read_by="mtp"),
     Knob("draft_vocab", "draft_vocab", "int", 32768, "draft logits over the first V token ids only (BPE ids are "
          "roughly frequency-ranked; 0 = the full vocabulary)", 0, 10_000_000, metavar="V"),
 )
@@ -314,6 +315,29 @@ APP_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.app)
 BY_APP: dict[str, Knob] = {k.app: k for k in APP_KNOBS}
 EXPLORER_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.explore)
 GRID_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.grid)
+# which drafter kinds read a knob tagged ``read_by``
+READERS: dict[str, Callable[[DrafterKind], bool]] = {
+    "retrieval": lambda d: d.retrieval,
+    "graft": lambda d: d.retrieval and d.model is not None,  # the hybrids
+    "layerskip": lambda d: d.model == "target",
+    "mtp": lambda d: d.model == "mtp",
+}
+if {k.read_by for k in KNOBS} - {"", *READERS}:
+    raise ValueError(f"a knob's read_by is none of {tuple(READERS)}")
+
+
+def unread_knobs(values: Mapping[str, Any], drafter: str) -> list[str]:
+    """The knobs in ``{knob name: value}`` set off their defaults that ``drafter`` never reads,
+    each in an error's words: a flag that would change nothing."""
+    kind = DRAFTERS[drafter]
+    unread = []
+    for name, value in values.items():
+        knob = KNOB[name]
+        reads = READERS.get(knob.read_by)
+        if reads is not None and value not in (None, knob.default) and not reads(kind):
+            names = ", ".join(d.name for d in DRAFTERS.values() if reads(d))
+            unread.append(f"{knob.option} {value} changes nothing with --drafter {drafter}: only {names} read it")
+    return unread
 
 
 def default(path: str) -> Any:

@@ -48,6 +48,40 @@ def test_the_front_ends_take_their_knobs_from_the_table() -> None:
     assert changed.knob_values()["graft_threshold"] == 5 and changed.retrieval.graft_threshold == 5
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--drafter", "hybrid", "--mtp-layers", "chained"], "--mtp-layers chained changes nothing with --drafter "
+     "hybrid: only mtp, mtp-hybrid read it"),
+    (["--drafter", "model", "--skip-layers", "0.5"], "--skip-layers 0.5 changes nothing .* only layerskip"),
+    (["--drafter", "model", "--retrieval-min-match", "4"], "only hybrid, retrieval, eagle3-hybrid, mtp-hybrid"),
+    (["--drafter", "retrieval", "--graft-threshold", "5"], "only hybrid, eagle3-hybrid, mtp-hybrid read it"),
+    (["--drafter", "none", "--corpus", "notes.txt"], "--corpus notes.txt changes nothing"),
+])
+def test_a_flag_the_drafter_never_reads_is_refused(flags: list[str], message: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    args = parser.parse_args(flags)
+    with pytest.raises(ConfigError, match=message):
+        config_from_args(args, one_drafter=True)
+    assert config_from_args(args) is not None  # a sweep's base command may carry it for another drafter
+
+
+def test_generate_refuses_an_unread_flag_before_any_model_loads(caplog: pytest.LogCaptureFixture) -> None:
+    from talon.cli.main import main
+
+    argv = ["generate", "--prompt", "hi", "--target", "no/such-model", "--mtp-layers", "chained"]
+    assert main(argv) == 2
+    assert "--mtp-layers chained changes nothing with --drafter hybrid" in caplog.text
+
+
+def test_a_flag_the_drafter_reads_or_left_at_its_default_passes() -> None:
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    for flags in (["--drafter", "mtp", "--mtp-layers", "chained"], ["--drafter", "layerskip", "--skip-layers", "0.5"],
+                  ["--drafter", "mtp-hybrid", "--graft-threshold", "5"], ["--drafter", "model", "--skip-layers", "0.3"],
+                  ["--drafter", "retrieval", "--corpus", "notes.txt", "--retrieval-branches", "4"]):
+        config_from_args(parser.parse_args(flags), one_drafter=True)
+
+
 @pytest.mark.parametrize(("values", "message"), [
     ({"budget": 0}, r"budget must be an integer in \[1, 256\], got 0"),
     ({"budget": 2.5}, "budget must be an integer, got 2.5"),

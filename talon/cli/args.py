@@ -9,8 +9,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from talon.knobs import KNOB, KNOBS, ON_OFF, Knob
-from talon.run_config import RunConfig
+from talon.knobs import KNOB, KNOBS, ON_OFF, Knob, unread_knobs
+from talon.run_config import ConfigError, RunConfig
 from talon.settings import DRAFT_QUANTS, DTYPE_CHOICES, TARGET_WEIGHTS, PairKey, Settings
 
 
@@ -81,10 +81,15 @@ def add_knob(p: argparse.ArgumentParser, knob: Knob, default: Any = None, help_t
                        metavar=knob.metavar or None, help=help_text)
 
 
-def config_from_args(a: argparse.Namespace) -> RunConfig:
+def config_from_args(a: argparse.Namespace, one_drafter: bool = False) -> RunConfig:
     """The RunConfig of ``add_run_args``'s flags (ConfigError for a value out of range). An
-    unset ``--async`` / ``--no-async`` leaves the record's default: the front end decides."""
+    unset ``--async`` / ``--no-async`` leaves the record's default: the front end decides.
+    ``one_drafter`` (a command that runs one drafter): ConfigError for a flag set off its default
+    that the drafter never reads, such as ``--mtp-layers`` for a draft model."""
     values = {knob.name: getattr(a, knob.name) for knob in KNOBS}
+    unread = unread_knobs(values, values["drafter"]) if one_drafter else []
+    if unread:
+        raise ConfigError("; ".join(unread))
     return RunConfig().with_knobs({name: value for name, value in values.items() if value is not None
                                    or KNOB[name].kind == "path"})
 

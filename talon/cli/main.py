@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("--draft none: drafting from retrieval only")
         args.drafter = "retrieval"
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, one_drafter=True)
         prompt = args.prompt
         if args.prompt_file:
             with open(args.prompt_file, encoding="utf-8") as fh:
