@@ -42,7 +42,7 @@ _EXPORTS = {
     "prepare_gguf_file": "talon.models.convert",
     "TORCH_DTYPES": "talon.models.device",
     "bf16_pays": "talon.models.device",
-    "cpu_model": "talon.models.device",
+    "cpu_model": "talon.models.verdict",
     "hardware_name": "talon.models.device",
     "resolve_device": "talon.models.device",
     "resolve_dtype": "talon.models.device",

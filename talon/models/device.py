@@ -1,20 +1,18 @@
 """Where and in what precision a model runs: ``resolve_device`` and ``resolve_dtype`` (with the
-one-off CPU check of whether bfloat16 is faster than float32 here)."""
+CPU check of whether bfloat16 is faster than float32 here, decided once per host and kept)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from talon.models.base import ModelLoadError
 from talon.models.rng import generator_for
+from talon.models.verdict import VERDICT_ROUNDS, Verdict, cpu_model, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +85,6 @@ def time_linear(dtype: torch.dtype, rows: int = 8, dim: int = 4096, reps: int = 
     return statistics.median(times)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def hardware_name(device: torch.device) -> str:
     """What runs the models: the GPU's name on CUDA, else the CPU's model name."""
     if device.type == "cuda":
@@ -103,37 +92,54 @@ def hardware_name(device: torch.device) -> str:
     return cpu_model()
 
 
-def bf16_pays(fp32_s: float, bf16_s: float, min_speedup: float = 1.15) -> bool:
-    """Whether bfloat16 is clearly faster than float32, from the best timing of each."""
-    return fp32_s / bf16_s >= min_speedup
-
-
 # the rows a decoder's linears see: one token (decoding, drafting) and a tree verification. On a
-# 2-core Xeon with avx512 but no avx512_bf16, bf16 ran 0.97x float32 at 1 row, 0.96x at 8 and
-# 0.58x at 16 (a 16-node verification of the embedded target 1,285 against 779 ms): a check at 8
-# rows alone once chose bf16 there, from one noisy float32 round, and made the app 4x slower
+# 2-core Xeon with avx512 but no avx512_bf16, bf16 ran 1.2x float32 at 1 row and 0.5x at 16 (a
+# 16-node verification of the embedded target 1,285 against 779 ms): a check at 8 rows alone once
+# chose bf16 there, from one noisy float32 round, and made the app 4x slower. On a 2-core Xeon with
+# AMX, bf16 ran 4.2-5.0x at 16 rows but only 1.06-1.29x at 1 row (a memory-bound product), so a
+# rule that asked 1.15x at 1 row too chose float32 in one start of two, and the embedded pair then
+# decoded 1.7x (plain) to 2.6x (hybrid) slower than in bf16 (docs/runs/2026-12-02-cpu-dtype-verdict.md)
 DTYPE_CHECK_ROWS = (1, 16)
+MIN_BF16_TREE_SPEEDUP = 1.15  # at 16 rows, float32 / bfloat16
+MAX_BF16_ROW_SLOWDOWN = 1.10  # at 1 row, bfloat16 / float32
+
+
+def bf16_pays(times: dict[int, tuple[float, float]]) -> bool:
+    """bfloat16 pays on these (float32, bfloat16) seconds by rows (``DTYPE_CHECK_ROWS``): clearly
+    faster for a tree's rows, and not slower for one token."""
+    (row_f32, row_bf16), (tree_f32, tree_bf16) = times[DTYPE_CHECK_ROWS[0]], times[DTYPE_CHECK_ROWS[1]]
+    return tree_f32 / tree_bf16 >= MIN_BF16_TREE_SPEEDUP and row_bf16 / row_f32 <= MAX_BF16_ROW_SLOWDOWN
+
+
+def bf16_margin(times: dict[int, tuple[float, float]]) -> float:
+    """How far these times clear the rule (over 1) or miss it (under 1)."""
+    (row_f32, row_bf16), (tree_f32, tree_bf16) = times[DTYPE_CHECK_ROWS[0]], times[DTYPE_CHECK_ROWS[1]]
+    return min(tree_f32 / tree_bf16 / MIN_BF16_TREE_SPEEDUP, MAX_BF16_ROW_SLOWDOWN / (row_bf16 / row_f32))
 
 
 @functools.cache
-def _cpu_prefers_bf16(min_speedup: float = 1.15) -> bool:
-    """Measure once per process whether bfloat16 linears are clearly faster than float32 here,
-    both for one token and for a tree verification's rows (``DTYPE_CHECK_ROWS``).
+def _cpu_prefers_bf16() -> bool:
+    """Whether bfloat16 linears beat float32 ones here, both for one token and for a tree
+    verification's rows: decided once per host and kept in ``TALON_CACHE/dtype`` with its figures
+    (``talon.models.verdict``), so every start on a host loads the models alike."""
+    rule = f"bf16 >= {MIN_BF16_TREE_SPEEDUP}x at {DTYPE_CHECK_ROWS[1]} rows, <= {MAX_BF16_ROW_SLOWDOWN}x slower at 1"
+    return kept_verdict("dtype", {**host_key(), "rule": rule}, check_dtype, logger, "dtype auto = %s")
 
-    The two dtypes are timed in alternating rounds and the best round of each is kept, so a
-    burst of load from other processes does not decide the comparison.
-    """
-    speedups = {}
-    for rows in DTYPE_CHECK_ROWS:
-        timed = [(time_linear(torch.float32, rows), time_linear(torch.bfloat16, rows)) for _ in range(3)]
-        fp32_s, bf16_s = min(r[0] for r in timed), min(r[1] for r in timed)
-        speedups[rows] = (fp32_s, bf16_s)
-    prefers = all(bf16_pays(f, b, min_speedup) for f, b in speedups.values())
+
+def check_dtype() -> Verdict:
+    """The dtype check: ``VERDICT_ROUNDS`` rounds, each timing both dtypes in turn at every size
+    (a burst of load from elsewhere hits both); bfloat16 only where every round says it pays, and
+    rounds that disagree are inside the noise, which means float32. Logged with its figures."""
+    rounds = [{rows: (time_linear(torch.float32, rows), time_linear(torch.bfloat16, rows))
+               for rows in DTYPE_CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
+    paid = sum(bf16_pays(times) for times in rounds)
+    on, least = paid == len(rounds), min(bf16_margin(times) for times in rounds)
     logger.info(
-        "CPU dtype check, (rows x 4096)@(4096x4096) linear, float32 / bfloat16: %s (need %.2fx at every size) "
-        "-> dtype auto = %s",
-        ", ".join(f"{rows} rows {1e3 * f:.2f} / {1e3 * b:.2f} ms ({f / b:.2f}x)" for rows, (f, b) in speedups.items()),
-        min_speedup,
-        "bfloat16" if prefers else "float32",
+        "CPU dtype check, (rows x 4096)@(4096x4096) linear, float32 / bfloat16, %d rounds: %s (need %.2fx at %d "
+        "rows, at most %.2fx slower at %d; %d of %d rounds pay, margin %.2fx%s) -> dtype auto = %s", len(rounds),
+        "; ".join(", ".join(f"{rows} rows {1e3 * f:.2f} / {1e3 * b:.2f} ms ({f / b:.2f}x)"
+                            for rows, (f, b) in times.items()) for times in rounds),
+        MIN_BF16_TREE_SPEEDUP, DTYPE_CHECK_ROWS[1], MAX_BF16_ROW_SLOWDOWN, DTYPE_CHECK_ROWS[0], paid, len(rounds),
+        least, ": inside the noise" if 0 < paid < len(rounds) else "", "bfloat16" if on else "float32",
     )
-    return prefers
+    return Verdict(on, least, [{str(r): [f, b] for r, (f, b) in t.items()} for t in rounds])

@@ -29,21 +29,15 @@ here), and so is every device but the CPU.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import os
-import platform
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from talon.models.cache import resolve_cache_dir
 from talon.models.quant import replace_linears
 from talon.models.rng import generator_for
+from talon.models.verdict import VERDICT_ROUNDS, Verdict, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -124,21 +118,6 @@ def pays(times: dict[int, tuple[float, float]]) -> bool:
     return tree_plain / tree_packed >= MIN_TREE_SPEEDUP and row_packed / row_plain <= MAX_ROW_SLOWDOWN
 
 
-VERDICT_ROUNDS = 3  # the check, repeated: "on" only where every round clears the rule
-
-
-def host_key() -> dict[str, object]:
-    """What the verdict depends on: the CPU, its cores, torch's version and threads."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
-
-
 def margin(times: dict[int, tuple[float, float]]) -> float:
     """How far these times clear the rule (over 1) or miss it (under 1): the smaller of the tree's
     speedup over its need and the one-row allowance over its slowdown."""
@@ -153,19 +132,6 @@ def decide(rounds: list[dict[int, tuple[float, float]]]) -> tuple[bool, float]:
     return all(pays(times) for times in rounds), min(margins)
 
 
-def verdict_path(cache_dir: Path, key: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / "prepack" / f"verdict-{digest}.json"
-
-
-def read_verdict(path: Path, key: dict[str, object]) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("on"), bool) else None
-
-
 @functools.cache
 def prepack_pays() -> bool:
     """Decided once per host (``host_key``: CPU, cores, torch) and kept in ``TALON_CACHE/prepack``
@@ -175,12 +141,11 @@ def prepack_pays() -> bool:
     verdict the rounds disagree on is inside the noise, and that is off. Logged either way."""
     if not prepack_supported():
         return False
-    key = host_key()
-    path = verdict_path(resolve_cache_dir(None), key)
-    if (kept := read_verdict(path, key)) is not None:
-        logger.info("CPU layout verdict kept in %s (decided %s, margin %.2fx): TALON_PREPACK auto = %s", path,
-                    kept.get("decided", "?"), float(kept.get("margin", 0.0)), "on" if kept["on"] else "off")
-        return kept["on"]
+    return kept_verdict("prepack", host_key(), check_layout, logger, "TALON_PREPACK auto = %s")
+
+
+def check_layout() -> Verdict:
+    """The layout check, ``VERDICT_ROUNDS`` rounds of ``CHECK_ROWS``, logged with its figures."""
     rounds = [{rows: time_layer(rows) for rows in CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
     choice, least = decide(rounds)
     paid = sum(pays(times) for times in rounds)
@@ -191,13 +156,7 @@ def prepack_pays() -> bool:
                                     for r, (p, q) in times.items()) for times in rounds),
                 MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], paid, VERDICT_ROUNDS, least,
                 ": inside the noise" if 0 < paid < VERDICT_ROUNDS else "", "on" if choice else "off")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "on": choice, "margin": round(least, 4), "decided": time.strftime(
-            "%Y-%m-%d"), "rounds": [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds]}), encoding="utf-8")
-    except OSError as error:  # a read-only cache: decide again next start
-        logger.warning("CPU layout verdict not kept (%s): the next start checks again", error)
-    return choice
+    return Verdict(choice, least, [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds])
 
 
 def prepack(model: nn.Module) -> int:

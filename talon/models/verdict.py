@@ -1,0 +1,89 @@
+"""A host's one-off verdicts, kept: whether bfloat16 beats float32 here (``talon.models.device``)
+and whether oneDNN's weight layout beats torch's float32 matmul (``talon.models.prepack``).
+
+Each is a timed check of one layer, repeated in rounds. A one-off check flipped with the host's
+load from one start to the next (the layout's: 0.26x to 2.71x at one row; the dtype's: bf16
+chosen in one start and float32 in the next on a 2-core Xeon with AMX, where bf16 decodes the
+embedded pair 1.7x to 2.6x faster), so the verdict is decided once per host (``host_key``: the
+CPU, its cores, torch's version and threads) and kept in ``TALON_CACHE/<check>/`` with its
+figures; every later start on the host reads it and says so in the log."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from talon.models.cache import resolve_cache_dir
+
+VERDICT_ROUNDS = 3  # a check, repeated: "on" only where every round clears its rule
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def host_key() -> dict[str, object]:
+    """What a verdict depends on: the CPU, its cores, torch's version and threads."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's answer: ``on`` where every round cleared the rule; ``margin`` how far the
+    nearest round cleared it (over 1) or missed it (under 1); ``rounds`` the figures."""
+
+    on: bool
+    margin: float
+    rounds: list[Any] = field(default_factory=list)
+
+
+def verdict_path(cache_dir: Path, check: str, key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / check / f"verdict-{digest}.json"
+
+
+def read_verdict(path: Path, key: dict[str, object]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("on"), bool) else None
+
+
+def kept_verdict(check: str, key: dict[str, object], decide: Callable[[], Verdict], log: logging.Logger,
+                 what: str) -> bool:
+    """The verdict of ``check`` on this host: kept in the cache under ``key`` (``host_key`` plus
+    the rule's own terms), else ``decide``d now and kept. ``what`` names the choice in the log
+    ("TALON_PREPACK auto = %s", with "on" or "off"); a verdict read back is logged with its date
+    and margin."""
+    path = verdict_path(resolve_cache_dir(None), check, key)
+    if (kept := read_verdict(path, key)) is not None:
+        log.info("%s verdict kept in %s (decided %s, margin %.2fx): %s", check, path, kept.get("decided", "?"),
+                 float(kept.get("margin", 0.0)), what % ("on" if kept["on"] else "off"))
+        return kept["on"]
+    verdict = decide()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "on": verdict.on, "margin": round(verdict.margin, 4),
+                                    "decided": time.strftime("%Y-%m-%d"), "rounds": verdict.rounds}),
+                        encoding="utf-8")
+    except OSError as error:  # a read-only cache: decide again next start
+        log.warning("%s verdict not kept (%s): the next start checks again", check, error)
+    return verdict.on
