@@ -115,6 +115,10 @@ def test_a_dtype_verdict_inside_the_noise_is_float32(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(tm_device, "time_linear", timed)
     tm_device._cpu_prefers_bf16.cache_clear()
     assert tm_device._cpu_prefers_bf16() is False
+    assert not list(tmp_path.glob("dtype/verdict-*.json")), "a verdict inside the noise is not kept"
+    tm_device._cpu_prefers_bf16.cache_clear()  # the next start checks again: its rounds agree, and it is kept
+    assert tm_device._cpu_prefers_bf16() is True
+    assert len(list(tmp_path.glob("dtype/verdict-*.json"))) == 1
     tm_device._cpu_prefers_bf16.cache_clear()
 
 

@@ -12,7 +12,7 @@ import torch
 
 from talon.models.base import ModelLoadError
 from talon.models.rng import generator_for
-from talon.models.verdict import VERDICT_ROUNDS, Verdict, cpu_model, host_key, kept_verdict
+from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, cpu_model, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _cpu_prefers_bf16() -> bool:
     return kept_verdict("dtype", {**host_key(), "rule": rule}, check_dtype, logger, "dtype auto = %s")
 
 
-def check_dtype() -> Verdict:
+def check_dtype() -> HostVerdict:
     """The dtype check: ``VERDICT_ROUNDS`` rounds, each timing both dtypes in turn at every size
     (a burst of load from elsewhere hits both); bfloat16 only where every round says it pays, and
     rounds that disagree are inside the noise, which means float32. Logged with its figures."""
@@ -142,4 +142,5 @@ def check_dtype() -> Verdict:
         MIN_BF16_TREE_SPEEDUP, DTYPE_CHECK_ROWS[1], MAX_BF16_ROW_SLOWDOWN, DTYPE_CHECK_ROWS[0], paid, len(rounds),
         least, ": inside the noise" if 0 < paid < len(rounds) else "", "bfloat16" if on else "float32",
     )
-    return Verdict(on, least, [{str(r): [f, b] for r, (f, b) in t.items()} for t in rounds])
+    return HostVerdict(on, least, [{str(r): [f, b] for r, (f, b) in t.items()} for t in rounds],
+                       settled=paid in (0, len(rounds)))

@@ -37,7 +37,7 @@ from torch import nn
 
 from talon.models.quant import replace_linears
 from talon.models.rng import generator_for
-from talon.models.verdict import VERDICT_ROUNDS, Verdict, host_key, kept_verdict
+from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def prepack_pays() -> bool:
     return kept_verdict("prepack", host_key(), check_layout, logger, "TALON_PREPACK auto = %s")
 
 
-def check_layout() -> Verdict:
+def check_layout() -> HostVerdict:
     """The layout check, ``VERDICT_ROUNDS`` rounds of ``CHECK_ROWS``, logged with its figures."""
     rounds = [{rows: time_layer(rows) for rows in CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
     choice, least = decide(rounds)
@@ -156,7 +156,8 @@ def check_layout() -> Verdict:
                                     for r, (p, q) in times.items()) for times in rounds),
                 MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], paid, VERDICT_ROUNDS, least,
                 ": inside the noise" if 0 < paid < VERDICT_ROUNDS else "", "on" if choice else "off")
-    return Verdict(choice, least, [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds])
+    return HostVerdict(choice, least, [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds],
+                       settled=paid in (0, VERDICT_ROUNDS))
 
 
 def prepack(model: nn.Module) -> int:

@@ -6,7 +6,8 @@ load from one start to the next (the layout's: 0.26x to 2.71x at one row; the dt
 chosen in one start and float32 in the next on a 2-core Xeon with AMX, where bf16 decodes the
 embedded pair 1.7x to 2.6x faster), so the verdict is decided once per host (``host_key``: the
 CPU, its cores, torch's version and threads) and kept in ``TALON_CACHE/<check>/`` with its
-figures; every later start on the host reads it and says so in the log."""
+figures; every later start on the host reads it and says so in the log. A verdict whose rounds
+disagree (a start under load) holds for that start only: it is off, and not kept."""
 
 from __future__ import annotations
 
@@ -45,13 +46,16 @@ def host_key() -> dict[str, object]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HostVerdict:
     """A check's answer: ``on`` where every round cleared the rule; ``margin`` how far the
-    nearest round cleared it (over 1) or missed it (under 1); ``rounds`` the figures."""
+    nearest round cleared it (over 1) or missed it (under 1); ``rounds`` the figures; ``settled``
+    where the rounds agree (rounds that disagree are inside the noise: the answer is off, for this
+    start only)."""
 
     on: bool
     margin: float
     rounds: list[Any] = field(default_factory=list)
+    settled: bool = True
 
 
 def verdict_path(cache_dir: Path, check: str, key: dict[str, object]) -> Path:
@@ -67,7 +71,7 @@ def read_verdict(path: Path, key: dict[str, object]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("on"), bool) else None
 
 
-def kept_verdict(check: str, key: dict[str, object], decide: Callable[[], Verdict], log: logging.Logger,
+def kept_verdict(check: str, key: dict[str, object], decide: Callable[[], HostVerdict], log: logging.Logger,
                  what: str) -> bool:
     """The verdict of ``check`` on this host: kept in the cache under ``key`` (``host_key`` plus
     the rule's own terms), else ``decide``d now and kept. ``what`` names the choice in the log
@@ -79,6 +83,9 @@ def kept_verdict(check: str, key: dict[str, object], decide: Callable[[], Verdic
                  float(kept.get("margin", 0.0)), what % ("on" if kept["on"] else "off"))
         return kept["on"]
     verdict = decide()
+    if not verdict.settled:  # a busy start: not kept, so the next start checks again
+        log.info("%s verdict inside the noise, not kept: the next start checks again", check)
+        return verdict.on
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": key, "on": verdict.on, "margin": round(verdict.margin, 4),
