@@ -75,6 +75,17 @@ def ui_recorded(ui: tuple[ExplorerView, dict[str, Any]], tmp_path_factory: pytes
     return session, updates
 
 
+def test_before_an_atlas_every_plot_says_what_will_draw_it(ui) -> None:
+    """No blank boxes on a first visit: each plot of the explorer opens on a figure that says what
+    it will show and what it waits for."""
+    view = ui[0]
+    plots = [view.mu_mat, view.mu_speed, view.k_mat, view.k_speed, view.pareto, view.lengths, view.tree, view.gates]
+    for plot in plots:
+        assert plot.value is not None, plot.elem_id
+        words = json.dumps(plot.value)
+        assert "atlas first" in words or "appear here" in words, (plot.elem_id, words[:200])
+
+
 def test_record_streams_progress_then_loads_the_atlas_and_sets_the_knobs(ui, ui_recorded) -> None:
     view, _ = ui
     session, updates = ui_recorded

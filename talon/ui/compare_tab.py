@@ -15,7 +15,7 @@ from talon import figures as F
 from talon.run_config import TREE_MODES, RunConfig
 from talon.server.facade import Controls, RunRequest, decode_all, drafter_choices, initial_preset
 from talon.settings import Settings
-from talon.ui.panel import ControlPanel, follow_preset, run_on_click
+from talon.ui.panel import ControlPanel, follow_preset, run_on_click, waiting_plot
 from talon.ui.session import CompareSession
 from talon.ui.stream import run_variants
 from talon.ui.words import EXPLAIN
@@ -111,14 +111,14 @@ def build_compare_tab(panel: ControlPanel, settings: Settings) -> CompareView:
         mu_b = gr.Slider(0.0, 1.0, value=Controls().mu, step=0.01, label="B: gate μ")
     go_button = gr.Button("Run A and B", variant="primary", elem_id="talon-compare-run")
     summary = gr.HTML(compare_summary_html(CompareSession(), "Press “Run A and B”."))
-    chart = gr.Plot(show_label=False)
+    chart = waiting_plot("MAT and tokens/s of A and B appear here after “Run A and B”.")
     with gr.Row():
         with gr.Column(min_width=320):
             text_a = gr.HTML(F.text_html([]), max_height=260)
-            tree_a = gr.Plot(show_label=False)
+            tree_a = waiting_plot("A's draft tree, step by step.")
         with gr.Column(min_width=320):
             text_b = gr.HTML(F.text_html([]), max_height=260)
-            tree_b_plot = gr.Plot(show_label=False)
+            tree_b_plot = waiting_plot("B's draft tree, step by step.")
     view = CompareView(summary=summary, text_a=text_a, text_b=text_b, tree_a=tree_a, tree_b=tree_b_plot, chart=chart,
                        state=gr.State(CompareSession()))
     extra = {"tree_mode_b": tree_b, "drafter_b": drafter_b, "mu_b": mu_b, "cmp": view.state}

@@ -26,7 +26,7 @@ from talon.server.facade import Controls, decode, record_prompt_atlas, user_erro
 from talon.settings import Settings
 from talon.ui.files import read_atlas, write_atlas
 from talon.ui.measure_panel import build_measure_panel
-from talon.ui.panel import ControlPanel, control, run_on_click
+from talon.ui.panel import ControlPanel, control, run_on_click, waiting_plot
 from talon.ui.session import bounded, sessionless
 from talon.ui.words import EXPLAIN
 
@@ -63,6 +63,9 @@ def knob_components() -> dict[str, Any]:
     return c
 
 
+FIRST = "record or load an atlas first."
+
+
 def explorer_panel() -> ExplorerView:
     """The atlas explorer's components (call inside the Threshold explorer tab)."""
     note = gr.HTML("", elem_id="talon-atlas-note")
@@ -81,24 +84,24 @@ def explorer_panel() -> ExplorerView:
         to_best = gr.Button("★ Move the knobs to the best", size="sm", elem_id="talon-atlas-to-best")
         apply_knobs = gr.Button("Apply the knobs to the controls ←", size="sm", elem_id="talon-atlas-apply")
         apply_best = gr.Button("Apply the best to the controls ←", size="sm", elem_id="talon-atlas-apply-best")
+    with gr.Row():  # until an atlas comes, each plot says what will draw it
+        mu_mat = waiting_plot(f"MAT by μ and N: {FIRST}", elem_id="talon-atlas-mu-mat")
+        mu_speed = waiting_plot(f"Tokens/s by μ and N: {FIRST}", elem_id="talon-atlas-mu-speed")
     with gr.Row():
-        mu_mat = gr.Plot(show_label=False, elem_id="talon-atlas-mu-mat")
-        mu_speed = gr.Plot(show_label=False, elem_id="talon-atlas-mu-speed")
-    with gr.Row():
-        k_mat = gr.Plot(show_label=False, elem_id="talon-atlas-k-mat")
-        k_speed = gr.Plot(show_label=False, elem_id="talon-atlas-k-speed")
-    pareto_plot = gr.Plot(show_label=False, elem_id="talon-atlas-pareto")
+        k_mat = waiting_plot(f"MAT by root K and k: {FIRST}", elem_id="talon-atlas-k-mat")
+        k_speed = waiting_plot(f"Tokens/s by root K and k: {FIRST}", elem_id="talon-atlas-k-speed")
+    pareto_plot = waiting_plot(f"MAT against tokens/s, every configuration: {FIRST}", elem_id="talon-atlas-pareto")
     gr.Markdown(ADAPTIVE_WORDS, elem_classes=["talon-explain"])
     rule = gr.Radio(list(RULES[1:]), value=DEFAULT_RULE, label="Adaptive rule (drawn at its best setting)",
                     elem_id="talon-atlas-rule")
-    lengths = gr.Plot(show_label=False, elem_id="talon-atlas-lengths")
+    lengths = waiting_plot(f"A rule's draft lengths against the oracle: {FIRST}", elem_id="talon-atlas-lengths")
     rules_table = gr.HTML(F.rules_table_html([]), elem_id="talon-atlas-rules")
     gr.Markdown("#### A replayed step of the knobs' configuration")
     step = gr.Slider(0, 1, value=0, step=1, label="Replayed step", elem_id="talon-atlas-step")
     caption = gr.HTML(F.step_caption_html([], 0), elem_id="talon-atlas-caption")
     with gr.Row():
-        tree = gr.Plot(show_label=False, scale=3, elem_id="talon-atlas-tree")
-        gates = gr.Plot(show_label=False, scale=2, elem_id="talon-atlas-gates")
+        tree = waiting_plot("Replayed steps appear here.", scale=3, elem_id="talon-atlas-tree")
+        gates = waiting_plot("Their confidence gates appear here.", scale=2, elem_id="talon-atlas-gates")
     return ExplorerView(record=record, upload=upload, download=download, note=note, status=status, knobs=knobs,
                         score=score, to_best=to_best, apply_knobs=apply_knobs, apply_best=apply_best, mu_mat=mu_mat,
                         mu_speed=mu_speed, k_mat=k_mat, k_speed=k_speed, pareto=pareto_plot, step=step,

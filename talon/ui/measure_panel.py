@@ -17,7 +17,7 @@ from talon.server.facade import Controls, RunRequest, decode_all, user_error
 from talon.settings import Settings
 from talon.trace import TraceFileError, is_number, read_json_upload
 from talon.ui.files import upload_path
-from talon.ui.panel import ControlPanel, run_on_click
+from talon.ui.panel import ControlPanel, run_on_click, waiting_plot
 from talon.ui.session import bounded
 from talon.ui.stream import run_variants
 from talon.ui.words import EXPLAIN
@@ -165,8 +165,8 @@ def build_measure_panel(panel: ControlPanel, settings: Settings) -> MeasureView:
             method = gr.Dropdown(label="Method", choices=[], value=None, allow_custom_value=True)
         progress = gr.HTML("")
         with gr.Row():
-            mat = gr.Plot(show_label=False)
-            speed = gr.Plot(show_label=False)
+            mat = waiting_plot("MAT by μ and N, from a sweep or loaded results.")
+            speed = waiting_plot("Tokens/s by μ and N, from a sweep or loaded results.")
     view = MeasureView(progress=progress, mat=mat, speed=speed, suite=suite, method=method, state=gr.State([]))
     extra = {"mus": mus, "budgets": budgets, "sweep_tokens": tokens, "rows_state": view.state}
     run_on_click(go_button, make_measure(view, settings), panel, extra, view.outputs(), "sweep", settings)

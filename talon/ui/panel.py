@@ -9,6 +9,7 @@ from typing import Any
 
 import gradio as gr
 
+from talon import figures as F
 from talon.knobs import ASYNC_OFF_WHY, BY_APP, Knob
 from talon.server.facade import (
     Example,
@@ -149,3 +150,8 @@ def run_on_click(button: gr.Button, fn: Callable[..., Any], panel: ControlPanel,
     like a model run."""
     button.click(fn, inputs=[panel.prompt], inputs_kwargs={**panel.components, **extra}, outputs=outputs,
                  api_name=api_name, **model_event(settings))
+
+
+def waiting_plot(message: str, height: int = 220, **kwargs: Any) -> gr.Plot:
+    """A plot that says, until its first figure comes, what will draw it (not a blank box)."""
+    return gr.Plot(value=F.empty_figure(message, height), show_label=False, **kwargs)
