@@ -151,6 +151,20 @@ def test_auto_follows_the_hosts_measurement(tmp_path: Path, monkeypatch: pytest.
     assert re.search(r"3 rounds: 1 rows [\d.]+ / [\d.]+ ms .*16 rows [\d.]+ / [\d.]+ ms", line), line
     assert line.endswith("auto = " + ("on" if choice else "off"))
     kept = list((tmp_path / "cache" / "prepack").glob("verdict-*.json"))
+    assert len(kept) == ("inside the noise" not in line)  # a busy host's split rounds: off, and not kept
+    for path in kept:
+        path.unlink()
+    # a busy start (one round of three slower prepacked at one row): off, not kept; then a quiet one: kept
+    rounds = iter([(0.001, 0.002), (0.002, 0.001)] + [(0.002, 0.001)] * 10)
+    monkeypatch.setattr(talon.models.prepack, "time_layer", lambda rows: next(rounds))
+    talon.models.prepack.prepack_pays.cache_clear()
+    assert talon.models.prepack.prepack_pays() is False
+    assert not list((tmp_path / "cache" / "prepack").glob("verdict-*.json"))
+    talon.models.prepack.prepack_pays.cache_clear()
+    choice = talon.models.prepack.prepack_pays()
+    assert choice is True
+    monkeypatch.setattr(talon.models.prepack, "time_layer", lambda rows: pytest.fail("checked again"))
+    kept = list((tmp_path / "cache" / "prepack").glob("verdict-*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["on"] == choice
     caplog.clear()
     talon.models.prepack.prepack_pays.cache_clear()  # a new start on the same host: the kept verdict
