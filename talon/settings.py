@@ -92,7 +92,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "Float32 weights on a CPU (a dense target, a float32 draft) laid out once in oneDNN's blocked "
         "format: auto (where a timed check of one layer at 1 and 16 rows says it pays in each of three "
-        "rounds, decided once per host and torch and kept in TALON_CACHE/prepack, logged with its "
+        "rounds, decided once per host and torch and kept in TALON_COST_CACHE/prepack, logged with its "
         "figures), 1 (always) or 0 (the weights as loaded). The same weights, so the same greedy text.",
     ),
     "TALON_ALLOW_REMOTE_CODE": (

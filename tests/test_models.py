@@ -81,7 +81,7 @@ def test_the_cpu_dtype_check_follows_its_timings(monkeypatch: pytest.MonkeyPatch
     assert tm_device.bf16_pays({1: (1.0, 1.09), 16: (1.0, 0.86)})  # within both allowances
     assert not tm_device.bf16_pays({1: (1.0, 1.12), 16: (2.0, 1.0)})  # one token 12 % slower
     assert not tm_device.bf16_pays({1: (1.0, 0.8), 16: (1.0, 1.7)})  # no avx512_bf16: a tree 1.7x slower
-    monkeypatch.setenv("TALON_CACHE", str(tmp_path))  # the host's verdict is kept in the cache: not the user's
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))  # verdicts are kept beside the cost curves
     for f32, bf16, expected in (((0.0014, 0.0061), (0.0012, 0.0013), True), ((0.010, 0.010), (0.005, 0.017), False)):
         monkeypatch.setattr(tm_device, "time_linear",
                             lambda dtype, rows=8, f=f32, b=bf16: (f if dtype == torch.float32 else b)[rows > 1])
@@ -103,7 +103,7 @@ def test_the_cpu_dtype_check_follows_its_timings(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_dtype_verdict_inside_the_noise_is_float32(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("TALON_CACHE", str(tmp_path))
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))
     calls = iter(range(100))  # the second of three rounds sees bf16 slow for one token: the rounds disagree
 
     def timed(dtype: torch.dtype, rows: int = 8) -> float:

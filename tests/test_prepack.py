@@ -103,7 +103,7 @@ def test_a_prepacked_target_decodes_its_own_greedy_generate(drafter: str, tree: 
 
 
 def test_what_gets_prepacked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TALON_CACHE", str(tmp_path))  # the host's verdict is kept in the cache: not the user's
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path))  # verdicts are kept beside the cost curves
     talon.models.prepack.prepack_pays.cache_clear()
     lm = tiny_loaded("llama", 0)
     assert should_prepack(lm.model) and not should_prepack(lm.model, enabled=False)
@@ -143,7 +143,7 @@ def test_auto_follows_the_hosts_measurement(tmp_path: Path, monkeypatch: pytest.
         t, d = load_pair(str(target_dir), str(draft_dir), "float32", "cpu", draft_quant="none", prepack=None)
         assert is_prepacked(t.model) == packed and is_prepacked(d.model) == packed
     monkeypatch.undo()
-    monkeypatch.setenv("TALON_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TALON_COST_CACHE", str(tmp_path / "cache"))
     talon.models.prepack.prepack_pays.cache_clear()
     with caplog.at_level(logging.INFO, logger="talon.models.prepack"):
         choice = talon.models.prepack.prepack_pays()

@@ -120,7 +120,7 @@ def bf16_margin(times: dict[int, tuple[float, float]]) -> float:
 @functools.cache
 def _cpu_prefers_bf16() -> bool:
     """Whether bfloat16 linears beat float32 ones here, both for one token and for a tree
-    verification's rows: decided once per host and kept in ``TALON_CACHE/dtype`` with its figures
+    verification's rows: decided once per host and kept in ``TALON_COST_CACHE/dtype`` with its figures
     (``talon.models.verdict``), so every start on a host loads the models alike."""
     rule = f"bf16 >= {MIN_BF16_TREE_SPEEDUP}x at {DTYPE_CHECK_ROWS[1]} rows, <= {MAX_BF16_ROW_SLOWDOWN}x slower at 1"
     return kept_verdict("dtype", {**host_key(), "rule": rule}, check_dtype, logger, "dtype auto = %s")

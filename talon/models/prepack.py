@@ -134,7 +134,7 @@ def decide(rounds: list[dict[int, tuple[float, float]]]) -> tuple[bool, float]:
 
 @functools.cache
 def prepack_pays() -> bool:
-    """Decided once per host (``host_key``: CPU, cores, torch) and kept in ``TALON_CACHE/prepack``
+    """Decided once per host (``host_key``: CPU, cores, torch) and kept in ``TALON_COST_CACHE/prepack``
     with its figures, so that every start of the app on a host decides alike: whether this host's
     oneDNN layout beats torch's default float32 matmul (MKL's sgemm re-lays a weight out at every
     call of a few rows on some hosts, not on others). The check runs ``VERDICT_ROUNDS`` times; a

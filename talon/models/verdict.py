@@ -5,7 +5,8 @@ Each is a timed check of one layer, repeated in rounds. A one-off check flipped 
 load from one start to the next (the layout's: 0.26x to 2.71x at one row; the dtype's: bf16
 chosen in one start and float32 in the next on a 2-core Xeon with AMX, where bf16 decodes the
 embedded pair 1.7x to 2.6x faster), so the verdict is decided once per host (``host_key``: the
-CPU, its cores, torch's version and threads) and kept in ``TALON_CACHE/<check>/`` with its
+CPU, its cores, torch's version and threads) and kept beside the cost curves
+(``TALON_COST_CACHE``, default ``TALON_CACHE/costs``), in ``<check>/``, with its
 figures; every later start on the host reads it and says so in the log. A verdict whose rounds
 disagree (a start under load) holds for that start only: it is off, and not kept."""
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from talon.models.cache import resolve_cache_dir
+from talon.settings import Settings
 
 VERDICT_ROUNDS = 3  # a check, repeated: "on" only where every round clears its rule
 
@@ -77,7 +78,7 @@ def kept_verdict(check: str, key: dict[str, object], decide: Callable[[], HostVe
     the rule's own terms), else ``decide``d now and kept. ``what`` names the choice in the log
     ("TALON_PREPACK auto = %s", with "on" or "off"); a verdict read back is logged with its date
     and margin."""
-    path = verdict_path(resolve_cache_dir(None), check, key)
+    path = verdict_path(Settings.from_env().cost_cache_dir, check, key)  # beside the measured cost curves
     if (kept := read_verdict(path, key)) is not None:
         log.info("%s verdict kept in %s (decided %s, margin %.2fx): %s", check, path, kept.get("decided", "?"),
                  float(kept.get("margin", 0.0)), what % ("on" if kept["on"] else "off"))
