@@ -12,7 +12,7 @@ import torch
 
 from talon.models.base import ModelLoadError
 from talon.models.rng import generator_for
-from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, cpu_model, host_key, kept_verdict
+from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, RowsRule, Times, cpu_model, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -99,22 +99,13 @@ def hardware_name(device: torch.device) -> str:
 # AMX, bf16 ran 4.2-5.0x at 16 rows but only 1.06-1.29x at 1 row (a memory-bound product), so a
 # rule that asked 1.15x at 1 row too chose float32 in one start of two, and the embedded pair then
 # decoded 1.7x (plain) to 2.6x (hybrid) slower than in bf16 (docs/runs/2026-12-02-cpu-dtype-verdict.md)
-DTYPE_CHECK_ROWS = (1, 16)
-MIN_BF16_TREE_SPEEDUP = 1.15  # at 16 rows, float32 / bfloat16
-MAX_BF16_ROW_SLOWDOWN = 1.10  # at 1 row, bfloat16 / float32
+BF16_RULE = RowsRule(tree_speedup=1.15, row_slowdown=1.10)  # (float32, bfloat16) seconds at 1 and 16 rows
 
 
-def bf16_pays(times: dict[int, tuple[float, float]]) -> bool:
-    """bfloat16 pays on these (float32, bfloat16) seconds by rows (``DTYPE_CHECK_ROWS``): clearly
-    faster for a tree's rows, and not slower for one token."""
-    (row_f32, row_bf16), (tree_f32, tree_bf16) = times[DTYPE_CHECK_ROWS[0]], times[DTYPE_CHECK_ROWS[1]]
-    return tree_f32 / tree_bf16 >= MIN_BF16_TREE_SPEEDUP and row_bf16 / row_f32 <= MAX_BF16_ROW_SLOWDOWN
-
-
-def bf16_margin(times: dict[int, tuple[float, float]]) -> float:
-    """How far these times clear the rule (over 1) or miss it (under 1)."""
-    (row_f32, row_bf16), (tree_f32, tree_bf16) = times[DTYPE_CHECK_ROWS[0]], times[DTYPE_CHECK_ROWS[1]]
-    return min(tree_f32 / tree_bf16 / MIN_BF16_TREE_SPEEDUP, MAX_BF16_ROW_SLOWDOWN / (row_bf16 / row_f32))
+def bf16_pays(times: Times) -> bool:
+    """bfloat16 pays on these (float32, bfloat16) seconds by rows: clearly faster for a tree's
+    rows, and not slower for one token."""
+    return BF16_RULE.pays(times)
 
 
 @functools.cache
@@ -122,7 +113,7 @@ def _cpu_prefers_bf16() -> bool:
     """Whether bfloat16 linears beat float32 ones here, both for one token and for a tree
     verification's rows: decided once per host and kept in ``TALON_COST_CACHE/dtype`` with its figures
     (``talon.models.verdict``), so every start on a host loads the models alike."""
-    rule = f"bf16 >= {MIN_BF16_TREE_SPEEDUP}x at {DTYPE_CHECK_ROWS[1]} rows, <= {MAX_BF16_ROW_SLOWDOWN}x slower at 1"
+    rule = f"bf16 >= {BF16_RULE.tree_speedup}x at {BF16_RULE.rows[1]} rows, <= {BF16_RULE.row_slowdown}x slower at 1"
     return kept_verdict("dtype", {**host_key(), "rule": rule}, check_dtype, logger, "dtype auto = %s")
 
 
@@ -131,16 +122,6 @@ def check_dtype() -> HostVerdict:
     (a burst of load from elsewhere hits both); bfloat16 only where every round says it pays, and
     rounds that disagree are inside the noise, which means float32. Logged with its figures."""
     rounds = [{rows: (time_linear(torch.float32, rows), time_linear(torch.bfloat16, rows))
-               for rows in DTYPE_CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
-    paid = sum(bf16_pays(times) for times in rounds)
-    on, least = paid == len(rounds), min(bf16_margin(times) for times in rounds)
-    logger.info(
-        "CPU dtype check, (rows x 4096)@(4096x4096) linear, float32 / bfloat16, %d rounds: %s (need %.2fx at %d "
-        "rows, at most %.2fx slower at %d; %d of %d rounds pay, margin %.2fx%s) -> dtype auto = %s", len(rounds),
-        "; ".join(", ".join(f"{rows} rows {1e3 * f:.2f} / {1e3 * b:.2f} ms ({f / b:.2f}x)"
-                            for rows, (f, b) in times.items()) for times in rounds),
-        MIN_BF16_TREE_SPEEDUP, DTYPE_CHECK_ROWS[1], MAX_BF16_ROW_SLOWDOWN, DTYPE_CHECK_ROWS[0], paid, len(rounds),
-        least, ": inside the noise" if 0 < paid < len(rounds) else "", "bfloat16" if on else "float32",
-    )
-    return HostVerdict(on, least, [{str(r): [f, b] for r, (f, b) in t.items()} for t in rounds],
-                       settled=paid in (0, len(rounds)))
+               for rows in BF16_RULE.rows} for _ in range(VERDICT_ROUNDS)]
+    return BF16_RULE.judge(rounds, "CPU dtype check, (rows x 4096)@(4096x4096) linear, float32 / bfloat16", logger,
+                           ("dtype auto = float32", "dtype auto = bfloat16"))

@@ -37,7 +37,7 @@ from torch import nn
 
 from talon.models.quant import replace_linears
 from talon.models.rng import generator_for
-from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, host_key, kept_verdict
+from talon.models.verdict import VERDICT_ROUNDS, HostVerdict, RowsRule, Times, host_key, kept_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +86,8 @@ def should_prepack(model: nn.Module, enabled: bool | None = True) -> bool:
 
 # The rows a decoder's linears see on a CPU: one token (plain decoding, a draft layer) and a
 # tree's verification. Prepacking must win at the tree's rows and not lose at one row.
-CHECK_ROWS = (1, 16)
-MIN_TREE_SPEEDUP = 1.1  # at 16 rows, plain / prepacked
-MAX_ROW_SLOWDOWN = 1.05  # at 1 row, prepacked / plain
+LAYOUT_RULE = RowsRule(tree_speedup=1.1, row_slowdown=1.05)  # (plain, prepacked) seconds at 1 and 16 rows
+CHECK_ROWS = LAYOUT_RULE.rows
 
 
 def time_layer(rows: int, dim: int = 4096, reps: int = 6) -> tuple[float, float]:
@@ -111,25 +110,16 @@ def time_layer(rows: int, dim: int = 4096, reps: int = 6) -> tuple[float, float]
     return best[0], best[1]
 
 
-def pays(times: dict[int, tuple[float, float]]) -> bool:
+def pays(times: Times) -> bool:
     """Prepacking pays on these (plain, prepacked) seconds by rows: clearly faster at a tree's
     rows, and not slower at one."""
-    (row_plain, row_packed), (tree_plain, tree_packed) = times[CHECK_ROWS[0]], times[CHECK_ROWS[1]]
-    return tree_plain / tree_packed >= MIN_TREE_SPEEDUP and row_packed / row_plain <= MAX_ROW_SLOWDOWN
+    return LAYOUT_RULE.pays(times)
 
 
-def margin(times: dict[int, tuple[float, float]]) -> float:
-    """How far these times clear the rule (over 1) or miss it (under 1): the smaller of the tree's
-    speedup over its need and the one-row allowance over its slowdown."""
-    (row_plain, row_packed), (tree_plain, tree_packed) = times[CHECK_ROWS[0]], times[CHECK_ROWS[1]]
-    return min(tree_plain / tree_packed / MIN_TREE_SPEEDUP, MAX_ROW_SLOWDOWN / (row_packed / row_plain))
-
-
-def decide(rounds: list[dict[int, tuple[float, float]]]) -> tuple[bool, float]:
+def decide(rounds: list[Times]) -> tuple[bool, float]:
     """On where every round pays, with the smallest round's margin; rounds that disagree are inside
     the noise, and that means off."""
-    margins = [margin(times) for times in rounds]
-    return all(pays(times) for times in rounds), min(margins)
+    return all(pays(times) for times in rounds), min(LAYOUT_RULE.margin(times) for times in rounds)
 
 
 @functools.cache
@@ -147,17 +137,8 @@ def prepack_pays() -> bool:
 def check_layout() -> HostVerdict:
     """The layout check, ``VERDICT_ROUNDS`` rounds of ``CHECK_ROWS``, logged with its figures."""
     rounds = [{rows: time_layer(rows) for rows in CHECK_ROWS} for _ in range(VERDICT_ROUNDS)]
-    choice, least = decide(rounds)
-    paid = sum(pays(times) for times in rounds)
-    logger.info("CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked, %d rounds: %s (need "
-                "%.2fx at %d rows, at most %.2fx slower at %d; %d of %d rounds pay, margin %.2fx%s) -> TALON_PREPACK "
-                "auto = %s", VERDICT_ROUNDS,
-                "; ".join(", ".join(f"{r} rows {1e3 * p:.2f} / {1e3 * q:.2f} ms ({p / q:.2f}x)"
-                                    for r, (p, q) in times.items()) for times in rounds),
-                MIN_TREE_SPEEDUP, CHECK_ROWS[1], MAX_ROW_SLOWDOWN, CHECK_ROWS[0], paid, VERDICT_ROUNDS, least,
-                ": inside the noise" if 0 < paid < VERDICT_ROUNDS else "", "on" if choice else "off")
-    return HostVerdict(choice, least, [{str(r): [p, q] for r, (p, q) in t.items()} for t in rounds],
-                       settled=paid in (0, VERDICT_ROUNDS))
+    return LAYOUT_RULE.judge(rounds, "CPU layout check, (rows x 4096)@(4096x4096) float32 linear, plain / prepacked",
+                             logger, ("TALON_PREPACK auto = off", "TALON_PREPACK auto = on"))
 
 
 def prepack(model: nn.Module) -> int:

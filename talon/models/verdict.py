@@ -59,6 +59,44 @@ class HostVerdict:
     settled: bool = True
 
 
+Times = dict[int, tuple[float, float]]  # rows -> (the baseline's seconds, the candidate's)
+
+
+@dataclass(frozen=True)
+class RowsRule:
+    """A candidate against a baseline, both timed at one row and at a tree's rows: it pays where it
+    is at least ``tree_speedup`` x faster at the tree's rows and at most ``row_slowdown`` x slower
+    at one row (a decode step's)."""
+
+    tree_speedup: float
+    row_slowdown: float
+    rows: tuple[int, int] = (1, 16)
+
+    def pays(self, times: Times) -> bool:
+        (row_base, row_cand), (tree_base, tree_cand) = times[self.rows[0]], times[self.rows[1]]
+        return tree_base / tree_cand >= self.tree_speedup and row_cand / row_base <= self.row_slowdown
+
+    def margin(self, times: Times) -> float:
+        """How far these times clear the rule (over 1) or miss it (under 1): the smaller of the
+        tree's speedup over its need and the one-row allowance over its slowdown."""
+        (row_base, row_cand), (tree_base, tree_cand) = times[self.rows[0]], times[self.rows[1]]
+        return min(tree_base / tree_cand / self.tree_speedup, self.row_slowdown / (row_cand / row_base))
+
+    def judge(self, rounds: list[Times], title: str, log: logging.Logger, choice: tuple[str, str]) -> HostVerdict:
+        """The verdict of these rounds, logged as ``title`` with the figures and ``choice`` (the
+        words for off, on): on only where every round pays; rounds that disagree are unsettled."""
+        paid = sum(self.pays(times) for times in rounds)
+        on, least = paid == len(rounds), min(self.margin(times) for times in rounds)
+        log.info("%s, %d rounds: %s (need %.2fx at %d rows, at most %.2fx slower at %d; %d of %d rounds pay, margin "
+                 "%.2fx%s) -> %s", title, len(rounds),
+                 "; ".join(", ".join(f"{r} rows {1e3 * b:.2f} / {1e3 * c:.2f} ms ({b / c:.2f}x)"
+                                     for r, (b, c) in times.items()) for times in rounds),
+                 self.tree_speedup, self.rows[1], self.row_slowdown, self.rows[0], paid, len(rounds), least,
+                 ": inside the noise" if 0 < paid < len(rounds) else "", choice[on])
+        return HostVerdict(on, least, [{str(r): [b, c] for r, (b, c) in t.items()} for t in rounds],
+                           settled=paid in (0, len(rounds)))
+
+
 def verdict_path(cache_dir: Path, check: str, key: dict[str, object]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir / check / f"verdict-{digest}.json"
